@@ -1,0 +1,5 @@
+import sys
+
+from draftgen.cli import main
+
+sys.exit(main())

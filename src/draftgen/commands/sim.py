@@ -1,0 +1,96 @@
+"""``draftgen sim``: run a simulated SGLang fleet in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from pathlib import Path
+
+from draftgen.sim.faults import FAULT_KEYS
+from draftgen.sim.fleet import FleetError, SimFleet
+from draftgen.sim.profiles import PROFILES
+
+
+def add_command(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sim",
+        help="run simulated SGLang servers on 127.0.0.1 (the test bed and dry run)",
+        description="Simulated SGLang servers on 127.0.0.1, ports P..P+N-1, one process each. Ctrl-C stops them all.",
+    )
+    parser.add_argument("--servers", type=int, default=7, help="number of servers (default 7)")
+    parser.add_argument(
+        "--base-port", type=int, default=30000, help="port of the first server (default 30000)"
+    )
+    parser.add_argument("--profile", default="b200-mtp", help=f"hardware profile: {', '.join(PROFILES)}")
+    parser.add_argument("--speed", type=float, default=1.0, help="run the clock X times faster (default 1)")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"inject a fault or quirk, repeatable; keys: {', '.join(FAULT_KEYS)}",
+    )
+    parser.add_argument("--model", default=None, help="served model name (default Qwen/Qwen3.6-27B)")
+    parser.add_argument(
+        "--max-running-requests", type=int, default=None, help="override the profile's batch cap"
+    )
+    parser.add_argument("--work-dir", type=Path, default=None, help="where ground-truth JSONL and logs go")
+    parser.add_argument("--seed", type=int, default=0, help="salts which requests get faults")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.servers < 1:
+        raise ValueError("--servers must be >= 1")
+    if not 1 <= args.base_port <= 65535 - args.servers + 1:
+        raise ValueError(f"--base-port {args.base_port} is not a usable port")
+    kwargs = {"model": args.model} if args.model else {}
+    try:
+        fleet = SimFleet(
+            servers=args.servers,
+            base_port=args.base_port,
+            profile=args.profile,
+            speed=args.speed,
+            faults=args.fault,
+            max_running_requests=args.max_running_requests,
+            work_dir=args.work_dir,
+            seed=args.seed,
+            **kwargs,
+        )
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+    stop_requested = []
+    previous = {sig: signal.signal(sig, lambda *_: stop_requested.append(1)) for sig in (signal.SIGTERM,)}
+    try:
+        fleet.start(wait="none")
+        print(
+            f"draftgen sim: {args.servers} server(s), profile {args.profile}, speed {args.speed:g}x, "
+            f"faults: {', '.join(args.fault) or 'none'}"
+        )
+        for url in fleet.urls:
+            print(f"  {url}")
+        print(f"  ground truth and logs: {fleet.directory}")
+        fleet.wait("listening", timeout=120)
+        print("draftgen sim: listening; /health turns 200 after warm-up. Ctrl-C stops the fleet.", flush=True)
+        reported: set[int] = set()
+        while not stop_requested:
+            for index in range(args.servers):
+                code = fleet.returncode(index)
+                if code is not None and index not in reported:
+                    reported.add(index)
+                    print(f"draftgen sim: server {fleet.urls[index]} exited with code {code}", flush=True)
+            if len(reported) == args.servers:
+                print("draftgen sim: every server has exited", flush=True)
+                return 1
+            time.sleep(0.5)
+    except FleetError as exc:
+        raise ValueError(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        fleet.stop()
+        print("draftgen sim: stopped", flush=True)
+    return 0

@@ -1,0 +1,216 @@
+"""The simulated scheduler: continuous batching with a running-request cap, one verify step at a time.
+
+Each step admits waiting requests up to ``max_running_requests`` (their prefill lengthens that step), lasts
+``t0 + t1·batch`` simulated seconds (times the ``slow`` fault), and gives every running request its next
+acceptance-length draw of tokens. Steps are scheduled against a monotonic deadline so the aggregate rate
+stays exact even when individual sleeps overshoot; ``speed`` divides every wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from draftgen.sim.profiles import Profile
+from draftgen.sim.textgen import CompletionPlan
+
+DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval default: stats refresh every 40 decode steps
+MAX_CATCH_UP_S = 0.05  # when late by more than this, stop trying to catch up (the process was starved)
+
+
+@dataclass
+class SimRequest:
+    rid: str
+    kind: str  # "chat", "generate", "warmup", "health"
+    prompt_tokens: int
+    plan: CompletionPlan
+    draws: list[int]  # tokens gained per verify step; sums to len(plan.tokens) + EOS
+    stream: bool
+    arrival: float = field(default_factory=time.time)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    step_index: int = 0
+    emitted: int = 0  # completion tokens produced so far (EOS included once produced)
+    emit_times: list[float] = field(default_factory=list)
+    emit_counts: list[int] = field(default_factory=list)
+    outcome: str = "pending"
+    finish_type: str | None = None
+    # Streaming handlers wait on ``progress``; everyone waits on ``done``.
+    progress: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def shown_tokens(self) -> int:
+        """Visible tokens emitted so far (the EOS, when generated, is counted but not shown)."""
+        return min(self.emitted, len(self.plan.tokens))
+
+    @property
+    def verify_steps(self) -> int:
+        return self.step_index
+
+
+@dataclass
+class EngineStats:
+    """Counters a real server exposes, cumulative since start (warm-up included, like SGLang)."""
+
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    verify_steps_total: int = 0
+    requests_total: int = 0
+    aborted_total: int = 0
+    decode_steps: int = 0
+    # Values refreshed every DECODE_LOG_INTERVAL decode steps, as SGLang's scheduler logs them.
+    avg_spec_accept_length: float | None = None
+    interval_accept_length: float | None = None
+    interval_throughput: float = 0.0
+    _interval_tokens: int = 0
+    _interval_verifies: int = 0
+    _interval_started: float = field(default_factory=time.time)
+    _all_step_tokens: int = 0
+    _all_step_verifies: int = 0
+
+
+class Engine:
+    def __init__(
+        self, profile: Profile, *, speed: float, slow: float, on_finish: Callable[[SimRequest], None]
+    ):
+        self.profile = profile
+        self.speed = speed
+        self.slow = slow
+        self.on_finish = on_finish
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = EngineStats()
+        self.ready = asyncio.Event()  # set after warm-up; before that only warm-up requests are admitted
+        self._wake = asyncio.Event()
+        self._next_deadline: float | None = None
+
+    def submit(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+        self._wake.set()
+
+    def abort(self, request: SimRequest, outcome: str) -> None:
+        """Remove a request wherever it is (client gone, or an injected abort)."""
+        if request.done.is_set():
+            return
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            try:
+                self.waiting.remove(request)
+            except ValueError:
+                pass
+        self._finish(request, outcome, time.time())
+
+    def kv_usage(self) -> float:
+        used = sum(r.prompt_tokens + r.emitted for r in self.running)
+        return min(1.0, used / self.profile.kv_capacity_tokens)
+
+    def _admissible(self) -> list[SimRequest]:
+        room = self.profile.max_running_requests - len(self.running)
+        admitted: list[SimRequest] = []
+        skipped: deque[SimRequest] = deque()
+        while self.waiting and len(admitted) < room:
+            request = self.waiting.popleft()
+            if self.ready.is_set() or request.kind == "warmup":
+                admitted.append(request)
+            else:
+                skipped.append(request)
+        self.waiting.extendleft(reversed(skipped))
+        return admitted
+
+    async def run(self) -> None:
+        while True:
+            if not self.running and not self._has_admissible():
+                self._wake.clear()
+                self._next_deadline = None
+                await self._wake.wait()
+                continue
+            admitted = self._admissible()
+            now = time.time()
+            for request in admitted:
+                request.admitted = now
+            batch = self.running + admitted
+            sim_seconds = self.profile.step_seconds(len(batch)) * self.slow
+            sim_seconds += sum(self.profile.prefill_seconds(r.prompt_tokens) for r in admitted)
+            await self._wait_step(sim_seconds / self.speed)
+            self.running = batch
+            self._apply_step(time.time())
+
+    def _has_admissible(self) -> bool:
+        if self.ready.is_set():
+            return bool(self.waiting)
+        return any(r.kind == "warmup" for r in self.waiting)
+
+    async def _wait_step(self, wall_seconds: float) -> None:
+        now = time.monotonic()
+        start = self._next_deadline if self._next_deadline is not None else now
+        if now - start > MAX_CATCH_UP_S:
+            start = now
+        deadline = start + wall_seconds
+        self._next_deadline = deadline
+        delay = deadline - now
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            await asyncio.sleep(0)
+
+    def _apply_step(self, now: float) -> None:
+        stats = self.stats
+        finished: list[SimRequest] = []
+        step_tokens = 0
+        for request in self.running:
+            gained = request.draws[request.step_index]
+            request.step_index += 1
+            request.emitted += gained
+            step_tokens += gained
+            if request.first_token is None:
+                request.first_token = now
+            if request.stream:
+                request.emit_times.append(now)
+                request.emit_counts.append(gained)
+                request.progress.set()
+            if request.step_index >= len(request.draws):
+                finished.append(request)
+        verifies = len(self.running)
+        stats.decode_steps += 1
+        stats._interval_tokens += step_tokens
+        stats._interval_verifies += verifies
+        stats._all_step_tokens += step_tokens
+        stats._all_step_verifies += verifies
+        if stats.decode_steps % DECODE_LOG_INTERVAL == 0:
+            self._log_interval(now)
+        for request in finished:
+            self.running.remove(request)
+            self._finish(request, "ok", now)
+
+    def _log_interval(self, now: float) -> None:
+        stats = self.stats
+        elapsed = max(now - stats._interval_started, 1e-9)
+        stats.interval_throughput = stats._interval_tokens / elapsed
+        if self.profile.speculative and stats._interval_verifies:
+            stats.interval_accept_length = stats._interval_tokens / stats._interval_verifies
+            stats.avg_spec_accept_length = stats._all_step_tokens / stats._all_step_verifies
+        stats._interval_tokens = 0
+        stats._interval_verifies = 0
+        stats._interval_started = now
+
+    def _finish(self, request: SimRequest, outcome: str, now: float) -> None:
+        request.outcome = outcome
+        request.finished = now
+        if outcome == "ok":
+            request.finish_type = request.plan.finish_type
+            self.stats.generation_tokens_total += request.emitted
+            self.stats.verify_steps_total += request.verify_steps
+        else:
+            self.stats.aborted_total += 1
+            request.finish_type = "abort"
+        self.stats.prompt_tokens_total += request.prompt_tokens
+        self.stats.requests_total += 1
+        request.progress.set()
+        request.done.set()
+        self.on_finish(request)

@@ -1,0 +1,105 @@
+"""Fault and quirk injection for the simulator: parsed from ``--fault KEY=VALUE`` into a frozen record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+# The SGLang release whose response shapes the server speaks (see sglang-protocol.md):
+#   0.5.4  — no acceptance data in OpenAI responses; meta_info has spec_verify_ct only
+#   0.5.9  — meta_info adds spec_accept_length / spec_accept_rate / spec_accept_token_num / ...
+#   0.5.23 — OpenAI responses carry sglext.spec_tokens_details on request; meta_info renames some fields
+SGLANG_SHAPES = ("0.5.4", "0.5.9", "0.5.23")
+
+
+@dataclass(frozen=True)
+class Faults:
+    error_rate: float = 0.0  # share of requests answered with HTTP 500
+    overload: int = 0  # queue limit: past this many waiting requests, answer overload_status (0 = off)
+    overload_status: int = 429  # 429 or 503
+    hang_rate: float = 0.0  # share of requests accepted and never answered
+    crash_after: str = ""  # "N" requests or "Ns" seconds after ready, then the process exits
+    load_delay: float = 0.0  # seconds before the port opens (connections refused meanwhile)
+    startup_delay: float = 0.0  # seconds of 503 from /health and /health_generate after the port opens
+    empty_answer_rate: float = 0.0  # share of answers like "<think>\n\n</think>\n\nOK."
+    abort_rate: float = 0.0  # share of requests aborted in the queue: empty text, finish_reason "abort"
+    slow: float = 1.0  # step-time factor (3 = three times slower)
+    omit_usage: bool = False  # never send usage (some engines don't)
+    omit_done: bool = False  # end SSE streams without "data: [DONE]"
+    sglang_version: str = "0.5.23"  # which response shapes to speak
+
+    def crash_after_requests(self) -> int | None:
+        value = self.crash_after.strip()
+        return int(value) if value and not value.endswith("s") else None
+
+    def crash_after_seconds(self) -> float | None:
+        value = self.crash_after.strip()
+        return float(value[:-1]) if value.endswith("s") else None
+
+
+FAULT_KEYS = tuple(f.name for f in fields(Faults))
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true/false")
+
+
+def _check(key: str, value: object) -> None:
+    if key.endswith("_rate") and not 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
+        raise ValueError("must be between 0 and 1")
+    if key in ("overload", "load_delay", "startup_delay") and float(value) < 0:  # type: ignore[arg-type]
+        raise ValueError("must be >= 0")
+    if key == "slow" and float(value) <= 0:  # type: ignore[arg-type]
+        raise ValueError("must be > 0")
+    if key == "overload_status" and value not in (429, 503):
+        raise ValueError("must be 429 or 503")
+    if key == "sglang_version" and value not in SGLANG_SHAPES:
+        raise ValueError(f"must be one of {', '.join(SGLANG_SHAPES)}")
+    if key == "crash_after" and value:
+        text = str(value)
+        number = text[:-1] if text.endswith("s") else text
+        if float(number) <= 0 or (not text.endswith("s") and not number.isdigit()):
+            raise ValueError("must be a positive request count N or seconds Ns")
+
+
+def parse_faults(specs: list[str] | tuple[str, ...]) -> Faults:
+    """Parse ``KEY=VALUE`` strings; any mistake raises ValueError naming the spec and the valid keys."""
+    values: dict[str, object] = {}
+    types = {f.name: f.type for f in fields(Faults)}
+    for spec in specs:
+        key, sep, raw = spec.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"bad fault spec {spec!r}: expected KEY=VALUE")
+        if key not in types:
+            raise ValueError(f"unknown fault {key!r}; valid keys: {', '.join(FAULT_KEYS)}")
+        kind = types[key]
+        try:
+            if kind == "bool":
+                value: object = _parse_bool(raw)
+            elif kind == "int":
+                value = int(raw)
+            elif kind == "float":
+                value = float(raw)
+            else:
+                value = raw.strip()
+            _check(key, value)
+        except ValueError as exc:
+            raise ValueError(f"bad value for fault {key}={raw!r}: {exc}") from None
+        values[key] = value
+    return Faults(**values)  # type: ignore[arg-type]
+
+
+def faults_to_specs(faults: Faults) -> list[str]:
+    """The inverse of parse_faults, for passing a Faults record to a server process."""
+    default = Faults()
+    specs = []
+    for key in FAULT_KEYS:
+        value = getattr(faults, key)
+        if value != getattr(default, key):
+            specs.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+    return specs

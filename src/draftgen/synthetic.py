@@ -1,0 +1,156 @@
+"""A synthetic prompt set written by this project: math, code, chat, multi-turn and system-prompted rows.
+
+Rows follow DESIGN.md's prompt format ``{"id", "messages": [{"role", "content"}, ...]}``. Every text here is
+composed from templates in this file, so the set carries no third-party text and is reproducible from a seed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+_NAMES = ("Ada", "Bao", "Chidi", "Dana", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lena")
+_ITEMS = ("apples", "bolts", "tickets", "marbles", "books", "stamps", "tiles", "cups", "seeds", "coins")
+_LANGS = ("Python", "Rust", "TypeScript", "Go", "C++", "SQL")
+_TASKS = (
+    "returns the {k} largest values of a list without sorting the whole list",
+    "checks whether a string of brackets is balanced",
+    "merges overlapping intervals given as pairs of integers",
+    "computes the edit distance between two strings",
+    "parses a duration like '3h25m10s' into seconds",
+    "groups words that are anagrams of each other",
+    "finds the first missing positive integer in an array",
+    "rotates an N x N matrix by 90 degrees in place",
+    "implements a least-recently-used cache with capacity {k}",
+    "deduplicates records by a key while keeping the newest",
+)
+_TOPICS = (
+    "how a bicycle gear ratio changes the effort of pedalling",
+    "why bread dough needs time to rise",
+    "the difference between weather and climate",
+    "how to plan a week of meals on a budget",
+    "what makes a good code review comment",
+    "how tides are related to the moon",
+    "ways to memorise a short speech",
+    "how a refrigerator moves heat out of its box",
+    "how to choose a first telescope",
+    "why leaves change colour in autumn",
+)
+_STYLES = (
+    "in three sentences",
+    "as a short list",
+    "for a ten-year-old",
+    "in detail, with an example",
+    "briefly",
+)
+_SYSTEMS = (
+    "You are a careful assistant. Think step by step and state assumptions.",
+    "You are a senior software engineer. Prefer clear, tested code.",
+    "You are a patient tutor. Explain the reasoning, not only the answer.",
+    "You answer concisely and precisely.",
+)
+_FILLER = (
+    "Some background: this came up while I was preparing notes for a study group.",
+    "I tried it myself first but I am not sure my approach is right.",
+    "Please keep the explanation self-contained.",
+    "Mention any edge cases you notice.",
+    "If there is more than one way, compare them.",
+)
+
+
+def _math(rng: random.Random) -> list[dict]:
+    a, b, c = rng.randint(3, 99), rng.randint(2, 40), rng.randint(2, 12)
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    kind = rng.randrange(4)
+    if kind == 0:
+        text = f"{name} has {a} {item}, gives away {b}, then buys {c} boxes of {b} each. How many {item} now?"
+    elif kind == 1:
+        text = f"Solve for x: {c}x + {b} = {a + b * c}. Show each step."
+    elif kind == 2:
+        text = (
+            f"What is the sum of all integers from 1 to {a * c} that are divisible by {c} or by {b % 7 + 2}?"
+        )
+    else:
+        text = f"A rectangle has perimeter {2 * (a + b)} and one side of length {a}. Find its area and its diagonal."
+    return [{"role": "user", "content": text}]
+
+
+def _code(rng: random.Random) -> list[dict]:
+    task = rng.choice(_TASKS).format(k=rng.randint(2, 9))
+    lang = rng.choice(_LANGS)
+    text = f"Write a {lang} function that {task}. Include a few tests."
+    if rng.random() < 0.4:
+        text += " " + " ".join(rng.sample(_FILLER, rng.randint(1, 3)))
+    return [{"role": "user", "content": text}]
+
+
+def _chat(rng: random.Random) -> list[dict]:
+    text = f"Explain {rng.choice(_TOPICS)} {rng.choice(_STYLES)}."
+    if rng.random() < 0.5:
+        text = " ".join([*rng.sample(_FILLER, rng.randint(1, 4)), text])
+    return [{"role": "user", "content": text}]
+
+
+def _multi_turn(rng: random.Random) -> list[dict]:
+    first = _chat(rng)[0]["content"]
+    return [
+        {"role": "user", "content": first},
+        {
+            "role": "assistant",
+            "content": "Here is a short answer: " + rng.choice(_TOPICS) + " depends on a few factors.",
+        },
+        {"role": "user", "content": f"Thanks. Can you go deeper, {rng.choice(_STYLES)}?"},
+    ]
+
+
+def _with_system(rng: random.Random) -> list[dict]:
+    inner = rng.choice((_math, _code, _chat))(rng)
+    return [{"role": "system", "content": rng.choice(_SYSTEMS)}, *inner]
+
+
+def _long_context(rng: random.Random) -> list[dict]:
+    paragraphs = [
+        " ".join(rng.choice(_FILLER) for _ in range(rng.randint(3, 8))) for _ in range(rng.randint(4, 12))
+    ]
+    text = "Summarise the notes below and list open questions.\n\n" + "\n\n".join(paragraphs)
+    return [{"role": "user", "content": text}]
+
+
+_KINDS = (
+    ("math", _math, 0.25),
+    ("code", _code, 0.25),
+    ("chat", _chat, 0.2),
+    ("multi_turn", _multi_turn, 0.1),
+    ("system", _with_system, 0.12),
+    ("long", _long_context, 0.08),
+)
+
+
+def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
+    """``n`` prompt rows, reproducible from ``seed``; ids are ``syn-<seed>-<index>``."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    rng = random.Random(seed)
+    names = [k[0] for k in _KINDS]
+    weights = [k[2] for k in _KINDS]
+    builders = {k[0]: k[1] for k in _KINDS}
+    for index in range(n):
+        kind = rng.choices(names, weights)[0]
+        yield {"id": f"syn-{seed}-{index:07d}", "category": kind, "messages": builders[kind](rng)}
+
+
+def write_synthetic(path: Path, n: int, seed: int = 0) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in synthetic_rows(n, seed):
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+BUNDLED_PROMPTS = Path(__file__).parent / "data" / "synthetic_prompts.jsonl"
+BUNDLED_COUNT = 2000
+BUNDLED_SEED = 0
