@@ -1,0 +1,87 @@
+"""``draftgen run NOTEBOOK -f params/X.yaml [-p KEY VALUE ...]``: a papermill run in its own folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from draftgen.params import load_params_files
+from draftgen.runner import (
+    applicable_parameters,
+    check_parameters,
+    execute,
+    parse_cli_value,
+    plan_run,
+    resolve_notebook,
+)
+
+
+def add_command(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="execute a notebook (generate, benchmark, estimate, validate) into outputs/<notebook>/<run>/",
+        description="Execute a parameterized notebook with papermill. Parameters are validated before the kernel "
+        "starts. Writes the executed notebook, report.html and parameters.yaml under outputs/<notebook>/<run>/.",
+    )
+    parser.add_argument(
+        "notebook", help="notebook name (generate, benchmark, estimate, validate) or .ipynb path"
+    )
+    parser.add_argument(
+        "-f",
+        "--parameters-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="YAML",
+        help="parameter file; repeat to merge left to right",
+    )
+    parser.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        nargs=2,
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="one parameter (VALUE parsed as YAML: 64, true, [a, b])",
+    )
+    parser.add_argument("--name", help="run folder name (default: <params-file>-<timestamp>)")
+    parser.add_argument(
+        "--out-root", type=Path, default=Path("outputs"), help="root of run folders (default outputs)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue an unfinished run folder (generate resumes)"
+    )
+    parser.add_argument("--no-html", action="store_true", help="skip the HTML report")
+    parser.add_argument("-k", "--kernel", default="python3", help="Jupyter kernel (default python3)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    notebook = resolve_notebook(args.notebook)
+    parameters = load_params_files(args.parameters_file)
+    for key, value in args.parameter:
+        parameters[key] = parse_cli_value(value)
+    parameters, ignored = applicable_parameters(notebook, parameters)
+    if ignored:
+        print(f"draftgen run: {notebook.stem} does not use shared parameter(s) {', '.join(ignored)}: ignored")
+    check_parameters(notebook, parameters)
+    label = "-".join(p.stem for p in args.parameters_file) or "run"
+    plan = plan_run(
+        notebook, parameters, name=args.name, out_root=args.out_root, resume=args.resume, label=label
+    )
+    print(f"draftgen run: {notebook} → {plan.run_dir}", flush=True)
+    try:
+        execute(plan, kernel=args.kernel, html=not args.no_html)
+    except Exception as exc:  # papermill's PapermillExecutionError carries the cell's error
+        name = type(exc).__name__
+        summary = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [name]
+        if isinstance(summary, list):
+            summary = summary[0]
+        print(
+            f"draftgen run: {notebook.stem} failed: {getattr(exc, 'ename', name)}: {summary}", file=sys.stderr
+        )
+        print(f"draftgen run: executed notebook kept at {plan.executed_path}", file=sys.stderr)
+        return 1
+    print(f"draftgen run: done. notebook {plan.executed_path}  report {plan.html_path}")
+    return 0

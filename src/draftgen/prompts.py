@@ -1,0 +1,219 @@
+"""Prompt files → normalized prompt rows, streamed, with malformed rows set aside (never raised mid-run).
+
+Accepted row shapes (DESIGN.md): ``{"id"?, "messages": [{"role", "content"}, ...]}``, ShareGPT
+``{"id"?, "conversations": [{"from", "value"}, ...]}`` and ``{"id"?, "prompt": "..."}``. Trailing assistant turns
+are dropped (we regenerate them). A missing id becomes a stable hash of the messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+}
+PARQUET_BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    id: str
+    messages: tuple[dict[str, str], ...]
+    row: int  # 1-based row (JSONL line) number in the source file
+
+
+@dataclass(frozen=True)
+class RejectedRow:
+    row: int
+    id: str | None
+    reason: str
+    raw: str  # the offending row, truncated, so it can be fixed by hand
+
+
+class PromptFileError(ValueError):
+    """The file itself is unusable (missing, wrong format, unreadable): nothing was read."""
+
+
+def stable_id(messages: tuple[dict[str, str], ...]) -> str:
+    blob = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
+    return "h-" + hashlib.blake2b(blob, digest_size=10).hexdigest()
+
+
+def shard_of(prompt_id: str, count: int) -> int:
+    """Deterministic shard of an id: several client processes split one dataset without overlap."""
+    digest = hashlib.blake2b(prompt_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % count
+
+
+def _truncate(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _messages_from(record: dict[str, Any]) -> tuple[dict[str, str], ...]:
+    """Normalize one record's conversation or raise ValueError with the reason."""
+    if "messages" in record and record["messages"] is not None:
+        raw = record["messages"]
+        if not isinstance(raw, list):
+            raise ValueError("'messages' must be a list")
+        messages = []
+        for index, message in enumerate(raw):
+            if not isinstance(message, dict):
+                raise ValueError(f"messages[{index}] is not an object")
+            role, content = message.get("role"), message.get("content")
+            if role not in ROLES:
+                raise ValueError(
+                    f"messages[{index}] has unknown role {role!r} (expected one of {', '.join(ROLES)})"
+                )
+            if not isinstance(content, str):
+                raise ValueError(f"messages[{index}].content must be a string, got {type(content).__name__}")
+            messages.append({"role": role, "content": content})
+    elif "conversations" in record and record["conversations"] is not None:
+        raw = record["conversations"]
+        if not isinstance(raw, list):
+            raise ValueError("'conversations' must be a list")
+        messages = []
+        for index, turn in enumerate(raw):
+            if not isinstance(turn, dict):
+                raise ValueError(f"conversations[{index}] is not an object")
+            speaker = turn.get("from", turn.get("role"))
+            value = turn.get("value", turn.get("content"))
+            role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
+            if role is None:
+                raise ValueError(f"conversations[{index}] has unknown speaker {speaker!r}")
+            if not isinstance(value, str):
+                raise ValueError(f"conversations[{index}].value must be a string")
+            messages.append({"role": role, "content": value})
+    elif "prompt" in record and record["prompt"] is not None:
+        if not isinstance(record["prompt"], str):
+            raise ValueError("'prompt' must be a string")
+        messages = [{"role": "user", "content": record["prompt"]}]
+    else:
+        raise ValueError("no 'messages', 'conversations' or 'prompt' field")
+    while messages and messages[-1]["role"] == "assistant":
+        messages.pop()
+    if not messages:
+        raise ValueError("empty conversation (nothing left to answer)")
+    if messages[-1]["role"] not in ("user", "tool"):
+        raise ValueError(f"conversation ends with a {messages[-1]['role']} turn, not a user turn")
+    if not messages[-1]["content"].strip():
+        raise ValueError("the last user message is empty")
+    if "\x00" in "".join(m["content"] for m in messages):
+        raise ValueError("text contains NUL characters")
+    return tuple(messages)
+
+
+def normalize_record(record: Any, row: int, raw_text: str | None = None) -> PromptRow | RejectedRow:
+    raw = raw_text if raw_text is not None else json.dumps(record, ensure_ascii=False, default=str)
+    if not isinstance(record, dict):
+        return RejectedRow(row, None, f"row is a JSON {type(record).__name__}, not an object", _truncate(raw))
+    given_id = record.get("id")
+    if (given_id is not None and not isinstance(given_id, (str, int))) or isinstance(given_id, bool):
+        return RejectedRow(
+            row, None, f"'id' must be a string or integer, got {type(given_id).__name__}", _truncate(raw)
+        )
+    if isinstance(given_id, str) and not given_id.strip():
+        return RejectedRow(row, None, "'id' is empty", _truncate(raw))
+    prompt_id = None if given_id is None else str(given_id)
+    try:
+        messages = _messages_from(record)
+    except ValueError as exc:
+        return RejectedRow(row, prompt_id, str(exc), _truncate(raw))
+    return PromptRow(prompt_id or stable_id(messages), messages, row)
+
+
+def _check_path(path: Path) -> None:
+    if not path.exists():
+        raise PromptFileError(f"prompt file {path} does not exist")
+    if path.is_dir():
+        raise PromptFileError(f"prompt file {path} is a directory")
+    if path.suffix not in (".jsonl", ".parquet"):
+        raise PromptFileError(f"prompt file {path} must be .jsonl or .parquet")
+
+
+def _iter_jsonl(path: Path) -> Iterator[PromptRow | RejectedRow]:
+    with open(path, "rb") as handle:
+        for row, line in enumerate(handle, start=1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield RejectedRow(
+                    row,
+                    None,
+                    f"not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                    _truncate(line.decode("utf-8", "replace")),
+                )
+                continue
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield RejectedRow(
+                    row, None, f"invalid JSON: {exc.msg} at column {exc.colno}", _truncate(text.strip())
+                )
+                continue
+            yield normalize_record(record, row, text.strip())
+
+
+def _iter_parquet(path: Path) -> Iterator[PromptRow | RejectedRow]:
+    try:
+        frames = pl.scan_parquet(path).collect_batches(chunk_size=PARQUET_BATCH_ROWS)
+        row = 0
+        for frame in frames:
+            for record in frame.iter_rows(named=True):
+                row += 1
+                yield normalize_record({k: v for k, v in record.items() if v is not None}, row)
+    except (pl.exceptions.ComputeError, OSError) as exc:
+        raise PromptFileError(f"prompt file {path} is not readable parquet: {exc}") from exc
+
+
+def iter_prompts(path: str | Path, shard: tuple[int, int] | None = None) -> Iterator[PromptRow | RejectedRow]:
+    """Stream normalized rows; duplicates of an earlier id are rejected; ``shard=(index, count)`` keeps one part."""
+    path = Path(path)
+    _check_path(path)
+    rows = _iter_jsonl(path) if path.suffix == ".jsonl" else _iter_parquet(path)
+    seen: set[int] = set()
+    for item in rows:
+        if isinstance(item, PromptRow):
+            if shard is not None and shard_of(item.id, shard[1]) != shard[0]:
+                continue
+            key = hash(item.id)
+            if key in seen:
+                yield RejectedRow(
+                    item.row,
+                    item.id,
+                    f"duplicate id {item.id!r} (first occurrence kept)",
+                    _truncate(json.dumps(item.messages, ensure_ascii=False)),
+                )
+                continue
+            seen.add(key)
+        yield item
+
+
+def count_rows(path: str | Path) -> int:
+    """Number of non-blank rows (for progress bars), without parsing them."""
+    path = Path(path)
+    _check_path(path)
+    if path.suffix == ".parquet":
+        return int(pl.scan_parquet(path).select(pl.len()).collect().item())
+    count = 0
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                count += 1
+    return count

@@ -1,0 +1,181 @@
+"""Run a parameterized notebook into its own run folder: ``outputs/<notebook>/<run>/``.
+
+Parameters are checked against the notebook's declared parameters and its config class before a kernel starts,
+so a typo or a wrong type costs a second, not a GPU-hour. A finished run is never overwritten.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from draftgen.params import SHARED_PARAMETERS, ParameterError, build_config
+
+COMPLETE_MARKER = ".complete"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    notebook: Path
+    run_dir: Path
+    parameters: dict[str, Any]
+    name: str
+
+    @property
+    def executed_path(self) -> Path:
+        return self.run_dir / self.notebook.name
+
+    @property
+    def html_path(self) -> Path:
+        return self.run_dir / "report.html"
+
+
+def resolve_notebook(name_or_path: str) -> Path:
+    """``generate`` → notebooks/generate.ipynb (from the working directory, else the source checkout)."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".ipynb":
+        if candidate.exists():
+            return candidate
+        raise FileNotFoundError(f"notebook {candidate} does not exist")
+    for root in (Path.cwd(), REPO_ROOT):
+        path = root / "notebooks" / f"{name_or_path}.ipynb"
+        if path.exists():
+            return path
+    available = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
+    raise FileNotFoundError(
+        f"no notebook named {name_or_path!r}; available: {', '.join(available) or 'none'}"
+    )
+
+
+def declared_parameters(notebook: Path) -> dict[str, Any]:
+    """The parameters cell's names and literal default values."""
+    nb = json.loads(notebook.read_text())
+    for cell in nb.get("cells", []):
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            source = "".join(cell.get("source", ""))
+            values: dict[str, Any] = {}
+            for node in ast.parse(source).body:
+                target = None
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    target, value = node.target.id, node.value
+                elif (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name)
+                ):
+                    target, value = node.targets[0].id, node.value
+                if target is not None and value is not None:
+                    try:
+                        values[target] = ast.literal_eval(value)
+                    except ValueError:
+                        values[target] = None
+            return values
+    raise ValueError(f"{notebook} has no cell tagged 'parameters'")
+
+
+def config_class(notebook: Path) -> type | None:
+    """The config model named in the notebook's metadata (``draftgen.config = "module:Class"``)."""
+    nb = json.loads(notebook.read_text())
+    spec = nb.get("metadata", {}).get("draftgen", {}).get("config")
+    if not spec:
+        return None
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def applicable_parameters(notebook: Path, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(parameters this notebook takes, shared names it ignores). Unknown non-shared names stay in, to be rejected."""
+    declared = declared_parameters(notebook)
+    kept = {k: v for k, v in given.items() if k in declared or k not in SHARED_PARAMETERS}
+    return kept, sorted(k for k in given if k not in kept)
+
+
+def check_parameters(notebook: Path, given: Mapping[str, Any]) -> None:
+    """Every problem at once: unknown names, then the config's own validation of defaults + given values."""
+    declared = declared_parameters(notebook)
+    model = config_class(notebook)
+    merged = {**declared, **given}
+    if model is not None:
+        build_config(model, merged)
+        return
+    unknown = []
+    for name in given:
+        if name not in declared:
+            close = difflib.get_close_matches(name, sorted(declared), n=1)
+            unknown.append((name, "unknown parameter" + (f"; did you mean {close[0]!r}?" if close else "")))
+    if unknown:
+        raise ParameterError(unknown)
+
+
+def parse_cli_value(text: str) -> Any:
+    """``-p KEY VALUE`` values are YAML scalars/lists: 64 → int, true → bool, [a, b] → list."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def plan_run(
+    notebook: Path,
+    parameters: Mapping[str, Any],
+    *,
+    name: str | None,
+    out_root: Path,
+    resume: bool = False,
+    label: str = "run",
+) -> RunPlan:
+    run_name = name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_root / notebook.stem / run_name
+    if (run_dir / COMPLETE_MARKER).exists():
+        raise ValueError(
+            f"run {run_dir} already finished; pick another --name (finished runs are never overwritten)"
+        )
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise ValueError(
+            f"run {run_dir} exists but did not finish; pass --resume to continue it, or another --name"
+        )
+    params = dict(parameters)
+    if "out_dir" in declared_parameters(notebook) and "out_dir" not in params:
+        params["out_dir"] = str(run_dir)
+    return RunPlan(notebook=notebook, run_dir=run_dir, parameters=params, name=run_name)
+
+
+def write_html(executed: Path, html_path: Path) -> None:
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_filename(str(executed))
+    html_path.write_text(body, encoding="utf-8")
+
+
+def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_output: bool = True) -> RunPlan:
+    """Execute the notebook with papermill; the executed notebook and HTML are written even when it fails."""
+    import papermill
+
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    (plan.run_dir / "parameters.yaml").write_text(yaml.safe_dump(plan.parameters, sort_keys=True))
+    try:
+        papermill.execute_notebook(
+            str(plan.notebook),
+            str(plan.executed_path),
+            parameters=plan.parameters,
+            kernel_name=kernel,
+            log_output=log_output,
+            progress_bar=False,
+            cwd=str(Path.cwd()),
+        )
+    finally:
+        if html and plan.executed_path.exists():
+            write_html(plan.executed_path, plan.html_path)
+    (plan.run_dir / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    return plan
