@@ -66,7 +66,7 @@ _WORDS = (
     "answer",
     "because",
     "since",
-    "therefore",
+    "hence",
     "step",
     "two",
     "three",
@@ -114,10 +114,11 @@ def render_chat_prompt(messages: Sequence[dict], enable_thinking: bool) -> str:
 
 
 def request_seed(payload: object, seed: int | None) -> int:
-    """Same prompt (and seed) → same completion, on every server: retries and resumes stay comparable."""
-    if seed is not None:
-        return int(seed) & 0xFFFFFFFF
-    blob = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str).encode()
+    """Same prompt (and seed) → same completion, on every server: retries and resumes stay comparable.
+
+    A client ``seed`` changes the draw but never makes different prompts share one completion.
+    """
+    blob = json.dumps([payload, seed], sort_keys=True, ensure_ascii=False, default=str).encode()
     return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "little")
 
 
@@ -152,7 +153,9 @@ class CompletionPlan:
         return reasoning, answer
 
 
-def _words(rng: random.Random, count: int, opener: str | None) -> list[str]:
+def _words(rng: random.Random, count: int, opener: str | None, *, continuing: bool = False) -> list[str]:
+    """``count`` tokens of filler text; each is exactly one token under TOKEN_PATTERN (at most 8 non-space
+    characters), and ``continuing`` text starts with a space so it never fuses with the text before it."""
     out: list[str] = []
     since_newline = 0
     while len(out) < count:
@@ -164,9 +167,10 @@ def _words(rng: random.Random, count: int, opener: str | None) -> list[str]:
             since_newline = 0
             continue
         word = rng.choice(_WORDS)
-        if rng.random() < 0.12:
+        if rng.random() < 0.12 and len(word) < 8:
             word += rng.choice(_PUNCT)
-        out.append((" " if out and out[-1] != "\n" else "") + word)
+        needs_space = (out and out[-1] != "\n") or (not out and continuing)
+        out.append((" " if needs_space else "") + word)
         since_newline += 1
     return out[:count]
 
@@ -199,10 +203,11 @@ def plan_completion(
             think_end = None
         if ignore_eos:
             while len(body) < max_tokens:
-                body.extend(_words(rng, 64, None))
-    if len(body) + (0 if ignore_eos else 1) <= max_tokens:
-        return CompletionPlan(tuple(body), think_end, "stop", counts_eos=not ignore_eos)
-    # Cut before "</think>": think_end_index now lies past the end, so everything emitted is reasoning.
+                body.extend(_words(rng, 64, None, continuing=True))
+    if not ignore_eos and len(body) + 1 <= max_tokens:
+        return CompletionPlan(tuple(body), think_end, "stop", counts_eos=True)
+    # A length cut (with ignore_eos, max_tokens is the only way to end). A cut before "</think>" leaves
+    # think_end_index past the end, so everything emitted is reasoning.
     return CompletionPlan(tuple(body[:max_tokens]), think_end, "length", counts_eos=False)
 
 
