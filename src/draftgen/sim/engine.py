@@ -89,6 +89,11 @@ class Engine:
         self._wake = asyncio.Event()
         self._next_deadline: float | None = None
 
+    def mark_ready(self) -> None:
+        """Warm-up done: admit everything (and wake the loop, which may be idle with requests queued)."""
+        self.ready.set()
+        self._wake.set()
+
     def submit(self, request: SimRequest) -> None:
         self.waiting.append(request)
         self._wake.set()
@@ -134,12 +139,15 @@ class Engine:
             now = time.time()
             for request in admitted:
                 request.admitted = now
-            batch = self.running + admitted
-            sim_seconds = self.profile.step_seconds(len(batch)) * self.slow
+                self.stats.prompt_tokens_total += request.prompt_tokens  # prefilled in this step
+            # Admitted requests are running from now on, so an abort during the step (client gone) removes
+            # them for good: the step's results go only to requests still in ``running`` when it ends.
+            self.running.extend(admitted)
+            sim_seconds = self.profile.step_seconds(len(self.running)) * self.slow
             sim_seconds += sum(self.profile.prefill_seconds(r.prompt_tokens) for r in admitted)
             await self._wait_step(sim_seconds / self.speed)
-            self.running = batch
-            self._apply_step(time.time())
+            if self.running:  # every request of the step may have been aborted meanwhile
+                self._apply_step(time.time())
 
     def _has_admissible(self) -> bool:
         if self.ready.is_set():
@@ -177,6 +185,9 @@ class Engine:
             if request.step_index >= len(request.draws):
                 finished.append(request)
         verifies = len(self.running)
+        # Counted as produced, like SGLang's scheduler: aborted requests' tokens count too.
+        stats.generation_tokens_total += step_tokens
+        stats.verify_steps_total += verifies
         stats.decode_steps += 1
         stats._interval_tokens += step_tokens
         stats._interval_verifies += verifies
@@ -204,12 +215,9 @@ class Engine:
         request.finished = now
         if outcome == "ok":
             request.finish_type = request.plan.finish_type
-            self.stats.generation_tokens_total += request.emitted
-            self.stats.verify_steps_total += request.verify_steps
         else:
             self.stats.aborted_total += 1
             request.finish_type = "abort"
-        self.stats.prompt_tokens_total += request.prompt_tokens
         self.stats.requests_total += 1
         request.progress.set()
         request.done.set()

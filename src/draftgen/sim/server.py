@@ -43,6 +43,7 @@ EXIT_PORT_IN_USE = 3
 EXIT_CRASH = 70
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 WARMUP_MAX_TOKENS = 8
+SHUTDOWN_GRACE_S = 0.5  # on SIGTERM, in-flight requests get about this long before their connections drop
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class SimServer:
         )
         self.engine.submit(warm)
         await warm.done.wait()
-        self.engine.ready.set()
+        self.engine.mark_ready()
         self.healthy = True
         crash_seconds = self.faults.crash_after_seconds()
         if crash_seconds is not None:
@@ -719,7 +720,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
     """Run one server until ``stop`` is set. Binding errors propagate (OSError)."""
     await asyncio.sleep(config.faults.load_delay)  # weights loading: the port stays closed
     server = SimServer(config)
-    runner = web.AppRunner(build_app(server), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        build_app(server), handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True, backlog=1024)
     try:
