@@ -1,0 +1,455 @@
+"""Pull-based dispatch: every server keeps ``concurrency_per_server`` requests in flight from one shared queue.
+
+A reader streams prompts into a bounded queue; each server runs ``concurrency_per_server`` workers that pull
+the next prompt when their previous request ends, so a slow server simply takes less work and nothing waits
+behind it. Failures are retried (exponential backoff with full jitter, Retry-After honoured) on whichever server
+pulls them next. A server with ``server_down_after`` consecutive connection/5xx/timeout failures is marked down:
+its in-flight requests are handed back to the queue, it is probed with /health_generate (backoff) and rejoins
+when healthy. While every server is down the queue simply waits: no attempts are spent. A prompt whose last
+attempt fails goes to failed.parquet with its error; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftgen.client import Capabilities, ChatResult, RequestError, ServerClient
+from draftgen.generate.config import GenerateConfig
+from draftgen.generate.guard import Guard, GuardTripped
+from draftgen.generate.progress import Progress, ServerView, short_label
+from draftgen.generate.retry import RetryPolicy, counts_against_server
+from draftgen.generate.store import RunStore
+from draftgen.prompts import PromptRow, RejectedRow
+
+MAIN_POLL_S = 0.2
+READER_YIELD_EVERY = 512
+EVENT_LOG_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class ServerPlan:
+    """A server as preflight found it: its URL and what it accepts."""
+
+    url: str
+    capabilities: Capabilities
+
+
+class AllServersDown(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerStats:
+    url: str
+    completed: int = 0
+    completion_tokens: int = 0
+    errors: int = 0
+    downs: int = 0
+    down_s: float = 0.0
+
+
+@dataclass
+class DispatchOutcome:
+    status: str  # "complete", "interrupted", "halted"
+    completed: int
+    failed: int
+    started_at: float
+    ended_at: float
+    servers: list[ServerStats]
+    events: list[tuple[float, str, str]]  # (time, server, what happened)
+    error: BaseException | None = None
+    in_flight_at_stop: int = 0
+
+    @property
+    def wall_s(self) -> float:
+        return self.ended_at - self.started_at
+
+
+@dataclass
+class _Item:
+    prompt: PromptRow
+    attempts: int = 0
+    holds_slot: bool = True  # holds a reader slot until a worker takes it the first time
+    last_server: str | None = None
+
+
+@dataclass
+class _Flight:
+    item: _Item
+    scope: asyncio.Timeout | None = None
+    evicted: bool = False
+
+
+@dataclass
+class _Server:
+    index: int
+    url: str
+    client: ServerClient
+    stats: ServerStats
+    up: bool = True
+    up_event: asyncio.Event = field(default_factory=asyncio.Event)
+    down_event: asyncio.Event = field(default_factory=asyncio.Event)
+    consecutive_failures: int = 0
+    down_since: float | None = None
+    in_flight: dict[int, _Flight] = field(default_factory=dict)
+
+
+def output_row(prompt: PromptRow, result: ChatResult, attempts: int) -> dict[str, Any]:
+    """One stored row (DESIGN.md's generation output contract)."""
+    return {
+        "id": prompt.id,
+        "messages": list(prompt.messages),
+        "reasoning_content": result.reasoning_content,
+        "content": result.content,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "spec_accept_length": result.spec_accept_length,
+        "spec_verify_ct": result.spec_verify_ct,
+        "server": result.server,
+        "latency_s": result.latency_s,
+        "attempts": attempts,
+        "response_id": result.response_id,
+        "started_at": result.started_at,
+        "usage_reported": result.usage_reported,
+        "ttft_s": result.ttft_s,
+        "source_row": prompt.row,
+    }
+
+
+def failure_row(prompt: PromptRow, error: RequestError, attempts: int, server: str | None) -> dict[str, Any]:
+    return {
+        "id": prompt.id,
+        "messages": list(prompt.messages),
+        "error": str(error)[:2000],
+        "error_kind": error.kind,
+        "status": error.status,
+        "attempts": attempts,
+        "server": server,
+        "failed_at": time.time(),
+        "source_row": prompt.row,
+    }
+
+
+class Dispatcher:
+    """Runs one session of a generation run. ``run`` returns a DispatchOutcome; it never raises for failures
+    of individual requests (they are retried or recorded) — only for bugs."""
+
+    def __init__(
+        self,
+        config: GenerateConfig,
+        servers: list[ServerPlan],
+        store: RunStore,
+        guard: Guard,
+        progress: Progress | None = None,
+        *,
+        api_key: str = "EMPTY",
+        rng: random.Random | None = None,
+    ):
+        self.config = config
+        self.store = store
+        self.guard = guard
+        self.progress = progress
+        self.policy = RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_max_s)
+        self.sampling = config.sampling
+        self.rng = rng or random.Random()
+        self._plans = servers
+        self._api_key = api_key
+        self.servers: list[_Server] = []
+        self.events: list[tuple[float, str, str]] = []
+        self.halt: BaseException | None = None
+        self.completed = 0
+        self.failed = 0
+        self._outstanding = 0  # taken from the reader, not yet stored or failed
+        self._reader_done = False
+        self._all_done: asyncio.Event | None = None
+        self._queue: asyncio.Queue[_Item] | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._all_down_since: float | None = None
+
+    # ----- public -----------------------------------------------------------------------------------------
+    async def run(self, prompts: Iterator[PromptRow | RejectedRow], stop: asyncio.Event) -> DispatchOutcome:
+        config = self.config
+        started = time.time()
+        self._queue = asyncio.Queue()
+        total_slots = config.concurrency_per_server * len(self._plans)
+        self._slots = asyncio.Semaphore(max(64, 2 * total_slots))
+        self._all_done = asyncio.Event()
+        for index, plan in enumerate(self._plans):
+            client = ServerClient(
+                plan.url,
+                api_key=self._api_key,
+                timeout_s=config.request_timeout_s + 30.0,
+                capabilities=plan.capabilities,
+            )
+            server = _Server(index, client.url, client, ServerStats(client.url))
+            server.up_event.set()
+            self.servers.append(server)
+        status = "interrupted"
+        in_flight = 0
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._reader(prompts))]
+                for server in self.servers:
+                    tasks.append(group.create_task(self._prober(server)))
+                    for slot in range(config.concurrency_per_server):
+                        tasks.append(group.create_task(self._worker(server, slot)))
+                if self.progress is not None:
+                    tasks.append(group.create_task(self._ticker()))
+                status = await self._wait_for_end(stop)
+                in_flight = sum(len(s.in_flight) for s in self.servers)
+                for task in tasks:
+                    task.cancel()
+        except BaseExceptionGroup as group_error:  # a bug in a worker: surface the first one, unwrapped
+            errors = group_error.exceptions
+            raise errors[0] if len(errors) == 1 else group_error from None
+        finally:
+            for handle in self._timers.values():
+                handle.cancel()
+            self._timers.clear()
+            now = time.time()
+            for server in self.servers:
+                if server.down_since is not None:
+                    server.stats.down_s += now - server.down_since
+                await server.client.close()
+            if self.progress is not None:
+                self._refresh()
+        return DispatchOutcome(
+            status=status,
+            completed=self.completed,
+            failed=self.failed,
+            started_at=started,
+            ended_at=time.time(),
+            servers=[s.stats for s in self.servers],
+            events=self.events,
+            error=self.halt,
+            in_flight_at_stop=in_flight,
+        )
+
+    # ----- the end of a session -----------------------------------------------------------------------------
+    async def _wait_for_end(self, stop: asyncio.Event) -> str:
+        assert self._all_done is not None
+        while True:
+            if self.halt is not None:
+                return "halted"
+            if self._all_done.is_set():
+                return "complete"
+            if stop.is_set():
+                return "interrupted"
+            self._check_all_down()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(MAIN_POLL_S):
+                    await self._all_done.wait()
+
+    def _check_all_down(self) -> None:
+        if any(s.up for s in self.servers):
+            self._all_down_since = None
+            return
+        now = time.monotonic()
+        if self._all_down_since is None:
+            self._all_down_since = now
+            self._event("fleet", "every server is down: waiting for one to come back (no attempts spent)")
+        elif now - self._all_down_since > self.config.all_down_timeout_s:
+            self.halt = AllServersDown(
+                f"every server has been down for {self.config.all_down_timeout_s:.0f} s "
+                f"(all_down_timeout_s); finished work is saved — bring the servers back and resume"
+            )
+
+    def _maybe_done(self) -> None:
+        if self._reader_done and self._outstanding == 0 and self._all_done is not None:
+            self._all_done.set()
+
+    # ----- reader -------------------------------------------------------------------------------------------
+    async def _reader(self, prompts: Iterator[PromptRow | RejectedRow]) -> None:
+        assert self._queue is not None and self._slots is not None
+        done_ids = self.store.done_ids
+        for count, item in enumerate(prompts):
+            if count % READER_YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # keep the loop responsive while skipping stored ids
+            if isinstance(item, RejectedRow) or item.id in done_ids:
+                continue
+            await self._slots.acquire()
+            self._outstanding += 1
+            self._queue.put_nowait(_Item(item))
+        self._reader_done = True
+        self._maybe_done()
+
+    # ----- workers ------------------------------------------------------------------------------------------
+    async def _worker(self, server: _Server, slot: int) -> None:
+        assert self._queue is not None and self._slots is not None
+        config = self.config
+        queue = self._queue
+        while True:
+            if not server.up:
+                await server.up_event.wait()
+            item = await queue.get()
+            if item.holds_slot:
+                item.holds_slot = False
+                self._slots.release()
+            if not server.up:  # went down while this worker waited for work
+                queue.put_nowait(item)
+                continue
+            item.attempts += 1
+            item.last_server = server.url
+            flight = _Flight(item)
+            server.in_flight[slot] = flight
+            result: ChatResult | None = None
+            error: RequestError | None = None
+            try:
+                async with asyncio.timeout(config.request_timeout_s) as scope:
+                    flight.scope = scope
+                    result = await server.client.chat(
+                        item.prompt.messages,
+                        self.sampling,
+                        config.model,
+                        stream=config.stream,
+                        timeout_s=config.request_timeout_s + 30.0,
+                    )
+            except TimeoutError:
+                if not flight.evicted:
+                    error = RequestError(
+                        "timeout", f"no answer within request_timeout_s={config.request_timeout_s:g}"
+                    )
+            except RequestError as exc:
+                error = exc
+            finally:
+                del server.in_flight[slot]
+            if (
+                result is None and flight.evicted
+            ):  # its server was marked down under it: not the prompt's fault
+                item.attempts -= 1
+                queue.put_nowait(item)
+                continue
+            if result is not None and result.finish_reason == "abort":
+                error = RequestError("protocol", "the server aborted the request (finish_reason 'abort')")
+            if error is not None:
+                self._on_failure(server, item, error)
+            else:
+                assert result is not None
+                self._on_success(server, item, result)
+
+    def _on_success(self, server: _Server, item: _Item, result: ChatResult) -> None:
+        server.consecutive_failures = 0
+        tokens = result.completion_tokens or 0
+        server.stats.completed += 1
+        server.stats.completion_tokens += tokens
+        self.store.add(output_row(item.prompt, result, item.attempts))
+        self.completed += 1
+        self._outstanding -= 1
+        if self.progress is not None:
+            self.progress.advance(tokens)
+        self._maybe_done()
+        try:
+            self.guard.observe(
+                id=item.prompt.id,
+                server=server.url,
+                content=result.content,
+                reasoning=result.reasoning_content,
+                finish_reason=result.finish_reason,
+            )
+        except GuardTripped as tripped:
+            self._stop_with(tripped)
+
+    def _on_failure(self, server: _Server, item: _Item, error: RequestError) -> None:
+        server.stats.errors += 1
+        if counts_against_server(error):
+            server.consecutive_failures += 1
+            if server.up and server.consecutive_failures >= self.config.server_down_after:
+                self._mark_down(server, error)
+        if self.policy.should_retry(error, item.attempts):
+            delay = self.policy.delay(item.attempts, error, self.rng)
+            key = id(item)
+            loop = asyncio.get_running_loop()
+            self._timers[key] = loop.call_later(delay, self._retry_due, key, item)
+            return
+        self.store.add_failure(failure_row(item.prompt, error, item.attempts, server.url))
+        self.failed += 1
+        self._outstanding -= 1
+        if self.progress is not None:
+            self.progress.fail()
+        self._maybe_done()
+        try:
+            self.guard.observe(id=item.prompt.id, server=server.url, error=str(error))
+        except GuardTripped as tripped:
+            self._stop_with(tripped)
+
+    def _retry_due(self, key: int, item: _Item) -> None:
+        self._timers.pop(key, None)
+        assert self._queue is not None
+        self._queue.put_nowait(item)
+
+    def _stop_with(self, error: BaseException) -> None:
+        if self.halt is None:
+            self.halt = error
+            if self._all_done is not None:
+                self._all_done.set()  # wake the main loop now
+
+    # ----- server health ------------------------------------------------------------------------------------
+    def _mark_down(self, server: _Server, error: RequestError) -> None:
+        server.up = False
+        server.up_event.clear()
+        server.down_event.set()
+        server.down_since = time.time()
+        server.stats.downs += 1
+        now = asyncio.get_running_loop().time()
+        evicted = 0
+        for flight in server.in_flight.values():
+            flight.evicted = True
+            if flight.scope is not None:
+                flight.scope.reschedule(now)
+                evicted += 1
+        self._event(
+            server.url,
+            f"marked down after {server.consecutive_failures} consecutive failures (last: {error}); "
+            f"{evicted} in-flight request(s) handed to other servers",
+        )
+
+    def _mark_up(self, server: _Server) -> None:
+        if server.down_since is not None:
+            server.stats.down_s += time.time() - server.down_since
+        server.down_since = None
+        server.consecutive_failures = 0
+        server.up = True
+        server.down_event.clear()
+        server.up_event.set()
+        self._event(server.url, "healthy again (/health_generate 200): rejoined")
+
+    async def _prober(self, server: _Server) -> None:
+        config = self.config
+        while True:
+            await server.down_event.wait()
+            delay = config.probe_interval_s
+            while not server.up:
+                await asyncio.sleep(delay)
+                status = await server.client.health(
+                    generate=True, timeout_s=min(30.0, config.request_timeout_s)
+                )
+                if status == 200:
+                    self._mark_up(server)
+                else:
+                    delay = min(delay * 2, config.probe_max_interval_s)
+
+    # ----- progress -----------------------------------------------------------------------------------------
+    def _event(self, server: str, what: str) -> None:
+        if len(self.events) < EVENT_LOG_LIMIT:
+            self.events.append((time.time(), server, what))
+        if self.progress is not None:
+            self.progress.note(f"[{time.strftime('%H:%M:%S')}] {short_label(server)}: {what}")
+
+    def _refresh(self) -> None:
+        assert self.progress is not None
+        views = [ServerView(short_label(s.url), len(s.in_flight), s.up) for s in self.servers]
+        self.progress.refresh(views, retrying=len(self._timers))
+
+    async def _ticker(self) -> None:
+        interval = max(0.05, self.config.progress_interval_s)
+        while True:
+            self._refresh()
+            await asyncio.sleep(interval)

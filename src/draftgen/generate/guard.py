@@ -1,0 +1,178 @@
+"""The garbage guard: a sliding window over recent results that halts the run when they look like garbage.
+
+The user's last run wrote 87% empty answers for days. Here every result is classified as it arrives (empty
+answer, empty reasoning when thinking is on, truncated, failed); when the share of one defect in the last
+``window`` results passes its threshold, the run halts with a report naming example ids and texts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+DEFECTS = ("empty_answer", "empty_reasoning", "truncated", "failed")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    window: int = 200
+    min_results: int = 50
+    max_rates: dict[str, float] = field(
+        default_factory=lambda: {
+            "empty_answer": 0.05,
+            "empty_reasoning": 0.05,
+            "truncated": 0.5,
+            "failed": 0.2,
+        }
+    )
+    thinking: bool = True
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    server: str | None
+    finish_reason: str | None
+    reasoning: str
+    answer: str
+    error: str | None = None
+
+
+def _snippet(text: str | None, limit: int = 160) -> str:
+    text = (text or "").replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def classify(
+    *, thinking: bool, content: str | None, reasoning: str | None, finish_reason: str | None, failed: bool
+) -> tuple[str, ...]:
+    """The defects of one result (an empty tuple for a good one)."""
+    if failed:
+        return ("failed",)
+    defects = []
+    truncated = finish_reason == "length"
+    if truncated:
+        defects.append("truncated")  # an empty answer is expected when thinking ran out of tokens
+    elif not (content or "").strip():
+        defects.append("empty_answer")
+    if thinking and not (reasoning or "").strip():
+        defects.append("empty_reasoning")
+    return tuple(defects)
+
+
+class GuardTripped(RuntimeError):
+    """The guard halted the run; ``report`` holds the numbers and examples."""
+
+    def __init__(self, report: GuardReport):
+        self.report = report
+        super().__init__(report.text())
+
+
+@dataclass
+class GuardReport:
+    defect: str
+    rate: float
+    threshold: float
+    window: int
+    seen: int
+    rates: dict[str, float]
+    examples: list[Example]
+
+    def text(self) -> str:
+        lines = [
+            f"garbage guard: {self.rate:.0%} of the last {self.window} results are {self.defect.replace('_', ' ')} "
+            f"(threshold {self.threshold:.0%}, after {self.seen} results); the run was halted, finished work saved.",
+            "rates in the window: "
+            + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in self.rates.items()),
+            "examples:",
+        ]
+        for example in self.examples:
+            if example.error:
+                lines.append(f"  {example.id} @ {example.server}: {example.error}")
+            else:
+                lines.append(
+                    f"  {example.id} @ {example.server} finish={example.finish_reason} "
+                    f"reasoning={_snippet(example.reasoning)!r} answer={_snippet(example.answer)!r}"
+                )
+        lines.append(_ADVICE.get(self.defect, ""))
+        return "\n".join(line for line in lines if line)
+
+
+_ADVICE = {
+    "empty_answer": "Check the server's chat template and --reasoning-parser (qwen3), and that enable_thinking "
+    "reaches it (chat_template_kwargs). Fix the server, then start a new run (new out_dir).",
+    "empty_reasoning": "With enable_thinking=True every answer should carry reasoning_content: check that the "
+    "server runs with --reasoning-parser qwen3 and the template honours enable_thinking.",
+    "truncated": "Most completions stop at max_tokens: raise max_tokens, or raise max_truncated_rate if that "
+    "is expected for this prompt set.",
+    "failed": "Most prompts fail after every attempt: see failed.parquet for the errors (context length? auth? "
+    "a crashing server?).",
+}
+
+
+class Guard:
+    """Feed every result to ``observe``; it raises GuardTripped when a defect rate passes its threshold."""
+
+    def __init__(self, settings: GuardSettings, examples: int = 5):
+        self.settings = settings
+        self._window: deque[tuple[str, ...]] = deque(maxlen=settings.window)
+        self._counts = dict.fromkeys(DEFECTS, 0)
+        self._examples: dict[str, deque[Example]] = {d: deque(maxlen=examples) for d in DEFECTS}
+        self.seen = 0
+        self.totals = dict.fromkeys(DEFECTS, 0)
+
+    def rates(self) -> dict[str, float]:
+        size = len(self._window)
+        return {d: (self._counts[d] / size if size else 0.0) for d in DEFECTS}
+
+    def observe(
+        self,
+        *,
+        id: str,
+        server: str | None,
+        content: str | None = None,
+        reasoning: str | None = None,
+        finish_reason: str | None = None,
+        error: str | None = None,
+    ) -> tuple[str, ...]:
+        defects = classify(
+            thinking=self.settings.thinking,
+            content=content,
+            reasoning=reasoning,
+            finish_reason=finish_reason,
+            failed=error is not None,
+        )
+        if len(self._window) == self._window.maxlen:
+            for old in self._window[0]:
+                self._counts[old] -= 1
+        self._window.append(defects)
+        self.seen += 1
+        for defect in defects:
+            self._counts[defect] += 1
+            self.totals[defect] += 1
+            self._examples[defect].append(
+                Example(id, server, finish_reason, reasoning or "", content or "", error)
+            )
+        if defects:
+            self._check()
+        return defects
+
+    def _check(self) -> None:
+        size = len(self._window)
+        if size < self.settings.min_results:
+            return
+        for defect in DEFECTS:
+            threshold = self.settings.max_rates.get(defect, 1.0)
+            rate = self._counts[defect] / size
+            if rate > threshold:
+                raise GuardTripped(
+                    GuardReport(
+                        defect=defect,
+                        rate=rate,
+                        threshold=threshold,
+                        window=size,
+                        seen=self.seen,
+                        rates=self.rates(),
+                        examples=list(self._examples[defect]),
+                    )
+                )

@@ -1,0 +1,408 @@
+"""Preflight: everything that can be checked before long work, reported as one table.
+
+Rows: the environment (API key variable, estimate file), the run folder (lock, fingerprint, stored rows), the
+prompt file (readable, malformed rows set aside in rejected.parquet, abort above ``max_rejected_rate``), and per
+server: reachable, healthy (/health, /health_generate), serving ``model`` (/v1/models), engine and capabilities
+(``ServerClient.probe``), batch cap, and one canary request that must come back with reasoning AND an answer.
+Any "fail" row stops the run (``PreflightError``, whose message is the whole table).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from draftgen.client import Capabilities, RequestError, ServerClient
+from draftgen.generate.config import GenerateConfig
+from draftgen.generate.dispatch import ServerPlan
+from draftgen.generate.guard import classify
+from draftgen.generate.source import prompt_source
+from draftgen.generate.store import (
+    FingerprintMismatch,
+    RunStore,
+    StoreError,
+    fingerprint_change,
+    read_manifest,
+)
+from draftgen.params import ParameterError
+from draftgen.prompts import PromptFileError, PromptRow, RejectedRow
+
+ESTIMATE_KEYS = (
+    "aggregate_output_tok_s",
+    "wall_time_s",
+    "num_prompts",
+    "servers",
+    "concurrency_per_server",
+    "max_tokens",
+    "mean_completion_tokens",
+)
+CANARY_PROMPTS = (
+    "What is 17 + 25? Answer with the number.",
+    "Name the largest planet of the solar system in one word.",
+    "Is 91 a prime number? Answer yes or no.",
+)
+HEALTH_POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class Check:
+    check: str
+    target: str
+    status: str  # "ok", "info", "warn", "fail"
+    detail: str
+
+
+@dataclass
+class PromptScan:
+    rows: int = 0  # rows read (valid + malformed) within the limit
+    valid: int = 0
+    rejected: int = 0
+    stored: int = 0  # valid rows whose id is already in the shards
+    reasons: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def todo(self) -> int:
+        return self.valid - self.stored
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rows_scanned": self.rows,
+            "valid": self.valid,
+            "rejected": self.rejected,
+            "stored_at_start": self.stored,
+            "todo_at_start": self.todo,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What preflight found: the servers to use (with capabilities) and the work to do."""
+
+    servers: list[ServerPlan]
+    checks: list[Check]
+    scan: PromptScan
+    fingerprint: str
+
+    @property
+    def todo(self) -> int:
+        return self.scan.todo
+
+    def table(self) -> pl.DataFrame:
+        return checks_frame(self.checks)
+
+
+class PreflightError(RuntimeError):
+    def __init__(self, checks: list[Check]):
+        self.checks = checks
+        failed = [c for c in checks if c.status == "fail"]
+        super().__init__(
+            f"preflight failed ({len(failed)} problem{'s' if len(failed) != 1 else ''}); nothing was sent. "
+            "Fix the rows marked FAIL and run again:\n" + format_checks(checks)
+        )
+
+
+def checks_frame(checks: list[Check]) -> pl.DataFrame:
+    return pl.DataFrame(
+        [c.__dict__ for c in checks],
+        schema={"check": pl.String, "target": pl.String, "status": pl.String, "detail": pl.String},
+    )
+
+
+def format_checks(checks: list[Check]) -> str:
+    widths = [max([len(h), *(len(getattr(c, h)) for c in checks)]) for h in ("check", "target")]
+    lines = []
+    for c in checks:
+        mark = c.status.upper() if c.status != "ok" else "ok"
+        lines.append(f"  {mark:<4}  {c.check:<{widths[0]}}  {c.target:<{widths[1]}}  {c.detail}")
+    return "\n".join(lines)
+
+
+# ----- environment and files -------------------------------------------------------------------------------
+def check_environment(config: GenerateConfig) -> list[Check]:
+    checks = []
+    if config.api_key_env is not None:
+        try:
+            config.api_key()
+            checks.append(Check("api key", config.api_key_env, "ok", "set (value never shown or stored)"))
+        except ParameterError as exc:
+            checks.append(
+                Check("api key", config.api_key_env, "fail", f"{exc.problems[0][1]}: export it first")
+            )
+    if config.estimate:
+        try:
+            estimate = load_estimate(config.estimate)
+            checks.append(
+                Check(
+                    "estimate",
+                    config.estimate,
+                    "ok",
+                    f"planned {estimate['aggregate_output_tok_s']:,.0f} tok/s, "
+                    f"{estimate['wall_time_s'] / 3600:,.1f} h for {estimate['num_prompts']:,} prompts",
+                )
+            )
+        except ValueError as exc:
+            checks.append(Check("estimate", config.estimate, "fail", str(exc)))
+    return checks
+
+
+def load_estimate(path: str | Path) -> dict[str, Any]:
+    """estimate.json from estimate.ipynb; ValueError naming the file and the missing keys."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    missing = [k for k in ESTIMATE_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)} (write it with estimate.ipynb)")
+    return data
+
+
+def scan_prompts(config: GenerateConfig, stored: set[str]) -> tuple[PromptScan, list[dict[str, Any]]]:
+    """Read the prompt file once (streamed): counts, the malformed rows, and how many are already stored."""
+    scan = PromptScan()
+    rejected: list[dict[str, Any]] = []
+    for item in prompt_source(config):
+        scan.rows += 1
+        if isinstance(item, RejectedRow):
+            scan.rejected += 1
+            kind = item.reason.split(":")[0].split("(")[0].strip()
+            scan.reasons[kind] += 1
+            if len(scan.examples) < 3:
+                scan.examples.append(f"row {item.row}: {item.reason}")
+            rejected.append({"row": item.row, "id": item.id, "reason": item.reason, "raw": item.raw})
+        elif isinstance(item, PromptRow):
+            scan.valid += 1
+            if item.id in stored:
+                scan.stored += 1
+    return scan, rejected
+
+
+def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path | None) -> list[Check]:
+    target = str(config.prompt_path)
+    checks = []
+    where = f"; shard {config.shard_spec[0]}/{config.shard_spec[1]}" if config.shard_spec else ""
+    limit = f"; limit {config.limit:,}" if config.limit else ""
+    checks.append(
+        Check("prompts", target, "ok", f"{scan.valid:,} valid of {scan.rows:,} rows read{where}{limit}")
+    )
+    if scan.valid == 0:
+        checks.append(Check("prompts", target, "fail", "no valid prompt rows: check the file's format"))
+    if scan.rejected:
+        rate = scan.rejected / max(1, scan.rows)
+        status = "fail" if rate > config.max_rejected_rate else "warn"
+        kinds = ", ".join(f"{k} ×{n}" for k, n in scan.reasons.most_common(4))
+        detail = (
+            f"{scan.rejected:,} malformed rows ({rate:.1%}) set aside in {rejected_path} — {kinds}; "
+            f"e.g. {'; '.join(scan.examples)}"
+        )
+        if status == "fail":
+            detail += f". Above max_rejected_rate={config.max_rejected_rate:g}: fix the file or raise it"
+        checks.append(Check("malformed rows", target, status, detail))
+    if scan.stored:
+        checks.append(
+            Check(
+                "resume",
+                config.out_dir,
+                "info",
+                f"{scan.stored:,} prompts already stored: {scan.todo:,} to do",
+            )
+        )
+    return checks
+
+
+# ----- servers ---------------------------------------------------------------------------------------------
+async def _wait_healthy(client: ServerClient, wait_s: float) -> int | None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        status = await client.health(timeout_s=10.0)
+        if status == 200 or time.monotonic() >= deadline:
+            return status
+        await asyncio.sleep(HEALTH_POLL_S)
+
+
+async def check_server(
+    config: GenerateConfig, url: str, api_key: str
+) -> tuple[str, list[Check], Capabilities | None]:
+    async with ServerClient(url, api_key=api_key, timeout_s=config.request_timeout_s) as client:
+        checks, caps = await _server_checks(config, client)
+        return client.url, checks, caps
+
+
+async def _server_checks(
+    config: GenerateConfig, client: ServerClient
+) -> tuple[list[Check], Capabilities | None]:
+    checks: list[Check] = []
+    url = client.url
+    status = await _wait_healthy(client, config.wait_for_servers_s)
+    if status is None:
+        checks.append(
+            Check(
+                "reachable",
+                url,
+                "fail",
+                "connection refused or timed out: is the server running? "
+                "(SGLang opens its port only after loading the weights; see wait_for_servers_s)",
+            )
+        )
+        return checks, None
+    if status != 200:
+        checks.append(Check("healthy", url, "fail", f"/health answered {status} (still warming up?)"))
+        return checks, None
+    generate_status = await client.health(generate=True, timeout_s=60.0)
+    if generate_status != 200:
+        checks.append(
+            Check(
+                "healthy",
+                url,
+                "fail",
+                f"/health answered 200 but /health_generate {generate_status}: "
+                "it cannot generate; restart it",
+            )
+        )
+        return checks, None
+    checks.append(Check("healthy", url, "ok", "/health and /health_generate 200"))
+    ids = await client.model_ids()
+    if config.model not in ids:
+        checks.append(
+            Check(
+                "model",
+                url,
+                "fail",
+                f"serves {list(ids)}, not {config.model!r}: set model to the name /v1/models reports",
+            )
+        )
+        return checks, None
+    checks.append(Check("model", url, "ok", config.model))
+    try:
+        caps = await client.probe(config.model, config.sampling)
+    except RequestError as exc:
+        checks.append(Check("probe", url, "fail", f"a tiny request failed: {exc}"))
+        return checks, None
+    notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
+    notes.append("acceptance per request" if caps.spec_details else "no per-request acceptance data")
+    if not caps.extra_fields:
+        notes.append("plain OpenAI fields only (top_k/min_p/enable_thinking not sent)")
+    probe_status = "ok" if caps.extra_fields or not config.enable_thinking else "warn"
+    checks.append(Check("engine", url, probe_status, "; ".join(notes)))
+    info = await client.server_info()
+    cap = info.get("max_running_requests") if isinstance(info, dict) else None
+    if isinstance(cap, int) and cap < config.concurrency_per_server:
+        checks.append(
+            Check(
+                "batch cap",
+                url,
+                "info",
+                f"runs {cap} at once; the other "
+                f"{config.concurrency_per_server - cap} of concurrency_per_server queue there (keeps it full)",
+            )
+        )
+    if config.canary:
+        checks.append(await canary(client, config))
+    return checks, caps
+
+
+async def canary(client: ServerClient, config: GenerateConfig) -> Check:
+    """One real request: with thinking on, reasoning and answer must both be non-empty."""
+    truncated = 0
+    for prompt in CANARY_PROMPTS:
+        try:
+            result = await client.chat(
+                [{"role": "user", "content": prompt}],
+                config.sampling,
+                config.model,
+                stream=config.stream,
+                timeout_s=config.request_timeout_s,
+            )
+        except RequestError as exc:
+            return Check("canary", client.url, "fail", f"request failed: {exc}")
+        defects = classify(
+            thinking=config.enable_thinking,
+            content=result.content,
+            reasoning=result.reasoning_content,
+            finish_reason=result.finish_reason,
+            failed=False,
+        )
+        if defects == ("truncated",):
+            truncated += 1
+            continue
+        if defects:
+            reasoning = (result.reasoning_content or "")[:80]
+            answer = (result.content or "")[:80]
+            return Check(
+                "canary",
+                client.url,
+                "fail",
+                f"{', '.join(d.replace('_', ' ') for d in defects)} (finish {result.finish_reason}, reasoning "
+                f"{reasoning!r}, answer {answer!r}): check --reasoning-parser and the chat template",
+            )
+        return Check(
+            "canary",
+            client.url,
+            "ok",
+            f"reasoning {len(result.reasoning_content or '')} chars, answer {len(result.content or '')} chars, "
+            f"{result.completion_tokens} tokens in {result.latency_s:.1f} s",
+        )
+    return Check(
+        "canary",
+        client.url,
+        "warn",
+        f"all {truncated} canaries stopped at max_tokens={config.max_tokens} before answering: "
+        "reasoning seen, answer not confirmed",
+    )
+
+
+# ----- the whole preflight ---------------------------------------------------------------------------------
+async def preflight(config: GenerateConfig) -> Plan:
+    """Run every check (servers concurrently, the prompt scan in a thread); raise PreflightError on any fail."""
+    checks = check_environment(config)
+    api_key = "EMPTY"
+    if not any(c.check == "api key" and c.status == "fail" for c in checks):
+        api_key = config.api_key() if config.api_key_env else "EMPTY"
+    scan = PromptScan()
+    store: RunStore | None = None
+    try:
+        store = RunStore.open(config)
+        change = fingerprint_change(config, read_manifest(config.out_dir))
+        if change:
+            checks.append(Check("out_dir", config.out_dir, "warn", change))
+    except FingerprintMismatch as exc:
+        checks.append(Check("out_dir", config.out_dir, "fail", str(exc)))
+    except StoreError as exc:
+        checks.append(Check("out_dir", config.out_dir, "fail", str(exc)))
+    try:
+        server_task = asyncio.gather(*(check_server(config, url, api_key) for url in config.servers))
+        scan_task = asyncio.to_thread(scan_prompts, config, store.done_ids if store else set())
+        try:
+            scanned, servers = await asyncio.gather(scan_task, server_task)
+        except PromptFileError as exc:
+            checks.append(Check("prompts", str(config.prompt_path), "fail", str(exc)))
+            servers = await server_task
+            scanned = None
+        if scanned is not None:
+            scan, rejected = scanned
+            rejected_path = None
+            if store is not None:
+                store.prompt_stats = scan.as_dict()
+                rejected_path = store.write_rejected(rejected, scan.as_dict())
+            checks.extend(prompt_checks(config, scan, rejected_path))
+        plans = []
+        for url, server_checks, caps in servers:
+            checks.extend(server_checks)
+            if caps is not None:
+                plans.append(ServerPlan(url, caps))
+    finally:
+        if store is not None:
+            store.release()
+    if any(c.status == "fail" for c in checks):
+        raise PreflightError(checks)
+    return Plan(servers=plans, checks=checks, scan=scan, fingerprint=config.fingerprint())

@@ -1,0 +1,148 @@
+"""One session of a generation run: open the run folder, dispatch, flush, and say how it ended.
+
+Ctrl-C (SIGINT, also a notebook's interrupt) and SIGTERM stop the session gracefully: requests in flight are
+abandoned (they are redone on resume), every finished row is written, the manifest records the session, and
+the error raised says how to resume. Anything else that ends the session early flushes the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftgen.generate.config import GenerateConfig
+from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
+from draftgen.generate.guard import Guard, GuardSettings
+from draftgen.generate.preflight import Plan
+from draftgen.generate.progress import Progress
+from draftgen.generate.source import prompt_source
+from draftgen.generate.store import RunStore
+
+
+class RunInterrupted(RuntimeError):
+    """Stopped by a signal; finished work is on disk."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    status: str  # "complete", "complete_with_failures"
+    out_dir: Path
+    completed: int  # rows stored by this session
+    failed: int  # prompts that went to failed.parquet in this session
+    stored: int  # rows in the run folder now
+    outcome: DispatchOutcome
+
+    def __str__(self) -> str:
+        return (
+            f"{self.status}: {self.completed:,} rows stored this session ({self.stored:,} in {self.out_dir}), "
+            f"{self.failed:,} failed, {self.outcome.wall_s:,.1f} s"
+        )
+
+
+def guard_settings(config: GenerateConfig) -> GuardSettings:
+    return GuardSettings(
+        window=config.guard_window,
+        min_results=config.guard_min_results,
+        max_rates={
+            "empty_answer": config.max_empty_answer_rate,
+            "empty_reasoning": config.max_empty_reasoning_rate,
+            "truncated": config.max_truncated_rate,
+            "failed": config.max_failed_rate,
+        },
+        thinking=config.enable_thinking,
+    )
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: asyncio.Event, received: list[str]) -> Iterator[None]:
+    """SIGINT/SIGTERM set ``stop`` while the session runs (main thread only); previous handlers restored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+
+        def handler(sig: signal.Signals = sig) -> None:
+            received.append(sig.name)
+            stop.set()
+
+        previous[sig] = signal.getsignal(sig)
+        try:
+            loop.add_signal_handler(sig, handler)
+        except (NotImplementedError, RuntimeError, ValueError):
+            previous.pop(sig)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            loop.remove_signal_handler(sig)
+            with contextlib.suppress(TypeError, ValueError):
+                signal.signal(sig, old)
+
+
+async def generate(
+    config: GenerateConfig, plan: Plan, *, progress: bool = True, rng: random.Random | None = None
+) -> RunResult:
+    """Run (or resume) the generation described by ``config`` on the servers preflight approved."""
+    store = RunStore.open(config)
+    try:
+        store.prompt_stats = plan.scan.as_dict()
+        store.rejected_count = plan.scan.rejected
+        store.flush()
+        guard = Guard(guard_settings(config))
+        bar = Progress(plan.todo, enabled=progress)
+        stop = asyncio.Event()
+        received: list[str] = []
+        dispatcher = Dispatcher(
+            config,
+            plan.servers,
+            store,
+            guard,
+            bar,
+            api_key=config.api_key() if config.api_key_env else "EMPTY",
+            rng=rng,
+        )
+        try:
+            with _stop_on_signals(stop, received):
+                outcome = await dispatcher.run(prompt_source(config), stop)
+        except BaseException as exc:
+            store.close(
+                "failed" if isinstance(exc, Exception) else "interrupted", f"{type(exc).__name__}: {exc}"
+            )
+            raise
+        finally:
+            bar.close()
+        if outcome.status == "halted":
+            assert outcome.error is not None
+            store.close("halted", str(outcome.error))
+            raise outcome.error
+        if outcome.status == "interrupted":
+            why = received[0] if received else "stop"
+            store.close("interrupted", why)
+            message = (
+                f"stopped by {why}: {outcome.completed:,} rows stored this session ({store.stored_rows:,} in "
+                f"{config.out_dir}); {outcome.in_flight_at_stop} in-flight requests abandoned. Run again with the "
+                "same out_dir (draftgen run generate --name RUN --resume) to continue."
+            )
+            if why == "SIGINT":
+                raise KeyboardInterrupt(message)
+            raise RunInterrupted(message)
+        status = "complete" if store.failed_count == 0 else "complete_with_failures"
+        store.close(status)
+        return RunResult(
+            status=status,
+            out_dir=Path(config.out_dir),
+            completed=outcome.completed,
+            failed=outcome.failed,
+            stored=store.stored_rows,
+            outcome=outcome,
+        )
+    finally:
+        store.release()

@@ -1,0 +1,382 @@
+"""The run folder on disk: parquet shards written atomically, manifest.json, failed/rejected rows, resume.
+
+Layout of ``out_dir``::
+
+    manifest.json        fingerprint, parameters, counts, shard list, sessions (rewritten atomically)
+    shards/part-NNNNNN.parquet   one row per finished prompt id, ~batch_save_size rows each
+    failed.parquet       prompts that exhausted their attempts, with the last error (retried on resume)
+    rejected.parquet     malformed prompt rows with the reason
+    .lock                held (flock) while a process writes here
+
+Every file is written to a temporary name, fsynced and renamed, so a crash (even SIGKILL) leaves either the
+old file or the new one, never half of one. The shard files are the truth; the manifest is a summary of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from draftgen.generate.config import GenerateConfig
+
+MANIFEST = "manifest.json"
+SHARDS = "shards"
+FAILED = "failed.parquet"
+REJECTED = "rejected.parquet"
+LOCK = ".lock"
+FORMAT = "draftgen.generate/1"
+
+MESSAGES = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+OUTPUT_SCHEMA = pl.Schema(
+    {
+        "id": pl.String,
+        "messages": MESSAGES,
+        "reasoning_content": pl.String,
+        "content": pl.String,
+        "finish_reason": pl.String,
+        "prompt_tokens": pl.Int64,
+        "completion_tokens": pl.Int64,
+        "spec_accept_length": pl.Float64,
+        "spec_verify_ct": pl.Int64,
+        "server": pl.String,
+        "latency_s": pl.Float64,
+        "attempts": pl.Int64,
+        "response_id": pl.String,
+        "started_at": pl.Float64,
+        "usage_reported": pl.Boolean,
+        "ttft_s": pl.Float64,
+        "source_row": pl.Int64,
+    }
+)
+FAILED_SCHEMA = pl.Schema(
+    {
+        "id": pl.String,
+        "messages": MESSAGES,
+        "error": pl.String,
+        "error_kind": pl.String,
+        "status": pl.Int64,
+        "attempts": pl.Int64,
+        "server": pl.String,
+        "failed_at": pl.Float64,
+        "source_row": pl.Int64,
+    }
+)
+REJECTED_SCHEMA = pl.Schema({"row": pl.Int64, "id": pl.String, "reason": pl.String, "raw": pl.String})
+
+
+class StoreError(RuntimeError):
+    """The run folder cannot be used as asked; the message says which file and what to do."""
+
+
+class FingerprintMismatch(StoreError):
+    pass
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def atomic_write_parquet(frame: pl.DataFrame, path: Path) -> None:
+    """Write ``frame`` to ``path`` so that a crash leaves the old file or the complete new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.write_parquet(tmp, compression="zstd", statistics=False)
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(out_dir) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise StoreError(
+            f"{path} is not valid JSON ({exc}); it is rebuilt from the shards if you delete it"
+        ) from exc
+
+
+def shard_paths(out_dir: str | Path) -> list[Path]:
+    return sorted((Path(out_dir) / SHARDS).glob("part-*.parquet"))
+
+
+def read_done_ids(out_dir: str | Path) -> pl.Series:
+    """Ids of every stored row, reading only the id column of each shard (a corrupt shard is named)."""
+    paths = shard_paths(out_dir)
+    if not paths:
+        return pl.Series("id", [], dtype=pl.String)
+    try:
+        return pl.scan_parquet(paths).select("id").collect()["id"]
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        for path in paths:
+            try:
+                pl.scan_parquet(path).select("id").collect()
+            except (pl.exceptions.PolarsError, OSError) as inner:
+                raise StoreError(
+                    f"shard {path} is unreadable ({type(inner).__name__}: {str(inner)[:200]}); move it out of "
+                    f"{path.parent} and resume — its prompts will be generated again"
+                ) from inner
+        raise StoreError(f"cannot read the shards in {Path(out_dir) / SHARDS}: {exc}") from exc
+
+
+@dataclass
+class SessionCounts:
+    started_at: float = field(default_factory=time.time)
+    completed: int = 0
+    completion_tokens: int = 0
+    failed: int = 0
+
+
+class RunStore:
+    """Owns one run folder while a run writes to it. Use as a context manager (the lock is released on exit)."""
+
+    def __init__(self, config: GenerateConfig, *, stored_ids: pl.Series, manifest: dict[str, Any] | None):
+        self.config = config
+        self.out_dir = Path(config.out_dir)
+        self.shard_dir = self.out_dir / SHARDS
+        self.done_ids: set[str] = set(stored_ids.to_list())
+        self.stored_rows = len(stored_ids)
+        self.manifest: dict[str, Any] = manifest or {}
+        self._buffer: list[dict[str, Any]] = []
+        self._failures: dict[str, dict[str, Any]] = {}
+        self._failures_dirty = False
+        self._next_seq = self._last_seq() + 1
+        self._lock_handle: Any = None
+        self.session = SessionCounts()
+        self.rejected_count = int(self.manifest.get("counts", {}).get("rejected", 0))
+        self.prompt_stats: dict[str, Any] = dict(self.manifest.get("prompts", {}))
+
+    # ----- opening ----------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, config: GenerateConfig) -> RunStore:
+        """Lock ``out_dir``, clear leftovers of a crash, check the fingerprint, read the stored ids."""
+        out_dir = Path(config.out_dir)
+        try:
+            (out_dir / SHARDS).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create out_dir {out_dir}: {exc.strerror or exc}") from exc
+        handle = _lock(out_dir)
+        try:
+            for leftover in (out_dir / SHARDS).glob(".*.tmp"):
+                leftover.unlink()  # a write interrupted before its rename: the rows are still to do
+            for leftover in out_dir.glob(".*.tmp"):
+                leftover.unlink()
+            manifest = read_manifest(out_dir)
+            check_fingerprint(config, manifest)
+            ids = read_done_ids(out_dir)
+            duplicates = ids.filter(ids.is_duplicated()).unique().head(5).to_list()
+            if duplicates:
+                raise StoreError(
+                    f"the shards in {out_dir / SHARDS} hold some ids more than once (e.g. {duplicates}); "
+                    "they were not written by one draftgen run — deduplicate them or use a new out_dir"
+                )
+            store = cls(config, stored_ids=ids, manifest=manifest)
+            store._lock_handle = handle
+            store._load_failures()
+        except BaseException:
+            handle.close()
+            raise
+        return store
+
+    def _last_seq(self) -> int:
+        seqs = [
+            int(p.stem.split("-")[1]) for p in shard_paths(self.out_dir) if p.stem.split("-")[1].isdigit()
+        ]
+        return max(seqs, default=0)
+
+    def _load_failures(self) -> None:
+        path = self.out_dir / FAILED
+        if path.exists():
+            try:
+                frame = pl.read_parquet(path)
+            except (pl.exceptions.PolarsError, OSError) as exc:
+                raise StoreError(
+                    f"{path} is unreadable ({exc}); delete it to resume (failed prompts are retried)"
+                ) from exc
+            for row in frame.iter_rows(named=True):
+                if row["id"] not in self.done_ids:
+                    self._failures[row["id"]] = row
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._lock_handle is not None:
+            self._lock_handle.close()
+            self._lock_handle = None
+
+    # ----- writing ----------------------------------------------------------------------------------------
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def failed_count(self) -> int:
+        return len(self._failures)
+
+    def add(self, row: dict[str, Any]) -> bool:
+        """Keep one finished row; write a shard when ``batch_save_size`` are waiting. True if a shard was written."""
+        if row["id"] in self.done_ids:
+            raise StoreError(f"id {row['id']!r} finished twice: this is a bug in draftgen, please report it")
+        self.done_ids.add(row["id"])
+        self._buffer.append(row)
+        self.session.completed += 1
+        self.session.completion_tokens += row.get("completion_tokens") or 0
+        if self._failures.pop(row["id"], None) is not None:
+            self._failures_dirty = True
+        if len(self._buffer) >= self.config.batch_save_size:
+            self.flush()
+            return True
+        return False
+
+    def add_failure(self, row: dict[str, Any]) -> None:
+        self._failures[row["id"]] = row
+        self._failures_dirty = True
+        self.session.failed += 1
+
+    def write_rejected(self, rows: Iterable[dict[str, Any]], prompt_stats: dict[str, Any]) -> Path:
+        """Rewrite rejected.parquet with this scan's malformed rows (the prompt file may have been fixed)."""
+        frame = pl.DataFrame(list(rows), schema=REJECTED_SCHEMA)
+        path = self.out_dir / REJECTED
+        atomic_write_parquet(frame, path)
+        self.rejected_count = frame.height
+        self.prompt_stats = prompt_stats
+        return path
+
+    def flush(self) -> Path | None:
+        """Write buffered rows as one shard, failures, and the manifest. Safe to call at any time."""
+        written = None
+        if self._buffer:
+            frame = pl.DataFrame(self._buffer, schema=OUTPUT_SCHEMA)
+            written = self.shard_dir / f"part-{self._next_seq:06d}.parquet"
+            atomic_write_parquet(frame, written)
+            self._next_seq += 1
+            self.stored_rows += frame.height
+            shards = self.manifest.setdefault("shards", [])
+            shards.append(
+                {
+                    "file": f"{SHARDS}/{written.name}",
+                    "rows": frame.height,
+                    "completion_tokens": int(frame["completion_tokens"].fill_null(0).sum()),
+                    "written_at": time.time(),
+                }
+            )
+            self._buffer = []
+        if self._failures_dirty:
+            frame = pl.DataFrame(list(self._failures.values()), schema=FAILED_SCHEMA)
+            atomic_write_parquet(frame, self.out_dir / FAILED)
+            self._failures_dirty = False
+        if written is not None or not (self.out_dir / MANIFEST).exists():
+            self._write_manifest("running")
+        return written
+
+    def close(self, status: str, detail: str = "") -> None:
+        """Flush everything and record how this session ended (complete, interrupted, halted, failed)."""
+        self.flush()
+        sessions = self.manifest.setdefault("sessions", [])
+        sessions.append(
+            {
+                "started_at": self.session.started_at,
+                "ended_at": time.time(),
+                "completed": self.session.completed,
+                "completion_tokens": self.session.completion_tokens,
+                "failed": self.session.failed,
+                "status": status,
+                "detail": detail[:2000],
+            }
+        )
+        self._write_manifest(status)
+
+    def _write_manifest(self, status: str) -> None:
+        config = self.config
+        manifest = self.manifest
+        manifest["format"] = FORMAT
+        manifest["fingerprint"] = config.fingerprint()
+        manifest["fingerprint_fields"] = config.fingerprint_fields()
+        manifest["parameters"] = config.public_dict()
+        manifest["prompts"] = {"path": str(config.prompt_path), **self.prompt_stats}
+        manifest["counts"] = {
+            "done": self.stored_rows,
+            "failed": len(self._failures),
+            "rejected": self.rejected_count,
+        }
+        manifest["status"] = status
+        manifest["updated_at"] = time.time()
+        manifest.setdefault("shards", [])
+        atomic_write_bytes(self.out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
+
+
+def _lock(out_dir: Path) -> Any:
+    handle = open(out_dir / LOCK, "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise StoreError(
+            f"another process ({owner}) is writing to {out_dir}; wait for it, stop it, or choose another out_dir "
+            "(with shard, give each process its own out_dir)"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
+
+
+def check_fingerprint(config: GenerateConfig, manifest: dict[str, Any] | None) -> None:
+    """Resuming with other model/sampling/shard parameters mixes two datasets: refuse unless ``force``."""
+    if not manifest or "fingerprint" not in manifest or not manifest.get("counts", {}).get("done"):
+        return  # nothing generated yet: nothing to mix
+    if manifest["fingerprint"] == config.fingerprint():
+        return
+    stored = manifest.get("fingerprint_fields", {})
+    now = config.fingerprint_fields()
+    changed = [
+        f"{k}: stored {stored.get(k)!r}, now {now.get(k)!r}" for k in now if stored.get(k) != now.get(k)
+    ]
+    message = (
+        f"{Path(config.out_dir) / MANIFEST} was written with other generation parameters ("
+        + "; ".join(changed or ["fingerprint differs"])
+        + "). Resuming would mix two datasets. Use a new out_dir, restore the parameters, or set force=True."
+    )
+    if config.force:
+        return
+    raise FingerprintMismatch(message)
+
+
+def fingerprint_change(config: GenerateConfig, manifest: dict[str, Any] | None) -> str | None:
+    """The mismatch message when forced through, else None (for the preflight table)."""
+    with contextlib.suppress(FingerprintMismatch):
+        check_fingerprint(config.model_copy(update={"force": False}), manifest)
+        return None
+    return "fingerprint differs from the stored run (force=True: continuing anyway)"
