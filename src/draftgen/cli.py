@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "draftgen.commands.sim",
     "draftgen.commands.prompts",
     "draftgen.commands.demo",
+    "draftgen.commands.serve",
     "draftgen.commands.run",
 )
 

@@ -1,0 +1,151 @@
+"""Pure functions from a ServeConfig to the exact command lines and environments ``draftgen serve`` runs.
+
+``--dry-run`` prints :func:`shell_line` of each spec, so what is printed is what would be executed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from draftgen.serve.config import MTP_ARGS, ServeConfig
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One process to run: a server on a GPU group, or the router."""
+
+    name: str  # "server-30000" or "router-30100": also the log file's stem
+    role: str  # "server" or "router"
+    port: int
+    url: str
+    gpus: tuple[int, ...]
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]  # added to the inherited environment
+    health_path: str  # the endpoint whose 200 means ready
+
+    @property
+    def label(self) -> str:
+        where = f"GPU {','.join(map(str, self.gpus))}" if self.gpus else "router"
+        return f"{self.role} :{self.port} ({where})"
+
+
+def shell_line(spec: LaunchSpec) -> str:
+    """The command as one shell line, environment assignments first, every word quoted as needed."""
+    assignments = [f"{key}={shlex.quote(value)}" for key, value in spec.env]
+    return " ".join([*assignments, shlex.join(spec.argv)])
+
+
+def _sglang_argv(config: ServeConfig, port: int, tp: int) -> list[str]:
+    argv = [
+        config.python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        config.model,
+        "--host",
+        config.host,
+        "--port",
+        str(port),
+        "--reasoning-parser",
+        "qwen3",
+        "--enable-metrics",
+    ]
+    if tp > 1:
+        argv += ["--tp-size", str(tp)]
+    if config.mem_fraction is not None:
+        argv += ["--mem-fraction-static", f"{config.mem_fraction:g}"]
+    if config.max_running_requests is not None:
+        argv += ["--max-running-requests", str(config.max_running_requests)]
+    if config.mtp:
+        argv += list(MTP_ARGS)
+    return argv + list(config.extra_args)
+
+
+def _sim_argv(config: ServeConfig, port: int) -> list[str]:
+    argv = [
+        config.python,
+        "-m",
+        "draftgen.sim.server",
+        "--port",
+        str(port),
+        "--host",
+        config.host,
+        "--model",
+        config.served_model,
+        "--profile",
+        config.effective_sim_profile,
+        "--speed",
+        f"{config.sim_speed:g}",
+    ]
+    if config.max_running_requests is not None:
+        argv += ["--max-running-requests", str(config.max_running_requests)]
+    for spec in config.sim_faults:
+        argv += ["--fault", spec]
+    return argv
+
+
+def server_specs(config: ServeConfig) -> list[LaunchSpec]:
+    """One spec per GPU group, ports counting up from --base-port."""
+    specs = []
+    for gpus, port, url in zip(config.groups, config.ports, config.urls, strict=True):
+        if config.engine == "sglang":
+            argv = _sglang_argv(config, port, len(gpus))
+        else:
+            argv = _sim_argv(config, port)
+        env = (("CUDA_VISIBLE_DEVICES", ",".join(map(str, gpus))), ("PYTHONUNBUFFERED", "1"))
+        specs.append(
+            LaunchSpec(
+                name=f"server-{port}",
+                role="server",
+                port=port,
+                url=url,
+                gpus=gpus,
+                argv=tuple(argv),
+                env=env,
+                health_path="/health_generate",
+            )
+        )
+    return specs
+
+
+def router_spec(config: ServeConfig) -> LaunchSpec:
+    """SGLang's router in front of this node's servers and any --router-worker URLs."""
+    workers = [*config.urls, *config.router_workers]
+    argv = [
+        config.python,
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        *workers,
+        "--policy",
+        "cache_aware",
+        "--host",
+        config.host,
+        "--port",
+        str(config.router_port),
+    ]
+    return LaunchSpec(
+        name=f"router-{config.router_port}",
+        role="router",
+        port=config.router_port,
+        url=config.router_url,
+        gpus=(),
+        argv=tuple(argv),
+        env=(("PYTHONUNBUFFERED", "1"),),
+        health_path="/health",
+    )
+
+
+def ignored_options(config: ServeConfig) -> list[str]:
+    """Options that have no effect with --engine sim (reported, so a dry run is not misleading)."""
+    if config.engine != "sim":
+        return []
+    ignored = []
+    if config.mem_fraction is not None:
+        ignored.append("--mem-fraction")
+    if config.tp > 1:
+        ignored.append("--tp (the simulator has no tensor parallelism; GPUs are still grouped)")
+    if config.extra_args:
+        ignored.append("extra SGLang args after --")
+    return ignored

@@ -1,0 +1,338 @@
+"""Run one process per GPU group, follow each through SGLang's start-up stages, and keep them running.
+
+Each process gets its own task: start it, probe its health endpoint until 200 (or the start-up timeout),
+then wait for it to exit. An exit or a timeout is reported with the tail of the process's log; with
+``restart`` the process comes back after a growing back-off, up to ``max_restarts`` failures in a row.
+A coordinator task writes ``servers.yaml`` once every server has settled (ready or failed for good), starts
+the router if there is one, and rewrites the file when the set of ready servers changes. SIGINT, SIGTERM or SIGHUP
+stops every process group (SIGTERM, then SIGKILL after the grace period); a second signal kills at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from draftgen.serve.config import ServeConfig
+from draftgen.serve.launch import LaunchSpec
+from draftgen.serve.probe import Stage, probe
+from draftgen.serve.process import log_tail, signal_group, spawn, stop_group
+from draftgen.serve.records import write_servers_yaml
+from draftgen.serve.view import LineView, StatusRow
+
+EXIT_OK = 0
+EXIT_ALL_FAILED = 1
+MAX_BACKOFF_S = 300.0
+STABLE_AFTER_S = 600.0  # a server ready this long has its run of failures forgotten
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or ssh session went away
+
+
+@dataclass
+class _Member:
+    """Run-time state of one supervised process (private to the supervisor)."""
+
+    spec: LaunchSpec
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    stage: Stage = Stage.STARTING
+    detail: str = ""
+    stage_since: float = 0.0
+    started_at: float | None = None
+    ready_at: float | None = None
+    log_offset: int = 0  # where this attempt's output starts in the log
+    restarts: int = 0
+    failures_in_row: int = 0
+    history: list[str] = field(default_factory=list)  # stages seen in this attempt, for messages
+
+
+def _clock_stamp() -> str:
+    return time.strftime("%H:%M:%S")
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: ServeConfig,
+        servers: list[LaunchSpec],
+        router: LaunchSpec | None,
+        view: LineView,
+    ):
+        self.config = config
+        self.view = view
+        run_dir = config.run_dir
+        self._servers = [_Member(spec, run_dir / f"{spec.name}.log") for spec in servers]
+        self._router = _Member(router, run_dir / f"{router.name}.log") if router else None
+        self._router_started = False
+        self._stop = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._result = EXIT_OK
+        self._session: aiohttp.ClientSession | None = None
+        self._last_written: list[str] | None = None
+
+    # ----- public ---------------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            async with aiohttp.ClientSession() as session:
+                self._session = session
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        for member in self._servers:
+                            group.create_task(self._keep_running(member))
+                        group.create_task(self._coordinate(group))
+                        group.create_task(self._refresh())
+                finally:
+                    await self._stop_all()
+        finally:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+        return self._result
+
+    # ----- signals ----------------------------------------------------------------------------------------
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if not self._stop.is_set():
+            self._event(f"{name} received: stopping every server (a second Ctrl-C kills at once)")
+            self._stop.set()
+            return
+        self._event(f"{name} received again: killing every process group now")
+        for member in self._members():
+            if member.process is not None:
+                signal_group(member.process.pid, signal.SIGKILL)
+
+    # ----- helpers ------------------------------------------------------------------------------------------
+    def _members(self) -> list[_Member]:
+        return [*self._servers, *([self._router] if self._router and self._router_started else [])]
+
+    def _event(self, text: str) -> None:
+        self.view.event(f"{_clock_stamp()} {text}")
+
+    def _rows(self) -> list[StatusRow]:
+        now = time.monotonic()
+        return [
+            StatusRow(
+                name=m.spec.name,
+                port=m.spec.port,
+                gpus=m.spec.gpus,
+                stage=m.stage,
+                detail=m.detail,
+                in_stage_s=now - m.stage_since,
+                up_s=now - m.started_at if m.started_at is not None and m.stage != Stage.FAILED else None,
+                restarts=m.restarts,
+                pid=m.process.pid if m.process is not None and m.process.returncode is None else None,
+            )
+            for m in self._members()
+        ]
+
+    def _set_stage(self, member: _Member, stage: Stage, detail: str = "", announce: bool = True) -> None:
+        if stage == member.stage and detail == member.detail:
+            return
+        now = time.monotonic()
+        member.stage, member.detail, member.stage_since = stage, detail, now
+        member.history.append(stage.value)
+        if announce:
+            running = member.started_at is not None and stage != Stage.STARTING
+            since = f" after {now - member.started_at:.1f}s" if running else ""
+            extra = f" ({detail})" if detail else ""
+            self._event(f"{member.spec.label}: {stage.value}{extra}{since}: {stage.meaning}")
+        self._changed.set()
+
+    async def _until_stopped(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True when a stop was requested meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        return self._stop.is_set()
+
+    async def _first_of(self, *awaitables: Awaitable[object]) -> None:
+        tasks = [asyncio.ensure_future(a) for a in awaitables]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ----- one process --------------------------------------------------------------------------------------
+    async def _keep_running(self, member: _Member) -> None:
+        while not self._stop.is_set():
+            try:
+                await self._start(member)
+            except OSError as exc:
+                self._event(f"{member.spec.label}: {exc}")
+                self._set_stage(member, Stage.FAILED, announce=False)
+                return
+            reason = await self._watch(member)
+            if reason == "stop":
+                return
+            self._report_failure(member, reason)
+            assert member.process is not None
+            await stop_group(member.process, self.config.stop_grace_s)  # children left behind hold GPU memory
+            delay = self._restart_delay(member)
+            if delay is None:
+                if self.config.restart:
+                    why = f"gave up after {member.failures_in_row} failures in a row (--max-restarts)"
+                else:
+                    why = "not restarted (start with --restart to bring crashed servers back)"
+                self._set_stage(member, Stage.FAILED, announce=False)
+                self._event(f"{member.spec.label}: {why}; its log: {member.log_path}")
+                return
+            self._set_stage(member, Stage.BACKOFF, f"in {delay:g}s", announce=False)
+            self._event(
+                f"{member.spec.label}: restarting in {delay:g}s "
+                f"(restart {member.failures_in_row} of at most {self.config.max_restarts} in a row)"
+            )
+            if await self._until_stopped(delay):
+                return
+            member.restarts += 1
+
+    async def _start(self, member: _Member) -> None:
+        member.log_offset = member.log_path.stat().st_size if member.log_path.exists() else 0
+        member.process = await spawn(member.spec, member.log_path)
+        member.started_at = time.monotonic()
+        member.ready_at = None
+        member.history = []
+        self._set_stage(member, Stage.STARTING, f"pid {member.process.pid}")
+
+    async def _watch(self, member: _Member) -> str:
+        """Follow one attempt until it exits ("exited"), misses the start-up deadline ("timeout") or stop."""
+        process = member.process
+        assert process is not None and member.started_at is not None and self._session is not None
+        deadline = member.started_at + self.config.startup_timeout_s
+        url = member.spec.url + member.spec.health_path
+        while True:
+            if self._stop.is_set():
+                return "stop"
+            if process.returncode is not None:
+                return "exited"
+            if member.stage == Stage.READY:
+                await self._first_of(process.wait(), self._stop.wait())
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            result = await probe(self._session, url, min(self.config.probe_timeout_s, max(remaining, 0.5)))
+            if process.returncode is not None or self._stop.is_set():
+                continue
+            self._set_stage(member, result.stage, result.detail)
+            if result.stage == Stage.READY:
+                member.ready_at = time.monotonic()
+                continue
+            await self._until_stopped(min(self.config.poll_interval_s, max(remaining, 0.05)))
+
+    def _report_failure(self, member: _Member, reason: str) -> None:
+        process = member.process
+        assert process is not None and member.started_at is not None
+        after = time.monotonic() - member.started_at
+        was = "was ready" if member.ready_at is not None else f"stages seen: {' → '.join(member.history)}"
+        if reason == "timeout":
+            headline = (
+                f"{member.spec.label}: not ready after {self.config.startup_timeout_s:g}s "
+                f"(stuck at {member.stage.value}: {member.stage.meaning}); stopping it"
+            )
+        else:
+            headline = (
+                f"{member.spec.label}: exited with code {process.returncode} after {after:.1f}s ({was})"
+            )
+        tail = log_tail(member.log_path, self.config.log_tail_lines, member.log_offset)
+        if any("address already in use" in line.lower() for line in tail):
+            headline += f"; port {member.spec.port} is taken by another process"
+        lines = [headline, f"  last {len(tail)} lines of {member.log_path}:"]
+        lines += [f"    | {line}" for line in tail]
+        self._event("\n".join(lines))
+        self._set_stage(
+            member,
+            Stage.EXITED,
+            "timeout" if reason == "timeout" else f"code {process.returncode}",
+            announce=False,
+        )
+
+    def _restart_delay(self, member: _Member) -> float | None:
+        if member.ready_at is not None and time.monotonic() - member.ready_at >= STABLE_AFTER_S:
+            member.failures_in_row = 0
+        member.failures_in_row += 1
+        if not self.config.restart or member.failures_in_row > self.config.max_restarts:
+            return None
+        return min(MAX_BACKOFF_S, self.config.restart_backoff_s * 2 ** (member.failures_in_row - 1))
+
+    # ----- the fleet ------------------------------------------------------------------------------------------
+    async def _coordinate(self, group: asyncio.TaskGroup) -> None:
+        announced = False
+        started = time.monotonic()
+        while not self._stop.is_set():
+            await self._first_of(self._changed.wait(), self._stop.wait())
+            self._changed.clear()
+            if self._stop.is_set():
+                return
+            stages = [m.stage for m in self._servers]
+            ready = [m.spec.url for m in self._servers if m.stage == Stage.READY]
+            if all(stage == Stage.FAILED for stage in stages):
+                if announced:
+                    self._publish([], "servers")
+                self._event("every server has failed: nothing left to supervise; stopping")
+                self._result = EXIT_ALL_FAILED
+                self._stop.set()
+                return
+            if not announced and all(stage in (Stage.READY, Stage.FAILED) for stage in stages):
+                announced = True
+                self._announce(len(ready), time.monotonic() - started)
+                if self._router is not None:
+                    self._router_started = True
+                    group.create_task(self._keep_running(self._router))
+            if not announced:
+                continue
+            if self._router is None:
+                self._publish(ready, "servers")
+            elif self._router.stage == Stage.READY:
+                self._publish([self._router.spec.url], "router")
+            elif self._router.stage == Stage.FAILED:
+                self._publish(ready, "servers (the router failed)")
+
+    def _announce(self, ready: int, elapsed: float) -> None:
+        total = len(self._servers)
+        failed = [m.spec.label for m in self._servers if m.stage == Stage.FAILED]
+        message = f"{ready} of {total} servers ready after {elapsed:.1f}s"
+        if failed:
+            message += f"; failed: {', '.join(failed)}"
+        self._event(message + ". Ctrl-C stops every server.")
+
+    def _publish(self, urls: list[str], what: str) -> None:
+        if urls == self._last_written:
+            return
+        path = self.config.run_dir / "servers.yaml"
+        try:
+            write_servers_yaml(path, urls, self.config.served_model)
+        except OSError as exc:
+            self._event(f"cannot write {path}: {exc.strerror or exc}; the servers keep running")
+            return
+        self._last_written = list(urls)
+        self._event(f"wrote {path}: {what} {', '.join(urls) or '(none ready)'}")
+
+    async def _refresh(self) -> None:
+        interval = max(self.config.poll_interval_s, 0.5)
+        while not await self._until_stopped(interval):
+            self.view.refresh(self._rows())
+
+    async def _stop_all(self) -> None:
+        running = [m for m in self._members() if m.process is not None]
+        alive = [m for m in running if m.process is not None and m.process.returncode is None]
+        if alive:
+            self._event(
+                f"stopping {len(alive)} process group(s): SIGTERM, SIGKILL after {self.config.stop_grace_s:g}s"
+            )
+        await asyncio.gather(
+            *(stop_group(m.process, self.config.stop_grace_s) for m in running if m.process is not None)
+        )
+        for member in alive:
+            self._set_stage(member, Stage.STOPPED, announce=False)
+        self.view.close(self._rows())
+        if alive:
+            self._event("every server stopped")

@@ -1,0 +1,604 @@
+"""``draftgen serve``: command lines (dry run), and the supervisor run for real on simulated servers.
+
+The process tests start ``python -m draftgen serve --engine sim`` as a subprocess, read its event lines as they
+come, poke its servers over HTTP, then stop it with SIGINT / SIGTERM / SIGKILL and check with psutil that no
+process it started survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import queue
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from draftgen.cli import main
+from draftgen.serve.config import ServeConfig, parse_gpus, served_model_name
+from draftgen.serve.preflight import port_in_use
+from draftgen.serve.probe import Stage
+from draftgen.serve.view import StatusRow, TableView, render_table
+from draftgen.sim.fleet import find_free_base_port
+
+MTP_FLAGS = {
+    "--speculative-algorithm": "NEXTN",
+    "--speculative-num-steps": "3",
+    "--speculative-eagle-topk": "1",
+    "--speculative-num-draft-tokens": "4",
+}
+WAIT_S = 60.0  # a guard against hanging, never a measured bound
+
+
+# ----- dry run: the command lines -----------------------------------------------------------------------------
+def dry_run(capsys: pytest.CaptureFixture[str], *args: str) -> list[tuple[dict[str, str], list[str]]]:
+    """Run ``draftgen serve ... --dry-run``; return each printed line as (env assignments, argv)."""
+    assert main(["serve", "--dry-run", *args]) == 0
+    commands = []
+    for line in capsys.readouterr().out.splitlines():
+        words = shlex.split(line)
+        env = {}
+        while words and re.match(r"^[A-Z_]+=", words[0]):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        commands.append((env, words))
+    return commands
+
+
+def options(argv: list[str]) -> dict[str, list[str]]:
+    """``--flag v1 v2 --switch`` → {"--flag": ["v1", "v2"], "--switch": []} (a repeated flag must not occur)."""
+    parsed: dict[str, list[str]] = {}
+    current = None
+    for word in argv:
+        if word.startswith("--"):
+            assert word not in parsed, f"{word} given twice in {argv}"
+            parsed[word] = []
+            current = word
+        elif current is not None:
+            parsed[current].append(word)
+    return parsed
+
+
+def test_dry_run_seven_gpus_one_server_each_with_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    commands = dry_run(capsys, "--model", "/dev/shm/Qwen3.6-27B", "--gpus", "0-6", "--base-port", "30000")
+    assert len(commands) == 7
+    for gpu, (env, argv) in enumerate(commands):
+        assert env == {"CUDA_VISIBLE_DEVICES": str(gpu), "PYTHONUNBUFFERED": "1"}
+        assert argv[0] == sys.executable
+        assert argv[1:3] == ["-m", "sglang.launch_server"]
+        flags = options(argv[3:])
+        assert flags["--model-path"] == ["/dev/shm/Qwen3.6-27B"]
+        assert flags["--host"] == ["127.0.0.1"]
+        assert flags["--port"] == [str(30000 + gpu)]
+        assert flags["--reasoning-parser"] == ["qwen3"]
+        assert flags["--enable-metrics"] == []
+        for flag, value in MTP_FLAGS.items():
+            assert flags[flag] == [value], flag
+        assert "--tp-size" not in flags  # one GPU per server
+        assert "--mem-fraction-static" not in flags and "--max-running-requests" not in flags
+        expected = {"--model-path", "--host", "--port", "--reasoning-parser", "--enable-metrics", *MTP_FLAGS}
+        assert set(flags) == expected
+
+
+def test_dry_run_no_mtp_removes_exactly_the_speculative_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with_mtp = dry_run(capsys, "--model", "m", "--gpus", "0-6")
+    without = dry_run(capsys, "--model", "m", "--gpus", "0-6", "--no-mtp")
+    assert len(without) == 7
+    for (env_on, on), (env_off, off) in zip(with_mtp, without, strict=True):
+        assert env_on == env_off
+        flags_on, flags_off = options(on[3:]), options(off[3:])
+        assert not [flag for flag in flags_off if flag.startswith("--speculative")]
+        assert {k: v for k, v in flags_on.items() if k not in MTP_FLAGS} == flags_off
+
+
+def test_dry_run_tensor_parallel_groups_consecutive_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    commands = dry_run(capsys, "--model", "m", "--gpus", "0-3", "--tp", "2", "--base-port", "31000")
+    assert [env["CUDA_VISIBLE_DEVICES"] for env, _ in commands] == ["0,1", "2,3"]
+    for index, (_, argv) in enumerate(commands):
+        flags = options(argv[3:])
+        assert flags["--tp-size"] == ["2"]
+        assert flags["--port"] == [str(31000 + index)]
+
+
+def test_dry_run_optional_flags_and_extra_args_pass_through(capsys: pytest.CaptureFixture[str]) -> None:
+    commands = dry_run(
+        capsys,
+        *("--model", "/models/q", "--gpus", "2,4", "--mem-fraction", "0.85", "--max-running-requests", "64"),
+        *("--host", "0.0.0.0", "--", "--context-length", "32768", "--served-model-name", "qwen"),
+    )
+    assert [env["CUDA_VISIBLE_DEVICES"] for env, _ in commands] == ["2", "4"]
+    for _, argv in commands:
+        flags = options(argv[3:])
+        assert flags["--mem-fraction-static"] == ["0.85"]
+        assert flags["--max-running-requests"] == ["64"]
+        assert flags["--host"] == ["0.0.0.0"]
+        assert argv[-4:] == ["--context-length", "32768", "--served-model-name", "qwen"]
+
+
+def test_dry_run_router_line_lists_every_worker(capsys: pytest.CaptureFixture[str]) -> None:
+    commands = dry_run(
+        capsys,
+        *("--model", "m", "--gpus", "0-1", "--router", "--router-port", "8000"),
+        *("--router-worker", "http://node2:30000"),
+    )
+    assert len(commands) == 3
+    env, argv = commands[-1]
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert argv[1:3] == ["-m", "sglang_router.launch_router"]
+    flags = options(argv[3:])
+    assert flags["--worker-urls"] == [
+        "http://127.0.0.1:30000",
+        "http://127.0.0.1:30001",
+        "http://node2:30000",
+    ]
+    assert flags["--policy"] == ["cache_aware"]
+    assert flags["--port"] == ["8000"]
+
+
+def test_dry_run_sim_engine_picks_the_profile_from_mtp(capsys: pytest.CaptureFixture[str]) -> None:
+    def profile(*extra: str) -> list[str]:
+        commands = dry_run(capsys, "--engine", "sim", "--gpus", "0-1", *extra)
+        assert all(argv[1:3] == ["-m", "draftgen.sim.server"] for _, argv in commands)
+        return [options(argv[3:])["--profile"][0] for _, argv in commands]
+
+    assert profile() == ["b200-mtp", "b200-mtp"]
+    assert profile("--no-mtp") == ["rtx-pro-6000", "rtx-pro-6000"]
+    assert profile("--no-mtp", "--sim-profile", "instant") == ["instant", "instant"]
+    _, argv = dry_run(capsys, "--engine", "sim", "--gpus", "0", "--sim-fault", "load_delay=2")[0]
+    assert options(argv[3:])["--fault"] == ["load_delay=2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "m", "--gpus", "0-6", "--tp", "2"], "--tp 2 does not divide the 7 GPUs"),
+        (["--model", "m", "--gpus", "3-1"], "runs backwards"),
+        (["--model", "m", "--gpus", "0,1,1"], "GPU 1 listed twice"),
+        (["--model", "m", "--gpus", "0", "--mem-fraction", "1.5"], "--mem-fraction 1.5"),
+        (["--gpus", "0-6"], "--model is required"),
+        (["--model", "m", "--gpus", "0", "--sim-fault", "load_delay=1"], "only apply with --engine sim"),
+        (["--engine", "sim", "--gpus", "0", "--sim-fault", "bogus=1"], "unknown fault 'bogus'"),
+        (["--model", "m", "--gpus", "0-1", "--router", "--router-port", "30001"], "also a server port"),
+        (["--model", "m", "--gpus", "0", "stray"], "extra server arguments go after --"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["serve", "--dry-run", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("draftgen serve: error:"), err
+    assert message in err[0]
+
+
+def test_parse_gpus_keeps_order_and_expands_ranges() -> None:
+    assert parse_gpus("0-6") == (0, 1, 2, 3, 4, 5, 6)
+    assert parse_gpus("0,2,4") == (0, 2, 4)
+    assert parse_gpus("4-5,0") == (4, 5, 0)
+    with pytest.raises(ValueError, match="not a GPU index"):
+        parse_gpus("gpu0")
+
+
+def test_served_model_name_follows_the_extra_args() -> None:
+    assert served_model_name("/dev/shm/Q", ()) == "/dev/shm/Q"
+    assert served_model_name("/dev/shm/Q", ("--served-model-name", "qwen")) == "qwen"
+    assert served_model_name("/dev/shm/Q", ("--served-model-name=qwen2",)) == "qwen2"
+    config = ServeConfig(model="/m", gpus=(0,), extra_args=("--served-model-name", "q"))
+    assert config.served_model == "q"
+
+
+def test_sglang_engine_refuses_an_interpreter_without_sglang(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")  # "cannot import" whatever it is asked
+    fake.chmod(0o755)
+    code = main(["serve", "--model", "m", "--gpus", "0", "--python", str(fake), "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"sglang is not importable by {fake}" in err
+    assert not (tmp_path / "o").exists()  # nothing started, nothing written
+
+
+# ----- the status table ---------------------------------------------------------------------------------------
+def _row(port: int, stage: Stage, **changes: object) -> StatusRow:
+    values: dict[str, object] = dict(
+        name=f"server-{port}",
+        port=port,
+        gpus=(port - 30000,),
+        stage=stage,
+        detail="",
+        in_stage_s=5.0,
+        up_s=65.0,
+        restarts=0,
+        pid=1234,
+    )
+    values.update(changes)
+    return StatusRow(**values)  # type: ignore[arg-type]
+
+
+def test_status_table_shows_stage_meaning_and_restarts() -> None:
+    lines = render_table(
+        [_row(30000, Stage.WARMING), _row(30001, Stage.FAILED, restarts=3, pid=None, up_s=None)]
+    )
+    assert lines[0].split() == ["port", "GPUs", "stage", "for", "up", "restarts", "pid", "meaning"]
+    assert lines[1].split()[:7] == ["30000", "0", "503", "5s", "1m05s", "0", "1234"]
+    assert "warm-up not finished" in lines[1]
+    assert lines[2].split()[:7] == ["30001", "1", "failed", "5s", "-", "3", "-"]
+
+
+def test_table_view_redraws_in_place_below_event_lines() -> None:
+    stream = io.StringIO()
+    view = TableView(stream)
+    view.refresh([_row(30000, Stage.REFUSED)])
+    view.event("server :30000 (GPU 0): 503")
+    view.refresh([_row(30000, Stage.WARMING)])
+    text = stream.getvalue()
+    # the first table (2 lines) is erased before the event line, then a new table is drawn
+    first_table, rest = text.split("\x1b[2F\x1b[J", 1)
+    assert "refused" in first_table
+    assert rest.startswith("server :30000 (GPU 0): 503\n")
+    assert "503" in rest.splitlines()[2]
+
+
+# ----- the supervisor, for real on simulated servers ----------------------------------------------------------
+class Serve:
+    """``draftgen serve`` as a subprocess whose stdout lines are collected as they arrive."""
+
+    def __init__(self, tmp_path: Path, servers: int, *args: str, env: dict[str, str] | None = None):
+        self.base_port = find_free_base_port(servers)
+        self.ports = [self.base_port + i for i in range(servers)]
+        self.urls = [f"http://127.0.0.1:{port}" for port in self.ports]
+        self.run_dir = tmp_path / "serve" / "run"
+        command = [
+            *(sys.executable, "-m", "draftgen", "serve", "--engine", "sim", "--gpus", f"0-{servers - 1}"),
+            *("--base-port", str(self.base_port), "--out", str(tmp_path / "serve"), "--run", "run"),
+            *("--sim-speed", "50", "--poll-interval", "0.1", "--grace", "5", "--plain", *args),
+        ]
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # so the test can clean up after a failure without touching itself
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.seen: set[int] = set()  # every pid ever observed under draftgen serve
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, count: int = 1) -> list[str]:
+        """Block until ``count`` lines matched ``pattern`` (regex) in total; fail with the output otherwise."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            self.note_children()
+            matches = [line for line in self.lines if re.search(pattern, line)]
+            if len(matches) >= count:
+                return matches
+            try:
+                line = self._queue.get(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+            except queue.Empty:
+                line = ""
+            if line is None:
+                pytest.fail(f"draftgen serve ended before {pattern!r}:\n{self.output()}")
+            if line:
+                self.lines.append(line)
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {count} line(s) matching {pattern!r} within {WAIT_S}s:\n{self.output()}")
+
+    def finish(self) -> int:
+        """Wait for the process to exit; collect the rest of its output."""
+        code = self.proc.wait(timeout=WAIT_S)
+        self._reader.join(timeout=WAIT_S)
+        while True:
+            line = self._queue.get()
+            if line is None:
+                break
+            self.lines.append(line)
+        return code
+
+    def note_children(self) -> None:
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        self.seen.update(child.pid for child in children)
+
+    def server_pid(self, port: int) -> int:
+        for pid in self.seen:
+            try:
+                if f"--port {port}" in " ".join(psutil.Process(pid).cmdline()):
+                    return pid
+            except psutil.NoSuchProcess:
+                continue
+        raise AssertionError(f"no live server process on port {port} among {self.seen}")
+
+    def signal(self, sig: int) -> None:
+        self.note_children()
+        self.proc.send_signal(sig)
+
+    def survivors(self) -> list[int]:
+        """Processes this serve started that are still alive, after giving them a moment to go."""
+        alive = []
+        for pid in self.seen:
+            try:
+                process = psutil.Process(pid)
+                process.wait(timeout=10)  # SIGKILLed children are reaped by then; a survivor stays
+            except psutil.NoSuchProcess:
+                continue
+            except psutil.TimeoutExpired:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if process.status() != psutil.STATUS_ZOMBIE:  # a zombie is dead, just not reaped yet
+                        alive.append(pid)
+        return alive
+
+    def kill_everything(self) -> None:
+        for pid in [self.proc.pid, *self.seen]:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., Serve]]:
+    started: list[Serve] = []
+
+    def start(servers: int, *args: str, **kwargs: object) -> Serve:
+        instance = Serve(tmp_path, servers, *args, **kwargs)  # type: ignore[arg-type]
+        started.append(instance)
+        return instance
+
+    yield start
+    for instance in started:
+        instance.kill_everything()
+
+
+def http_status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def generate(url: str) -> None:
+    """One native /generate request (the sim counts it towards ``crash_after``)."""
+    body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 4}}).encode()
+    request = urllib.request.Request(
+        f"{url}/generate", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except OSError:
+        pass  # the injected crash drops the connection: that is the point
+
+
+def servers_yaml(run_dir: Path) -> dict:
+    return yaml.safe_load((run_dir / "servers.yaml").read_text())
+
+
+def stages_of(lines: list[str], port: int) -> list[str]:
+    pattern = re.compile(rf"server :{port} \(GPU \d+\): (starting|refused|503|ready)\b")
+    return [m.group(1) for m in map(pattern.search, lines) if m]
+
+
+def launcher(tmp_path: Path) -> Path:
+    """An interpreter stand-in that, like SGLang's launcher, runs the real server in a child process.
+
+    The server is then a grandchild of draftgen serve: only a signal to the whole process group reaches it.
+    """
+    script = tmp_path / "launcher.sh"
+    script.write_text(f'#!/bin/sh\n{shlex.quote(sys.executable)} "$@" &\nchild=$!\nwait $child\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_readiness_stages_servers_yaml_and_sigint_stops_everything(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = serve(
+        2,
+        *("--sim-fault", "load_delay=1", "--sim-fault", "startup_delay=1"),
+        *("--python", str(launcher(tmp_path))),
+    )
+    run.wait_for(r"2 of 2 servers ready")
+    run.wait_for(r"wrote .*servers\.yaml")
+    for port in run.ports:
+        # the port opens only after "loading", and /health_generate says 503 until warm-up ran
+        assert stages_of(run.lines, port) == ["starting", "refused", "503", "ready"], run.output()
+    assert servers_yaml(run.run_dir) == {"servers": run.urls, "model": "Qwen/Qwen3.6-27B"}
+    assert all(http_status(f"{url}/health_generate") == 200 for url in run.urls)
+    assert len(run.seen) == 4  # two launchers, two servers
+    commands = (run.run_dir / "commands.sh").read_text()
+    assert all(f"--port {port}" in commands for port in run.ports)
+    for port in run.ports:
+        log = (run.run_dir / f"server-{port}.log").read_text()
+        assert log.startswith("==> draftgen serve") and "CUDA_VISIBLE_DEVICES=" in log
+
+    run.signal(signal.SIGINT)
+    assert run.finish() == 0, run.output()
+    assert "every server stopped" in run.output()
+    assert run.survivors() == []
+    assert not any(port_in_use("127.0.0.1", port) for port in run.ports)
+
+
+def test_crashed_server_reported_with_log_tail_others_keep_serving(serve) -> None:  # type: ignore[no-untyped-def]
+    run = serve(2, "--sim-fault", "crash_after=1")  # the first real request kills a server
+    run.wait_for(r"2 of 2 servers ready")
+    crashed, healthy = run.ports
+    generate(run.urls[0])
+    report = run.wait_for(rf"server :{crashed} .*exited with code 70")[0]
+    assert "(was ready)" in report
+    run.wait_for(rf"last \d+ lines of .*server-{crashed}\.log")
+    run.wait_for(rf"\| sim server on port {crashed}: injected crash")  # the log tail is in the output
+    run.wait_for(rf"server :{crashed} .*not restarted \(start with --restart")
+    run.wait_for(rf"wrote .*servers\.yaml: servers http://127\.0\.0\.1:{healthy}$")
+    assert servers_yaml(run.run_dir)["servers"] == [run.urls[1]]
+    assert http_status(f"{run.urls[1]}/health_generate") == 200  # the other server is untouched
+
+    run.signal(signal.SIGTERM)
+    assert run.finish() == 0, run.output()
+    assert run.survivors() == []
+
+
+def test_restart_brings_a_crashed_server_back(serve) -> None:  # type: ignore[no-untyped-def]
+    run = serve(
+        1, "--sim-fault", "crash_after=1", "--restart", "--restart-backoff", "0.2", "--max-restarts", "2"
+    )
+    run.wait_for(r"1 of 1 servers ready")
+    (port,) = run.ports
+    first_pid = run.server_pid(port)
+    generate(run.urls[0])
+    run.wait_for(rf"server :{port} .*exited with code 70")
+    run.wait_for(rf"server :{port} .*restarting in 0\.2s \(restart 1 of at most 2")
+    run.wait_for(rf"server :{port} .*: ready after", count=2)
+    run.wait_for(rf"wrote .*servers\.yaml: servers {run.urls[0]}$", count=2)
+    assert http_status(f"{run.urls[0]}/health_generate") == 200
+    assert run.server_pid(port) != first_pid
+    assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == psutil.STATUS_ZOMBIE
+
+    # A second and third crash exhaust --max-restarts 2: the supervisor gives up and says so.
+    generate(run.urls[0])
+    run.wait_for(rf"server :{port} .*: ready after", count=3)
+    generate(run.urls[0])
+    run.wait_for(rf"server :{port} .*gave up after 3 failures in a row")
+    run.wait_for(r"every server has failed")
+    assert run.finish() == 1
+    assert servers_yaml(run.run_dir)["servers"] == []
+    assert run.survivors() == []
+
+
+def test_dead_launcher_takes_its_process_group_with_it(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # SGLang's launcher dying leaves scheduler processes holding GPU memory unless the group is cleared.
+    run = serve(1, "--python", str(launcher(tmp_path)))
+    run.wait_for(r"1 of 1 servers ready")
+    (port,) = run.ports
+    (leader,) = psutil.Process(run.proc.pid).children()
+    (server,) = leader.children()
+    leader.kill()
+    run.wait_for(rf"server :{port} .*exited with code -9")
+    run.wait_for(rf"server :{port} .*not restarted")
+    run.wait_for(r"every server has failed")
+    assert run.finish() == 1
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    assert run.survivors() == []
+
+
+def test_startup_timeout_names_the_stuck_stage(serve) -> None:  # type: ignore[no-untyped-def]
+    run = serve(1, "--sim-fault", "load_delay=30", "--timeout", "1", "--grace", "1")
+    (port,) = run.ports
+    run.wait_for(rf"server :{port} .*not ready after 1s \(stuck at refused: connection refused")
+    assert run.finish() == 1
+    assert not (run.run_dir / "servers.yaml").exists()
+    assert run.survivors() == []
+
+
+def test_killing_serve_itself_leaves_no_orphan(serve) -> None:  # type: ignore[no-untyped-def]
+    run = serve(2)
+    run.wait_for(r"2 of 2 servers ready")
+    run.signal(signal.SIGKILL)  # no chance to clean up: the children must go by themselves
+    assert run.finish() == -signal.SIGKILL
+    assert len(run.seen) == 2
+    assert run.survivors() == []
+
+
+def test_port_already_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    base = find_free_base_port(2)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", base + 1))
+        blocker.listen()
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "draftgen", "serve", "--engine", "sim", "--gpus", "0-1"),
+                *("--base-port", str(base), "--out", str(tmp_path / "serve"), "--run", "r"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+        )
+    assert result.returncode == 2, result
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("draftgen serve: error: port"), result.stderr
+    assert f"port {base + 1} on 127.0.0.1 already in use" in err[0]
+    assert result.stdout == ""
+    assert not (tmp_path / "serve").exists()
+
+
+FAKE_ROUTER = textwrap.dedent(
+    '''
+    """A stand-in for sglang_router.launch_router: records its argv, answers 200 on /health."""
+    import argparse, http.server, json, os, sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker-urls", nargs="+")
+    parser.add_argument("--policy")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args()
+    with open(os.environ["FAKE_ROUTER_RECORD"], "w") as handle:
+        json.dump(sys.argv[1:], handle)
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+    http.server.HTTPServer((args.host, args.port), Health).serve_forever()
+    '''
+)
+
+
+def test_router_started_when_installed_and_servers_yaml_lists_it(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    package = tmp_path / "fake" / "sglang_router"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "launch_router.py").write_text(FAKE_ROUTER)
+    record = tmp_path / "router-argv.json"
+    router_port = find_free_base_port(1)
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]),
+        "FAKE_ROUTER_RECORD": str(record),
+    }
+    run = serve(2, "--router", "--router-port", str(router_port), env=env)
+    run.wait_for(r"2 of 2 servers ready")
+    run.wait_for(rf"router :{router_port} \(router\): ready")
+    router_url = f"http://127.0.0.1:{router_port}"
+    run.wait_for(rf"wrote .*servers\.yaml: router {router_url}$")
+    assert servers_yaml(run.run_dir)["servers"] == [router_url]
+    argv = options(json.loads(record.read_text()))
+    assert argv["--worker-urls"] == run.urls
+    assert argv["--policy"] == ["cache_aware"]
+    assert len(run.seen) == 3
+
+    run.signal(signal.SIGHUP)  # the terminal went away: a clean stop too
+    assert run.finish() == 0, run.output()
+    assert run.survivors() == []
