@@ -57,7 +57,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     probe_max_interval_s: PositiveFloat = 60.0  # cap on the probe delay
     all_down_timeout_s: PositiveFloat = 3600.0  # halt (work saved) when every server stays down this long
     guard_window: PositiveInt = 200  # recent results the garbage guard looks at
-    guard_min_results: PositiveInt = 50  # results needed before the guard may halt
+    guard_min_results: PositiveInt = 100  # results needed before the guard may halt
     max_empty_answer_rate: Rate = 0.05  # halt above this share of empty answers (finished, not truncated)
     max_empty_reasoning_rate: Rate = 0.05  # halt above this share of empty reasoning (thinking on)
     max_truncated_rate: Rate = 0.5  # halt above this share of finish_reason "length"
@@ -68,6 +68,12 @@ class GenerateConfig(FleetParams, SamplingParams):
     estimate: str = ""  # path to estimate.json from estimate.ipynb: planned vs actual at the end
     force: bool = False  # resume even if model/sampling parameters differ from the stored run
     progress_interval_s: NonNegativeFloat = 1.0  # seconds between progress-bar refreshes
+
+    @field_validator("api_key_env", "top_k", "min_p", mode="before")
+    @classmethod
+    def _unset(cls, value: object) -> object:
+        """Notebook literals cannot be typed ``X | None`` for papermill: "" / 0 mean "not set" here."""
+        return None if value == "" or (type(value) in (int, float) and value == 0) else value
 
     @field_validator("shard")
     @classmethod

@@ -16,7 +16,7 @@ DEFECTS = ("empty_answer", "empty_reasoning", "truncated", "failed")
 @dataclass(frozen=True)
 class GuardSettings:
     window: int = 200
-    min_results: int = 50
+    min_results: int = 100
     max_rates: dict[str, float] = field(
         default_factory=lambda: {
             "empty_answer": 0.05,

@@ -10,6 +10,7 @@ Any "fail" row stops the run (``PreflightError``, whose message is the whole tab
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import time
 from collections import Counter
@@ -98,6 +99,21 @@ class Plan:
     def table(self) -> pl.DataFrame:
         return checks_frame(self.checks)
 
+    def __repr__(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        return (
+            f"preflight passed: {len(self.servers)} server(s), {self.todo:,} prompts to do\n"
+            + format_checks(self.checks)
+        )
+
+    def _repr_html_(self) -> str:
+        return (
+            f"<p><b>preflight passed</b>: {len(self.servers)} server(s), {self.todo:,} prompts to do</p>"
+            + checks_html(self.checks)
+        )
+
 
 class PreflightError(RuntimeError):
     def __init__(self, checks: list[Check]):
@@ -113,6 +129,22 @@ def checks_frame(checks: list[Check]) -> pl.DataFrame:
     return pl.DataFrame(
         [c.__dict__ for c in checks],
         schema={"check": pl.String, "target": pl.String, "status": pl.String, "detail": pl.String},
+    )
+
+
+_COLOURS = {"ok": "#2e7d32", "info": "#1565c0", "warn": "#ef6c00", "fail": "#c62828"}
+
+
+def checks_html(checks: list[Check]) -> str:
+    rows = "".join(
+        f"<tr><td style='color:{_COLOURS.get(c.status, '')};font-weight:bold'>{html.escape(c.status)}</td>"
+        f"<td>{html.escape(c.check)}</td><td>{html.escape(c.target)}</td>"
+        f"<td style='text-align:left'>{html.escape(c.detail)}</td></tr>"
+        for c in checks
+    )
+    return (
+        "<table><thead><tr><th>status</th><th>check</th><th>target</th><th>detail</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
     )
 
 

@@ -1,0 +1,241 @@
+"""After a run: a polars summary, three plots (saved as PNG in out_dir/plots and shown inline), and the
+estimate's planned figures beside the actual ones. Reads only the columns it needs from the shards."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from matplotlib.figure import Figure
+
+from draftgen.generate.preflight import load_estimate
+from draftgen.generate.store import FAILED, REJECTED, read_manifest, shard_paths
+
+REPORT_COLUMNS = (
+    "id",
+    "server",
+    "finish_reason",
+    "completion_tokens",
+    "prompt_tokens",
+    "started_at",
+    "latency_s",
+    "spec_accept_length",
+    "attempts",
+)
+
+
+def scan_results(out_dir: str | Path) -> pl.LazyFrame:
+    """The stored rows (lazy), with emptiness flags computed in polars rather than loaded text."""
+    paths = shard_paths(out_dir)
+    if not paths:
+        raise FileNotFoundError(f"no shards in {Path(out_dir) / 'shards'}: the run stored nothing yet")
+    return pl.scan_parquet(paths).select(
+        *REPORT_COLUMNS,
+        (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
+        (pl.col("reasoning_content").fill_null("").str.strip_chars() == "").alias("empty_reasoning"),
+    )
+
+
+def _count(path: Path) -> int:
+    return pl.scan_parquet(path).select(pl.len()).collect().item() if path.exists() else 0
+
+
+def summary(out_dir: str | Path) -> pl.DataFrame:
+    """One row of run-level figures."""
+    out_dir = Path(out_dir)
+    rows = scan_results(out_dir)
+    manifest = read_manifest(out_dir) or {}
+    sessions = manifest.get("sessions", [])
+    wall = sum(s["ended_at"] - s["started_at"] for s in sessions)
+    session_tokens = sum(s["completion_tokens"] for s in sessions)
+    frame = rows.select(
+        pl.len().alias("rows"),
+        pl.col("id").n_unique().alias("unique_ids"),
+        pl.col("completion_tokens").sum().alias("completion_tokens"),
+        pl.col("completion_tokens").mean().round(1).alias("mean_completion_tokens"),
+        pl.col("completion_tokens").quantile(0.99).alias("p99_completion_tokens"),
+        pl.col("latency_s").median().round(2).alias("median_latency_s"),
+        pl.col("latency_s").quantile(0.99).round(2).alias("p99_latency_s"),
+        (pl.col("finish_reason") == "length").mean().round(4).alias("truncated_rate"),
+        pl.col("empty_answer").mean().round(4).alias("empty_answer_rate"),
+        pl.col("empty_reasoning").mean().round(4).alias("empty_reasoning_rate"),
+        pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
+        (pl.col("attempts") > 1).sum().alias("retried"),
+    ).collect()
+    return frame.with_columns(
+        pl.lit(_count(out_dir / FAILED)).alias("failed"),
+        pl.lit(_count(out_dir / REJECTED)).alias("rejected"),
+        pl.lit(round(wall, 1)).alias("wall_s"),
+        pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
+        pl.lit(len(sessions)).alias("sessions"),
+    )
+
+
+def per_server(out_dir: str | Path) -> pl.DataFrame:
+    """Rows, tokens and speed per server (tok/s over the span the server was finishing requests)."""
+    rows = scan_results(out_dir).with_columns(
+        (pl.col("started_at") + pl.col("latency_s")).alias("finished_at")
+    )
+    return (
+        rows.group_by("server")
+        .agg(
+            pl.len().alias("rows"),
+            pl.col("completion_tokens").sum().alias("completion_tokens"),
+            (pl.col("finished_at").max() - pl.col("started_at").min()).alias("span_s"),
+            pl.col("latency_s").median().round(2).alias("median_latency_s"),
+            pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
+            (pl.col("attempts") > 1).sum().alias("retried"),
+        )
+        .with_columns((pl.col("completion_tokens") / pl.col("span_s")).round(1).alias("tok_s"))
+        .sort("server")
+        .collect()
+    )
+
+
+def finish_reasons(out_dir: str | Path) -> pl.DataFrame:
+    return (
+        scan_results(out_dir)
+        .group_by("finish_reason")
+        .agg(pl.len().alias("rows"))
+        .with_columns((pl.col("rows") / pl.col("rows").sum()).round(4).alias("share"))
+        .sort("rows", descending=True)
+        .collect()
+    )
+
+
+# ----- plots ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SavedPlot:
+    """A plot written to ``path``; notebooks show it inline (PNG), whatever the matplotlib backend."""
+
+    path: Path
+    figure: Figure
+
+    def _repr_png_(self) -> bytes:
+        return self.path.read_bytes()
+
+    def __repr__(self) -> str:
+        return f"plot saved to {self.path}"
+
+
+def _save(figure: Figure, out_dir: Path, name: str) -> SavedPlot:
+    folder = out_dir / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    return SavedPlot(path, figure)
+
+
+def plot_throughput(out_dir: str | Path) -> SavedPlot:
+    """Completion tokens per second over time, one line per server (by finish time)."""
+    out_dir = Path(out_dir)
+    rows = (
+        scan_results(out_dir)
+        .select("server", "completion_tokens", (pl.col("started_at") + pl.col("latency_s")).alias("t"))
+        .collect()
+    )
+    t0, t1 = rows["t"].min(), rows["t"].max()
+    span = max(1e-6, t1 - t0)
+    bin_s = max(1.0, span / 60) if span > 60 else max(span / 30, 0.05)
+    binned = (
+        rows.with_columns(((pl.col("t") - t0) // bin_s).cast(pl.Int64).alias("bin"))
+        .group_by("server", "bin")
+        .agg(pl.col("completion_tokens").sum())
+        .sort("server", "bin")
+    )
+    figure = Figure(figsize=(9, 4))
+    axes = figure.subplots()
+    scale, unit = (60.0, "min") if span > 600 else (1.0, "s")
+    for (server,), group in binned.group_by("server", maintain_order=True):
+        full = pl.DataFrame({"bin": range(int(span // bin_s) + 1)}).join(group, on="bin", how="left")
+        tokens = full["completion_tokens"].fill_null(0).to_numpy()
+        axes.plot((full["bin"].to_numpy() + 0.5) * bin_s / scale, tokens / bin_s, label=server, linewidth=1.2)
+    axes.set_title("How fast did each server produce tokens over the run?")
+    axes.set_xlabel(f"time since first completion ({unit})")
+    axes.set_ylabel("completion tok/s")
+    axes.legend(fontsize=7, ncols=2)
+    axes.grid(alpha=0.3)
+    return _save(figure, out_dir, "throughput")
+
+
+def plot_finish_reasons(out_dir: str | Path) -> SavedPlot:
+    out_dir = Path(out_dir)
+    frame = finish_reasons(out_dir)
+    figure = Figure(figsize=(6, 3.2))
+    axes = figure.subplots()
+    labels = [str(r) for r in frame["finish_reason"].to_list()]
+    axes.bar(labels, frame["rows"].to_list(), color="#4c72b0")
+    for index, share in enumerate(frame["share"].to_list()):
+        axes.annotate(f"{share:.1%}", (index, frame["rows"][index]), ha="center", va="bottom", fontsize=8)
+    axes.set_title("How did the completions end (stop = finished, length = hit max_tokens)?")
+    axes.set_ylabel("rows")
+    return _save(figure, out_dir, "finish_reasons")
+
+
+def plot_completion_lengths(out_dir: str | Path, max_tokens: int | None = None) -> SavedPlot:
+    out_dir = Path(out_dir)
+    tokens = scan_results(out_dir).select("completion_tokens").drop_nulls().collect()["completion_tokens"]
+    figure = Figure(figsize=(7, 3.4))
+    axes = figure.subplots()
+    bins = min(80, max(10, int(math.sqrt(max(1, len(tokens))))))
+    axes.hist(tokens.to_numpy(), bins=bins, color="#55a868")
+    if max_tokens:
+        axes.axvline(max_tokens, color="#c44e52", linestyle="--", label=f"max_tokens {max_tokens}")
+        axes.legend(fontsize=8)
+    axes.set_title("How long are the completions (reasoning + answer)?")
+    axes.set_xlabel("completion tokens")
+    axes.set_ylabel("rows")
+    return _save(figure, out_dir, "completion_lengths")
+
+
+# ----- planned vs actual ----------------------------------------------------------------------------------
+def compare_estimate(
+    estimate_path: str | Path, out_dir: str | Path, total_prompts: int | None = None
+) -> pl.DataFrame:
+    """estimate.ipynb's planned figures beside this run's: aggregate output tok/s and wall time for the set.
+
+    The set is the estimate's ``num_prompts`` unless ``total_prompts`` is given; actual wall time for it is
+    projected from this run's mean completion length and aggregate speed.
+    """
+    estimate: dict[str, Any] = load_estimate(estimate_path)
+    run = summary(out_dir).row(0, named=True)
+    prompts = int(total_prompts or estimate["num_prompts"])
+    planned_tok_s = float(estimate["aggregate_output_tok_s"])
+    planned_wall = float(estimate["wall_time_s"]) * prompts / max(1, int(estimate["num_prompts"]))
+    actual_tok_s = run["output_tok_s"]
+    mean_tokens = run["mean_completion_tokens"]
+    actual_wall = prompts * mean_tokens / actual_tok_s if actual_tok_s and mean_tokens else None
+    records = [
+        ("aggregate output tok/s", planned_tok_s, actual_tok_s),
+        ("mean completion tokens", float(estimate["mean_completion_tokens"]), mean_tokens),
+        (
+            f"wall time for {prompts:,} prompts (h)",
+            planned_wall / 3600,
+            actual_wall / 3600 if actual_wall else None,
+        ),
+    ]
+    return pl.DataFrame(
+        {
+            "figure": [r[0] for r in records],
+            "planned": [round(r[1], 2) for r in records],
+            "actual": [round(r[2], 2) if r[2] is not None else None for r in records],
+            "actual / planned": [round(r[2] / r[1], 3) if r[2] and r[1] else None for r in records],
+        }
+    )
+
+
+def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any]) -> list[str]:
+    """Where this run differs from what the estimate assumed (servers, concurrency, max_tokens)."""
+    estimate = load_estimate(estimate_path)
+    notes = []
+    servers = estimate["servers"]
+    count = len(servers) if isinstance(servers, list) else servers
+    if count != len(config_values["servers"]):
+        notes.append(f"estimate assumed {count} servers, this run used {len(config_values['servers'])}")
+    for key in ("concurrency_per_server", "max_tokens"):
+        if estimate[key] != config_values[key]:
+            notes.append(f"estimate assumed {key}={estimate[key]}, this run used {config_values[key]}")
+    return notes

@@ -1,0 +1,407 @@
+"""generate's building blocks without servers: config, shard split, retry policy, guard, store, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from draftgen.client import RequestError
+from draftgen.generate.config import GenerateConfig, parse_shard
+from draftgen.generate.guard import Guard, GuardSettings, GuardTripped, classify
+from draftgen.generate.retry import RetryPolicy, counts_against_server
+from draftgen.generate.source import prompt_source
+from draftgen.generate.store import (
+    FAILED,
+    FingerprintMismatch,
+    RunStore,
+    StoreError,
+    atomic_write_parquet,
+    read_done_ids,
+    read_manifest,
+)
+from draftgen.params import ParameterError, build_config
+from draftgen.prompts import PromptRow
+from draftgen.synthetic import write_synthetic
+
+URL = "http://127.0.0.1:9"
+
+
+def make_config(tmp_path: Path, **changes: object) -> GenerateConfig:
+    values: dict[str, object] = {
+        "servers": [URL],
+        "model": "m",
+        "prompts": "synthetic",
+        "out_dir": str(tmp_path / "run"),
+        "batch_save_size": 3,
+    }
+    values.update(changes)
+    return build_config(GenerateConfig, values)
+
+
+def row(prompt_id: str, tokens: int = 5) -> dict:
+    return {
+        "id": prompt_id,
+        "messages": [{"role": "user", "content": "q " + prompt_id}],
+        "reasoning_content": "thought",
+        "content": "answer",
+        "finish_reason": "stop",
+        "prompt_tokens": 3,
+        "completion_tokens": tokens,
+        "spec_accept_length": None,
+        "spec_verify_ct": None,
+        "server": URL,
+        "latency_s": 0.1,
+        "attempts": 1,
+        "response_id": "r-" + prompt_id,
+        "started_at": 1.0,
+        "usage_reported": True,
+        "ttft_s": None,
+        "source_row": 1,
+    }
+
+
+# ----- config -----------------------------------------------------------------------------------------------
+def test_every_bad_parameter_is_named_at_once(tmp_path):
+    with pytest.raises(ParameterError) as caught:
+        build_config(
+            GenerateConfig,
+            {
+                "servers": [],
+                "model": "m",
+                "prompts": str(tmp_path / "missing.jsonl"),
+                "out_dir": "x",
+                "concurrency_per_server": 0,
+                "batch_save_size": -5,
+                "temperature": "hot",
+                "shard": "3/2",
+                "max_empty_answer_rate": 1.5,
+                "maxtokens": 10,
+                "api_key_env": "sk-abc123",
+            },
+        )
+    names = {name for name, _ in caught.value.problems}
+    assert {
+        "servers",
+        "prompts",
+        "concurrency_per_server",
+        "batch_save_size",
+        "temperature",
+        "shard",
+        "max_empty_answer_rate",
+        "maxtokens",
+        "api_key_env",
+    } <= names
+    assert "did you mean 'max_tokens'" in str(caught.value)
+    assert "missing.jsonl" in str(caught.value)
+
+
+def test_cross_field_rules_and_unset_literals(tmp_path):
+    with pytest.raises(ParameterError, match="backoff_max_s"):
+        make_config(tmp_path, backoff_base_s=10.0, backoff_max_s=1.0)
+    with pytest.raises(ParameterError, match="guard_min_results"):
+        make_config(tmp_path, guard_window=10, guard_min_results=20)
+    config = make_config(tmp_path, api_key_env="", top_k=0, min_p=0.0)
+    assert (config.api_key_env, config.top_k, config.min_p) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("", None), ("0/4", (0, 4)), ("3/4", (3, 4)), ([1, 2], (1, 2)), ("0/1", (0, 1))]
+)
+def test_parse_shard(value, expected):
+    assert parse_shard(value) == expected
+
+
+@pytest.mark.parametrize("value", ["4/4", "-1/3", "a/b", "1", "1/0", [2, 2], [1]])
+def test_parse_shard_rejects(value):
+    with pytest.raises(ValueError):
+        parse_shard(value)
+
+
+def test_fingerprint_tracks_generation_parameters_only(tmp_path):
+    base = make_config(tmp_path)
+    assert (
+        base.fingerprint() == make_config(tmp_path, concurrency_per_server=8, batch_save_size=9).fingerprint()
+    )
+    assert base.fingerprint() != make_config(tmp_path, max_tokens=100).fingerprint()
+    assert base.fingerprint() != make_config(tmp_path, model="other").fingerprint()
+    assert base.fingerprint() != make_config(tmp_path, enable_thinking=False).fingerprint()
+    assert base.fingerprint() != make_config(tmp_path, shard="1/2").fingerprint()
+
+
+# ----- shard split ----------------------------------------------------------------------------------------
+def test_shards_split_deterministically_without_overlap(tmp_path):
+    path = tmp_path / "p.jsonl"
+    write_synthetic(path, 600, seed=3)
+    everything = {r.id for r in prompt_source(make_config(tmp_path, prompts=str(path)))}
+    assert len(everything) == 600
+    parts = []
+    for index in range(3):
+        config = make_config(tmp_path, prompts=str(path), shard=f"{index}/3")
+        first = [r.id for r in prompt_source(config)]
+        assert first == [r.id for r in prompt_source(config)]  # deterministic
+        parts.append(set(first))
+        assert 120 < len(first) < 280  # a hash split, not everything on one side
+    assert parts[0] | parts[1] | parts[2] == everything
+    assert not (parts[0] & parts[1] or parts[0] & parts[2] or parts[1] & parts[2])
+
+
+def test_limit_counts_valid_rows_of_the_shard(tmp_path):
+    path = tmp_path / "p.jsonl"
+    write_synthetic(path, 50)
+    with open(path, "a") as handle:
+        handle.write("not json\n")
+    rows = list(prompt_source(make_config(tmp_path, prompts=str(path), limit=10)))
+    assert [r.id for r in rows if isinstance(r, PromptRow)] == [f"syn-0-{i:07d}" for i in range(10)]
+
+
+# ----- retry policy ---------------------------------------------------------------------------------------
+def test_backoff_is_full_jitter_exponential_and_capped():
+    policy = RetryPolicy(max_attempts=10, base_s=1.0, max_s=8.0)
+    rng = random.Random(1)
+    for attempt, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (9, 8.0)]:
+        delays = [policy.delay(attempt, None, rng) for _ in range(400)]
+        assert 0.0 <= min(delays) and max(delays) <= ceiling
+        assert max(delays) > 0.8 * ceiling and min(delays) < 0.2 * ceiling  # spread over [0, ceiling]
+
+
+def test_retry_after_is_a_floor():
+    policy = RetryPolicy(max_attempts=5, base_s=0.01, max_s=1.0)
+    error = RequestError("http", "slow down", status=429, retry_after=3.0)
+    assert all(policy.delay(1, error, random.Random(i)) >= 3.0 for i in range(50))
+
+
+def test_what_is_retried_and_what_marks_a_server_down():
+    policy = RetryPolicy(max_attempts=3)
+    timeout = RequestError("timeout", "t")
+    assert policy.should_retry(timeout, 1) and policy.should_retry(timeout, 2)
+    assert not policy.should_retry(timeout, 3)
+    assert not policy.should_retry(RequestError("http", "too long", status=400), 1)
+    assert policy.should_retry(RequestError("http", "busy", status=429), 1)
+    assert counts_against_server(RequestError("connection", "refused"))
+    assert counts_against_server(RequestError("http", "boom", status=500))
+    assert not counts_against_server(RequestError("http", "busy", status=429))
+    assert not counts_against_server(RequestError("http", "bad", status=400))
+
+
+# ----- guard ----------------------------------------------------------------------------------------------
+def test_classify():
+    assert classify(thinking=True, content="a", reasoning="r", finish_reason="stop", failed=False) == ()
+    assert classify(thinking=True, content=" \n", reasoning="r", finish_reason="stop", failed=False) == (
+        "empty_answer",
+    )
+    assert classify(thinking=True, content="OK.", reasoning="\n", finish_reason="stop", failed=False) == (
+        "empty_reasoning",
+    )
+    assert classify(thinking=False, content="OK.", reasoning=None, finish_reason="stop", failed=False) == ()
+    assert classify(thinking=True, content=None, reasoning="r", finish_reason="length", failed=False) == (
+        "truncated",
+    )
+    assert classify(thinking=True, content=None, reasoning=None, finish_reason=None, failed=True) == (
+        "failed",
+    )
+
+
+def _feed(guard: Guard, count: int, *, empty: bool, start: int = 0) -> None:
+    for i in range(start, start + count):
+        guard.observe(
+            id=f"p{i}", server=URL, content="" if empty else "fine", reasoning="r", finish_reason="stop"
+        )
+
+
+def test_guard_trips_above_threshold_with_examples():
+    guard = Guard(GuardSettings(window=100, min_results=20, max_rates={"empty_answer": 0.1}))
+    _feed(guard, 18, empty=False)
+    _feed(guard, 2, empty=True, start=18)  # 10% of 20: at the threshold, not above
+    with pytest.raises(GuardTripped) as caught:
+        _feed(guard, 1, empty=True, start=20)
+    report = caught.value.report
+    assert report.defect == "empty_answer" and report.seen == 21
+    assert [e.id for e in report.examples] == ["p18", "p19", "p20"]
+    assert "p20" in str(caught.value) and "empty answer" in str(caught.value)
+
+
+def test_guard_waits_for_min_results():
+    guard = Guard(GuardSettings(window=50, min_results=30, max_rates={"empty_answer": 0.1}))
+    _feed(guard, 29, empty=True)  # 100% empty but too few to judge
+    with pytest.raises(GuardTripped):
+        _feed(guard, 1, empty=True, start=29)
+
+
+def test_guard_window_slides():
+    guard = Guard(GuardSettings(window=50, min_results=10, max_rates={"empty_answer": 0.2}))
+    _feed(guard, 40, empty=False)
+    _feed(guard, 10, empty=True, start=40)  # 10/50 = 20%: not above
+    _feed(guard, 50, empty=False, start=50)  # the empties slide out of the window
+    assert guard.rates()["empty_answer"] == 0.0
+    _feed(guard, 10, empty=True, start=100)  # 10/50 again: still fine
+    with pytest.raises(GuardTripped):
+        _feed(guard, 1, empty=True, start=110)
+
+
+def test_guard_trips_within_the_first_batch_at_90_percent_empty():
+    guard = Guard(GuardSettings())  # the production defaults
+    rng = random.Random(0)
+    with pytest.raises(GuardTripped) as caught:
+        for i in range(500):
+            guard.observe(
+                id=f"p{i}",
+                server=URL,
+                content="OK.",
+                reasoning="\n" if rng.random() < 0.9 else "r",
+                finish_reason="stop",
+            )
+    assert caught.value.report.seen <= GuardSettings().min_results
+    assert caught.value.report.defect == "empty_reasoning"
+
+
+# ----- store ----------------------------------------------------------------------------------------------
+def test_store_writes_shards_every_batch_and_resumes(tmp_path):
+    config = make_config(tmp_path)
+    with RunStore.open(config) as store:
+        assert store.add(row("a")) is False
+        store.add(row("b"))
+        assert store.add(row("c")) is True  # batch_save_size 3
+        store.add(row("d"))
+        store.close("interrupted")
+    assert sorted(read_done_ids(config.out_dir).to_list()) == ["a", "b", "c", "d"]
+    manifest = read_manifest(config.out_dir)
+    assert manifest["counts"]["done"] == 4 and [s["rows"] for s in manifest["shards"]] == [3, 1]
+    assert manifest["sessions"][-1]["status"] == "interrupted"
+    with RunStore.open(config) as store:
+        assert store.done_ids == {"a", "b", "c", "d"}
+        with pytest.raises(StoreError, match="finished twice"):
+            store.add(row("a"))
+        store.add(row("e"))
+        store.close("complete")
+    frames = [pl.read_parquet(p) for p in sorted((Path(config.out_dir) / "shards").glob("*.parquet"))]
+    assert [f.height for f in frames] == [3, 1, 1]
+    assert frames[0].columns[:12] == [
+        "id",
+        "messages",
+        "reasoning_content",
+        "content",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "spec_accept_length",
+        "spec_verify_ct",
+        "server",
+        "latency_s",
+        "attempts",
+    ]
+    assert frames[0]["messages"][0].to_list() == [{"role": "user", "content": "q a"}]
+
+
+def test_interrupted_write_leaves_no_partial_shard(tmp_path, monkeypatch):
+    config = make_config(tmp_path)
+    store = RunStore.open(config)
+    store.add(row("a"))
+    store.add(row("b"))
+    store.add(row("c"))  # shard 1 written
+
+    def crash(src, dst):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", crash)
+    store.add(row("d"))
+    store.add(row("e"))
+    with pytest.raises(OSError, match="disk gone"):
+        store.add(row("f"))
+    monkeypatch.undo()
+    store.release()  # the process "dies" here
+    shard_dir = Path(config.out_dir) / "shards"
+    assert [p.name for p in shard_dir.glob("*.parquet")] == ["part-000001.parquet"]
+    assert list(shard_dir.glob(".*.tmp"))  # the interrupted write, under a temporary name
+    with RunStore.open(config) as store:  # resume: leftovers removed, only whole shards count
+        assert store.done_ids == {"a", "b", "c"}
+    assert not list(shard_dir.glob(".*.tmp"))
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "x.parquet"
+    atomic_write_parquet(pl.DataFrame({"a": [1, 2]}), path)
+    atomic_write_parquet(pl.DataFrame({"a": [3]}), path)
+    assert pl.read_parquet(path)["a"].to_list() == [3]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.parquet"]
+
+
+def test_corrupt_shard_is_named(tmp_path):
+    config = make_config(tmp_path)
+    with RunStore.open(config) as store:
+        for name in "abc":
+            store.add(row(name))
+        store.close("complete")
+    (Path(config.out_dir) / "shards" / "part-000002.parquet").write_bytes(b"PAR1 garbage")
+    with pytest.raises(StoreError, match=r"part-000002\.parquet is unreadable"):
+        RunStore.open(config)
+
+
+def test_fingerprint_mismatch_needs_force(tmp_path):
+    config = make_config(tmp_path)
+    with RunStore.open(config) as store:
+        store.add(row("a"))
+        store.close("interrupted")
+    other = make_config(tmp_path, max_tokens=128, temperature=1.0)
+    with pytest.raises(FingerprintMismatch) as caught:
+        RunStore.open(other)
+    message = str(caught.value)
+    assert "max_tokens: stored 4096, now 128" in message and "temperature" in message and "force" in message
+    with RunStore.open(make_config(tmp_path, max_tokens=128, temperature=1.0, force=True)) as store:
+        assert store.done_ids == {"a"}
+
+
+def test_fingerprint_not_checked_before_anything_was_generated(tmp_path):
+    with RunStore.open(make_config(tmp_path)) as store:
+        store.flush()  # manifest written, no rows
+    with RunStore.open(make_config(tmp_path, model="corrected")) as store:
+        assert store.done_ids == set()
+
+
+def test_one_writer_per_run_folder(tmp_path):
+    config = make_config(tmp_path)
+    with RunStore.open(config):
+        with pytest.raises(StoreError, match="another process"):
+            RunStore.open(config)
+    RunStore.open(config).release()  # free again
+
+
+def test_failures_are_kept_until_the_prompt_succeeds(tmp_path):
+    config = make_config(tmp_path)
+    failure = {
+        "id": "x",
+        "messages": [{"role": "user", "content": "q"}],
+        "error": "timeout: no answer",
+        "error_kind": "timeout",
+        "status": None,
+        "attempts": 5,
+        "server": URL,
+        "failed_at": 1.0,
+        "source_row": 4,
+    }
+    with RunStore.open(config) as store:
+        store.add_failure(failure)
+        store.add_failure({**failure, "id": "y"})
+        store.close("complete_with_failures")
+    assert sorted(pl.read_parquet(Path(config.out_dir) / FAILED)["id"].to_list()) == ["x", "y"]
+    with RunStore.open(config) as store:  # resume: x succeeds this time
+        assert store.failed_count == 2
+        store.add(row("x"))
+        store.close("interrupted")
+    assert pl.read_parquet(Path(config.out_dir) / FAILED)["id"].to_list() == ["y"]
+    assert json.loads((Path(config.out_dir) / "manifest.json").read_text())["counts"]["failed"] == 1
+
+
+def test_resume_reads_only_ids_quickly_enough_to_scale(tmp_path):
+    """Functional check of the resume path on many shards (timing lives in benchmarks/resume_time.py)."""
+    shard_dir = tmp_path / "run" / "shards"
+    shard_dir.mkdir(parents=True)
+    for index in range(20):
+        frame = pl.DataFrame([row(f"id-{index}-{j}") for j in range(50)])
+        frame.write_parquet(shard_dir / f"part-{index + 1:06d}.parquet")
+    ids = read_done_ids(tmp_path / "run")
+    assert len(ids) == 1000 and ids.n_unique() == 1000
