@@ -1,0 +1,391 @@
+"""generate.ipynb end to end: papermill (via ``draftgen run``) on the real notebook against simulated fleets.
+
+Each run is small (instant profile where timing does not matter, a fast clock where it does) so the whole file
+takes about two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import psutil
+import pytest
+
+from draftgen.generate.store import read_done_ids, read_manifest
+from draftgen.prompts import PromptRow, iter_prompts
+from draftgen.synthetic import write_synthetic
+
+RUN_TIMEOUT_S = 240
+
+
+def draftgen_run(out_root: Path, name: str, params: dict, *extra: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "draftgen",
+        "run",
+        "generate",
+        "--name",
+        name,
+        "--out-root",
+        str(out_root),
+    ]
+    for key, value in params.items():
+        command += ["-p", key, json.dumps(value) if not isinstance(value, str) else value]
+    return subprocess.run(
+        [*command, *extra], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=os.environ.copy()
+    )
+
+
+def start_run(out_root: Path, name: str, params: dict, *extra: str) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        "-m",
+        "draftgen",
+        "run",
+        "generate",
+        "--name",
+        name,
+        "--out-root",
+        str(out_root),
+    ]
+    for key, value in params.items():
+        command += ["-p", key, json.dumps(value) if not isinstance(value, str) else value]
+    return subprocess.Popen(
+        [*command, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_shards(run_dir: Path, count: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list((run_dir / "shards").glob("part-*.parquet"))) < count:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"run ended before {count} shards:\n{proc.stdout.read() if proc.stdout else ''}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fewer than {count} shards after {timeout} s")
+        time.sleep(0.05)
+
+
+def notebook_text(run_dir: Path) -> str:
+    """Everything the executed notebook printed or raised."""
+    nb = json.loads((run_dir / "generate.ipynb").read_text())
+    parts = []
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []):
+            parts.append("".join(output.get("text", "")))
+            parts.append(f"{output.get('ename', '')}: {output.get('evalue', '')}")
+            parts.extend(
+                "".join(v) if isinstance(v, list) else str(v) for v in output.get("data", {}).values()
+            )
+    return "\n".join(parts)
+
+
+def valid_ids(path: Path) -> list[str]:
+    return [r.id for r in iter_prompts(path) if isinstance(r, PromptRow)]
+
+
+def assert_exactly_once(run_dir: Path, expected: list[str]) -> None:
+    shards = sorted((run_dir / "shards").glob("part-*.parquet"))
+    ids: list[str] = []
+    for shard in shards:
+        ids.extend(pl.read_parquet(shard)["id"].to_list())  # every shard whole and readable
+    assert len(ids) == len(set(ids)), "an id was stored twice"
+    assert set(ids) == set(expected), (
+        f"missing {len(set(expected) - set(ids))}, extra {len(set(ids) - set(expected))}"
+    )
+
+
+def base_params(fleet, prompts: Path, **changes: object) -> dict:
+    params = {
+        "servers": fleet.urls,
+        "prompts": str(prompts),
+        "max_tokens": 256,
+        "concurrency_per_server": 8,
+        "batch_save_size": 100,
+        "backoff_base_s": 0.05,
+        "backoff_max_s": 1.0,
+        "probe_interval_s": 0.2,
+        "probe_max_interval_s": 1.0,
+    }
+    params.update(changes)
+    return params
+
+
+@pytest.fixture
+def prompts_3000(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    write_synthetic(path, 3000, seed=7)
+    return path
+
+
+# ----- the main job -----------------------------------------------------------------------------------------
+def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
+    sim_fleet, tmp_path, prompts_3000, monkeypatch
+):
+    secret = "sk-draftgen-test-" + os.urandom(8).hex()
+    monkeypatch.setenv("DRAFTGEN_TEST_API_KEY", secret)
+    fleet = sim_fleet(servers=7, profile="instant")
+    result = draftgen_run(
+        tmp_path / "out",
+        "seven",
+        base_params(fleet, prompts_3000, batch_save_size=250, api_key_env="DRAFTGEN_TEST_API_KEY"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "out" / "generate" / "seven"
+    assert_exactly_once(run_dir, valid_ids(prompts_3000))
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "complete" and manifest["counts"] == {
+        "done": 3000,
+        "failed": 0,
+        "rejected": 0,
+    }
+    assert len(manifest["shards"]) == 12
+    frame = pl.read_parquet(run_dir / "shards" / "part-000001.parquet")
+    assert frame["server"].n_unique() > 1 and frame["content"].null_count() == 0
+    assert frame["response_id"].null_count() == 0 and frame["usage_reported"].all()
+    servers = pl.scan_parquet(sorted((run_dir / "shards").glob("*.parquet"))).select("server").collect()
+    assert servers["server"].n_unique() == 7  # every server took work
+    for plot in ("throughput", "finish_reasons", "completion_lengths"):
+        assert (run_dir / "plots" / f"{plot}.png").stat().st_size > 1000
+    assert "image/png" in (run_dir / "generate.ipynb").read_text()  # plots shown inline
+    # the key went to the servers but into no file: notebook, HTML, parameters, manifest, data, logs
+    leaked = [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaked == []
+    assert secret not in result.stdout + result.stderr
+    assert "DRAFTGEN_TEST_API_KEY" in (run_dir / "manifest.json").read_text()  # the NAME is recorded
+
+
+def test_server_killed_mid_run_and_restarted_loses_nothing(sim_fleet, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    write_synthetic(prompts, 1500, seed=8)
+    fleet = sim_fleet(servers=7, profile="b200-mtp", speed=20.0)
+    run_dir = tmp_path / "out" / "generate" / "kill"
+    proc = start_run(
+        tmp_path / "out",
+        "kill",
+        base_params(fleet, prompts, max_truncated_rate=1.0, server_down_after=2, request_timeout_s=30.0),
+    )
+    try:
+        wait_for_shards(run_dir, 2, proc)
+        fleet.kill(2)
+        time.sleep(1.5)
+        assert proc.poll() is None, "the run must survive a server crash"
+        fleet.restart(2)
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-3000:]
+    assert_exactly_once(run_dir, valid_ids(prompts))
+    text = notebook_text(run_dir)
+    assert "marked down" in text and "rejoined" in text
+    assert not (run_dir / "failed.parquet").exists()
+
+
+def _kernel_of(proc: subprocess.Popen) -> psutil.Process:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            if "ipykernel" in " ".join(child.cmdline()):
+                return child
+        time.sleep(0.1)
+    raise AssertionError("no kernel process found")
+
+
+def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    write_synthetic(prompts, 1500, seed=9)
+    fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
+    params = base_params(fleet, prompts, max_truncated_rate=1.0)
+    run_dir = tmp_path / "out" / "generate" / "crash"
+    proc = start_run(tmp_path / "out", "crash", params)
+    try:
+        kernel = _kernel_of(proc)
+        wait_for_shards(run_dir, 3, proc)
+        kernel.send_signal(signal.SIGKILL)  # the client itself dies: no flush, no goodbye
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    stored_before = read_done_ids(run_dir)
+    assert 0 < len(stored_before) < 1500 and stored_before.n_unique() == len(stored_before)
+    result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(run_dir, valid_ids(prompts))
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "complete"
+    assert manifest["sessions"][-1]["completed"] == 1500 - len(stored_before)  # only the rest was generated
+    assert "already stored" in notebook_text(run_dir)
+
+
+def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    write_synthetic(prompts, 800, seed=10)
+    fleet = sim_fleet(
+        servers=3,
+        profile="b200-mtp",
+        speed=50.0,
+        max_running_requests=4,
+        faults=["error_rate=0.05", "hang_rate=0.03", "overload=5"],
+    )
+    params = base_params(
+        fleet,
+        prompts,
+        max_truncated_rate=1.0,
+        concurrency_per_server=12,
+        request_timeout_s=3.0,
+        max_attempts=8,
+        canary=False,
+    )
+    result = draftgen_run(tmp_path / "out", "faults", params)
+    run_dir = tmp_path / "out" / "generate" / "faults"
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(run_dir, valid_ids(prompts))
+    assert not (run_dir / "failed.parquet").exists()
+    outcomes = {r["outcome"] for r in fleet.truth()}
+    assert {"error_500", "hung", "overloaded"} <= outcomes  # every fault really happened
+    attempts = pl.scan_parquet(sorted((run_dir / "shards").glob("*.parquet"))).select("attempts").collect()
+    assert attempts["attempts"].max() > 1
+
+
+def test_guard_halts_within_the_first_batch_when_answers_are_empty(sim_fleet, tmp_path, prompts_3000):
+    fleet = sim_fleet(servers=3, profile="instant", faults=["empty_answer_rate=0.9"])
+    params = base_params(fleet, prompts_3000, batch_save_size=500, canary=False)
+    result = draftgen_run(tmp_path / "out", "garbage", params)
+    run_dir = tmp_path / "out" / "generate" / "garbage"
+    assert result.returncode != 0
+    text = notebook_text(run_dir)
+    assert "GuardTripped" in text and "empty reasoning" in text
+    assert "syn-7-" in text  # example ids named
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "halted"
+    done = manifest["counts"]["done"]
+    assert 0 < done < 500  # halted inside the first batch, and what finished was kept
+    assert len(read_done_ids(run_dir)) == done
+
+
+def test_canary_catches_empty_answers_before_the_run(sim_fleet, tmp_path, prompts_3000):
+    fleet = sim_fleet(servers=2, profile="instant", faults=["empty_answer_rate=1.0"])
+    result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_3000))
+    run_dir = tmp_path / "out" / "generate" / "canary"
+    assert result.returncode != 0
+    text = notebook_text(run_dir)
+    assert "PreflightError" in text and "canary" in text and "empty reasoning" in text
+    assert not list((run_dir / "shards").glob("*.parquet"))
+
+
+# ----- bad input ------------------------------------------------------------------------------------------
+MALFORMED = [
+    b"{not json",  # invalid JSON
+    b'["a", "list"]',  # not an object
+    b'{"id": "m-nofield", "text": "hi"}',  # no messages/conversations/prompt
+    b'{"id": "m-notlist", "messages": "hello"}',  # messages not a list
+    b'{"id": "m-notobj", "messages": ["hello"]}',  # message not an object
+    b'{"id": "m-role", "messages": [{"role": "wizard", "content": "hi"}]}',  # unknown role
+    b'{"id": "m-content", "messages": [{"role": "user", "content": 42}]}',  # content not a string
+    b'{"id": "m-onlyasst", "messages": [{"role": "assistant", "content": "hi"}]}',  # nothing to answer
+    b'{"id": "m-system", "messages": [{"role": "system", "content": "be nice"}]}',  # ends with a system turn
+    b'{"id": "m-blank", "messages": [{"role": "user", "content": "   "}]}',  # empty last user message
+    b'{"id": "m-nul", "prompt": "a\\u0000b"}',  # NUL characters
+    b'{"id": "m-utf8", "prompt": "caf\xe9"}',  # not UTF-8
+    b'{"id": true, "prompt": "hi"}',  # id of the wrong type
+    b'{"id": "", "prompt": "hi"}',  # empty id
+    b'{"id": "syn-7-0000003", "prompt": "again"}',  # duplicate id
+    b'{"id": "m-sharegpt", "conversations": [{"from": "alien", "value": "hi"}]}',  # unknown ShareGPT speaker
+]
+
+
+@pytest.fixture
+def mixed_prompts(tmp_path: Path) -> Path:
+    good = tmp_path / "good.jsonl"
+    write_synthetic(good, 120, seed=7)
+    lines = good.read_bytes().splitlines()
+    path = tmp_path / "mixed.jsonl"
+    body = []
+    for index, line in enumerate(lines):
+        body.append(line)
+        if index % 7 == 6 and index // 7 < len(MALFORMED):
+            body.append(MALFORMED[index // 7])  # after good rows 7, 14, ...: file rows 8, 16, ...
+    path.write_bytes(b"\n".join(body) + b"\n")
+    return path
+
+
+def test_malformed_rows_abort_before_any_request_naming_rows(sim_fleet, tmp_path, mixed_prompts):
+    fleet = sim_fleet(servers=2, profile="instant")
+    result = draftgen_run(tmp_path / "out", "bad", base_params(fleet, mixed_prompts))
+    run_dir = tmp_path / "out" / "generate" / "bad"
+    assert result.returncode != 0
+    text = notebook_text(run_dir)
+    assert "PreflightError" in text and "malformed rows" in text and "max_rejected_rate" in text
+    assert "row 8: invalid JSON" in text
+    rejected = pl.read_parquet(run_dir / "rejected.parquet")
+    assert rejected.height == len(MALFORMED)
+    assert not list((run_dir / "shards").glob("*.parquet"))
+    chats = [truth for truth in fleet.truth() if truth["kind"] == "chat"]
+    assert len(chats) <= 2 * 2  # only preflight's probe and canary per server: no prompt was sent
+
+
+def test_malformed_rows_set_aside_and_the_rest_generated(sim_fleet, tmp_path, mixed_prompts):
+    fleet = sim_fleet(servers=2, profile="instant")
+    result = draftgen_run(tmp_path / "out", "mixed", base_params(fleet, mixed_prompts, max_rejected_rate=0.5))
+    run_dir = tmp_path / "out" / "generate" / "mixed"
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(run_dir, valid_ids(mixed_prompts))
+    assert len(valid_ids(mixed_prompts)) == 120
+    rejected = pl.read_parquet(run_dir / "rejected.parquet")
+    assert rejected.height == len(MALFORMED)
+    reasons = " | ".join(rejected["reason"].to_list())
+    for fragment in (
+        "invalid JSON",
+        "not an object",
+        "no 'messages'",
+        "must be a list",
+        "is not an object",
+        "unknown role",
+        "must be a string",
+        "empty conversation",
+        "system turn",
+        "last user message is empty",
+        "NUL",
+        "UTF-8",
+        "'id' must be",
+        "'id' is empty",
+        "duplicate id",
+        "unknown speaker",
+    ):
+        assert fragment in reasons, fragment
+    assert rejected["row"].null_count() == 0 and rejected["raw"].null_count() == 0
+
+
+def test_bad_parameters_are_all_named_before_a_kernel_starts(tmp_path):
+    result = draftgen_run(
+        tmp_path / "out",
+        "params",
+        {
+            "servers": [],
+            "concurrency_per_server": 0,
+            "temperature": "hot",
+            "maxtokens": 5,
+            "shard": "5/2",
+            "prompts": str(tmp_path / "nope.jsonl"),
+        },
+    )
+    assert result.returncode == 2
+    for name in ("servers", "concurrency_per_server", "temperature", "maxtokens", "shard", "prompts"):
+        assert name in result.stderr
+    assert "did you mean 'max_tokens'" in result.stderr
+    assert not (tmp_path / "out" / "generate" / "params").exists()
