@@ -1,0 +1,122 @@
+"""Dispatch behaviour that needs precise control: every server down at once, and a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from draftgen.generate import GenerateConfig, generate, preflight
+from draftgen.generate.store import read_done_ids, read_manifest
+from draftgen.params import build_config
+from draftgen.synthetic import write_synthetic
+
+
+def config_for(fleet, prompts: Path, out_dir: Path, **changes: object) -> GenerateConfig:
+    values: dict[str, object] = {
+        "servers": fleet.urls,
+        "model": "Qwen/Qwen3.6-27B",
+        "prompts": str(prompts),
+        "out_dir": str(out_dir),
+        "max_tokens": 128,
+        "concurrency_per_server": 4,
+        "batch_save_size": 50,
+        "max_truncated_rate": 1.0,
+        "backoff_base_s": 0.05,
+        "backoff_max_s": 0.2,
+        "probe_interval_s": 0.1,
+        "probe_max_interval_s": 0.3,
+        "canary": False,
+    }
+    values.update(changes)
+    return build_config(GenerateConfig, values)
+
+
+def wait_for_shards(run_dir: Path, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list((run_dir / "shards").glob("*.parquet"))) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} shards after {timeout} s"
+        time.sleep(0.05)
+
+
+def test_every_server_down_pauses_without_spending_attempts(sim_fleet, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    write_synthetic(prompts, 1000, seed=11)
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=10.0)
+    config = config_for(fleet, prompts, tmp_path / "run", server_down_after=2, max_attempts=3)
+
+    async def scenario():
+        plan = await preflight(config)
+        task = asyncio.create_task(generate(config, plan, progress=False))
+        await asyncio.to_thread(wait_for_shards, tmp_path / "run", 2)
+        await asyncio.to_thread(fleet.kill, 0)
+        await asyncio.to_thread(fleet.kill, 1)
+        await asyncio.sleep(3.0)  # far longer than 3 attempts' worth of backoff
+        assert not task.done()
+        await asyncio.to_thread(fleet.restart, 0)
+        await asyncio.to_thread(fleet.restart, 1)
+        return await task
+
+    result = asyncio.run(scenario())
+    assert result.status == "complete" and result.failed == 0
+    ids = read_done_ids(tmp_path / "run")
+    assert sorted(ids.to_list()) == [f"syn-11-{i:07d}" for i in range(1000)]
+    events = [what for _, _, what in result.outcome.events]
+    assert any("every server is down" in e for e in events)
+    assert sum("rejoined" in e for e in events) == 2
+    assert all(stats.downs >= 1 for stats in result.outcome.servers)
+
+
+SCRIPT = """
+import asyncio, sys
+from draftgen.generate import GenerateConfig, generate, preflight
+from draftgen.params import build_config
+config = build_config(GenerateConfig, __import__("json").loads(sys.argv[1]))
+async def main():
+    plan = await preflight(config)
+    await generate(config, plan, progress=False)
+asyncio.run(main())
+"""
+
+
+def test_sigterm_flushes_finished_work_and_resume_completes(sim_fleet, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    write_synthetic(prompts, 1200, seed=12)
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=10.0)
+    config = config_for(fleet, prompts, tmp_path / "run", batch_save_size=1000)  # one shard would take long
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, json.dumps(config.model_dump(mode="json"))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    manifest_path = tmp_path / "run" / "manifest.json"
+    deadline = time.monotonic() + 60
+    while not manifest_path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)  # some results finished, none written yet (batch_save_size 1000)
+    assert not list((tmp_path / "run" / "shards").glob("*.parquet"))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "RunInterrupted" in stderr and "stopped by SIGTERM" in stderr and "--resume" in stderr
+    manifest = read_manifest(tmp_path / "run")
+    assert manifest["status"] == "interrupted"
+    stored = read_done_ids(tmp_path / "run")
+    assert 0 < len(stored) < 1200 and manifest["counts"]["done"] == len(stored)
+
+    async def resume():
+        plan = await preflight(config)
+        assert plan.todo == 1200 - len(stored)
+        return await generate(config, plan, progress=False)
+
+    result = asyncio.run(resume())
+    assert result.completed == 1200 - len(stored)
+    frame = pl.scan_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet"))).select("id").collect()
+    assert frame.height == 1200 and frame["id"].n_unique() == 1200
