@@ -1,0 +1,155 @@
+"""The per-sample flags: text checks (vectorized with polars), mask checks, and corpus-wide duplicate checks.
+
+Duplicates need the whole corpus, so ``index_corpus`` reads only ``id`` and ``content`` of every shard first
+(one shard at a time) and keeps hashes; ``flag_batch`` then flags one batch of samples with its masks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from draftgen.masks import MaskBatch
+from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.reader import GenerationOutput, read_shard
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+# Characters that mark broken text: NUL, U+FFFD (bytes the detokenizer could not decode), U+FFFE/U+FFFF.
+INVALID_CHARS = r"[\x00\x{FFFD}\x{FFFE}\x{FFFF}]"
+# Lone UTF-16 surrogates cannot be stored in parquet strings (Arrow requires valid UTF-8: a shard holding one
+# fails to read, and is reported as unreadable); what does reach us is the escaped form "\ud83d" left by a
+# double JSON encoding. A lone one is a high escape without a low escape right after it, or the reverse.
+SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+SURROGATE_PAIR_ESCAPE = r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+HASH_SEED = 20240611
+
+
+@dataclass(frozen=True)
+class CorpusIndex:
+    duplicate_answers: pl.Series  # UInt64 hashes of answers shared by >= duplicate_answer_min_prompts rows
+    duplicate_rows: frozenset[tuple[str, int]]  # (shard file name, row) of every repeat of an earlier id
+    duplicate_answer_examples: pl.DataFrame  # answer hash, count, the answer text (first 80 chars)
+
+
+def _answer_key(column: pl.Expr) -> pl.Expr:
+    return column.fill_null("").str.strip_chars()
+
+
+def index_corpus(output: GenerationOutput, min_prompts: int) -> CorpusIndex:
+    """Hash every answer and id (reading two columns per shard) to find corpus-wide duplicates."""
+    parts = []
+    for shard in output.shards:
+        frame = read_shard(shard, ["id", "content"])
+        parts.append(
+            frame.select(
+                pl.col("id"),
+                pl.lit(shard.name).alias("shard"),
+                pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+                _answer_key(pl.col("content")).hash(HASH_SEED).alias("answer_hash"),
+                _answer_key(pl.col("content")).str.slice(0, 80).alias("answer"),
+            )
+        )
+    corpus = pl.concat(parts)
+    repeats = corpus.filter(~pl.col("id").is_first_distinct())
+    duplicate_rows = frozenset(zip(repeats["shard"].to_list(), repeats["row"].to_list(), strict=True))
+    shared = (
+        corpus.filter(pl.col("answer") != "")
+        .group_by("answer_hash")
+        .agg(pl.len().alias("count"), pl.col("answer").first())
+        .filter(pl.col("count") >= min_prompts)
+        .sort("count", descending=True)
+    )
+    return CorpusIndex(
+        duplicate_answers=shared["answer_hash"],
+        duplicate_rows=duplicate_rows,
+        duplicate_answer_examples=shared,
+    )
+
+
+def _blank(column: str) -> pl.Expr:
+    return pl.col(column).is_null() | (pl.col(column).str.strip_chars() == "")
+
+
+def _invalid(expr: pl.Expr) -> pl.Expr:
+    text = expr.fill_null("")
+    lone = text.str.count_matches(SURROGATE_ESCAPE) != 2 * text.str.count_matches(SURROGATE_PAIR_ESCAPE)
+    return text.str.contains(INVALID_CHARS) | lone
+
+
+def text_flags(frame: pl.DataFrame, config: ValidateConfig, index: CorpusIndex) -> pl.DataFrame:
+    """The flags that need only the text: one boolean column per flag, one row per sample."""
+    content = pl.col("content").fill_null("")
+    opens = content.str.count_matches(THINK_OPEN, literal=True)
+    closes = content.str.count_matches(THINK_CLOSE, literal=True)
+    prompt_invalid = (
+        pl.col("messages")
+        .list.eval(_invalid(pl.element().struct.field("content").cast(pl.String)))
+        .list.any()
+        .fill_null(False)
+    )
+    repeated = pl.Series(
+        [(s, r) in index.duplicate_rows for s, r in zip(frame["shard"], frame["row"], strict=True)]
+        if index.duplicate_rows
+        else [False] * frame.height,
+        dtype=pl.Boolean,
+    )
+    return frame.select(
+        _blank("content").alias("empty_answer"),
+        (_blank("reasoning_content") & pl.lit(config.enable_thinking)).alias("empty_reasoning"),
+        (
+            (
+                _blank("content") & ~_blank("reasoning_content") & (pl.col("finish_reason") == "length")
+            ).fill_null(False)
+            | (opens > closes)
+        ).alias("unclosed_think"),
+        (pl.col("finish_reason").is_null() | (pl.col("finish_reason") != "stop")).alias("truncated"),
+        ((opens + closes) > 0).alias("think_markers_in_answer"),
+        (
+            ~_blank("content")
+            & _answer_key(pl.col("content")).hash(HASH_SEED).is_in(index.duplicate_answers.implode())
+        ).alias("duplicate_answer"),
+        (_invalid(pl.col("content")) | _invalid(pl.col("reasoning_content")) | prompt_invalid).alias(
+            "invalid_text"
+        ),
+        pl.lit(repeated).alias("duplicate_id"),
+    )
+
+
+def flag_batch(
+    frame: pl.DataFrame, masks: MaskBatch, config: ValidateConfig, index: CorpusIndex
+) -> pl.DataFrame:
+    """All flags for one batch, plus the mask figures: the per-sample record the report is built from."""
+    flags = text_flags(frame, config, index).with_columns(
+        pl.Series("tiny_mask", masks.mask_sum <= config.min_assistant_tokens),
+        pl.Series("over_max_length", masks.n_tokens > config.max_length),
+        pl.Series("template_mismatch", np.array([m is not None for m in masks.mismatch], dtype=bool)),
+    )
+    flags = flags.select(list(FLAGS))
+    drop = [f for f in FLAGS if f in config.drop_flags]
+    return pl.concat(
+        [
+            frame.select("id", "shard", "row", "finish_reason"),
+            pl.DataFrame(
+                {
+                    "n_tokens": masks.n_tokens,
+                    "n_prompt_tokens": masks.n_prompt,
+                    "mask_sum": masks.mask_sum,
+                    "mismatch": pl.Series(masks.mismatch, dtype=pl.String),
+                }
+            ),
+            flags,
+            frame.select(
+                pl.col("content").fill_null("").str.len_chars().alias("answer_chars"),
+                pl.col("reasoning_content").fill_null("").str.len_chars().alias("reasoning_chars"),
+                pl.col("content").str.slice(0, 80).alias("answer"),
+                pl.col("reasoning_content").str.slice(0, 80).alias("reasoning"),
+            ),
+        ],
+        how="horizontal",
+    ).with_columns(
+        pl.concat_list([pl.when(pl.col(f)).then(pl.lit(f)) for f in FLAGS]).list.drop_nulls().alias("flags"),
+        pl.any_horizontal([pl.col(f) for f in drop] or [pl.lit(False)]).alias("dropped"),
+    )

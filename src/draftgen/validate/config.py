@@ -1,0 +1,85 @@
+"""validate.ipynb's parameters as one frozen, validated config; and the flags it can raise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from draftgen.masks import MaskConvention, MaskSpec
+from draftgen.params import Params, PositiveInt
+
+# Every flag a sample can carry, with what it means (shown in the notebook's flag table).
+FLAGS: dict[str, str] = {
+    "empty_answer": "content is missing or only whitespace",
+    "empty_reasoning": "reasoning_content is missing or only whitespace (thinking on)",
+    "unclosed_think": "cut inside thinking: no answer after reasoning that hit the length limit, "
+    "or a <think> without </think> in the answer",
+    "truncated": "finish_reason is not 'stop' (length limit hit, aborted, or missing)",
+    "tiny_mask": "loss mask covers <= min_assistant_tokens tokens",
+    "over_max_length": "the rendered conversation is longer than max_length tokens",
+    "think_markers_in_answer": "<think> or </think> inside the answer (reasoning not separated)",
+    "duplicate_answer": "the exact same answer for >= duplicate_answer_min_prompts prompts",
+    "template_mismatch": "the prompt's tokens are not a prefix of the full conversation's tokens",
+    "invalid_text": "U+FFFD replacement characters, NULs, non-characters or escaped lone surrogates",
+    "duplicate_id": "an id already seen in an earlier row (the export keeps the first)",
+}
+FlagName = Literal[
+    "empty_answer",
+    "empty_reasoning",
+    "unclosed_think",
+    "truncated",
+    "tiny_mask",
+    "over_max_length",
+    "think_markers_in_answer",
+    "duplicate_answer",
+    "template_mismatch",
+    "invalid_text",
+    "duplicate_id",
+]
+Share = Annotated[float, Field(ge=0, le=1)]
+
+
+class ValidateConfig(Params):
+    generation_dir: str = Field(min_length=1)  # generate's out_dir: shards/*.parquet (+ manifest.json)
+    tokenizer: str = Field(min_length=1)  # folder of the target model's tokenizer (local files only)
+    out_dir: str = Field(min_length=1)  # where the report tables and the training export go
+    mask_convention: Literal["think_in_prompt", "think_in_target"] = "think_in_prompt"
+    enable_thinking: bool = True
+    min_assistant_tokens: Annotated[int, Field(ge=0)] = 16
+    max_length: PositiveInt = 4096
+    duplicate_answer_min_prompts: Annotated[int, Field(ge=2)] = 10
+    max_degenerate_share: Share = 0.05
+    keep_flagged: list[FlagName] = Field(default_factory=list)
+    export_jsonl: bool = True
+    export_tokens: bool = False
+    batch_size: PositiveInt = 1024
+    examples_per_flag: Annotated[int, Field(ge=0)] = 3
+
+    @field_validator("keep_flagged")
+    @classmethod
+    def _no_repeats(cls, flags: list[str]) -> list[str]:
+        repeated = sorted({f for f in flags if flags.count(f) > 1})
+        if repeated:
+            raise ValueError(f"listed more than once: {', '.join(repeated)}")
+        return flags
+
+    @model_validator(mode="after")
+    def _separate_folders(self) -> ValidateConfig:
+        source = Path(self.generation_dir).resolve()
+        target = Path(self.out_dir).resolve()
+        if target == source or source in target.parents:
+            raise ValueError(
+                f"out_dir {self.out_dir} is inside generation_dir {self.generation_dir}: "
+                "write the validation report and export to a folder of their own"
+            )
+        return self
+
+    @property
+    def drop_flags(self) -> tuple[str, ...]:
+        """Flags that keep a sample out of the export (every flag not listed in keep_flagged)."""
+        return tuple(f for f in FLAGS if f not in self.keep_flagged)
+
+    def mask_spec(self) -> MaskSpec:
+        return MaskSpec(convention=MaskConvention(self.mask_convention), enable_thinking=self.enable_thinking)

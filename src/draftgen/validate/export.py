@@ -1,0 +1,97 @@
+"""The training export: clean samples as JSONL (the shape SpecForge's trainers read), optionally token parquet.
+
+Written while validating, into ``out_dir/export.partial/``; ``finalize`` renames it to ``out_dir/export/`` once
+the gate has passed, so a corpus that failed the gate never leaves an export that looks finished.
+
+  export/train.jsonl           {"id", "conversations": [...prompt turns..., {"role": "assistant",
+                                 "content", "reasoning_content"}]}
+  export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
+  export/counts.json           samples in, out, dropped, and dropped per flag
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from draftgen.masks import MaskBatch
+
+STAGING = "export.partial"
+FINAL = "export"
+
+
+def conversation(messages: list[dict[str, Any]], reasoning: str | None, content: str | None) -> list[dict]:
+    turns = [{k: v for k, v in turn.items() if v is not None} for turn in messages]
+    turns.append({"role": "assistant", "content": content or "", "reasoning_content": reasoning or ""})
+    return turns
+
+
+class ExportWriter:
+    """Appends the kept rows of each batch to the staging folder."""
+
+    def __init__(self, out_dir: Path, *, jsonl: bool, tokens: bool):
+        self.out_dir = Path(out_dir)
+        self.staging = self.out_dir / STAGING
+        self.jsonl = jsonl
+        self.tokens = tokens
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        self.staging.mkdir(parents=True)
+        self._parts = 0
+        self._handle = (self.staging / "train.jsonl").open("w", encoding="utf-8") if jsonl else None
+
+    def write(self, frame: pl.DataFrame, masks: MaskBatch, keep: np.ndarray) -> int:
+        """Write rows where ``keep`` is true; returns how many."""
+        rows = np.flatnonzero(keep)
+        if rows.size == 0:
+            return 0
+        if self._handle is not None:
+            ids = frame["id"].to_list()
+            messages = frame["messages"].to_list()
+            reasoning = frame["reasoning_content"].to_list()
+            content = frame["content"].to_list()
+            lines = [
+                json.dumps(
+                    {"id": ids[i], "conversations": conversation(messages[i], reasoning[i], content[i])},
+                    ensure_ascii=False,
+                )
+                for i in rows
+            ]
+            self._handle.write("\n".join(lines) + "\n")
+        if self.tokens:
+            if masks.input_ids is None:
+                raise ValueError("token export needs masks built with keep_ids=True")
+            part = pl.DataFrame(
+                {
+                    "id": frame["id"].gather(rows),
+                    "input_ids": pl.Series([masks.input_ids[i] for i in rows], dtype=pl.List(pl.Int32)),
+                    "loss_mask": pl.Series([masks.loss_mask(int(i)) for i in rows], dtype=pl.List(pl.Int8)),
+                }
+            )
+            (self.staging / "tokens").mkdir(exist_ok=True)
+            part.write_parquet(self.staging / "tokens" / f"part-{self._parts:05d}.parquet")
+            self._parts += 1
+        return int(rows.size)
+
+    def close(self, counts: dict[str, Any]) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        (self.staging / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
+
+
+def finalize(out_dir: Path) -> Path:
+    """Move ``export.partial`` to ``export`` (replacing an older export in the same folder)."""
+    out_dir = Path(out_dir)
+    staging, final = out_dir / STAGING, out_dir / FINAL
+    if not staging.is_dir():
+        raise FileNotFoundError(f"no staged export at {staging}: run validation first")
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
+    return final

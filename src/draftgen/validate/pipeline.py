@@ -1,0 +1,167 @@
+"""One validation run: read generate's shards, build loss masks, flag every sample, stage the export.
+
+``validate_generation(config)`` returns a ``ValidationResult`` (per-sample records, counts, the gate verdict);
+``require_fit_to_train(result)`` raises when the degenerate share is over the threshold (the notebook's gate);
+``finalize_export(result)`` publishes the staged export once the gate has passed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from draftgen.masks import build_masks, load_tokenizer
+from draftgen.validate import export
+from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
+from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.reader import GenerationOutput, iter_batches, open_generation
+
+RECORDS_FILE = "samples.parquet"
+SUMMARY_FILE = "summary.json"
+
+
+class ValidationGateError(RuntimeError):
+    """The corpus is not fit to train on: too large a share of degenerate samples."""
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    config: ValidateConfig
+    output: GenerationOutput
+    records: pl.DataFrame  # one row per sample: id, shard, row, token counts, mask_sum, flags, previews
+    index: CorpusIndex
+    counts: dict[str, Any]  # in, out, dropped, dropped_by_flag, flagged_but_kept
+    seconds: float
+
+    @property
+    def samples(self) -> int:
+        return self.counts["in"]
+
+    @property
+    def degenerate_share(self) -> float:
+        return self.counts["dropped"] / self.counts["in"] if self.counts["in"] else 1.0
+
+    @property
+    def passed(self) -> bool:
+        return self.counts["in"] > 0 and self.degenerate_share <= self.config.max_degenerate_share
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.config.out_dir)
+
+
+def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]:
+    """Samples in, out and dropped; a sample with several flags counts under each, and once in dropped."""
+    flagged = {f: int(records[f].sum()) for f in FLAGS} if records.height else dict.fromkeys(FLAGS, 0)
+    dropped = int(records["dropped"].sum()) if records.height else 0
+    return {
+        "in": records.height,
+        "out": records.height - dropped,
+        "dropped": dropped,
+        "dropped_by_flag": {f: n for f, n in flagged.items() if f in config.drop_flags},
+        "flagged_but_kept": {f: n for f, n in flagged.items() if f not in config.drop_flags},
+    }
+
+
+def _progress(total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sample", desc="validate", mininterval=1.0)
+
+
+def validate_generation(
+    config: ValidateConfig, *, tokenizer: Any = None, progress: bool = True
+) -> ValidationResult:
+    """Check every sample of ``config.generation_dir``; write records, summary and the staged export."""
+    started = time.perf_counter()
+    output = open_generation(config.generation_dir)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+    spec = config.mask_spec()
+    index = index_corpus(output, config.duplicate_answer_min_prompts)
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    writer = export.ExportWriter(out_dir, jsonl=config.export_jsonl, tokens=config.export_tokens)
+    parts: list[pl.DataFrame] = []
+    bar = _progress(output.rows) if progress else None
+    try:
+        for batch in iter_batches(output, config.batch_size):
+            frame = batch.frame
+            masks = build_masks(
+                tokenizer,
+                frame["messages"].to_list(),
+                frame["reasoning_content"].to_list(),
+                frame["content"].to_list(),
+                spec,
+                keep_ids=config.export_tokens,
+            )
+            records = flag_batch(frame, masks, config, index)
+            writer.write(frame, masks, (~records["dropped"]).to_numpy())
+            parts.append(records)
+            if bar is not None:
+                bar.update(frame.height)
+    finally:
+        if bar is not None:
+            bar.close()
+    records = pl.concat(parts, how="vertical_relaxed")
+    counts = count_flags(records, config)
+    writer.close(counts)
+    result = ValidationResult(
+        config=config,
+        output=output,
+        records=records,
+        index=index,
+        counts=counts,
+        seconds=time.perf_counter() - started,
+    )
+    records.write_parquet(out_dir / RECORDS_FILE)
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary(result), indent=2) + "\n")
+    return result
+
+
+def summary(result: ValidationResult) -> dict[str, Any]:
+    return {
+        "generation_dir": str(result.output.directory),
+        "shards": len(result.output.shards),
+        "counts": result.counts,
+        "degenerate_share": result.degenerate_share,
+        "max_degenerate_share": result.config.max_degenerate_share,
+        "passed": result.passed,
+        "seconds": round(result.seconds, 3),
+        "config": result.config.public_dict(),
+    }
+
+
+def gate_message(result: ValidationResult) -> str:
+    counts = result.counts
+    worst = sorted(counts["dropped_by_flag"].items(), key=lambda item: -item[1])
+    top = ", ".join(f"{flag} {n}" for flag, n in worst if n) or "none"
+    verdict = "PASS" if result.passed else "FAIL"
+    return (
+        f"{verdict}: {counts['dropped']} of {counts['in']} samples degenerate "
+        f"({result.degenerate_share:.1%}; threshold max_degenerate_share={result.config.max_degenerate_share:.1%}). "
+        f"Dropped by flag: {top}."
+    )
+
+
+def require_fit_to_train(result: ValidationResult) -> str:
+    """The gate: return the PASS line, or raise ValidationGateError so papermill (and the pipeline) stops."""
+    message = gate_message(result)
+    if not result.passed:
+        staged = result.out_dir / export.STAGING
+        raise ValidationGateError(
+            f"{message} The export was not published (left in {staged}); look at the flag examples above, "
+            "fix generation, or raise max_degenerate_share if these samples are acceptable."
+        )
+    return message
+
+
+def finalize_export(result: ValidationResult) -> Path:
+    """Publish the staged export as ``out_dir/export`` (only for a result that passed the gate)."""
+    if not result.passed:
+        raise ValidationGateError(gate_message(result) + " The export is not published for a failed gate.")
+    return export.finalize(result.out_dir)

@@ -1,0 +1,140 @@
+"""Tables and the plot validate.ipynb shows: flag counts and rates, examples per flag, the mask-sum histogram."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from draftgen.validate.config import FLAGS
+from draftgen.validate.pipeline import ValidationResult
+
+EXAMPLE_COLUMNS = (
+    "id",
+    "shard",
+    "row",
+    "finish_reason",
+    "mask_sum",
+    "n_tokens",
+    "answer",
+    "reasoning",
+    "mismatch",
+)
+
+
+def flag_table(result: ValidationResult) -> pl.DataFrame:
+    """One row per flag: how many samples carry it, the rate, whether it drops them, and what it means."""
+    records, total = result.records, max(result.samples, 1)
+    return (
+        pl.DataFrame(
+            {
+                "flag": list(FLAGS),
+                "samples": [int(records[f].sum()) if records.height else 0 for f in FLAGS],
+                "drops": [f in result.config.drop_flags for f in FLAGS],
+                "meaning": list(FLAGS.values()),
+            }
+        )
+        .with_columns((pl.col("samples") / total).alias("rate"))
+        .select("flag", "samples", "rate", "drops", "meaning")
+    )
+
+
+def counts_table(result: ValidationResult) -> pl.DataFrame:
+    counts = result.counts
+    rows = [("in", counts["in"]), ("out (exported)", counts["out"]), ("dropped", counts["dropped"])]
+    rows += [(f"  dropped with {flag}", n) for flag, n in counts["dropped_by_flag"].items() if n]
+    rows += [(f"  kept with {flag}", n) for flag, n in counts["flagged_but_kept"].items() if n]
+    return pl.DataFrame({"samples": [r[0] for r in rows], "count": [r[1] for r in rows]}, orient="col")
+
+
+def flag_examples(result: ValidationResult, flag: str, limit: int | None = None) -> pl.DataFrame:
+    limit = result.config.examples_per_flag if limit is None else limit
+    return result.records.filter(pl.col(flag)).head(limit).select(EXAMPLE_COLUMNS)
+
+
+def spikes(
+    mask_sums: np.ndarray, *, min_share: float = 0.02, min_count: int = 10, top: int = 5
+) -> list[tuple[int, int]]:
+    """Exact mask-sum values held by many samples — (value, count), largest first.
+
+    A healthy corpus spreads mask sums over hundreds of values; one value held by >= ``min_share`` of all samples
+    (and >= ``min_count``) is a template artefact: the 6-token empty answers of the user's last run, for one.
+    """
+    if mask_sums.size == 0:
+        return []
+    values, counts = np.unique(mask_sums, return_counts=True)
+    threshold = max(min_count, min_share * mask_sums.size)
+    order = np.argsort(-counts, kind="stable")
+    return [(int(values[i]), int(counts[i])) for i in order[:top] if counts[i] >= threshold]
+
+
+def _preview(text: Any, width: int = 28) -> str:
+    text = "" if text is None else str(text)
+    text = text.replace("\n", "\\n")
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
+
+
+def plot_mask_sums(result: ValidationResult, ax: Any = None) -> Any:
+    """Histogram of supervised tokens per sample, log scale, with each spike annotated by an example."""
+    import matplotlib.pyplot as plt
+
+    records = result.records
+    sums = records["mask_sum"].to_numpy()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 4.5))
+    ax.set_title("How many tokens does each sample's loss mask supervise?")
+    ax.set_xlabel("mask sum (supervised tokens per sample; linear to 32, log above)")
+    ax.set_ylabel("samples (log)")
+    if sums.size == 0:
+        ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center")
+        return ax
+    top = max(int(sums.max()), 33)
+    edges = np.unique(np.concatenate([np.arange(0, 33), np.geomspace(33, top + 1, 40).round()]))
+    edges = np.append(edges, edges[-1] + 1)
+    ax.hist(sums, bins=edges - 0.5, color="#4c72b0", log=True)
+    ax.set_xscale("symlog", linthresh=32)
+    ticks = [0, 1, 2, 4, 8, 16, 32] + [2**k for k in range(6, 17) if 2 ** (k - 1) <= top]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.axvline(result.config.min_assistant_tokens + 0.5, color="#c44e52", linestyle="--", linewidth=1)
+    ax.text(
+        result.config.min_assistant_tokens + 0.7,
+        0.97,
+        f"tiny_mask ≤ {result.config.min_assistant_tokens}",
+        color="#c44e52",
+        transform=ax.get_xaxis_transform(),
+        va="top",
+        fontsize=8,
+    )
+    for rank, (value, count) in enumerate(spikes(sums)):
+        example = records.filter(pl.col("mask_sum") == value).row(0, named=True)
+        label = (
+            f"mask sum {value}: {count} samples ({count / sums.size:.0%})\n"
+            f"e.g. {example['id']}: answer {_preview(example['answer'])}, "
+            f"reasoning {_preview(example['reasoning'])}"
+        )
+        ax.annotate(
+            label,
+            xy=(value, count),
+            xytext=(0.35, 0.9 - 0.17 * rank),
+            textcoords="axes fraction",
+            fontsize=8,
+            arrowprops={"arrowstyle": "->", "color": "#555555"},
+            bbox={"boxstyle": "round", "fc": "#fff8e1", "ec": "#999999"},
+        )
+    return ax
+
+
+def plot_flag_rates(result: ValidationResult, ax: Any = None) -> Any:
+    """Bar chart: which defects, and how common?"""
+    import matplotlib.pyplot as plt
+
+    table = flag_table(result)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4))
+    colors = ["#c44e52" if drops else "#8c8c8c" for drops in table["drops"]]
+    ax.barh(table["flag"].to_list(), (table["rate"] * 100).to_list(), color=colors)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of samples (red: dropped from the export)")
+    ax.set_title("Which defects does the generated data have, and how often?")
+    return ax

@@ -1,0 +1,181 @@
+"""Planted generation outputs for the validate tests, written with polars in DESIGN.md's shard contract.
+
+``clean_rows(n)`` are samples no check should flag; ``planted_rows()`` holds at least one sample per flag, each
+with the flag it must raise. ``write_generation(folder, rows)`` writes ``shards/*.parquet`` + ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import polars as pl
+
+WORDS = (
+    "so we need the sum of each term then check the value again because the list is sorted and the loop "
+    "runs over every index until the result equals the target number which gives two cases to compare"
+).split()
+MESSAGE = pl.Struct({"role": pl.String, "content": pl.String})
+SCHEMA = {
+    "id": pl.String,
+    "messages": pl.List(MESSAGE),
+    "reasoning_content": pl.String,
+    "content": pl.String,
+    "finish_reason": pl.String,
+    "prompt_tokens": pl.Int64,
+    "completion_tokens": pl.Int64,
+    "spec_accept_length": pl.Float64,
+    "spec_verify_ct": pl.Int64,
+    "server": pl.String,
+    "latency_s": pl.Float64,
+    "attempts": pl.Int64,
+}
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+def row(
+    sample_id: str,
+    *,
+    reasoning: str | None,
+    content: str | None,
+    finish_reason: str | None = "stop",
+    messages: list[dict] | None = None,
+) -> dict:
+    return {
+        "id": sample_id,
+        "messages": messages or [{"role": "user", "content": f"Question {sample_id}: what is the sum?"}],
+        "reasoning_content": reasoning,
+        "content": content,
+        "finish_reason": finish_reason,
+        "prompt_tokens": 20,
+        "completion_tokens": 100,
+        "spec_accept_length": 3.1,
+        "spec_verify_ct": 30,
+        "server": "http://127.0.0.1:30000",
+        "latency_s": 1.5,
+        "attempts": 1,
+    }
+
+
+def clean_rows(count: int, seed: int = 0, prefix: str = "clean") -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        messages = [{"role": "user", "content": f"Task {i}: {_text(rng, 12)}"}]
+        if i % 4 == 1:
+            messages.insert(0, {"role": "system", "content": "You answer concisely and precisely."})
+        if i % 4 == 2:  # multi-turn history: an earlier assistant turn inside the prompt
+            messages = [
+                {"role": "user", "content": f"First {i}: {_text(rng, 6)}"},
+                {"role": "assistant", "content": _text(rng, 10)},
+                {"role": "user", "content": f"Then {i}: {_text(rng, 8)}"},
+            ]
+        answer = f"Answer {i}: {_text(rng, rng.randint(8, 30))}"
+        rows.append(
+            row(
+                f"{prefix}-{i:04d}",
+                reasoning=_text(rng, rng.randint(20, 60)),
+                content=answer,
+                messages=messages,
+            )
+        )
+    return rows
+
+
+def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[dict, str]]:
+    """(row, the flag it must raise): every flag at least once."""
+    rng = random.Random(rng_seed)
+    think = _text(rng, 30)
+    long_answer = " ".join(_text(rng, 40) for _ in range(12))
+    planted = [
+        (row("bad-empty-answer", reasoning=think, content=""), "empty_answer"),
+        (row("bad-null-answer", reasoning=think, content=None), "empty_answer"),
+        (
+            row("bad-empty-reasoning", reasoning="", content="The sum is 12, " + _text(rng, 20)),
+            "empty_reasoning",
+        ),
+        (
+            row("bad-unclosed", reasoning=think + " and then", content=None, finish_reason="length"),
+            "unclosed_think",
+        ),
+        (
+            row("bad-unclosed-raw", reasoning=think, content="<think>\nlet me see " + _text(rng, 20)),
+            "unclosed_think",
+        ),
+        (
+            row(
+                "bad-truncated",
+                reasoning=think,
+                content="The sum is " + _text(rng, 20),
+                finish_reason="length",
+            ),
+            "truncated",
+        ),
+        (
+            row("bad-no-finish", reasoning=think, content="The sum is " + _text(rng, 20), finish_reason=None),
+            "truncated",
+        ),
+        (row("bad-six", reasoning="", content="OK."), "tiny_mask"),
+        (row("bad-tiny", reasoning="Easy.", content="OK."), "tiny_mask"),
+        (row("bad-long", reasoning=think, content=long_answer), "over_max_length"),
+        (
+            row("bad-markers", reasoning=think, content="</think>\n\nThe sum is " + _text(rng, 10)),
+            "think_markers_in_answer",
+        ),
+        (
+            row("bad-fffd", reasoning=think, content="The sum is \ufffd\ufffd " + _text(rng, 10)),
+            "invalid_text",
+        ),
+        (row("bad-nul", reasoning=think + "\x00", content="The sum is " + _text(rng, 10)), "invalid_text"),
+        (
+            row("bad-surrogate", reasoning=think, content="Smile \\ud83d then " + _text(rng, 10)),
+            "invalid_text",
+        ),
+        (
+            row(
+                "bad-prompt-text",
+                reasoning=think,
+                content="The sum is " + _text(rng, 10),
+                messages=[{"role": "user", "content": "Broken \ufffd prompt"}],
+            ),
+            "invalid_text",
+        ),
+        (
+            row(
+                "bad-template",  # the prompt ends with an assistant turn: rendered as final turn vs as history
+                reasoning=think,
+                content="The sum is " + _text(rng, 10),
+                messages=[
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello there."},
+                ],
+            ),
+            "template_mismatch",
+        ),
+    ]
+    for i in range(duplicate_prompts):
+        planted.append(
+            (
+                row(f"bad-dup-{i}", reasoning=_text(rng, 25), content="I cannot help with that request."),
+                "duplicate_answer",
+            )
+        )
+    return planted
+
+
+def write_generation(folder: Path, rows: list[dict], shard_size: int = 25) -> Path:
+    """DESIGN.md's generation output: shards/part-NNNNN.parquet of ``shard_size`` rows, and manifest.json."""
+    shards = folder / "shards"
+    shards.mkdir(parents=True, exist_ok=True)
+    names = []
+    for start in range(0, len(rows), shard_size):
+        name = f"part-{start // shard_size:05d}.parquet"
+        pl.DataFrame(rows[start : start + shard_size], schema=SCHEMA).write_parquet(shards / name)
+        names.append(name)
+    manifest = {"counts": {"done": len(rows)}, "shards": names}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
