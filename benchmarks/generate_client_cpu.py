@@ -1,0 +1,186 @@
+"""Figure (a): client CPU per completed request — draftgen's dispatch against a bare aiohttp request loop.
+
+All three clients send the same chat requests (same prompts, max_tokens, thinking on) to the same simulated fleet on
+the `instant` profile (no simulated GPU time, so the client's own cost is what is left), with the same number
+in flight per server. CPU is this process's user+system time (resource.getrusage), so the servers' work (other
+processes) is not counted. draftgen's figure includes everything a real run does: retries bookkeeping, the
+garbage guard, progress bar, parquet shards with fsync, and the manifest.
+
+    .venv/bin/python benchmarks/generate_client_cpu.py [--servers 2] [--requests 3000] [--concurrency 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from draftgen.client import ServerClient
+from draftgen.generate import GenerateConfig, generate, preflight
+from draftgen.params import SamplingParams, build_config
+from draftgen.prompts import PromptRow, iter_prompts
+from draftgen.sim import SimFleet
+from draftgen.synthetic import write_synthetic
+
+MODEL = "Qwen/Qwen3.6-27B"
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def bare_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int) -> int:
+    """The leanest honest client: one aiohttp session, C workers per server, JSON in, JSON out."""
+    queue: asyncio.Queue[PromptRow] = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+    done = 0
+
+    async def worker(session: aiohttp.ClientSession, url: str) -> None:
+        nonlocal done
+        while not queue.empty():
+            prompt = queue.get_nowait()
+            body = {
+                "model": MODEL,
+                "messages": list(prompt.messages),
+                "max_tokens": max_tokens,
+                "temperature": 0.6,
+                "top_p": 0.95,
+                "chat_template_kwargs": {"enable_thinking": True},
+            }
+            async with session.post(f"{url}/v1/chat/completions", json=body) as reply:
+                data = await reply.json()
+            if data["choices"][0]["finish_reason"]:
+                done += 1
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with asyncio.TaskGroup() as group:
+            for url in urls:
+                for _ in range(concurrency):
+                    group.create_task(worker(session, url))
+    return done
+
+
+async def sdk_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int) -> int:
+    """The same loop through draftgen's ServerClient.chat (one AsyncOpenAI per server): the SDK's share."""
+    queue: asyncio.Queue[PromptRow] = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+    sampling = SamplingParams(max_tokens=max_tokens)
+    done = 0
+
+    async def worker(client: ServerClient) -> None:
+        nonlocal done
+        while not queue.empty():
+            prompt = queue.get_nowait()
+            result = await client.chat(prompt.messages, sampling, MODEL)
+            if result.finish_reason:
+                done += 1
+
+    clients = [ServerClient(url) for url in urls]
+    try:
+        async with asyncio.TaskGroup() as group:
+            for client in clients:
+                for _ in range(concurrency):
+                    group.create_task(worker(client))
+    finally:
+        for client in clients:
+            await client.close()
+    return done
+
+
+def measure(label: str, run) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    count = run()
+    cpu, wall = cpu_seconds() - cpu0, time.perf_counter() - wall0
+    print(
+        f"{label:<28} {count:>6} requests  {wall:6.2f} s wall  {cpu:6.2f} s CPU  {1000 * cpu / count:6.3f} ms CPU/request  {count / wall:7.1f} req/s"
+    )
+    return cpu, wall, count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=16, help="in flight per server")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="draftgen-bench-") as tmp,
+        SimFleet(servers=args.servers, profile="instant", work_dir=Path(tmp) / "sim") as fleet,
+    ):
+        path = Path(tmp) / "prompts.jsonl"
+        write_synthetic(path, args.requests, seed=1)
+        prompts = [r for r in iter_prompts(path) if isinstance(r, PromptRow)]
+        print(
+            f"{args.servers} simulated servers (instant), {args.requests} requests, {args.concurrency} in flight each"
+        )
+        # warm both paths once (imports, connection pools)
+        asyncio.run(bare_loop(fleet.urls, prompts[:50], 4, args.max_tokens))
+        bare = measure(
+            "bare aiohttp loop",
+            lambda: asyncio.run(bare_loop(fleet.urls, prompts, args.concurrency, args.max_tokens)),
+        )
+        asyncio.run(sdk_loop(fleet.urls, prompts[:50], 4, args.max_tokens))
+        sdk = measure(
+            "ServerClient.chat loop (SDK)",
+            lambda: asyncio.run(sdk_loop(fleet.urls, prompts, args.concurrency, args.max_tokens)),
+        )
+        config = build_config(
+            GenerateConfig,
+            {
+                "servers": fleet.urls,
+                "model": MODEL,
+                "prompts": str(path),
+                "out_dir": str(Path(tmp) / "run"),
+                "max_tokens": args.max_tokens,
+                "concurrency_per_server": args.concurrency,
+                "batch_save_size": 500,
+                "canary": False,
+            },
+        )
+
+        async def draftgen_run() -> int:
+            plan = await preflight(config)
+            cpu0 = cpu_seconds()
+            result = await generate(config, plan)
+            draftgen_run.generate_cpu = cpu_seconds() - cpu0  # type: ignore[attr-defined]
+            return result.completed
+
+        ours = measure("draftgen (preflight + run)", lambda: asyncio.run(draftgen_run()))
+        generate_cpu = draftgen_run.generate_cpu  # type: ignore[attr-defined]
+        print(
+            f"{'  of which generate()':<28} {ours[2]:>6} requests  {'':>14}  {generate_cpu:6.2f} s CPU  {1000 * generate_cpu / ours[2]:6.3f} ms CPU/request"
+        )
+    per_bare = bare[0] / bare[2]
+    per_sdk = sdk[0] / sdk[2]
+    per_ours = generate_cpu / ours[2]
+    print(f"draftgen / bare aiohttp loop: {per_ours / per_bare:.2f}x CPU per request")
+    print(f"  openai SDK loop / bare aiohttp loop: {per_sdk / per_bare:.2f}x (the client library)")
+    print(
+        f"  draftgen / openai SDK loop: {per_ours / per_sdk:.2f}x (dispatch, guard, store, progress on top)"
+    )
+    print(
+        json.dumps(
+            {
+                "bare_ms_cpu_per_request": round(1000 * per_bare, 3),
+                "sdk_ms_cpu_per_request": round(1000 * per_sdk, 3),
+                "draftgen_ms_cpu_per_request": round(1000 * per_ours, 3),
+                "ratio_draftgen_to_bare": round(per_ours / per_bare, 2),
+                "ratio_draftgen_to_sdk": round(per_ours / per_sdk, 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
