@@ -28,7 +28,10 @@ class FleetError(RuntimeError):
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server could listen on ``port`` now. Like the servers, binds with SO_REUSEADDR, so a port
+    whose last connections linger in TIME_WAIT (a fleet just stopped) counts as free; a listener does not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
