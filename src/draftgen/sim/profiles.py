@@ -70,11 +70,11 @@ B200_MTP = Profile(
     context_length=262_144,
 )
 
-# RTX PRO 6000 (96 GB), same model, no speculation. Alone: 1 / 29 ms = 34 tok/s;
+# RTX PRO 6000 (96 GB), same model, no speculation. Alone: 1 / (29 ms + 2.05 ms) = 32 tok/s;
 # batch 64: 64 / (29 ms + 64 * 2.05 ms) = 395 tok/s per GPU aggregate.
 RTX_PRO_6000 = Profile(
     name="rtx-pro-6000",
-    description="RTX PRO 6000 + Qwen3.6-27B, no MTP: ~34 tok/s alone, ~400 tok/s per GPU at batch 64",
+    description="RTX PRO 6000 + Qwen3.6-27B, no MTP: ~32 tok/s alone, ~400 tok/s per GPU at batch 64",
     step_base_s=0.029,
     step_per_req_s=0.00205,
     prefill_base_s=0.01,
