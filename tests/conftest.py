@@ -1,0 +1,53 @@
+"""Shared pytest fixtures. Each block names its owner's topic; add yours in a block of its own.
+
+Simulator fixtures (tests/test_sim_*.py and anyone who needs a server):
+  * ``sim_fleet`` — a factory: ``fleet = sim_fleet(servers=1, profile="instant", faults=[...])`` returns a
+    started ``SimFleet`` (healthy unless ``wait=`` says otherwise); every fleet it made is stopped and its
+    files removed when the test ends, pass or fail.
+  * ``shared_sim_fleet`` — one session-wide fleet of three b200-mtp servers at speed 50, speaking the three
+    SGLang response shapes: ``urls[0]`` 0.5.4, ``urls[1]`` 0.5.9, ``urls[2]`` 0.5.23 (the default shape).
+    For tests that only send requests; never kill or restart it, and measure its counters as differences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from draftgen.sim import SimFleet
+
+SHARED_SIM_SHAPES = ("0.5.4", "0.5.9", "0.5.23")
+
+
+@pytest.fixture
+def sim_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SimFleet]]:
+    made: list[SimFleet] = []
+
+    def make(*, wait: str = "healthy", timeout: float = 60.0, **options: object) -> SimFleet:
+        options.setdefault("servers", 1)
+        options.setdefault("work_dir", tmp_path_factory.mktemp("sim"))
+        fleet = SimFleet(**options)  # type: ignore[arg-type]
+        made.append(fleet)
+        fleet.start(wait=wait, timeout=timeout)
+        return fleet
+
+    yield make
+    for fleet in made:
+        fleet.cleanup()
+
+
+@pytest.fixture(scope="session")
+def shared_sim_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
+    fleet = SimFleet(
+        servers=len(SHARED_SIM_SHAPES),
+        profile="b200-mtp",
+        speed=50.0,
+        per_server_faults={i: [f"sglang_version={shape}"] for i, shape in enumerate(SHARED_SIM_SHAPES)},
+        work_dir=tmp_path_factory.mktemp("shared-sim"),
+    )
+    fleet.start()
+    try:
+        yield fleet
+    finally:
+        fleet.cleanup()

@@ -1,0 +1,129 @@
+"""Raw-HTTP helpers for the simulator tests (stdlib urllib, so they read exactly what goes over the wire)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+USER = [{"role": "user", "content": "What is 17 times 23? Show the steps."}]
+
+
+def post(url: str, body: dict, timeout: float = 30.0) -> tuple[int, bytes]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def post_json(url: str, body: dict, timeout: float = 30.0) -> tuple[int, dict]:
+    status, raw = post(url, body, timeout)
+    return status, json.loads(raw) if raw else {}
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def get_json(url: str) -> dict:
+    status, raw = get(url)
+    assert status == 200, (url, status, raw)
+    return json.loads(raw)
+
+
+def sse_lines(raw: bytes) -> list[str]:
+    """The ``data:`` payloads of an SSE body, in order; asserts the framing (``data: ...`` + blank line)."""
+    text = raw.decode()
+    assert text.endswith("\n\n"), text[-200:]
+    payloads = []
+    for event in text.split("\n\n")[:-1]:
+        assert event.startswith("data: "), event
+        payloads.append(event[len("data: ") :])
+    return payloads
+
+
+def sse_json(raw: bytes) -> tuple[list[dict], bool]:
+    """(JSON events, whether the stream ended with ``data: [DONE]``)."""
+    lines = sse_lines(raw)
+    done = bool(lines) and lines[-1] == "[DONE]"
+    if done:
+        lines = lines[:-1]
+    assert "[DONE]" not in lines
+    return [json.loads(line) for line in lines], done
+
+
+def scrape(base_url: str) -> dict[str, object]:
+    """/metrics parsed with prometheus_client: family name → family."""
+    status, raw = get(f"{base_url}/metrics")
+    assert status == 200
+    return {family.name: family for family in text_string_to_metric_families(raw.decode())}
+
+
+def sample_value(families: dict, family: str, sample: str | None = None) -> float:
+    name = sample or family
+    values = [s.value for s in families[family].samples if s.name == name]
+    assert len(values) == 1, (family, name, families[family].samples)
+    return values[0]
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
+    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds (a wait, not a timing test)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def truth_for(fleet, rid: str, index: int | None = None, timeout: float = 20.0) -> dict:
+    """The ground-truth record of request ``rid`` (waits for the server to write it)."""
+
+    def find() -> dict | None:
+        matches = [r for r in fleet.truth(index) if r["rid"] == rid]
+        assert len(matches) <= 1, f"request {rid} recorded {len(matches)} times"
+        return matches[0] if matches else None
+
+    return wait_for(find, timeout, f"truth record of {rid}")  # type: ignore[return-value]
+
+
+async def post_many(url: str, bodies: list[dict], limit_s: float = 60.0) -> list[tuple[int, dict]]:
+    """POST every body at once (one aiohttp session): [(status, JSON reply)] in order."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit_s)) as session:
+
+        async def one(body: dict) -> tuple[int, dict]:
+            async with session.post(url, json=body) as response:
+                return response.status, await response.json(content_type=None)
+
+        return list(await asyncio.gather(*(one(body) for body in bodies)))
+
+
+def max_overlap(records: list[dict]) -> int:
+    """Most requests running at once according to the truth ([admitted, finished] intervals)."""
+    events = []
+    for record in records:
+        if record.get("admitted") is not None:
+            events.append((record["admitted"], 1))
+            events.append((record["finished"], -1))
+    events.sort(key=lambda e: (e[0], e[1]))  # at a tie, a finish frees its slot before an admission
+    running = peak = 0
+    for _, change in events:
+        running += change
+        peak = max(peak, running)
+    return peak

@@ -1,0 +1,158 @@
+"""The process fleet (kill one, restart it), `draftgen sim` shutdown without orphans, and bad CLI input."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from sim_helpers import USER, post_json, wait_for
+
+from draftgen.cli import main
+from draftgen.sim.fleet import find_free_base_port, http_status, port_is_free
+
+
+def answer(url: str, messages=USER) -> tuple[str, str]:
+    status, reply = post_json(
+        f"{url}/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": 300}
+    )
+    assert status == 200, reply
+    message = reply["choices"][0]["message"]
+    return message["reasoning_content"], message["content"]
+
+
+def test_one_server_killed_alone_and_restarted(sim_fleet):
+    fleet = sim_fleet(profile="b200-mtp", speed=50, servers=2)
+    first = answer(fleet.urls[0])
+    assert answer(fleet.urls[1]) == first  # same prompt, same completion on every server
+    fleet.kill(0)
+    assert not fleet.alive(0) and fleet.returncode(0) == -signal.SIGKILL
+    assert http_status(f"{fleet.urls[0]}/health") is None  # refused
+    assert fleet.alive(1) and answer(fleet.urls[1]) == first  # the neighbour carries on
+    fleet.restart(0)
+    assert fleet.alive(0) and http_status(f"{fleet.urls[0]}/health") == 200
+    assert answer(fleet.urls[0]) == first  # and across runs of the process
+    assert answer(fleet.urls[0], [{"role": "user", "content": "Something else."}]) != first
+    assert [r["kind"] for r in fleet.truth(0)].count("warmup") == 2  # truth survives the restart
+
+
+# ----- `draftgen sim` as a subprocess ----------------------------------------------------------------------
+def _draftgen() -> str:
+    return str(Path(sys.executable).with_name("draftgen"))
+
+
+def _start_cli(tmp_path: Path, servers: int = 2) -> tuple[subprocess.Popen, list[psutil.Process], int]:
+    base = find_free_base_port(servers)
+    proc = subprocess.Popen(
+        [
+            _draftgen(),
+            "sim",
+            "--servers",
+            str(servers),
+            "--base-port",
+            str(base),
+            "--speed",
+            "50",
+            "--work-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, like a shell job
+    )
+    lines = []
+    while True:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if not line or "listening" in line:
+            break
+    assert "listening" in lines[-1], "".join(lines) + proc.stderr.read()
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) == servers
+    wait_for(
+        lambda: all(http_status(f"http://127.0.0.1:{base + i}/health") == 200 for i in range(servers)),
+        60,
+        "healthy",
+    )
+    return proc, children, base
+
+
+def _assert_no_orphans(children: list[psutil.Process], base: int, servers: int) -> None:
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert alive == [], [p.pid for p in alive]
+    assert wait_for(lambda: all(port_is_free(base + i) for i in range(servers)), 10, "ports to be released")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_draftgen_sim_stops_every_server(tmp_path, how):
+    proc, children, base = _start_cli(tmp_path)
+    try:
+        if how == "ctrl-c":
+            import os
+
+            os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+        else:
+            proc.send_signal(signal.SIGTERM)  # e.g. `kill PID` or a job scheduler, parent only
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "stopped" in out
+    _assert_no_orphans(children, base, 2)
+
+
+def test_draftgen_sim_killed_hard_leaves_no_servers(tmp_path):
+    proc, children, base = _start_cli(tmp_path)
+    proc.kill()  # SIGKILL: no chance to clean up; the servers must notice their parent is gone
+    proc.wait(timeout=10)
+    _assert_no_orphans(children, base, 2)
+
+
+# ----- bad CLI input ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--profile", "h100"], "unknown profile 'h100'"),
+        (["--fault", "bogus=1"], "unknown fault 'bogus'"),
+        (["--fault", "error_rate"], "expected KEY=VALUE"),
+        (["--fault", "error_rate=2"], "between 0 and 1"),
+        (["--fault", "crash_after=soon"], "crash_after"),
+        (["--servers", "0"], "--servers"),
+        (["--speed", "0"], "speed"),
+        (["--base-port", "70000"], "70000"),
+    ],
+)
+def test_bad_sim_arguments_give_one_line_and_exit_2(capsys, args, message):
+    assert main(["sim", "--base-port", str(find_free_base_port(1)), *args]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("draftgen sim: error:"), captured.err
+    assert message in lines[0]
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_port_in_use_gives_one_line_and_exit_2(tmp_path):
+    base = find_free_base_port(3)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", base + 1))  # the second port of the range
+        blocker.listen()
+        started = time.monotonic()
+        result = subprocess.run(
+            [_draftgen(), "sim", "--servers", "3", "--base-port", str(base), "--work-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {base + 1} already in use" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 60
+    assert all(port_is_free(base + i) for i in (0, 2))  # nothing was left listening
