@@ -1,0 +1,128 @@
+"""Figure (b): fleet utilization with one of seven servers three times slower.
+
+Seven simulated B200 + MTP servers, server 3 with ``slow=3``. generate() runs a prompt set with the production
+settings (64 in flight per server). Utilization = tokens the fleet actually produced ÷ the servers' summed
+capacity, both from the simulator: produced tokens come from its ground-truth records (each request's tokens
+spread over its first-token → finish interval), capacity from /sim/info at the server's batch cap (speed and
+``slow`` included). The steady window runs from ``--ramp`` seconds after the first request to the moment the
+last prompt was sent (after that the queue is empty and the fleet can only drain). Whole-run utilization,
+ramp and drain included, is printed too.
+
+    .venv/bin/python benchmarks/generate_fleet_utilization.py [--prompts 4000] [--speed 4] [--max-tokens 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from draftgen.generate import GenerateConfig, generate, preflight
+from draftgen.params import build_config
+from draftgen.sim import SimFleet
+from draftgen.synthetic import write_synthetic
+
+MODEL = "Qwen/Qwen3.6-27B"
+
+
+def tokens_in(record: dict, t0: float, t1: float) -> float:
+    """Tokens of one request produced inside [t0, t1], spread evenly over first token → finish."""
+    start, end = record.get("first_token"), record["finished"]
+    tokens = record.get("completion_tokens") or 0
+    if start is None or tokens == 0:
+        return 0.0
+    if end <= start:
+        return float(tokens) if t0 <= end <= t1 else 0.0
+    overlap = max(0.0, min(end, t1) - max(start, t0))
+    return tokens * overlap / (end - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=4000)
+    parser.add_argument("--speed", type=float, default=4.0, help="simulated clock speed-up")
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--ramp", type=float, default=10.0, help="seconds excluded at the start")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="draftgen-bench-") as tmp:
+        fleet = SimFleet(
+            servers=7,
+            profile="b200-mtp",
+            speed=args.speed,
+            per_server_faults={3: ["slow=3"]},
+            work_dir=Path(tmp) / "sim",
+        )
+        with fleet:
+            path = Path(tmp) / "prompts.jsonl"
+            write_synthetic(path, args.prompts, seed=2)
+            config = build_config(
+                GenerateConfig,
+                {
+                    "servers": fleet.urls,
+                    "model": MODEL,
+                    "prompts": str(path),
+                    "out_dir": str(Path(tmp) / "run"),
+                    "max_tokens": args.max_tokens,
+                    "concurrency_per_server": args.concurrency,
+                    "max_truncated_rate": 1.0,
+                    "canary": False,
+                },
+            )
+
+            async def run():  # type: ignore[no-untyped-def]
+                plan = await preflight(config)
+                return await generate(config, plan)
+
+            started = time.time()
+            result = asyncio.run(run())
+            ended = time.time()
+            infos = [fleet.info(i) for i in range(7)]
+            records = [r for r in fleet.truth() if r.get("kind") == "chat" and r.get("outcome") == "ok"]
+    caps = []
+    for info in infos:
+        batch = min(args.concurrency, info["profile"]["max_running_requests"])
+        curve = {int(k): v for k, v in info["capacity_tok_s_by_batch"].items()}
+        caps.append(curve[batch] if batch in curve else curve[max(b for b in curve if b <= batch)])
+    capacity = sum(caps)
+    t_first = min(r["arrival"] for r in records)
+    t_last_sent = max(r["arrival"] for r in records)
+    t0, t1 = t_first + args.ramp, t_last_sent
+    by_server: dict[str, float] = defaultdict(float)
+    rows: dict[str, int] = defaultdict(int)
+    for record in records:
+        by_server[record["server"]] += tokens_in(record, t0, t1)
+        rows[record["server"]] += 1
+    window = t1 - t0
+    achieved = sum(by_server.values()) / window
+    whole = sum(r["completion_tokens"] for r in records) / (ended - started)
+    print(
+        f"7 servers (b200-mtp, speed {args.speed:g}), server 3 slow=3; {args.prompts} prompts, "
+        f"max_tokens {args.max_tokens}, {args.concurrency} in flight per server; {result}"
+    )
+    for index in range(len(infos)):
+        url = fleet.urls[index]
+        print(
+            f"  server {index} {url}: capacity {caps[index]:8,.0f} tok/s  achieved {by_server[url] / window:8,.0f} "
+            f"tok/s ({by_server[url] / window / caps[index]:.3f})  {rows[url]:5} requests"
+        )
+    print(f"steady window {window:.1f} s: achieved {achieved:,.0f} tok/s of {capacity:,.0f} summed capacity")
+    print(f"utilization (steady) = {achieved / capacity:.3f}   (goal >= 0.97)")
+    print(f"utilization (whole run, ramp and drain included) = {whole / capacity:.3f}")
+    print(
+        json.dumps(
+            {
+                "utilization_steady": round(achieved / capacity, 4),
+                "utilization_whole_run": round(whole / capacity, 4),
+                "window_s": round(window, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
