@@ -1,0 +1,76 @@
+"""The benchmark notebook's validated, frozen configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from draftgen.generate.config import SYNTHETIC
+from draftgen.params import FleetParams, PositiveInt, SamplingParams
+from draftgen.synthetic import BUNDLED_PROMPTS
+
+DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]
+WARMUP_MAX_TOKENS = (
+    128  # warm-up requests are short: they only wake the server (graphs, caches), never measured
+)
+
+
+class BenchmarkConfig(FleetParams, SamplingParams):
+    prompts: str = SYNTHETIC  # .jsonl/.parquet sample of the real prompts, or "synthetic" (the bundled set)
+    num_prompts: PositiveInt = 128  # requests per server at each concurrency level
+    concurrencies: list[PositiveInt] = Field(
+        default_factory=lambda: list(DEFAULT_CONCURRENCIES), min_length=1
+    )
+    warmup_requests: Annotated[int, Field(ge=0)] = 4  # per server, before the first level; not measured
+    parallel_servers: bool = True  # benchmark all servers at once (one GPU each, independent)
+    knee_fraction: Annotated[float, Field(gt=0, le=1)] = 0.95  # knee: least concurrency reaching this share
+    seed: int = 0  # which prompts are sampled from the file
+    out_dir: str = "outputs/benchmark/interactive"  # results.parquet, requests.parquet and plots go here
+
+    @field_validator("api_key_env", "top_k", "min_p", mode="before")
+    @classmethod
+    def _unset(cls, value: object) -> object:
+        """Notebook literals cannot be ``None`` for papermill: "" / 0 mean "not set" (as in generate)."""
+        return None if value == "" or (type(value) in (int, float) and value == 0) else value
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _distinct(cls, levels: list[int]) -> list[int]:
+        duplicates = sorted({c for c in levels if levels.count(c) > 1})
+        if duplicates:
+            raise ValueError(f"concurrency levels listed more than once: {duplicates}")
+        return sorted(levels)
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompt_file(cls, path: str) -> str:
+        if path in ("", SYNTHETIC):
+            return path
+        if not Path(path).is_file():
+            raise ValueError(
+                f"prompt file {path} does not exist (give a .jsonl/.parquet path, or 'synthetic')"
+            )
+        if Path(path).suffix not in (".jsonl", ".parquet"):
+            raise ValueError(f"prompt file {path} must be .jsonl or .parquet")
+        return path
+
+    @property
+    def prompt_path(self) -> Path:
+        return Path(self.prompts) if self.prompts not in ("", SYNTHETIC) else BUNDLED_PROMPTS
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            enable_thinking=self.enable_thinking,
+        )
+
+    def prompts_needed(self) -> int:
+        """Distinct prompts wanted: every server × level gets its own slice while the sample lasts."""
+        return len(self.servers) * len(self.concurrencies) * self.num_prompts

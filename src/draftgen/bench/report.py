@@ -1,0 +1,358 @@
+"""Benchmark records → tables (results.parquet, requests.parquet, occupancy.parquet), the knee, and plots."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from matplotlib.figure import Figure
+
+from draftgen.bench.occupancy import occupancy_frame
+from draftgen.bench.run import BenchmarkRun, ServerFacts
+from draftgen.bench.stats import level_row, request_rows
+
+RESULTS_FILE = "results.parquet"
+REQUESTS_FILE = "requests.parquet"
+OCCUPANCY_FILE = "occupancy.parquet"
+SUMMARY_FILE = "benchmark.json"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    concurrency_per_server: int
+    knee: int
+    knee_tok_s: float  # mean per-server output tok/s at the knee
+    best_concurrency: int
+    best_tok_s: float
+    max_running_requests: int | None
+    knee_fraction: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class BenchmarkReport:
+    results: pl.DataFrame  # one row per server × level
+    requests: pl.DataFrame  # one row per request
+    occupancy: pl.DataFrame  # seconds and tokens per in-flight count, per server × level
+    fleet: pl.DataFrame  # one row per level, all servers together
+    servers: tuple[ServerFacts, ...]
+    recommendation: Recommendation
+    missing: tuple[str, ...]  # what the servers did not send, fleet-wide, in plain words
+    summary: dict  # what benchmark.json holds
+
+
+def _facts_by_url(run: BenchmarkRun) -> dict[str, ServerFacts]:
+    return {f.url: f for f in run.servers}
+
+
+def fleet_table(results: pl.DataFrame) -> pl.DataFrame:
+    """Per level: fleet output tok/s (sum over servers) and the per-server spread."""
+    return (
+        results.group_by("concurrency")
+        .agg(
+            pl.len().alias("servers"),
+            pl.col("output_tok_s").sum().alias("fleet_output_tok_s"),
+            pl.col("output_tok_s").mean().alias("per_server_tok_s_mean"),
+            pl.col("output_tok_s").min().alias("per_server_tok_s_min"),
+            pl.col("output_tok_s").max().alias("per_server_tok_s_max"),
+            pl.col("requests_per_s").sum().alias("fleet_requests_per_s"),
+            pl.col("ttft_s_p50").median().alias("ttft_s_p50"),
+            pl.col("itl_s_p50").median().alias("itl_s_p50"),
+            pl.col("e2e_s_p50").median().alias("e2e_s_p50"),
+            pl.col("accept_length").mean().alias("accept_length_mean"),
+            pl.col("failed").sum().alias("failed"),
+        )
+        .sort("concurrency")
+    )
+
+
+def find_knee(concurrency: list[int], tok_s: list[float], fraction: float) -> tuple[int, float, int, float]:
+    """(knee, its tok/s, best level, best tok/s): the least concurrency reaching ``fraction`` of the best."""
+    pairs = sorted(
+        (c, t) for c, t in zip(concurrency, tok_s, strict=True) if t is not None and np.isfinite(t)
+    )
+    if not pairs:
+        raise ValueError("no level produced a throughput: every request failed")
+    best_c, best = max(pairs, key=lambda p: p[1])
+    for c, t in pairs:
+        if t >= fraction * best:
+            return c, t, best_c, best
+    return best_c, best, best_c, best
+
+
+def recommend(fleet: pl.DataFrame, servers: tuple[ServerFacts, ...], fraction: float) -> Recommendation:
+    levels = fleet["concurrency"].to_list()
+    knee, knee_tok, best_c, best = find_knee(levels, fleet["per_server_tok_s_mean"].to_list(), fraction)
+    caps = [f.max_running_requests for f in servers if f.max_running_requests]
+    cap = min(caps) if caps else None
+    reason = (
+        f"{knee} is the least measured concurrency reaching {fraction:.0%} of the best mean per-server throughput "
+        f"({best:,.0f} tok/s at {best_c})"
+    )
+    if cap is None:
+        reason += "; the servers do not report max_running_requests, so the batch cap is unknown"
+    elif knee > cap:
+        reason += (
+            f"; it is above max_running_requests={cap}: the extra {knee - cap} requests per server wait in the "
+            "server's queue, which keeps its batch full between one request finishing and the next arriving"
+        )
+    else:
+        above = [c for c in levels if c > cap]
+        if above:
+            reason += f"; levels above max_running_requests={cap} ({', '.join(map(str, above))}) only queue"
+    return Recommendation(
+        concurrency_per_server=knee,
+        knee=knee,
+        knee_tok_s=knee_tok,
+        best_concurrency=best_c,
+        best_tok_s=best,
+        max_running_requests=cap,
+        knee_fraction=fraction,
+        reason=reason,
+    )
+
+
+def fleet_missing(results: pl.DataFrame, servers: tuple[ServerFacts, ...]) -> tuple[str, ...]:
+    notes = []
+    for facts in servers:
+        server_rows = results.filter(pl.col("server") == facts.url)
+        parts = sorted({p for text in server_rows["missing"].to_list() for p in text.split("; ") if p})
+        if facts.max_running_requests is None:
+            parts.append("max_running_requests (/server_info)")
+        if parts:
+            notes.append(f"server {facts.index} {facts.url}: " + "; ".join(parts))
+    return tuple(notes)
+
+
+def build_report(run: BenchmarkRun) -> BenchmarkReport:
+    facts = _facts_by_url(run)
+    max_tokens = run.config.max_tokens
+    request_dicts: list[dict] = []
+    level_dicts: list[dict] = []
+    for level in run.levels:
+        rows = request_rows(level, facts[level.server], max_tokens)
+        request_dicts.extend(rows)
+        level_dicts.append(level_row(level, facts[level.server], rows, max_tokens))
+    requests = pl.DataFrame(request_dicts, infer_schema_length=None)
+    results = pl.DataFrame(level_dicts, infer_schema_length=None).sort(["gpu", "concurrency"])
+    fleet = fleet_table(results)
+    recommendation = recommend(fleet, run.servers, run.config.knee_fraction)
+    missing = fleet_missing(results, run.servers)
+    ok = requests.filter(pl.col("ok"))
+    summary = {
+        "config": run.config.public_dict(),
+        "servers": [asdict(f) for f in run.servers],
+        "recommendation": asdict(recommendation),
+        "missing": list(missing),
+        "max_tokens": max_tokens,
+        "num_servers": len(run.servers),
+        "requests": requests.height,
+        "failed": requests.height - ok.height,
+        "mean_completion_tokens": ok["completion_tokens"].mean() if ok.height else None,
+        "truncated_rate": ok["truncated"].mean() if ok.height else None,
+        "empty_answer_rate": ok["empty_answer"].mean() if ok.height else None,
+        "sample": {
+            "size": run.sample_size,
+            "rows_read": run.sample_rows_read,
+            "rejected": run.sample_rejected,
+        },
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+    }
+    return BenchmarkReport(
+        results=results,
+        requests=requests,
+        occupancy=occupancy_frame(requests),
+        fleet=fleet,
+        servers=run.servers,
+        recommendation=recommendation,
+        missing=missing,
+        summary=summary,
+    )
+
+
+def save_report(report: BenchmarkReport, out_dir: str | Path) -> Path:
+    """Write results.parquet, requests.parquet, occupancy.parquet and benchmark.json into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report.results.write_parquet(out / RESULTS_FILE)
+    report.requests.write_parquet(out / REQUESTS_FILE)
+    report.occupancy.write_parquet(out / OCCUPANCY_FILE)
+    (out / SUMMARY_FILE).write_text(json.dumps(report.summary, indent=2, default=str))
+    return out
+
+
+# ----- plots: one question each -----------------------------------------------------------------------------
+# Figures are built without pyplot: nothing is shown twice in a notebook, nothing leaks between calls.
+def new_figure(figsize: tuple[float, float], ncols: int = 1):  # type: ignore[no-untyped-def]
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(1, ncols)
+
+
+def _levels_axis(ax, levels: list[int]) -> None:  # type: ignore[no-untyped-def]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels)
+    ax.minorticks_off()
+    ax.set_xticklabels([str(c) for c in levels])
+    ax.set_xlabel("requests in flight per server (concurrency)")
+
+
+def plot_throughput(report: BenchmarkReport) -> Figure:
+    fig, ax = new_figure((8, 4.5))
+    levels = report.fleet["concurrency"].to_list()
+    for facts in report.servers:
+        rows = report.results.filter(pl.col("server") == facts.url).sort("concurrency")
+        ax.plot(
+            rows["concurrency"], rows["output_tok_s"], marker="o", lw=1, alpha=0.6, label=f"GPU {facts.index}"
+        )
+    ax.plot(levels, report.fleet["per_server_tok_s_mean"], color="black", lw=2.5, label="mean per server")
+    rec = report.recommendation
+    ax.scatter([rec.knee], [rec.knee_tok_s], s=180, facecolors="none", edgecolors="red", lw=2, zorder=5)
+    ax.annotate(
+        f"knee: {rec.knee}",
+        (rec.knee, rec.knee_tok_s),
+        textcoords="offset points",
+        xytext=(8, -16),
+        color="red",
+    )
+    if rec.max_running_requests:
+        ax.axvline(rec.max_running_requests, color="grey", ls="--", lw=1)
+        ax.annotate(
+            f"max_running_requests={rec.max_running_requests}",
+            (rec.max_running_requests, 0),
+            textcoords="offset points",
+            xytext=(4, 6),
+            color="grey",
+            fontsize=8,
+        )
+    _levels_axis(ax, levels)
+    ax.set_ylabel("output tokens/s per server")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Output tokens/s per server vs concurrency: where is the knee?")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def plot_latency(report: BenchmarkReport) -> Figure:
+    fig, axes = new_figure((13, 4), 3)
+    levels = report.fleet["concurrency"].to_list()
+    for ax, name, label in zip(
+        axes,
+        ("ttft_s", "itl_s", "e2e_s"),
+        ("time to first token", "inter-token latency (per chunk)", "end-to-end latency"),
+        strict=True,
+    ):
+        for facts in report.servers:
+            rows = report.results.filter(pl.col("server") == facts.url).sort("concurrency")
+            ax.plot(rows["concurrency"], rows[f"{name}_p50"], lw=1, alpha=0.5, color="tab:blue")
+            ax.plot(rows["concurrency"], rows[f"{name}_p90"], lw=1, alpha=0.5, color="tab:orange", ls="--")
+        ax.plot([], [], color="tab:blue", label="p50 (one line per server)")
+        ax.plot([], [], color="tab:orange", ls="--", label="p90")
+        _levels_axis(ax, levels)
+        ax.set_ylabel("seconds")
+        ax.set_title(label, fontsize=10)
+        ax.set_ylim(bottom=0)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("How do latencies grow with concurrency?")
+    fig.tight_layout()
+    return fig
+
+
+def plot_acceptance(report: BenchmarkReport) -> Figure:
+    fig, ax = new_figure((8, 4))
+    per_request = report.requests.filter(pl.col("ok") & pl.col("spec_accept_length").is_not_null())
+    labels, data = [], []
+    for facts in report.servers:
+        values = per_request.filter(pl.col("server") == facts.url)["spec_accept_length"].to_list()
+        if values:
+            labels.append(f"GPU {facts.index}")
+            data.append(values)
+    if data:
+        ax.boxplot(data, tick_labels=labels, showfliers=False)
+        ax.set_ylabel("acceptance length per request (sglext)")
+    else:
+        for facts in report.servers:
+            rows = report.results.filter(pl.col("server") == facts.url).drop_nulls("accept_length")
+            if rows.height:
+                ax.plot(rows["concurrency"], rows["accept_length"], marker="o", label=f"GPU {facts.index}")
+        if ax.lines:
+            _levels_axis(ax, report.fleet["concurrency"].to_list())
+            ax.set_ylabel("acceptance length per level (/metrics or server_info)")
+            ax.legend(fontsize=8)
+        else:
+            ax.text(
+                0.5,
+                0.5,
+                "no acceptance data from any server",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
+    ax.set_title("What acceptance length does each server reach (the bar to beat)?")
+    fig.tight_layout()
+    return fig
+
+
+def plot_per_gpu(report: BenchmarkReport) -> Figure:
+    fig, ax = new_figure((8, 4))
+    rec = report.recommendation.concurrency_per_server
+    low = min(report.fleet["concurrency"].to_list())
+    names, alone, busy = [], [], []
+    for facts in report.servers:
+        rows = report.results.filter(pl.col("server") == facts.url)
+        names.append(f"GPU {facts.index}")
+        alone.append(rows.filter(pl.col("concurrency") == low)["output_tok_s"].sum())
+        busy.append(rows.filter(pl.col("concurrency") == rec)["output_tok_s"].sum())
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, alone, 0.4, label=f"concurrency {low}")
+    ax.bar(x + 0.2, busy, 0.4, label=f"concurrency {rec} (recommended)")
+    ax.set_xticks(x)
+    ax.set_xticklabels(names)
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"How many tokens/s does each GPU deliver at concurrency {low} vs {rec}?")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lengths(report: BenchmarkReport, max_tokens: int) -> Figure:
+    fig, ax = new_figure((8, 4))
+    ok = report.requests.filter(pl.col("ok")).drop_nulls("completion_tokens")
+    values = ok["completion_tokens"].to_numpy()
+    if values.size:
+        ax.hist(values, bins=40, color="tab:blue", alpha=0.8)
+    ax.axvline(max_tokens, color="red", ls="--", label=f"max_tokens={max_tokens}")
+    truncated = float(ok["truncated"].mean()) if ok.height else 0.0
+    empty = float(ok["empty_answer"].mean()) if ok.height else 0.0
+    ax.set_xlabel("completion tokens")
+    ax.set_ylabel("requests")
+    ax.set_title(f"How long are completions? {truncated:.1%} hit max_tokens, {empty:.1%} empty answers")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+@dataclass(frozen=True)
+class SavedFigure:
+    """A figure written to ``path``; a notebook shows it inline as PNG whatever the matplotlib backend."""
+
+    path: Path
+    figure: Figure
+
+    def _repr_png_(self) -> bytes:
+        return self.path.read_bytes()
+
+    def __repr__(self) -> str:
+        return f"figure saved to {self.path}"
+
+
+def save_figure(fig: Figure, out_dir: str | Path, name: str) -> SavedFigure:
+    """Write ``out_dir/name.png`` and return it for inline display."""
+    path = Path(out_dir) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return SavedFigure(path, fig)

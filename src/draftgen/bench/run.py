@@ -1,0 +1,390 @@
+"""Run the benchmark: per server and concurrency level, a bounded closed loop of streaming chat requests.
+
+Each server gets one ``ServerClient``. A level keeps exactly ``concurrency`` requests in flight on its server
+(a new one is sent the moment one finishes) until ``num_prompts`` have been sent, scraping ``/metrics`` before
+and after so the level's own counter differences are known. Servers run in parallel (one GPU each, independent)
+unless the config says otherwise. Nothing here summarizes: records come back raw, ``stats`` turns them into rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
+from draftgen.bench.sample import PromptSample, sample_prompts
+from draftgen.client import Capabilities, RequestError, ServerClient
+from draftgen.metrics import CounterWindow, MetricsParseError, MetricsSnapshot, counter_window, parse_metrics
+from draftgen.prompts import PromptRow
+
+LAG_PROBE_INTERVAL_S = 0.05
+
+
+class BenchmarkError(RuntimeError):
+    """The benchmark cannot start (a server unreachable, the model not served): nothing was measured."""
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What one server is and reports, read once before the first level."""
+
+    index: int
+    url: str
+    engine: str
+    version: str | None
+    model_ids: tuple[str, ...]
+    extra_fields: bool  # accepts non-OpenAI body fields
+    sglext: bool  # answers per-request acceptance (sglext.spec_tokens_details)
+    metrics: bool  # GET /metrics answers Prometheus text
+    max_running_requests: int | None  # from /server_info; None when the server does not say
+    speculative_algorithm: str | None
+    speculation: bool | None  # from /server_info: True/False, None when unknown
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One benchmark request as the client saw it (wall-clock seconds)."""
+
+    server: str
+    gpu: int
+    concurrency: int
+    seq: int  # order sent within the level
+    prompt_id: str
+    ok: bool
+    error: str | None
+    started_at: float  # time.time() when sent
+    e2e_s: float  # sent → last byte (or → failure)
+    ttft_s: float | None  # sent → first reasoning/answer text
+    chunk_offsets: tuple[float, ...]  # arrival of each text chunk, seconds after sending
+    response_id: str | None = None
+    usage_reported: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None  # from usage only
+    finish_reason: str | None = None
+    reasoning_chars: int = 0
+    content_chars: int = 0
+    content_blank: bool = True  # no answer text at all (whitespace only)
+    spec_accept_length: float | None = None  # per request, from sglext
+    spec_verify_ct: int | None = None
+    done_sentinel: bool | None = None  # the stream ended with "data: [DONE]"
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    server: str
+    gpu: int
+    concurrency: int
+    started_at: float
+    finished_at: float
+    requests: tuple[RequestRecord, ...]
+    metrics_window: CounterWindow | None  # None when /metrics was unavailable before or after
+    metrics_note: str | None
+    cumulative_accept_length: (
+        float | None
+    )  # /server_info avg_spec_accept_length after the level: reference only
+    client_lag_ms: tuple[
+        float, ...
+    ]  # event-loop lateness samples: high values mean the client was the bottleneck
+
+
+@dataclass(frozen=True)
+class BenchmarkRun:
+    config: BenchmarkConfig
+    servers: tuple[ServerFacts, ...]
+    levels: tuple[LevelRun, ...]
+    sample_size: int
+    sample_rows_read: int
+    sample_rejected: int
+    started_at: float
+    finished_at: float
+
+
+# ----- server facts ---------------------------------------------------------------------------------------------
+def _max_running(info: dict | None) -> int | None:
+    if not isinstance(info, dict):
+        return None
+    value = info.get("max_running_requests")
+    if isinstance(value, int) and value > 0:
+        return value
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        per_dp = states[0].get("effective_max_running_requests_per_dp")
+        if isinstance(per_dp, int) and per_dp > 0:
+            return per_dp * max(1, len(states))
+    return None
+
+
+def _cumulative_accept(info: dict | None) -> float | None:
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    if not isinstance(states, list):
+        return None
+    values = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
+    values = [float(v) for v in values if isinstance(v, (int, float))]
+    return values[0] if values else None  # rank 0, as SGLang's own tools read it: for reference only
+
+
+async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfig) -> ServerFacts:
+    ids = await client.model_ids()
+    if not ids:
+        status = await client.health()
+        raise BenchmarkError(
+            f"server {client.url} did not answer GET /v1/models (health: {status or 'unreachable'}); "
+            "start it (draftgen serve / draftgen sim) or remove it from `servers`"
+        )
+    if config.model not in ids:
+        raise BenchmarkError(
+            f"server {client.url} serves {', '.join(ids)}, not {config.model!r}: fix `model` or the server list"
+        )
+    try:
+        caps: Capabilities = await client.probe(config.model, config.sampling)
+    except RequestError as exc:
+        raise BenchmarkError(f"server {client.url} failed a one-token probe request: {exc}") from exc
+    info = await client.server_info()
+    algorithm = info.get("speculative_algorithm") if isinstance(info, dict) else None
+    speculation = (
+        (algorithm is not None) if isinstance(info, dict) and "speculative_algorithm" in info else None
+    )
+    return ServerFacts(
+        index=index,
+        url=client.url,
+        engine=caps.engine,
+        version=caps.version,
+        model_ids=ids,
+        extra_fields=caps.extra_fields,
+        sglext=caps.spec_details,
+        metrics=caps.metrics,
+        max_running_requests=_max_running(info),
+        speculative_algorithm=str(algorithm) if algorithm is not None else None,
+        speculation=speculation,
+    )
+
+
+# ----- one request ------------------------------------------------------------------------------------------
+async def _one_request(
+    client: ServerClient,
+    facts: ServerFacts,
+    config: BenchmarkConfig,
+    concurrency: int,
+    seq: int,
+    row: PromptRow,
+) -> RequestRecord:
+    started_at = time.time()
+    t0 = time.perf_counter()
+    base = {
+        "server": facts.url,
+        "gpu": facts.index,
+        "concurrency": concurrency,
+        "seq": seq,
+        "prompt_id": row.id,
+    }
+    try:
+        result = await client.stream_chat(
+            row.messages, config.sampling, config.model, timeout_s=config.request_timeout_s
+        )
+    except RequestError as exc:
+        return RequestRecord(
+            **base,
+            ok=False,
+            error=str(exc),
+            started_at=started_at,
+            e2e_s=time.perf_counter() - t0,
+            ttft_s=None,
+            chunk_offsets=(),
+        )
+    content = result.content or ""
+    return RequestRecord(
+        **base,
+        ok=True,
+        error=None,
+        started_at=result.started_at,
+        e2e_s=result.latency_s,
+        ttft_s=result.ttft_s,
+        chunk_offsets=tuple(result.chunk_offsets),
+        response_id=result.response_id,
+        usage_reported=result.usage_reported,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        finish_reason=result.finish_reason,
+        reasoning_chars=len(result.reasoning_content or ""),
+        content_chars=len(content),
+        content_blank=not content.strip(),
+        spec_accept_length=result.spec_accept_length,
+        spec_verify_ct=result.spec_verify_ct,
+        done_sentinel=result.done_sentinel,
+    )
+
+
+# ----- one level ------------------------------------------------------------------------------------------------
+async def _snapshot(client: ServerClient, facts: ServerFacts) -> tuple[MetricsSnapshot | None, str | None]:
+    if not facts.metrics:
+        return None, "server has no /metrics (SGLang: start it with --enable-metrics)"
+    text = await client.metrics_text()
+    if text is None:
+        return None, "GET /metrics failed during the level"
+    try:
+        return parse_metrics(text), None
+    except MetricsParseError as exc:
+        return None, f"/metrics unreadable: {exc}"
+
+
+async def _watch_lag(samples: list[float], stop: asyncio.Event) -> None:
+    """Record how late the event loop wakes up: a busy client delays every timestamp it takes."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        expected = loop.time() + LAG_PROBE_INTERVAL_S
+        await asyncio.sleep(LAG_PROBE_INTERVAL_S)
+        samples.append(max(0.0, loop.time() - expected) * 1000.0)
+
+
+async def run_level(
+    client: ServerClient,
+    facts: ServerFacts,
+    config: BenchmarkConfig,
+    concurrency: int,
+    rows: Sequence[PromptRow],
+) -> LevelRun:
+    """Keep ``concurrency`` requests in flight on one server until every row has been sent once."""
+    before, note = await _snapshot(client, facts)
+    pending = iter(enumerate(rows))
+    records: list[RequestRecord] = []
+    lag: list[float] = []
+    stop = asyncio.Event()
+
+    async def worker() -> None:
+        for seq, row in pending:  # the shared iterator hands each row to exactly one worker
+            records.append(await _one_request(client, facts, config, concurrency, seq, row))
+
+    started_at = time.time()
+    async with asyncio.TaskGroup() as outer:
+        outer.create_task(_watch_lag(lag, stop))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(min(concurrency, len(rows))):
+                    group.create_task(worker())
+        finally:
+            stop.set()
+    finished_at = time.time()
+    after, note_after = await _snapshot(client, facts)
+    window = counter_window(before, after) if before is not None and after is not None else None
+    if window is not None and window.reset:
+        note = f"counters went down during the level (server restarted?): {', '.join(window.reset)}"
+    info = await client.server_info()
+    return LevelRun(
+        server=facts.url,
+        gpu=facts.index,
+        concurrency=concurrency,
+        started_at=started_at,
+        finished_at=finished_at,
+        requests=tuple(sorted(records, key=lambda r: r.seq)),
+        metrics_window=window,
+        metrics_note=note or note_after,
+        cumulative_accept_length=_cumulative_accept(info),
+        client_lag_ms=tuple(lag),
+    )
+
+
+# ----- one server, then the fleet ---------------------------------------------------------------------------
+async def _warm_up(client: ServerClient, config: BenchmarkConfig) -> None:
+    """Short requests that are not prompts of the sample (so no measured prompt is already in the prefix cache)."""
+
+    async def one(index: int) -> None:
+        messages = [{"role": "user", "content": f"Warm-up {index}: count from 1 to 20."}]
+        try:
+            await client.chat(
+                messages,
+                config.sampling,
+                config.model,
+                max_tokens=min(WARMUP_MAX_TOKENS, config.max_tokens),
+                timeout_s=config.request_timeout_s,
+            )
+        except RequestError as exc:
+            print(f"  warm-up request on {client.url} failed ({exc}); continuing", flush=True)
+
+    async with asyncio.TaskGroup() as group:
+        for index in range(config.warmup_requests):
+            group.create_task(one(index))
+
+
+def _level_line(level: LevelRun) -> str:
+    ok = [r for r in level.requests if r.ok]
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    seconds = max(level.finished_at - level.started_at, 1e-9)
+    usage = "" if all(r.usage_reported for r in ok) else " (usage missing: see the report)"
+    return (
+        f"  {level.server} c={level.concurrency}: {len(ok)}/{len(level.requests)} ok in {seconds:.1f}s, "
+        f"{tokens / seconds:,.0f} tok/s{usage}"
+    )
+
+
+async def _run_server(
+    client: ServerClient, facts: ServerFacts, config: BenchmarkConfig, sample: PromptSample
+) -> list[LevelRun]:
+    n = config.num_prompts
+    if config.warmup_requests:
+        await _warm_up(client, config)
+    levels = []
+    for level_index, concurrency in enumerate(config.concurrencies):
+        start = (facts.index * len(config.concurrencies) + level_index) * n
+        level = await run_level(client, facts, config, concurrency, sample.slice(start, n))
+        print(_level_line(level), flush=True)
+        levels.append(level)
+    return levels
+
+
+async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
+    """Benchmark every server at every concurrency level; returns raw records (see ``stats`` and ``report``)."""
+    api_key = config.api_key()
+    sample = await asyncio.to_thread(sample_prompts, config.prompt_path, config.prompts_needed(), config.seed)
+    print(
+        f"prompts: {len(sample.rows)} sampled from {sample.path} ({sample.rows_read} valid rows, "
+        f"{sample.rejected} rejected)",
+        flush=True,
+    )
+    clients = [
+        ServerClient(url, api_key=api_key, timeout_s=config.request_timeout_s) for url in config.servers
+    ]
+    started_at = time.time()
+    try:
+        found = await asyncio.gather(
+            *(_server_facts(i, c, config) for i, c in enumerate(clients)), return_exceptions=True
+        )
+        problems = [str(f) for f in found if isinstance(f, BenchmarkError)]
+        if problems:
+            raise BenchmarkError("; ".join(problems))
+        for item in found:
+            if isinstance(item, BaseException):
+                raise item
+        facts = [f for f in found if isinstance(f, ServerFacts)]
+        for f in facts:
+            print(
+                f"server {f.index} {f.url}: {f.engine} {f.version or ''}, max_running_requests "
+                f"{f.max_running_requests or 'unknown'}, speculative {f.speculative_algorithm or 'off/unknown'}",
+                flush=True,
+            )
+        levels: list[LevelRun] = []
+        if config.parallel_servers:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(_run_server(c, f, config, sample))
+                    for c, f in zip(clients, facts, strict=True)
+                ]
+            for task in tasks:
+                levels.extend(task.result())
+        else:
+            for client, fact in zip(clients, facts, strict=True):
+                levels.extend(await _run_server(client, fact, config, sample))
+    finally:
+        for client in clients:
+            await client.close()
+    return BenchmarkRun(
+        config=config,
+        servers=tuple(facts),
+        levels=tuple(levels),
+        sample_size=len(sample.rows),
+        sample_rows_read=sample.rows_read,
+        sample_rejected=sample.rejected,
+        started_at=started_at,
+        finished_at=time.time(),
+    )

@@ -1,0 +1,49 @@
+"""A seeded uniform sample of prompts from a (possibly huge) prompt file, in one streaming pass."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftgen.prompts import PromptRow, RejectedRow, iter_prompts
+
+
+@dataclass(frozen=True)
+class PromptSample:
+    rows: tuple[PromptRow, ...]
+    path: Path
+    rows_read: int  # valid rows seen in the file
+    rejected: int  # malformed rows skipped (the generate notebook reports them one by one)
+
+    def slice(self, start: int, count: int) -> list[PromptRow]:
+        """``count`` rows from position ``start``, wrapping around when the sample is smaller than asked."""
+        size = len(self.rows)
+        return [self.rows[(start + i) % size] for i in range(count)]
+
+
+def sample_prompts(path: str | Path, count: int, seed: int = 0) -> PromptSample:
+    """Reservoir-sample ``count`` valid rows (all of them when the file has fewer), in a seeded random order."""
+    if count < 1:
+        raise ValueError("count must be >= 1")
+    rng = random.Random(seed)
+    reservoir: list[PromptRow] = []
+    seen = 0
+    rejected = 0
+    for item in iter_prompts(path):
+        if isinstance(item, RejectedRow):
+            rejected += 1
+            continue
+        seen += 1
+        if len(reservoir) < count:
+            reservoir.append(item)
+        else:
+            slot = rng.randrange(seen)
+            if slot < count:
+                reservoir[slot] = item
+    if not reservoir:
+        raise ValueError(
+            f"prompt file {path} has no usable rows ({rejected} rejected): nothing to benchmark with"
+        )
+    rng.shuffle(reservoir)
+    return PromptSample(rows=tuple(reservoir), path=Path(path), rows_read=seen, rejected=rejected)

@@ -1,0 +1,94 @@
+"""What the estimate reads: a benchmark run folder, and the size of the prompt set."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from draftgen.bench.report import OCCUPANCY_FILE, REQUESTS_FILE, RESULTS_FILE, SUMMARY_FILE
+from draftgen.prompts import count_rows
+
+BENCHMARK_ROOT = Path("outputs") / "benchmark"
+
+
+@dataclass(frozen=True)
+class BenchmarkData:
+    path: Path
+    results: pl.DataFrame
+    requests: pl.DataFrame
+    occupancy: pl.DataFrame
+    summary: dict
+
+    @property
+    def servers(self) -> int:
+        return int(self.results["server"].n_unique())
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.summary["max_tokens"])
+
+    @property
+    def max_running(self) -> int | None:
+        caps = [v for v in self.results["max_running_requests"].to_list() if v]
+        return min(caps) if caps else None
+
+    @property
+    def levels(self) -> list[int]:
+        return sorted(self.results["concurrency"].unique().to_list())
+
+    @property
+    def max_in_flight(self) -> int:
+        return int(self.occupancy["in_flight"].max() or 0)
+
+    def accept_length(self) -> tuple[float | None, str]:
+        """Mean acceptance length over the levels that have one, and its source(s)."""
+        rows = self.results.drop_nulls("accept_length")
+        if rows.is_empty():
+            sources = sorted(set(self.results["accept_length_source"].to_list()))
+            return None, "; ".join(sources)
+        return float(rows["accept_length"].mean()), "; ".join(
+            sorted(set(rows["accept_length_source"].to_list()))
+        )
+
+
+def find_latest_benchmark(root: Path = BENCHMARK_ROOT) -> Path:
+    """The newest folder under ``root`` holding results.parquet (by that file's time)."""
+    found = sorted(root.glob(f"*/{RESULTS_FILE}"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(
+            f"no benchmark results under {root}/: run the benchmark notebook first "
+            "(draftgen run benchmark -f params/...), or set benchmark_dir"
+        )
+    return found[-1].parent
+
+
+def load_benchmark(path: str | Path) -> BenchmarkData:
+    folder = Path(path)
+    missing = [
+        n for n in (RESULTS_FILE, REQUESTS_FILE, OCCUPANCY_FILE, SUMMARY_FILE) if not (folder / n).is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"benchmark folder {folder} lacks {', '.join(missing)}: point benchmark_dir at a finished benchmark run"
+        )
+    return BenchmarkData(
+        path=folder,
+        results=pl.read_parquet(folder / RESULTS_FILE),
+        requests=pl.read_parquet(folder / REQUESTS_FILE),
+        occupancy=pl.read_parquet(folder / OCCUPANCY_FILE),
+        summary=json.loads((folder / SUMMARY_FILE).read_text()),
+    )
+
+
+def dataset_size(dataset: int, prompt_path: Path, limit: int) -> tuple[int, str]:
+    """(prompts to generate, where the number came from): given, else the rows of the prompt file; then ``limit``."""
+    if dataset:
+        size, source = dataset, "dataset_size"
+    else:
+        size, source = count_rows(prompt_path), f"rows of {prompt_path}"
+    if limit and limit < size:
+        return limit, f"limit {limit} (of {size:,} {source})"
+    return size, source

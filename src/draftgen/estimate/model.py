@@ -1,0 +1,300 @@
+"""The wall-time model: a server's measured rate curve, the measured completion lengths, and a fleet simulation.
+
+Rate curve. Each server is a continuous-batching engine: with ``b`` requests running, every one of them gets a
+token every ``tpot(b) = alpha + beta·b`` seconds (weights read once per step, plus per-request KV and verify work:
+linear in the batch while decoding is memory-bound), so the server makes ``b / tpot(b)`` tokens/s. Requests beyond
+``max_running_requests`` wait in the server's queue and make nothing. ``alpha`` and ``beta`` are fitted to the
+benchmark's own streams (``draftgen.bench.occupancy``), so queueing, prefill and stream overheads met during the
+benchmark are inside them.
+
+Fleet. The generate notebook keeps ``concurrency`` requests in flight per server, each server pulling the next
+prompt from one shared queue when a request ends. ``simulate_fleet`` plays exactly that, request by request,
+with completion lengths drawn from the benchmark's measured distribution (clipped at ``max_tokens``). Long runs
+are simulated for a few thousand requests per server and the rest added at the steady full-batch rate: the
+last requests' tail (the drain, when batches empty out) is simulated, never guessed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+EXACT_ROUNDS = 8  # requests per slot simulated exactly before extending at the steady rate
+EXACT_MIN_PER_SERVER = 400
+
+
+@dataclass(frozen=True)
+class RateModel:
+    """Per-server decode speed: ``tpot(b) = alpha_s + beta_s·b`` seconds per token per running request."""
+
+    alpha_s: float
+    beta_s: float
+    max_running: int | None = None  # the server's batch cap; None = unlimited
+    source: str = ""
+
+    def running(self, in_flight: int) -> int:
+        return in_flight if self.max_running is None else min(in_flight, self.max_running)
+
+    def tpot(self, running: int) -> float:
+        return self.alpha_s + self.beta_s * running
+
+    def tok_s(self, in_flight: int) -> float:
+        """Output tokens/s of one server with ``in_flight`` requests (the rest queue past the cap)."""
+        b = self.running(in_flight)
+        return b / self.tpot(b) if b > 0 else 0.0
+
+    def scaled(self, factor: float, source: str) -> RateModel:
+        """The same curve, ``factor`` times faster."""
+        return RateModel(self.alpha_s / factor, self.beta_s / factor, self.max_running, source)
+
+
+@dataclass(frozen=True)
+class RateFit:
+    model: RateModel
+    points: pl.DataFrame  # running, seconds, tokens, measured_tok_s, fitted_tok_s, rel_error
+    note: str  # anything the reader should know about the fit
+
+    @property
+    def max_abs_rel_error(self) -> float:
+        """Largest |fitted/measured − 1| over points holding ≥ 5% of the measured time."""
+        total = self.points["seconds"].sum()
+        heavy = self.points.filter(pl.col("seconds") >= 0.05 * total)
+        return float(heavy["rel_error"].abs().max() or 0.0)
+
+
+def fit_rate_model(occupancy: pl.DataFrame, max_running: int | None, source: str = "benchmark") -> RateFit:
+    """Weighted least squares of tpot(b) = b·seconds/tokens against b, weighted by the seconds spent at b."""
+    if occupancy.is_empty():
+        raise ValueError("the benchmark has no occupancy data (every request failed?): nothing to fit")
+    running = (
+        pl.col("in_flight") if max_running is None else pl.min_horizontal("in_flight", pl.lit(max_running))
+    )
+    points = (
+        occupancy.with_columns(running.alias("running"))
+        .group_by("running")
+        .agg(pl.col("seconds").sum(), pl.col("tokens").sum())
+        .filter((pl.col("tokens") > 0) & (pl.col("seconds") > 0))
+        .sort("running")
+    )
+    if points.is_empty():
+        raise ValueError("the benchmark recorded no generated tokens: nothing to fit")
+    b = points["running"].to_numpy().astype(float)
+    seconds = points["seconds"].to_numpy()
+    tokens = points["tokens"].to_numpy()
+    y = b * seconds / tokens
+    w = seconds
+    note = ""
+    if len(b) == 1:
+        alpha, beta = float(y[0]), 0.0
+        note = "one in-flight count measured: per-request speed assumed constant in the batch"
+    else:
+        wb, wy = np.average(b, weights=w), np.average(y, weights=w)
+        var = np.average((b - wb) ** 2, weights=w)
+        beta = float(np.average((b - wb) * (y - wy), weights=w) / var) if var > 0 else 0.0
+        alpha = float(wy - beta * wb)
+        if beta < 0:
+            alpha, beta = float(wy), 0.0
+            note = "per-request speed did not fall with batch size: flat tpot fitted"
+        elif alpha < 0:
+            alpha, beta = 0.0, float(np.sum(w * y * b) / np.sum(w * b * b))
+            note = "tpot fitted through the origin"
+    model = RateModel(alpha, beta, max_running, source)
+    fitted = np.asarray([model.tok_s(int(v)) for v in b])
+    measured = tokens / seconds
+    table = points.with_columns(
+        pl.Series("measured_tok_s", measured),
+        pl.Series("fitted_tok_s", fitted),
+        pl.Series("rel_error", fitted / measured - 1.0),
+    )
+    return RateFit(model=model, points=table, note=note)
+
+
+@dataclass(frozen=True)
+class LengthSample:
+    """Measured completion lengths, grouped by prompt (a prompt measured twice counts once in resampling)."""
+
+    prompt_ids: tuple[str, ...]
+    tokens: np.ndarray  # completion tokens per request
+    truncated: np.ndarray  # finish_reason == "length" per request
+    max_tokens: int  # the benchmark's max_tokens
+    _groups: tuple[np.ndarray, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_requests(cls, requests: pl.DataFrame, max_tokens: int) -> LengthSample:
+        ok = requests.filter(
+            pl.col("ok") & pl.col("completion_tokens").is_not_null() & (pl.col("completion_tokens") > 0)
+        )
+        if ok.is_empty():
+            raise ValueError(
+                "the benchmark has no successful request with a token count: no length distribution"
+            )
+        ids = ok["prompt_id"].to_list()
+        order: dict[str, list[int]] = {}
+        for i, pid in enumerate(ids):
+            order.setdefault(pid, []).append(i)
+        return cls(
+            prompt_ids=tuple(order),
+            tokens=ok["completion_tokens"].to_numpy().astype(float),
+            truncated=ok["truncated"].to_numpy().astype(bool),
+            max_tokens=max_tokens,
+            _groups=tuple(np.asarray(v) for v in order.values()),
+        )
+
+    @property
+    def prompts(self) -> int:
+        return len(self._groups)
+
+    def extrapolated(self, max_tokens: int) -> bool:
+        """True when ``max_tokens`` exceeds the benchmark's and some completions were cut: lengths are a floor."""
+        return max_tokens > self.max_tokens and bool(self.truncated.any())
+
+    def per_prompt(self, max_tokens: int) -> np.ndarray:
+        """Mean completion length per prompt with every request clipped at ``max_tokens``."""
+        clipped = np.minimum(self.tokens, max_tokens)
+        return np.asarray([clipped[g].mean() for g in self._groups])
+
+    def truncated_rate(self, max_tokens: int) -> float:
+        if max_tokens >= self.max_tokens:
+            return float(self.truncated.mean())
+        return float((self.tokens >= max_tokens).mean())
+
+
+def simulate_fleet(lengths: np.ndarray, servers: int, concurrency: int, rate: RateModel) -> float:
+    """Seconds until the last of ``lengths`` finishes on ``servers`` servers with ``concurrency`` in flight each.
+
+    Processor sharing per server (every running request advances one token per tpot(b)); requests past the
+    server's cap wait in its FIFO queue; a finished request's slot pulls the next length from the shared queue.
+    """
+    if servers < 1 or concurrency < 1:
+        raise ValueError("servers and concurrency must be >= 1")
+    n = len(lengths)
+    cap = rate.max_running or math.inf
+    service = [0.0] * servers  # tokens each running request has received since the server started
+    clock = [0.0] * servers
+    running: list[list[float]] = [[] for _ in range(servers)]  # heaps of finishing service values
+    waiting: list[deque[float]] = [deque() for _ in range(servers)]
+    version = [0] * servers
+    events: list[tuple[float, int, int]] = []
+    next_index = 0
+
+    def admit(s: int, length: float) -> None:
+        if len(running[s]) < cap:
+            heapq.heappush(running[s], service[s] + length)
+        else:
+            waiting[s].append(length)
+
+    def schedule(s: int) -> None:
+        version[s] += 1
+        if running[s]:
+            tpot = rate.tpot(len(running[s]))
+            heapq.heappush(events, (clock[s] + (running[s][0] - service[s]) * tpot, s, version[s]))
+
+    for _ in range(concurrency):
+        for s in range(servers):
+            if next_index < n:
+                admit(s, float(lengths[next_index]))
+                next_index += 1
+    for s in range(servers):
+        schedule(s)
+    wall = 0.0
+    while events:
+        t, s, ver = heapq.heappop(events)
+        if ver != version[s]:
+            continue
+        service[s] += (t - clock[s]) / rate.tpot(len(running[s]))
+        clock[s] = t
+        wall = t
+        limit = service[s] * (1 + 1e-12) + 1e-9
+        finished = 0
+        while running[s] and running[s][0] <= limit:
+            heapq.heappop(running[s])
+            finished += 1
+        for _ in range(finished):  # each freed slot pulls the next prompt; it queues behind older waiters
+            if next_index < n:
+                waiting[s].append(float(lengths[next_index]))
+                next_index += 1
+        while waiting[s] and len(running[s]) < cap:
+            heapq.heappush(running[s], service[s] + waiting[s].popleft())
+        schedule(s)
+    return wall
+
+
+@dataclass(frozen=True)
+class WallTime:
+    wall_s: float
+    steady_s: float  # the same tokens at the full-batch rate, no ramp or drain
+    total_tokens: float
+    simulated_requests: int  # simulated request by request; the rest added at the steady rate
+
+    @property
+    def tail_s(self) -> float:
+        return self.wall_s - self.steady_s
+
+
+def estimate_wall(
+    per_prompt: np.ndarray,
+    num_prompts: int,
+    servers: int,
+    concurrency: int,
+    rate: RateModel,
+    rng: np.random.Generator,
+    repeats: int = 3,
+) -> WallTime:
+    """Expected wall time for ``num_prompts`` prompts whose lengths follow ``per_prompt``.
+
+    wall = all tokens at the steady full-batch rate + the tail (ramp and drain) measured in the simulation of
+    the first ``exact`` requests, as the simulation's wall time minus its own tokens at the steady rate. Taking
+    the tail this way keeps the random draw of lengths from moving the steady part.
+    """
+    if num_prompts < 1:
+        raise ValueError("num_prompts must be >= 1")
+    mean = float(per_prompt.mean())
+    fleet_rate = servers * rate.tok_s(concurrency)
+    per_server = math.ceil(num_prompts / servers)
+    exact = min(num_prompts, servers * min(per_server, max(EXACT_ROUNDS * concurrency, EXACT_MIN_PER_SERVER)))
+    tails = []
+    for _ in range(repeats):
+        lengths = rng.choice(per_prompt, size=exact, replace=True)
+        tails.append(simulate_fleet(lengths, servers, concurrency, rate) - float(lengths.sum()) / fleet_rate)
+    total = num_prompts * mean
+    steady = total / fleet_rate
+    return WallTime(
+        wall_s=steady + float(np.mean(tails)), steady_s=steady, total_tokens=total, simulated_requests=exact
+    )
+
+
+def bootstrap_walls(
+    per_prompt: np.ndarray,
+    rates: list[RateModel],
+    num_prompts: int,
+    servers: int,
+    concurrency: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """One wall time per resample: prompts resampled with replacement, each paired with one resampled rate."""
+    out = []
+    for rate in rates:
+        resample = rng.choice(per_prompt, size=per_prompt.size, replace=True)
+        out.append(estimate_wall(resample, num_prompts, servers, concurrency, rate, rng, repeats=1).wall_s)
+    return np.asarray(out)
+
+
+def resampled_rates(
+    occupancy: pl.DataFrame, max_running: int | None, count: int, rng: np.random.Generator
+) -> list[RateModel]:
+    """Rate curves refitted on servers drawn with replacement (the spread between GPUs); one server: the fit."""
+    servers = occupancy["server"].unique().sort().to_list()
+    if len(servers) < 2:
+        fitted = fit_rate_model(occupancy, max_running).model
+        return [fitted] * count
+    rates = []
+    for _ in range(count):
+        picks = rng.choice(len(servers), size=len(servers), replace=True)
+        frame = pl.concat([occupancy.filter(pl.col("server") == servers[i]) for i in picks])
+        rates.append(fit_rate_model(frame, max_running).model)
+    return rates

@@ -1,0 +1,330 @@
+"""Benchmark + prompt count → wall time, days, GPU-hours and dollars per scenario, with an interval and sweeps."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from draftgen.estimate.config import EstimateConfig, ScenarioSpec
+from draftgen.estimate.inputs import BenchmarkData, dataset_size, find_latest_benchmark, load_benchmark
+from draftgen.estimate.model import (
+    LengthSample,
+    RateFit,
+    RateModel,
+    bootstrap_walls,
+    estimate_wall,
+    fit_rate_model,
+    resampled_rates,
+)
+
+DAY_S = 86_400.0
+SWEEP_CONCURRENCY = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+SWEEP_MAX_TOKENS = (256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One benchmark, digested: its rate curve (and resampled curves for the interval) and its lengths."""
+
+    data: BenchmarkData
+    fit: RateFit
+    boot_rates: tuple[RateModel, ...]
+    lengths: LengthSample
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    name: str
+    gpus: int
+    concurrency_per_server: int
+    max_tokens: int
+    num_prompts: int
+    gpu_hour_usd: float
+    source: str  # "measured: <benchmark folder>" or "assumed: N tok/s per GPU"
+    tok_s_per_gpu: float  # full-batch output tok/s of one server at this concurrency
+    steady_output_tok_s: float  # the fleet's full-batch rate
+    aggregate_output_tok_s: float  # all tokens / wall time (ramp and drain included): what a run will show
+    mean_completion_tokens: float
+    total_output_tokens: float
+    truncated_rate: float
+    wall_time_s: float
+    wall_time_low_s: float
+    wall_time_high_s: float
+    tail_s: float
+    lengths_are_lower_bound: bool  # max_tokens above the benchmark's: truncated completions may run longer
+    interval_note: str
+
+    @property
+    def days(self) -> float:
+        return self.wall_time_s / DAY_S
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.wall_time_s / 3600.0 * self.gpus
+
+    @property
+    def cost_usd(self) -> float:
+        return self.gpu_hours * self.gpu_hour_usd
+
+    def row(self) -> dict:
+        hours = 3600.0 / self.gpus  # seconds per GPU-hour at this fleet size
+        return {
+            "scenario": self.name,
+            "gpus": self.gpus,
+            "concurrency_per_server": self.concurrency_per_server,
+            "max_tokens": self.max_tokens,
+            "tok_s_per_gpu": round(self.tok_s_per_gpu, 1),
+            "fleet_tok_s": round(self.aggregate_output_tok_s, 1),
+            "days": round(self.days, 3),
+            "days_low": round(self.wall_time_low_s / DAY_S, 3),
+            "days_high": round(self.wall_time_high_s / DAY_S, 3),
+            "gpu_hours": round(self.gpu_hours, 1),
+            "cost_usd": round(self.cost_usd, 0),
+            "cost_low_usd": round(self.wall_time_low_s / hours * self.gpu_hour_usd, 0),
+            "cost_high_usd": round(self.wall_time_high_s / hours * self.gpu_hour_usd, 0),
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Estimate:
+    config: EstimateConfig
+    benchmark: Measured
+    num_prompts: int
+    num_prompts_source: str
+    production: ScenarioResult
+    concurrency_1: ScenarioResult
+    scenarios: tuple[ScenarioResult, ...]
+    sweeps: dict[str, pl.DataFrame]
+    notes: tuple[str, ...]
+    prefill_s_per_request: float | None
+    created_at: float = field(default_factory=time.time)
+
+    def table(self) -> pl.DataFrame:
+        rows = [self.production.row(), self.concurrency_1.row(), *(s.row() for s in self.scenarios)]
+        return pl.DataFrame(rows)
+
+
+def digest(data: BenchmarkData, bootstrap: int, rng: np.random.Generator) -> Measured:
+    fit = fit_rate_model(data.occupancy, data.max_running, source=f"measured: {data.path}")
+    rates = resampled_rates(data.occupancy, data.max_running, bootstrap, rng)
+    return Measured(
+        data=data,
+        fit=fit,
+        boot_rates=tuple(rates),
+        lengths=LengthSample.from_requests(data.requests, data.max_tokens),
+    )
+
+
+def evaluate(
+    name: str,
+    measured: Measured,
+    rate: RateModel,
+    boot_rates: list[RateModel],
+    *,
+    gpus: int,
+    concurrency: int,
+    max_tokens: int,
+    num_prompts: int,
+    gpu_hour_usd: float,
+    interval: float,
+    source: str,
+    interval_note: str,
+    rng: np.random.Generator,
+) -> ScenarioResult:
+    per_prompt = measured.lengths.per_prompt(max_tokens)
+    point = estimate_wall(per_prompt, num_prompts, gpus, concurrency, rate, rng)
+    walls = bootstrap_walls(per_prompt, boot_rates, num_prompts, gpus, concurrency, rng)
+    low, high = np.quantile(walls, [(1 - interval) / 2, (1 + interval) / 2])
+    return ScenarioResult(
+        name=name,
+        gpus=gpus,
+        concurrency_per_server=concurrency,
+        max_tokens=max_tokens,
+        num_prompts=num_prompts,
+        gpu_hour_usd=gpu_hour_usd,
+        source=source,
+        tok_s_per_gpu=rate.tok_s(concurrency),
+        steady_output_tok_s=gpus * rate.tok_s(concurrency),
+        aggregate_output_tok_s=point.total_tokens / point.wall_s,
+        mean_completion_tokens=float(per_prompt.mean()),
+        total_output_tokens=point.total_tokens,
+        truncated_rate=measured.lengths.truncated_rate(max_tokens),
+        wall_time_s=point.wall_s,
+        wall_time_low_s=float(min(low, point.wall_s)),
+        wall_time_high_s=float(max(high, point.wall_s)),
+        tail_s=point.tail_s,
+        lengths_are_lower_bound=measured.lengths.extrapolated(max_tokens),
+        interval_note=interval_note,
+    )
+
+
+def _scenario(
+    spec: ScenarioSpec, config: EstimateConfig, main: Measured, num_prompts: int, rng: np.random.Generator
+) -> ScenarioResult:
+    concurrency = spec.concurrency_per_server or config.concurrency_per_server
+    usd = config.gpu_hour_usd if spec.gpu_hour_usd is None else spec.gpu_hour_usd
+    common = {
+        "gpus": spec.gpus,
+        "concurrency": concurrency,
+        "max_tokens": config.max_tokens,
+        "num_prompts": num_prompts,
+        "gpu_hour_usd": usd,
+        "interval": config.interval,
+        "rng": rng,
+    }
+    if spec.tok_s_per_gpu:
+        cap = spec.max_running_requests or main.fit.model.max_running
+        base = RateModel(main.fit.model.alpha_s, main.fit.model.beta_s, cap, "")
+        factor = spec.tok_s_per_gpu / base.tok_s(concurrency)
+        source = f"assumed: {spec.tok_s_per_gpu:,.0f} tok/s per GPU at {concurrency} in flight"
+        rate = base.scaled(factor, source)
+        note = "throughput assumed, not measured: the interval covers completion lengths only"
+        return evaluate(
+            spec.name, main, rate, [rate] * len(main.boot_rates), source=source, interval_note=note, **common
+        )
+    measured = main
+    if spec.benchmark_dir:
+        measured = digest(load_benchmark(spec.benchmark_dir), len(main.boot_rates), rng)
+    rate = measured.fit.model
+    if spec.max_running_requests:
+        rate = RateModel(rate.alpha_s, rate.beta_s, spec.max_running_requests, rate.source)
+    source = f"measured: {measured.data.path}"
+    return evaluate(
+        spec.name,
+        measured,
+        rate,
+        list(measured.boot_rates),
+        source=source,
+        interval_note=_boot_note(measured),
+        **common,
+    )
+
+
+def _boot_note(measured: Measured) -> str:
+    servers = measured.data.servers
+    spread = (
+        "the spread between its servers" if servers > 1 else "nothing else (one server: no spread measured)"
+    )
+    return f"bootstrap over the benchmark's {measured.lengths.prompts} prompts and {spread}"
+
+
+def sweeps(
+    main: Measured, num_prompts: int, gpus: int, concurrency: int, max_tokens: int, rng: np.random.Generator
+) -> dict[str, pl.DataFrame]:
+    """Point estimates (days) when one parameter moves and the others stay at production values."""
+    rate = main.fit.model
+    per_prompt = main.lengths.per_prompt(max_tokens)
+    measured_to = main.data.max_in_flight
+
+    def days(pp: np.ndarray, g: int, c: int) -> float:
+        return estimate_wall(pp, num_prompts, g, c, rate, rng, repeats=1).wall_s / DAY_S
+
+    levels = sorted({*SWEEP_CONCURRENCY, concurrency, *main.data.levels})
+    by_concurrency = pl.DataFrame(
+        {
+            "concurrency_per_server": levels,
+            "days": [days(per_prompt, gpus, c) for c in levels],
+            "extrapolated": [
+                c > measured_to and (rate.max_running is None or measured_to < rate.max_running)
+                for c in levels
+            ],
+        }
+    )
+    tokens = sorted({*(t for t in SWEEP_MAX_TOKENS if t <= 2 * main.lengths.max_tokens), max_tokens})
+    by_max_tokens = pl.DataFrame(
+        {
+            "max_tokens": tokens,
+            "days": [days(main.lengths.per_prompt(t), gpus, concurrency) for t in tokens],
+            "lower_bound": [main.lengths.extrapolated(t) for t in tokens],
+        }
+    )
+    counts = sorted({*range(1, max(16, 2 * gpus) + 1)})
+    by_gpus = pl.DataFrame({"gpus": counts, "days": [days(per_prompt, g, concurrency) for g in counts]})
+    return {"concurrency": by_concurrency, "max_tokens": by_max_tokens, "gpus": by_gpus}
+
+
+def _prefill_per_request(data: BenchmarkData) -> float | None:
+    """Median TTFT at the lowest measured concurrency: an upper bound on one request's prefill (plus one step)."""
+    lowest = data.results.filter(pl.col("concurrency") == min(data.levels)).drop_nulls("ttft_s_p50")
+    return float(lowest["ttft_s_p50"].median()) if lowest.height else None
+
+
+def run_estimate(config: EstimateConfig) -> Estimate:
+    rng = np.random.default_rng(config.seed)
+    folder = Path(config.benchmark_dir) if config.benchmark_dir else find_latest_benchmark()
+    main = digest(load_benchmark(folder), config.bootstrap, rng)
+    num_prompts, size_source = dataset_size(config.dataset_size, config.prompt_path, config.limit)
+    gpus = config.gpus or main.data.servers
+    notes = []
+    if main.fit.note:
+        notes.append(f"rate fit: {main.fit.note}")
+    if main.fit.max_abs_rel_error > 0.05:
+        notes.append(
+            f"the linear tpot model misses a measured point by {main.fit.max_abs_rel_error:.0%}: "
+            "compare the fit table with the benchmark before trusting the tail"
+        )
+    if main.lengths.extrapolated(config.max_tokens):
+        notes.append(
+            f"max_tokens {config.max_tokens} is above the benchmark's {main.lengths.max_tokens}: completions it cut "
+            "are counted at the benchmark's limit, so tokens, days and dollars are lower bounds. Benchmark at "
+            f"max_tokens {config.max_tokens} for a real figure."
+        )
+    if config.concurrency_per_server > max(main.data.max_in_flight, 1) and (
+        main.fit.model.max_running is None or main.data.max_in_flight < main.fit.model.max_running
+    ):
+        notes.append(
+            f"concurrency_per_server {config.concurrency_per_server} is above the most the benchmark kept in flight "
+            f"({main.data.max_in_flight}) and below the batch cap: the rate there is extrapolated"
+        )
+    if main.data.summary.get("failed"):
+        notes.append(
+            f"{main.data.summary['failed']} benchmark requests failed: their lengths are not in the model"
+        )
+    common = {
+        "max_tokens": config.max_tokens,
+        "num_prompts": num_prompts,
+        "interval": config.interval,
+        "rng": rng,
+    }
+    production = evaluate(
+        "production (this benchmark)",
+        main,
+        main.fit.model,
+        list(main.boot_rates),
+        gpus=gpus,
+        concurrency=config.concurrency_per_server,
+        gpu_hour_usd=config.gpu_hour_usd,
+        source=f"measured: {main.data.path}",
+        interval_note=_boot_note(main),
+        **common,
+    )
+    concurrency_1 = evaluate(
+        "same fleet at concurrency 1 (the old method)",
+        main,
+        main.fit.model,
+        list(main.boot_rates),
+        gpus=gpus,
+        concurrency=1,
+        gpu_hour_usd=config.gpu_hour_usd,
+        source=f"measured: {main.data.path}",
+        interval_note=_boot_note(main),
+        **common,
+    )
+    scenarios = tuple(_scenario(spec, config, main, num_prompts, rng) for spec in config.scenarios)
+    return Estimate(
+        config=config,
+        benchmark=main,
+        num_prompts=num_prompts,
+        num_prompts_source=size_source,
+        production=production,
+        concurrency_1=concurrency_1,
+        scenarios=scenarios,
+        sweeps=sweeps(main, num_prompts, gpus, config.concurrency_per_server, config.max_tokens, rng),
+        notes=tuple(notes),
+        prefill_s_per_request=_prefill_per_request(main.data),
+    )

@@ -1,0 +1,229 @@
+"""The estimate as estimate.json (read later by the generate notebook: planned vs actual) and as plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from matplotlib.figure import Figure
+
+from draftgen.bench.report import save_figure
+from draftgen.estimate.plan import DAY_S, Estimate, ScenarioResult
+
+__all__ = ["estimate_json", "save_estimate", "save_figure"]
+
+ESTIMATE_FILE = "estimate.json"
+
+
+def _scenario_json(result: ScenarioResult) -> dict:
+    return {
+        **result.row(),
+        "num_prompts": result.num_prompts,
+        "wall_time_s": result.wall_time_s,
+        "wall_time_low_s": result.wall_time_low_s,
+        "wall_time_high_s": result.wall_time_high_s,
+        "tail_s": result.tail_s,
+        "steady_output_tok_s": result.steady_output_tok_s,
+        "aggregate_output_tok_s": result.aggregate_output_tok_s,
+        "mean_completion_tokens": result.mean_completion_tokens,
+        "total_output_tokens": result.total_output_tokens,
+        "truncated_rate": result.truncated_rate,
+        "gpu_hour_usd": result.gpu_hour_usd,
+        "lengths_are_lower_bound": result.lengths_are_lower_bound,
+        "interval_note": result.interval_note,
+    }
+
+
+def estimate_json(estimate: Estimate) -> dict:
+    """Everything a later run needs to compare itself with the plan. Top-level keys describe production."""
+    p = estimate.production
+    c1 = estimate.concurrency_1
+    fit = estimate.benchmark.fit
+    data = estimate.benchmark.data
+    accept, accept_source = data.accept_length()
+    return {
+        # the keys the generate notebook reads
+        "aggregate_output_tok_s": p.aggregate_output_tok_s,
+        "wall_time_s": p.wall_time_s,
+        "wall_time_low_s": p.wall_time_low_s,
+        "wall_time_high_s": p.wall_time_high_s,
+        "num_prompts": p.num_prompts,
+        "servers": p.gpus,
+        "concurrency_per_server": p.concurrency_per_server,
+        "max_tokens": p.max_tokens,
+        "mean_completion_tokens": p.mean_completion_tokens,
+        # the rest of production
+        "steady_output_tok_s": p.steady_output_tok_s,
+        "tok_s_per_gpu": p.tok_s_per_gpu,
+        "total_output_tokens": p.total_output_tokens,
+        "truncated_rate": p.truncated_rate,
+        "tail_s": p.tail_s,
+        "days": p.days,
+        "gpu_hours": p.gpu_hours,
+        "cost_usd": p.cost_usd,
+        "gpu_hour_usd": p.gpu_hour_usd,
+        "interval": estimate.config.interval,
+        "interval_note": p.interval_note,
+        "lengths_are_lower_bound": p.lengths_are_lower_bound,
+        "num_prompts_source": estimate.num_prompts_source,
+        "accept_length": accept,
+        "accept_length_source": accept_source,
+        "prefill_s_per_request_upper_bound": estimate.prefill_s_per_request,
+        "concurrency_1": {
+            "wall_time_s": c1.wall_time_s,
+            "days": c1.days,
+            "aggregate_output_tok_s": c1.aggregate_output_tok_s,
+            "tok_s_per_gpu": c1.tok_s_per_gpu,
+            "times_longer_than_production": c1.wall_time_s / p.wall_time_s,
+        },
+        "scenarios": [_scenario_json(s) for s in (p, c1, *estimate.scenarios)],
+        "rate_model": {
+            "tpot_s": "alpha_s + beta_s * running",
+            "alpha_s": fit.model.alpha_s,
+            "beta_s": fit.model.beta_s,
+            "max_running_requests": fit.model.max_running,
+            "max_abs_rel_error": fit.max_abs_rel_error,
+            "note": fit.note,
+        },
+        "benchmark_dir": str(data.path),
+        "benchmark_servers": data.servers,
+        "benchmark_max_tokens": data.max_tokens,
+        "notes": list(estimate.notes),
+        "config": estimate.config.public_dict(),
+        "created_at": estimate.created_at,
+    }
+
+
+def save_estimate(estimate: Estimate, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ESTIMATE_FILE
+    path.write_text(json.dumps(estimate_json(estimate), indent=2, default=str))
+    estimate.table().write_parquet(out / "scenarios.parquet")
+    return path
+
+
+# ----- plots --------------------------------------------------------------------------------------------------
+def _figure(figsize: tuple[float, float]):  # type: ignore[no-untyped-def]
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots()
+
+
+def plot_scenarios(estimate: Estimate) -> Figure:
+    results = [estimate.production, estimate.concurrency_1, *estimate.scenarios]
+    fig, ax = _figure((9, 0.6 * len(results) + 1.8))
+    y = np.arange(len(results))[::-1]
+    days = np.asarray([r.days for r in results])
+    low = days - np.asarray([r.wall_time_low_s / DAY_S for r in results])
+    high = np.asarray([r.wall_time_high_s / DAY_S for r in results]) - days
+    colors = ["tab:green", "tab:red", *["tab:blue"] * len(estimate.scenarios)]
+    ax.barh(y, days, xerr=[low, high], color=colors, alpha=0.8, capsize=4)
+    for yi, r in zip(y, results, strict=True):
+        ax.annotate(
+            f" {r.days:,.2f} d  ${r.cost_usd:,.0f}", (r.wall_time_high_s / DAY_S, yi), va="center", fontsize=8
+        )
+    ax.set_yticks(y)
+    ax.set_yticklabels(
+        [f"{r.name}\n{r.gpus} GPU × {r.concurrency_per_server} in flight" for r in results], fontsize=8
+    )
+    ax.set_xlabel(f"days for {estimate.num_prompts:,} prompts ({estimate.config.interval:.0%} interval)")
+    ax.set_title("How many days and dollars does the whole set take?")
+    ax.set_xlim(right=max(r.wall_time_high_s / DAY_S for r in results) * 1.35)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep_concurrency(estimate: Estimate) -> Figure:
+    frame = estimate.sweeps["concurrency"]
+    fig, ax = _figure((8, 4))
+    ax.plot(frame["concurrency_per_server"], frame["days"], marker="o")
+    extra = frame.filter(pl.col("extrapolated"))
+    if extra.height:
+        ax.scatter(
+            extra["concurrency_per_server"],
+            extra["days"],
+            color="orange",
+            zorder=5,
+            label="beyond the benchmark (extrapolated)",
+        )
+    p = estimate.production
+    ax.scatter(
+        [p.concurrency_per_server],
+        [p.days],
+        s=150,
+        facecolors="none",
+        edgecolors="green",
+        lw=2,
+        label="production",
+    )
+    cap = estimate.benchmark.fit.model.max_running
+    if cap:
+        ax.axvline(cap, color="grey", ls="--", lw=1, label=f"max_running_requests={cap}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("requests in flight per server")
+    ax.set_ylabel("days")
+    ax.set_title("How many days does the set take at each concurrency per server?")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep_max_tokens(estimate: Estimate) -> Figure:
+    frame = estimate.sweeps["max_tokens"]
+    fig, ax = _figure((8, 4))
+    ax.plot(frame["max_tokens"], frame["days"], marker="o")
+    lower = frame.filter(pl.col("lower_bound"))
+    if lower.height:
+        ax.scatter(
+            lower["max_tokens"],
+            lower["days"],
+            color="orange",
+            zorder=5,
+            label="above the benchmark's max_tokens (lower bound)",
+        )
+    ax.axvline(estimate.production.max_tokens, color="green", ls="--", lw=1, label="production max_tokens")
+    ax.set_xlabel("max_tokens")
+    ax.set_ylabel("days")
+    ax.set_ylim(bottom=0)
+    ax.set_title("How many days does the set take at each max_tokens?")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sweep_gpus(estimate: Estimate) -> Figure:
+    frame = estimate.sweeps["gpus"]
+    fig, ax = _figure((8, 4))
+    ax.plot(frame["gpus"], frame["days"], marker="o")
+    p = estimate.production
+    ax.scatter([p.gpus], [p.days], s=150, facecolors="none", edgecolors="green", lw=2, label="production")
+    ax.set_xlabel("GPUs (one server each)")
+    ax.set_ylabel("days")
+    ax.set_ylim(bottom=0)
+    ax.set_title("How many days does the set take with more or fewer GPUs?")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rate_fit(estimate: Estimate) -> Figure:
+    fit = estimate.benchmark.fit
+    points = fit.points
+    fig, ax = _figure((8, 4))
+    sizes = 20 + 200 * points["seconds"].to_numpy() / max(points["seconds"].max(), 1e-9)
+    ax.scatter(
+        points["running"], points["measured_tok_s"], s=sizes, alpha=0.6, label="measured (size: time spent)"
+    )
+    top = max(int(points["running"].max()), estimate.production.concurrency_per_server)
+    b = np.arange(1, top + 1)
+    ax.plot(b, [fit.model.tok_s(int(v)) for v in b], color="black", label="fitted: b / (alpha + beta·b)")
+    ax.set_xlabel("requests running on one server")
+    ax.set_ylabel("output tokens/s per server")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Does the fitted rate curve follow what the benchmark measured?")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

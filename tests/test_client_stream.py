@@ -1,0 +1,60 @@
+"""ServerClient.stream_chat (raw SSE reading) gives the same result as the SDK path, and classifies failures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from draftgen.client import RequestError, ServerClient
+from draftgen.params import SamplingParams
+
+MODEL = "Qwen/Qwen3.6-27B"
+MESSAGES = [{"role": "user", "content": "Name three prime numbers."}]
+SAMPLING = SamplingParams(max_tokens=200)
+
+
+async def _both(url: str) -> tuple:
+    async with ServerClient(url) as client:
+        await client.probe(MODEL, SAMPLING)
+        raw = await client.stream_chat(MESSAGES, SAMPLING, MODEL)
+        sdk = await client.chat(MESSAGES, SAMPLING, MODEL, stream=True)
+        return raw, sdk
+
+
+def test_raw_stream_reads_what_the_sdk_reads(sim_fleet):
+    fleet = sim_fleet(servers=1, profile="b200-mtp", speed=50.0)
+    raw, sdk = asyncio.run(_both(fleet.urls[0]))
+    for name in ("reasoning_content", "content", "finish_reason", "prompt_tokens", "completion_tokens"):
+        assert getattr(raw, name) == getattr(sdk, name), name
+    assert raw.spec_verify_ct == sdk.spec_verify_ct and raw.spec_accept_length == sdk.spec_accept_length
+    assert raw.usage_reported and raw.done_sentinel is True
+    assert len(raw.chunk_offsets) == len(sdk.chunk_offsets) and raw.ttft_s <= raw.latency_s
+
+
+def test_missing_usage_and_done_are_tolerated_and_visible(sim_fleet):
+    fleet = sim_fleet(servers=1, profile="instant", faults=["omit_usage=true", "omit_done=true"])
+
+    async def go():
+        async with ServerClient(fleet.urls[0]) as client:
+            return await client.stream_chat(MESSAGES, SAMPLING, MODEL)
+
+    result = asyncio.run(go())
+    assert result.finish_reason in ("stop", "length") and result.reasoning_content
+    assert (result.usage_reported, result.completion_tokens, result.done_sentinel) == (False, None, False)
+
+
+def test_failures_raise_classified_request_errors(sim_fleet):
+    fleet = sim_fleet(servers=1, profile="instant", faults=["error_rate=1.0"])
+
+    async def go(url):
+        async with ServerClient(url, timeout_s=5) as client:
+            return await client.stream_chat(MESSAGES, SAMPLING, MODEL)
+
+    with pytest.raises(RequestError) as caught:
+        asyncio.run(go(fleet.urls[0]))
+    assert (caught.value.kind, caught.value.status, caught.value.retryable) == ("http", 500, True)
+    assert "injected" in caught.value.message
+    with pytest.raises(RequestError) as caught:
+        asyncio.run(go("http://127.0.0.1:9"))  # nothing listens on the discard port
+    assert caught.value.kind == "connection"

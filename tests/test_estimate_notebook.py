@@ -1,0 +1,82 @@
+"""Closing the loop: benchmark.ipynb → estimate.ipynb → generate.ipynb on one simulated B200+MTP fleet.
+
+The estimate made from the benchmark must predict the generate run's wall time within 5%. Same fleet, same clock
+(speed 3), same prompt population: the benchmark samples the prompt file the generate run then processes whole,
+as a user samples their own set. The 5% covers what the estimate cannot see: the generate session's own start-up
+and per-request client work, which are a larger share of a 10-second run than of a real one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from bench_helpers import run_notebook
+
+from draftgen.synthetic import BUNDLED_PROMPTS
+
+PROMPTS = 96
+CONCURRENCY = 8
+MAX_TOKENS = 768
+
+
+def test_estimate_from_a_benchmark_predicts_the_generate_run(sim_fleet, tmp_path):
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=3.0)
+    prompts = tmp_path / "prompts.jsonl"
+    with open(BUNDLED_PROMPTS) as source:
+        prompts.write_text("".join(line for _, line in zip(range(PROMPTS), source, strict=False)))
+    common = {"prompts": str(prompts), "max_tokens": MAX_TOKENS}
+    bench = run_notebook(
+        "benchmark",
+        tmp_path,
+        "bench",
+        {
+            **common,
+            "servers": fleet.urls,
+            "num_prompts": 24,
+            "concurrencies": [CONCURRENCY],
+            "warmup_requests": 1,
+        },
+    )
+    est = run_notebook(
+        "estimate",
+        tmp_path,
+        "est",
+        {**common, "benchmark_dir": str(bench), "concurrency_per_server": CONCURRENCY, "bootstrap": 50},
+    )
+    estimate = json.loads((est / "estimate.json").read_text())
+    gen = run_notebook(
+        "generate",
+        tmp_path,
+        "gen",
+        {
+            **common,
+            "servers": fleet.urls,
+            "concurrency_per_server": CONCURRENCY,
+            "max_truncated_rate": 1.0,  # max_tokens 768 cuts most thinking short, on purpose
+            "estimate": str(est / "estimate.json"),
+        },
+    )
+    manifest = json.loads((gen / "manifest.json").read_text())
+    wall = sum(s["ended_at"] - s["started_at"] for s in manifest["sessions"])
+    rows = pl.read_parquet(gen / "shards" / "*.parquet")
+    assert rows.height == PROMPTS
+
+    assert (estimate["num_prompts"], estimate["servers"], estimate["concurrency_per_server"]) == (
+        PROMPTS,
+        2,
+        8,
+    )
+    assert estimate["max_tokens"] == MAX_TOKENS
+    assert estimate["mean_completion_tokens"] == pytest.approx(rows["completion_tokens"].mean(), rel=0.03)
+    assert estimate["wall_time_s"] == pytest.approx(wall, rel=0.05), (estimate["wall_time_s"], wall)
+    assert estimate["concurrency_1"]["times_longer_than_production"] > 3
+    assert [s["scenario"] for s in estimate["scenarios"]][:2] == [
+        "production (this benchmark)",
+        "same fleet at concurrency 1 (the old method)",
+    ]
+    executed = (gen / "generate.ipynb").read_text()
+    assert "actual / planned" in executed  # the generate notebook showed the plan beside the run
+    for name in ("scenarios", "days_vs_concurrency", "days_vs_max_tokens", "days_vs_gpus", "rate_fit"):
+        assert (est / f"{name}.png").stat().st_size > 0
