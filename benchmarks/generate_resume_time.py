@@ -1,7 +1,8 @@
 """Figure (c): how long resuming takes with 1M ids already stored.
 
 Writes ``--rows`` rows (default 1,000,000) as ``--rows / --shard-rows`` parquet shards with the real output
-schema (text columns filled with a few hundred characters each), then times ``RunStore.open`` — what a resumed
+schema (reasoning and answer filled with incompressible text, 2,000 + 400 characters by default, so
+the files are as large as real ones), then times ``RunStore.open`` — what a resumed
 run does before sending anything: take the lock, clear leftovers, read the manifest, check the fingerprint,
 read the id column of every shard, check for duplicates and build the skip set. The baseline in the same run
 is reading the shards whole (every column), which is what a naive resume would do.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -23,11 +25,13 @@ from draftgen.generate.config import GenerateConfig
 from draftgen.generate.store import OUTPUT_SCHEMA, RunStore, shard_paths
 from draftgen.params import build_config
 
-REASONING = "Let me think about this step by step. " * 8
-ANSWER = "The answer follows from the reasoning above. " * 3
+
+def text(chars: int) -> str:
+    """Incompressible text, so shards are as large on disk as real ones (real text compresses ~3x; this ~2x)."""
+    return os.urandom(chars // 2).hex()
 
 
-def write_shards(out_dir: Path, rows: int, shard_rows: int) -> None:
+def write_shards(out_dir: Path, rows: int, shard_rows: int, chars: int) -> None:
     shard_dir = out_dir / "shards"
     shard_dir.mkdir(parents=True)
     for seq, start in enumerate(range(0, rows, shard_rows), start=1):
@@ -37,8 +41,8 @@ def write_shards(out_dir: Path, rows: int, shard_rows: int) -> None:
             {
                 "id": ids,
                 "messages": [[{"role": "user", "content": f"question {i}"}] for i in range(start, start + n)],
-                "reasoning_content": [REASONING] * n,
-                "content": [ANSWER] * n,
+                "reasoning_content": [text(chars) for _ in range(n)],
+                "content": [text(chars // 5) for _ in range(n)],
                 "finish_reason": ["stop"] * n,
                 "prompt_tokens": [40] * n,
                 "completion_tokens": [900] * n,
@@ -62,11 +66,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--shard-rows", type=int, default=500)
+    parser.add_argument(
+        "--text-chars", type=int, default=2000, help="reasoning length; answers are 1/5 of it"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="draftgen-bench-") as tmp:
         out_dir = Path(tmp) / "run"
         started = time.perf_counter()
-        write_shards(out_dir, args.rows, args.shard_rows)
+        write_shards(out_dir, args.rows, args.shard_rows, args.text_chars)
         shards = shard_paths(out_dir)
         size = sum(p.stat().st_size for p in shards)
         print(
