@@ -138,11 +138,24 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
     secret = "sk-draftgen-test-" + os.urandom(8).hex()
     monkeypatch.setenv("DRAFTGEN_TEST_API_KEY", secret)
     fleet = sim_fleet(servers=7, profile="instant")
-    result = draftgen_run(
-        tmp_path / "out",
-        "seven",
-        base_params(fleet, prompts_3000, batch_save_size=250, api_key_env="DRAFTGEN_TEST_API_KEY"),
+    estimate = tmp_path / "estimate.json"
+    estimate.write_text(
+        json.dumps(
+            {
+                "aggregate_output_tok_s": 14000.0,
+                "wall_time_s": 90000.0,
+                "num_prompts": 900000,
+                "servers": 7,
+                "concurrency_per_server": 64,
+                "max_tokens": 4096,
+                "mean_completion_tokens": 1400.0,
+            }
+        )
     )
+    params = base_params(
+        fleet, prompts_3000, batch_save_size=250, api_key_env="DRAFTGEN_TEST_API_KEY", estimate=str(estimate)
+    )
+    result = draftgen_run(tmp_path / "out", "seven", params)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "out" / "generate" / "seven"
     assert_exactly_once(run_dir, valid_ids(prompts_3000))
@@ -161,6 +174,9 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
     for plot in ("throughput", "finish_reasons", "completion_lengths"):
         assert (run_dir / "plots" / f"{plot}.png").stat().st_size > 1000
     assert "image/png" in (run_dir / "generate.ipynb").read_text()  # plots shown inline
+    text = notebook_text(run_dir)
+    assert "wall time for 900,000 prompts (h)" in text  # planned vs actual, from the estimate
+    assert "estimate assumed concurrency_per_server=64, this run used 8" in text
     # the key went to the servers but into no file: notebook, HTML, parameters, manifest, data, logs
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
     assert leaked == []

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from draftgen.client import RequestError
+from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig, parse_shard
 from draftgen.generate.guard import Guard, GuardSettings, GuardTripped, classify
 from draftgen.generate.retry import RetryPolicy, counts_against_server
@@ -405,3 +406,45 @@ def test_resume_reads_only_ids_quickly_enough_to_scale(tmp_path):
         frame.write_parquet(shard_dir / f"part-{index + 1:06d}.parquet")
     ids = read_done_ids(tmp_path / "run")
     assert len(ids) == 1000 and ids.n_unique() == 1000
+
+
+# ----- report: planned vs actual --------------------------------------------------------------------------
+def test_estimate_comparison_projects_the_whole_set(tmp_path):
+    config = make_config(tmp_path, batch_save_size=10)
+    with RunStore.open(config) as store:
+        for index in range(10):
+            store.add(row(f"p{index}", tokens=1000))
+        store.session.started_at = 0.0  # 10,000 tokens in this session ...
+        store.close("complete")
+    manifest_path = Path(config.out_dir) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["sessions"][0]["started_at"] = 100.0
+    manifest["sessions"][0]["ended_at"] = 110.0  # ... over 10 s: 1,000 tok/s
+    manifest_path.write_text(json.dumps(manifest))
+    estimate = tmp_path / "estimate.json"
+    estimate.write_text(
+        json.dumps(
+            {
+                "aggregate_output_tok_s": 2000.0,
+                "wall_time_s": 7200.0,
+                "num_prompts": 1000,
+                "servers": 7,
+                "concurrency_per_server": 64,
+                "max_tokens": 4096,
+                "mean_completion_tokens": 800.0,
+            }
+        )
+    )
+    table = report.compare_estimate(estimate, config.out_dir)
+    rows = {r["figure"]: r for r in table.iter_rows(named=True)}
+    assert rows["aggregate output tok/s"]["planned"] == 2000.0
+    assert rows["aggregate output tok/s"]["actual"] == 1000.0
+    assert rows["aggregate output tok/s"]["actual / planned"] == 0.5
+    wall = rows["wall time for 1,000 prompts (h)"]
+    assert wall["planned"] == 2.0 and wall["actual"] == pytest.approx(1000 * 1000 / 1000 / 3600, abs=0.01)
+    notes = report.estimate_assumptions(estimate, config.public_dict())
+    assert "estimate assumed 7 servers, this run used 1" in notes
+    assert not any("max_tokens" in n for n in notes)  # same max_tokens: no note
+    estimate.write_text(json.dumps({"aggregate_output_tok_s": 1}))
+    with pytest.raises(ValueError, match="lacks wall_time_s"):
+        report.compare_estimate(estimate, config.out_dir)
