@@ -13,9 +13,9 @@ from draftgen.serve.preflight import check_engine, check_ports, check_run_dir, d
 from draftgen.serve.records import write_commands
 from draftgen.serve.supervisor import Supervisor
 from draftgen.serve.view import LineView, TableView
+from draftgen.sim.defaults import DEFAULT_MODEL
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.profiles import PROFILES
-from draftgen.sim.server import DEFAULT_MODEL
 
 SPEC_DEFAULT_CAP = 48  # SGLang's max_running_requests with speculative decoding on, unless set
 

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_PORT_IN_USE
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
-from draftgen.sim.server import DEFAULT_MODEL, EXIT_PORT_IN_USE
 
 
 class FleetError(RuntimeError):

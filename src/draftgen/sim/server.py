@@ -22,6 +22,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_CRASH, EXIT_PORT_IN_USE
 from draftgen.sim.engine import Engine, SimRequest
 from draftgen.sim.faults import Faults, parse_faults
 from draftgen.sim.metrics import ServerMetrics
@@ -38,9 +39,6 @@ from draftgen.sim.textgen import (
     request_seed,
 )
 
-DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
-EXIT_PORT_IN_USE = 3
-EXIT_CRASH = 70
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 WARMUP_MAX_TOKENS = 8
 SHUTDOWN_GRACE_S = 0.5  # on SIGTERM, in-flight requests get about this long before their connections drop

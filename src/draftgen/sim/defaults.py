@@ -1,0 +1,9 @@
+"""Constants shared by the server process and its launchers.
+
+Kept apart from server.py so that importing the package (``draftgen.sim``) never imports the module that
+``python -m draftgen.sim.server`` runs as ``__main__`` (which would load it twice and warn).
+"""
+
+DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
+EXIT_PORT_IN_USE = 3  # the server could not bind its port
+EXIT_CRASH = 70  # an injected crash (crash_after fault)
