@@ -209,10 +209,11 @@ def compare_estimate(
     mean_tokens = run["mean_completion_tokens"]
     actual_wall = prompts * mean_tokens / actual_tok_s if actual_tok_s and mean_tokens else None
     records = [
+        ("prompts in the set", float(prompts), float(prompts)),
         ("aggregate output tok/s", planned_tok_s, actual_tok_s),
         ("mean completion tokens", float(estimate["mean_completion_tokens"]), mean_tokens),
         (
-            f"wall time for {prompts:,} prompts (h)",
+            "wall time for the set (h)",
             planned_wall / 3600,
             actual_wall / 3600 if actual_wall else None,
         ),
