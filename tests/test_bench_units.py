@@ -9,7 +9,7 @@ import pytest
 
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.occupancy import level_occupancy, occupancy_frame
-from draftgen.bench.report import find_knee, recommend
+from draftgen.bench.report import find_knee, measurement_warnings, recommend
 from draftgen.bench.run import LevelRun, RequestRecord, ServerFacts
 from draftgen.bench.sample import sample_prompts
 from draftgen.bench.stats import level_acceptance, level_row, request_rows, resolve_request_tokens
@@ -314,3 +314,16 @@ def test_prompt_sample_is_seeded_skips_bad_rows_and_wraps(tmp_path):
     assert [r.id for r in everything.slice(8, 4)] == [r.id for r in everything.rows[8:]] + [
         r.id for r in everything.rows[:2]
     ]
+
+
+def test_warnings_name_a_busy_client_failures_and_a_missing_steady_phase():
+    run = level(
+        [record(0), record(1, ok=False, error="timeout", completion_tokens=None, chunk_offsets=())],
+    )
+    row = level_row(run, facts(), request_rows(run, facts(), 4096), 4096)
+    row["client_lag_ms_p99"] = 900.0  # the chunk gaps above are 0.5 s
+    notes = measurement_warnings(pl.DataFrame([row]))
+    assert any("ran up to 900 ms late" in n for n in notes)
+    assert any("1 of 2 requests failed" in n for n in notes)
+    row.update(requests=3, rounds=1.5, failed=0, client_lag_ms_p99=1.0)
+    assert [n for n in measurement_warnings(pl.DataFrame([row])) if "no steady phase" in n]

@@ -41,6 +41,9 @@ class BenchmarkReport:
     servers: tuple[ServerFacts, ...]
     recommendation: Recommendation
     missing: tuple[str, ...]  # what the servers did not send, fleet-wide, in plain words
+    warnings: tuple[
+        str, ...
+    ]  # measurements to doubt (a busy client, failed requests, too few requests per slot)
     summary: dict  # what benchmark.json holds
 
 
@@ -127,6 +130,30 @@ def fleet_missing(results: pl.DataFrame, servers: tuple[ServerFacts, ...]) -> tu
     return tuple(notes)
 
 
+def measurement_warnings(results: pl.DataFrame) -> tuple[str, ...]:
+    """Levels whose numbers deserve doubt, and why."""
+    notes = []
+    for row in results.iter_rows(named=True):
+        where = f"GPU {row['gpu']} at concurrency {row['concurrency']}"
+        itl = row["itl_s_p50"]
+        if itl and row["client_lag_ms_p99"] > 1000.0 * itl:
+            notes.append(
+                f"{where}: the client's event loop ran up to {row['client_lag_ms_p99']:.0f} ms late (p99), more than "
+                f"one decode step ({1000 * itl:.0f} ms): its latencies include client delay. Benchmark from a less "
+                "busy machine, or with parallel_servers=False"
+            )
+        if row["failed"]:
+            notes.append(
+                f"{where}: {row['failed']} of {row['requests']} requests failed (see requests.parquet)"
+            )
+        if row["rounds"] < 2:
+            notes.append(
+                f"{where}: {row['requests']} requests for {row['concurrency']} slots: no steady phase, the "
+                "throughput is mostly ramp-up and drain (raise num_prompts to at least twice the concurrency)"
+            )
+    return tuple(notes)
+
+
 def build_report(run: BenchmarkRun) -> BenchmarkReport:
     facts = _facts_by_url(run)
     max_tokens = run.config.max_tokens
@@ -141,12 +168,14 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
     fleet = fleet_table(results)
     recommendation = recommend(fleet, run.servers, run.config.knee_fraction)
     missing = fleet_missing(results, run.servers)
+    warnings = measurement_warnings(results)
     ok = requests.filter(pl.col("ok"))
     summary = {
         "config": run.config.public_dict(),
         "servers": [asdict(f) for f in run.servers],
         "recommendation": asdict(recommendation),
         "missing": list(missing),
+        "warnings": list(warnings),
         "max_tokens": max_tokens,
         "num_servers": len(run.servers),
         "requests": requests.height,
@@ -170,6 +199,7 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
         servers=run.servers,
         recommendation=recommendation,
         missing=missing,
+        warnings=warnings,
         summary=summary,
     )
 
