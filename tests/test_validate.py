@@ -18,6 +18,7 @@ from draftgen.validate.config import FLAGS, ValidateConfig
 from draftgen.validate.pipeline import (
     ValidationGateError,
     finalize_export,
+    gate_message,
     require_fit_to_train,
     validate_generation,
 )
@@ -278,3 +279,28 @@ def test_bad_parameters_are_all_reported(tmp_path):
                 "out_dir": str(tmp_path / "gen" / "v"),
             },
         )
+
+
+def test_the_gate_judges_truncation_and_garbage_against_their_own_thresholds(tmp_path, tokenizer_dir, tokenizer):
+    """Expected truncation at max_tokens does not fail the gate; garbage does, even inside a truncation budget."""
+    clean = clean_rows(30)
+    cut = [row(f"cut-{i}", reasoning="Let me think. " * 20, content=None, finish_reason="length") for i in range(6)]
+    empty = [row(f"empty-{i}", reasoning="Let me think. " * 20, content="") for i in range(4)]
+
+    def gate(name: str, rows: list[dict]):
+        write_generation(tmp_path / name, rows)
+        config = _config(tmp_path / name, tokenizer_dir, tmp_path / f"{name}-out", duplicate_answer_min_prompts=100)
+        return validate_generation(config, tokenizer=tokenizer, progress=False)
+
+    truncated_only = gate("cut", clean + cut)  # 6 of 36 = 16.7% truncated, under 25%
+    assert truncated_only.counts["degenerate"] == 0 and truncated_only.counts["length_limited"] == 6
+    assert truncated_only.passed, gate_message(truncated_only)
+
+    too_many_cut = gate("cut-more", clean[:12] + cut)  # 6 of 18 = 33% truncated
+    assert not too_many_cut.passed and "max_truncated_share" in gate_message(too_many_cut)
+
+    garbage = gate("garbage", clean + cut + empty)  # 4 of 40 = 10% empty answers, over 5%
+    assert garbage.counts["degenerate"] == 4 and garbage.counts["length_limited"] == 6
+    assert not garbage.passed
+    with pytest.raises(ValidationGateError, match="4 of 40 samples degenerate"):
+        require_fit_to_train(garbage)

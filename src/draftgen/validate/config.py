@@ -38,6 +38,11 @@ FlagName = Literal[
     "invalid_text",
     "duplicate_id",
 ]
+# Flags that mean "the length budget ran out", not "the model produced garbage": a thinking model at
+# max_tokens 4096 truncates a predictable share of samples. They are dropped from the export like any flag, but
+# the gate judges them against their own threshold (max_truncated_share), so expected truncation does not
+# masquerade as garbage and garbage cannot hide inside the truncation budget.
+LENGTH_FLAGS: tuple[str, ...] = ("truncated", "unclosed_think", "over_max_length")
 Share = Annotated[float, Field(ge=0, le=1)]
 
 
@@ -51,6 +56,7 @@ class ValidateConfig(Params):
     max_length: PositiveInt = 4096
     duplicate_answer_min_prompts: Annotated[int, Field(ge=2)] = 10
     max_degenerate_share: Share = 0.05
+    max_truncated_share: Share = 0.25
     keep_flagged: list[FlagName] = Field(default_factory=list)
     export_jsonl: bool = True
     export_tokens: bool = False

@@ -18,7 +18,7 @@ import polars as pl
 from draftgen.masks import build_masks, load_tokenizer
 from draftgen.validate import export
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
-from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
 from draftgen.validate.reader import GenerationOutput, iter_batches, open_generation
 
 RECORDS_FILE = "samples.parquet"
@@ -44,11 +44,21 @@ class ValidationResult:
 
     @property
     def degenerate_share(self) -> float:
-        return self.counts["dropped"] / self.counts["in"] if self.counts["in"] else 1.0
+        """Share of samples dropped for a defect other than running out of length budget."""
+        return self.counts["degenerate"] / self.counts["in"] if self.counts["in"] else 1.0
+
+    @property
+    def truncated_share(self) -> float:
+        """Share of samples dropped only because they hit a length limit (max_tokens or max_length)."""
+        return self.counts["length_limited"] / self.counts["in"] if self.counts["in"] else 1.0
 
     @property
     def passed(self) -> bool:
-        return self.counts["in"] > 0 and self.degenerate_share <= self.config.max_degenerate_share
+        return (
+            self.counts["in"] > 0
+            and self.degenerate_share <= self.config.max_degenerate_share
+            and self.truncated_share <= self.config.max_truncated_share
+        )
 
     @property
     def out_dir(self) -> Path:
@@ -59,10 +69,20 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
     """Samples in, out and dropped; a sample with several flags counts under each, and once in dropped."""
     flagged = {f: int(records[f].sum()) for f in FLAGS} if records.height else dict.fromkeys(FLAGS, 0)
     dropped = int(records["dropped"].sum()) if records.height else 0
+    # A sample cut inside its reasoning has no answer: that empty answer is the truncation's doing, not a defect.
+    defect = [pl.col(f) for f in config.drop_flags if f not in LENGTH_FLAGS and f != "empty_answer"]
+    if "empty_answer" in config.drop_flags:
+        defect.append(pl.col("empty_answer") & ~pl.col("truncated"))
+    if records.height and defect:
+        degenerate = int(records.select((pl.any_horizontal(defect) & pl.col("dropped")).sum()).item())
+    else:
+        degenerate = 0
     return {
         "in": records.height,
         "out": records.height - dropped,
         "dropped": dropped,
+        "degenerate": degenerate,  # dropped for a defect (a sample with a defect and a length flag counts here)
+        "length_limited": dropped - degenerate,  # dropped only for length flags
         "dropped_by_flag": {f: n for f, n in flagged.items() if f in config.drop_flags},
         "flagged_but_kept": {f: n for f, n in flagged.items() if f not in config.drop_flags},
     }
@@ -130,6 +150,8 @@ def summary(result: ValidationResult) -> dict[str, Any]:
         "counts": result.counts,
         "degenerate_share": result.degenerate_share,
         "max_degenerate_share": result.config.max_degenerate_share,
+        "truncated_share": result.truncated_share,
+        "max_truncated_share": result.config.max_truncated_share,
         "passed": result.passed,
         "seconds": round(result.seconds, 3),
         "config": result.config.public_dict(),
@@ -142,8 +164,10 @@ def gate_message(result: ValidationResult) -> str:
     top = ", ".join(f"{flag} {n}" for flag, n in worst if n) or "none"
     verdict = "PASS" if result.passed else "FAIL"
     return (
-        f"{verdict}: {counts['dropped']} of {counts['in']} samples degenerate "
-        f"({result.degenerate_share:.1%}; threshold max_degenerate_share={result.config.max_degenerate_share:.1%}). "
+        f"{verdict}: {counts['degenerate']} of {counts['in']} samples degenerate "
+        f"({result.degenerate_share:.1%}; threshold max_degenerate_share={result.config.max_degenerate_share:.1%}), "
+        f"{counts['length_limited']} cut by a length limit "
+        f"({result.truncated_share:.1%}; threshold max_truncated_share={result.config.max_truncated_share:.1%}). "
         f"Dropped by flag: {top}."
     )
 
@@ -155,7 +179,8 @@ def require_fit_to_train(result: ValidationResult) -> str:
         staged = result.out_dir / export.STAGING
         raise ValidationGateError(
             f"{message} The export was not published (left in {staged}); look at the flag examples above, "
-            "fix generation, or raise max_degenerate_share if these samples are acceptable."
+            "fix generation (or raise max_tokens if truncation is the problem), or raise the threshold if these "
+            "samples are acceptable."
         )
     return message
 
