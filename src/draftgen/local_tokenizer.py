@@ -63,6 +63,15 @@ def _training_texts(prompts: Path) -> Iterator[str]:
     # The chat format's blank line between </think> and the answer: Qwen3 encodes "\n\n" as one token, and so
     # should the tiny tokenizer (it decides whether an empty think block merges across the prompt boundary).
     yield from ["\n\n"] * 64
+    # Text in the style of the simulator's completions, so a demo's simulated answers tokenize about as compactly
+    # as the simulator counts them (a real target tokenizer does the same for real text).
+    from draftgen.sim.textgen import plan_completion
+
+    for seed in range(64):
+        plan = plan_completion(
+            seed, max_tokens=2048, enable_thinking=True, reasoning_median=400, answer_median=150, sigma=0.5
+        )
+        yield "".join(plan.tokens)
     with Path(prompts).open(encoding="utf-8") as handle:
         for line in handle:
             record = json.loads(line)

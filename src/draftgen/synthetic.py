@@ -129,16 +129,24 @@ _KINDS = (
 
 
 def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
-    """``n`` prompt rows, reproducible from ``seed``; ids are ``syn-<seed>-<index>``."""
+    """``n`` distinct prompt rows, reproducible from ``seed``; ids are ``syn-<seed>-<index>``."""
     if n < 0:
         raise ValueError("n must be >= 0")
     rng = random.Random(seed)
     names = [k[0] for k in _KINDS]
     weights = [k[2] for k in _KINDS]
     builders = {k[0]: k[1] for k in _KINDS}
-    for index in range(n):
+    seen: set[str] = set()
+    index = 0
+    while index < n:
         kind = rng.choices(names, weights)[0]
-        yield {"id": f"syn-{seed}-{index:07d}", "category": kind, "messages": builders[kind](rng)}
+        messages = builders[kind](rng)
+        key = json.dumps(messages, sort_keys=True)
+        if key in seen:  # a prompt set with repeats would make "duplicate answer" checks meaningless
+            continue
+        seen.add(key)
+        yield {"id": f"syn-{seed}-{index:07d}", "category": kind, "messages": messages}
+        index += 1
 
 
 def write_synthetic(path: Path, n: int, seed: int = 0) -> int:

@@ -1,85 +1,135 @@
-"""``draftgen demo``: the README's first command. Brings up a simulated 7-server fleet and runs the pipeline."""
+"""``draftgen demo``: the README's first command. The whole pipeline on a simulated 7-GPU fleet.
+
+benchmark → estimate → generate → validate, each a real notebook run with papermill (exactly what a user runs on
+the GPU node), against ``draftgen sim`` servers and the bundled synthetic prompts. Production settings
+(max_tokens 4096, temperature 0.6, top_p 0.95, thinking on, 64 in flight per server, shards of 500); only the
+simulated clock runs faster.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import shutil
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from openai import AsyncOpenAI
-
+from draftgen.runner import RunPlan, execute, resolve_notebook
 from draftgen.sim.fleet import SimFleet
-from draftgen.synthetic import BUNDLED_PROMPTS
+
+STEPS = ("benchmark", "estimate", "generate", "validate")
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="run the whole job on a simulated 7-server fleet and the bundled synthetic prompts",
-        description="Start a simulated 7-GPU fleet, run the pipeline on bundled prompts, write outputs/demo/.",
+        help="run the whole pipeline on a simulated 7-GPU fleet and the bundled synthetic prompts",
+        description="Start a simulated 7-GPU fleet (B200 + MTP profile), then run benchmark → estimate → generate "
+        "→ validate notebooks on the bundled synthetic prompts with production settings. Writes outputs/demo/.",
     )
     parser.add_argument(
         "--out", type=Path, default=Path("outputs/demo"), help="output folder (default outputs/demo)"
     )
-    parser.add_argument("--servers", type=int, default=7)
-    parser.add_argument("--speed", type=float, default=20.0, help="simulated clock speed-up (default 20x)")
-    parser.add_argument("--requests", type=int, default=14, help="requests to send in the smoke step")
+    parser.add_argument("--servers", type=int, default=7, help="simulated GPUs, one server each (default 7)")
+    parser.add_argument("--speed", type=float, default=10.0, help="simulated clock speed-up (default 10x)")
+    parser.add_argument(
+        "--limit", type=int, default=0, help="generate only the first N prompts (default: all 2,000)"
+    )
+    parser.add_argument("--keep", action="store_true", help="refuse to replace an existing output folder")
     parser.set_defaults(handler=run)
 
 
-async def _smoke(urls: list[str], prompts: list[dict], max_tokens: int) -> list[dict]:
-    clients = [AsyncOpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0, timeout=120) for url in urls]
-    try:
+def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+    fleet = {"servers": urls, "model": "Qwen/Qwen3.6-27B"}
+    if step == "benchmark":
+        return {**fleet, "concurrencies": [1, 16, 48, 64], "num_prompts": 96, "warmup_requests": 2}
+    if step == "estimate":
+        return {"benchmark_dir": str(out / "benchmark"), "prompts": "synthetic", "limit": limit}
+    if step == "generate":
+        return {
+            **fleet,
+            "prompts": "synthetic",
+            "limit": limit,
+            "estimate": str(out / "estimate" / "estimate.json"),
+        }
+    return {"generation_dir": str(out / "generate"), "tokenizer": str(out / "tokenizer")}
 
-        async def one(index: int, row: dict) -> dict:
-            client = clients[index % len(clients)]
-            started = time.perf_counter()
-            reply = await client.chat.completions.create(
-                model="Qwen/Qwen3.6-27B",
-                messages=row["messages"],
-                max_tokens=max_tokens,
-                temperature=0.6,
-                top_p=0.95,
-                extra_body={"chat_template_kwargs": {"enable_thinking": True}},
-            )
-            message = reply.choices[0].message
-            return {
-                "id": row["id"],
-                "server": urls[index % len(urls)],
-                "finish_reason": reply.choices[0].finish_reason,
-                "completion_tokens": reply.usage.completion_tokens if reply.usage else None,
-                "reasoning_chars": len(getattr(message, "reasoning_content", None) or ""),
-                "answer_chars": len(message.content or ""),
-                "latency_s": time.perf_counter() - started,
-            }
 
-        return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(prompts))))
-    finally:
-        for client in clients:
-            await client.close()
+def _summary(out: Path) -> list[str]:
+    lines = []
+    estimate = out / "estimate" / "estimate.json"
+    if estimate.exists():
+        data = json.loads(estimate.read_text())
+        lines.append(
+            f"estimate : {data.get('aggregate_output_tok_s', 0):,.0f} tok/s fleet-wide, "
+            f"{data.get('wall_time_s', 0):,.0f} s simulated for {data.get('num_prompts', 0):,} prompts"
+        )
+    manifest = out / "generate" / "manifest.json"
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+        counts = data.get("counts", {})
+        lines.append(f"generate : {json.dumps(counts)}")
+    validation = out / "validate" / "summary.json"
+    if validation.exists():
+        data = json.loads(validation.read_text())
+        counts = data.get("counts", {})
+        lines.append(
+            f"validate : {'PASS' if data.get('passed') else 'FAIL'} — {counts.get('out', 0)} of {counts.get('in', 0)} "
+            f"samples exported to {out / 'validate' / 'export' / 'train.jsonl'}"
+        )
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
-    args.out.mkdir(parents=True, exist_ok=True)
-    prompts = [
-        json.loads(line) for _, line in zip(range(args.requests), BUNDLED_PROMPTS.open(), strict=False)
-    ]
-    with SimFleet(servers=args.servers, speed=args.speed, work_dir=args.out / "sim") as fleet:
-        print(f"simulated fleet healthy: {', '.join(fleet.urls)}")
-        started = time.perf_counter()
-        rows = asyncio.run(_smoke(fleet.urls, prompts, max_tokens=1024))
-        elapsed = time.perf_counter() - started
-    tokens = sum(r["completion_tokens"] or 0 for r in rows)
-    print(
-        f"{len(rows)} requests, {tokens} completion tokens in {elapsed:.1f}s wall ({args.speed:g}x simulated clock)"
-    )
-    for row in rows:
+    from draftgen.local_tokenizer import build_tiny_tokenizer
+
+    out: Path = args.out
+    if out.exists():
+        if args.keep:
+            raise ValueError(f"{out} exists; remove it or drop --keep")
+        print(f"draftgen demo: replacing the previous demo output in {out}")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    started = time.perf_counter()
+    print("draftgen demo: building a tiny Qwen3-format tokenizer for the loss-mask checks (no download)")
+    build_tiny_tokenizer(out / "tokenizer", overwrite=True)
+    with SimFleet(servers=args.servers, profile="b200-mtp", speed=args.speed, work_dir=out / "sim") as fleet:
         print(
-            f"  {row['id']}  {row['server']}  {row['finish_reason']:<6}  {row['completion_tokens']:>5} tok  "
-            f"reasoning {row['reasoning_chars']:>5} chars  answer {row['answer_chars']:>5} chars"
+            f"draftgen demo: {args.servers} simulated B200 + MTP servers at {args.speed:g}x speed: "
+            f"{fleet.urls[0]} … {fleet.urls[-1]}"
         )
-    (args.out / "smoke.json").write_text(json.dumps(rows, indent=2))
-    print(f"wrote {args.out / 'smoke.json'}")
+        for step in STEPS:
+            plan = RunPlan(
+                notebook=resolve_notebook(step),
+                run_dir=out / step,
+                parameters={
+                    **_step_parameters(step, fleet.urls, out, args.limit),
+                    "out_dir": str(out / step),
+                },
+                name=step,
+            )
+            print(f"\n=== {step}: {plan.notebook} → {plan.run_dir}", flush=True)
+            step_started = time.perf_counter()
+            try:
+                execute(plan, log_output=True)
+            except Exception as exc:
+                print(
+                    f"draftgen demo: {step} failed: {getattr(exc, 'ename', type(exc).__name__)}: "
+                    f"{getattr(exc, 'evalue', exc)}",
+                    file=sys.stderr,
+                )
+                print(f"draftgen demo: see {plan.executed_path} and {plan.html_path}", file=sys.stderr)
+                return 1
+            print(
+                f"=== {step} done in {time.perf_counter() - step_started:.0f}s: report {plan.html_path}",
+                flush=True,
+            )
+    print(
+        f"\ndraftgen demo: finished in {time.perf_counter() - started:.0f}s (simulated clock {args.speed:g}x)."
+    )
+    for line in _summary(out):
+        print("  " + line)
+    print(f"  reports  : {', '.join(str(out / s / 'report.html') for s in STEPS)}")
     return 0
