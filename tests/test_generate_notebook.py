@@ -125,15 +125,15 @@ def base_params(fleet, prompts: Path, **changes: object) -> dict:
 
 
 @pytest.fixture
-def prompts_3000(tmp_path: Path) -> Path:
+def prompts_2000(tmp_path: Path) -> Path:
     path = tmp_path / "prompts.jsonl"
-    write_synthetic(path, 3000, seed=7)
+    write_synthetic(path, 2000, seed=7)
     return path
 
 
 # ----- the main job -----------------------------------------------------------------------------------------
 def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
-    sim_fleet, tmp_path, prompts_3000, monkeypatch
+    sim_fleet, tmp_path, prompts_2000, monkeypatch
 ):
     secret = "sk-draftgen-test-" + os.urandom(8).hex()
     monkeypatch.setenv("DRAFTGEN_TEST_API_KEY", secret)
@@ -153,19 +153,19 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
         )
     )
     params = base_params(
-        fleet, prompts_3000, batch_save_size=250, api_key_env="DRAFTGEN_TEST_API_KEY", estimate=str(estimate)
+        fleet, prompts_2000, batch_save_size=250, api_key_env="DRAFTGEN_TEST_API_KEY", estimate=str(estimate)
     )
     result = draftgen_run(tmp_path / "out", "seven", params)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "out" / "generate" / "seven"
-    assert_exactly_once(run_dir, valid_ids(prompts_3000))
+    assert_exactly_once(run_dir, valid_ids(prompts_2000))
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete" and manifest["counts"] == {
-        "done": 3000,
+        "done": 2000,
         "failed": 0,
         "rejected": 0,
     }
-    assert len(manifest["shards"]) == 12
+    assert len(manifest["shards"]) == 8
     frame = pl.read_parquet(run_dir / "shards" / "part-000001.parquet")
     assert frame["server"].n_unique() > 1 and frame["content"].null_count() == 0
     assert frame["response_id"].null_count() == 0 and frame["usage_reported"].all()
@@ -186,7 +186,7 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
 
 def test_server_killed_mid_run_and_restarted_loses_nothing(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 1500, seed=8)
+    write_synthetic(prompts, 1000, seed=8)
     fleet = sim_fleet(servers=7, profile="b200-mtp", speed=20.0)
     run_dir = tmp_path / "out" / "generate" / "kill"
     proc = start_run(
@@ -223,7 +223,7 @@ def _kernel_of(proc: subprocess.Popen) -> psutil.Process:
 
 def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 1500, seed=9)
+    write_synthetic(prompts, 1000, seed=9)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0)
     run_dir = tmp_path / "out" / "generate" / "crash"
@@ -238,13 +238,13 @@ def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     stored_before = read_done_ids(run_dir)
-    assert 0 < len(stored_before) < 1500 and stored_before.n_unique() == len(stored_before)
+    assert 0 < len(stored_before) < 1000 and stored_before.n_unique() == len(stored_before)
     result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_exactly_once(run_dir, valid_ids(prompts))
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete"
-    assert manifest["sessions"][-1]["completed"] == 1500 - len(stored_before)  # only the rest was generated
+    assert manifest["sessions"][-1]["completed"] == 1000 - len(stored_before)  # only the rest was generated
     assert "already stored" in notebook_text(run_dir)
 
 
@@ -278,9 +278,9 @@ def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
     assert attempts["attempts"].max() > 1
 
 
-def test_guard_halts_within_the_first_batch_when_answers_are_empty(sim_fleet, tmp_path, prompts_3000):
+def test_guard_halts_within_the_first_batch_when_answers_are_empty(sim_fleet, tmp_path, prompts_2000):
     fleet = sim_fleet(servers=3, profile="instant", faults=["empty_answer_rate=0.9"])
-    params = base_params(fleet, prompts_3000, batch_save_size=500, canary=False)
+    params = base_params(fleet, prompts_2000, batch_save_size=500, canary=False)
     result = draftgen_run(tmp_path / "out", "garbage", params)
     run_dir = tmp_path / "out" / "generate" / "garbage"
     assert result.returncode != 0
@@ -294,9 +294,9 @@ def test_guard_halts_within_the_first_batch_when_answers_are_empty(sim_fleet, tm
     assert len(read_done_ids(run_dir)) == done
 
 
-def test_canary_catches_empty_answers_before_the_run(sim_fleet, tmp_path, prompts_3000):
+def test_canary_catches_empty_answers_before_the_run(sim_fleet, tmp_path, prompts_2000):
     fleet = sim_fleet(servers=2, profile="instant", faults=["empty_answer_rate=1.0"])
-    result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_3000))
+    result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_2000))
     run_dir = tmp_path / "out" / "generate" / "canary"
     assert result.returncode != 0
     text = notebook_text(run_dir)

@@ -14,9 +14,10 @@ import html
 import json
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -50,6 +51,9 @@ CANARY_PROMPTS = (
     "Is 91 a prime number? Answer yes or no.",
 )
 HEALTH_POLL_S = 2.0
+PREFLIGHT_ATTEMPTS = 3
+PREFLIGHT_RETRY_S = 0.5
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -316,9 +320,9 @@ async def _server_checks(
         return checks, None
     checks.append(Check("model", url, "ok", config.model))
     try:
-        caps = await client.probe(config.model, config.sampling)
+        caps = await _retrying(lambda: client.probe(config.model, config.sampling))
     except RequestError as exc:
-        checks.append(Check("probe", url, "fail", f"a tiny request failed: {exc}"))
+        checks.append(Check("probe", url, "fail", f"a tiny request failed {PREFLIGHT_ATTEMPTS} times: {exc}"))
         return checks, None
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
     notes.append("acceptance per request" if caps.spec_details else "no per-request acceptance data")
@@ -343,20 +347,34 @@ async def _server_checks(
     return checks, caps
 
 
+async def _retrying(make: Callable[[], Awaitable[T]]) -> T:
+    """A preflight request, tried again after a transient failure (one 500 or 429 should not stop a run)."""
+    for attempt in range(1, PREFLIGHT_ATTEMPTS + 1):
+        try:
+            return await make()
+        except RequestError as exc:
+            if not exc.retryable or attempt == PREFLIGHT_ATTEMPTS:
+                raise
+            await asyncio.sleep(max(PREFLIGHT_RETRY_S * attempt, exc.retry_after or 0.0))
+    raise AssertionError("unreachable")
+
+
 async def canary(client: ServerClient, config: GenerateConfig) -> Check:
     """One real request: with thinking on, reasoning and answer must both be non-empty."""
     truncated = 0
     for prompt in CANARY_PROMPTS:
         try:
-            result = await client.chat(
-                [{"role": "user", "content": prompt}],
-                config.sampling,
-                config.model,
-                stream=config.stream,
-                timeout_s=config.request_timeout_s,
+            result = await _retrying(
+                lambda prompt=prompt: client.chat(
+                    [{"role": "user", "content": prompt}],
+                    config.sampling,
+                    config.model,
+                    stream=config.stream,
+                    timeout_s=config.request_timeout_s,
+                )
             )
         except RequestError as exc:
-            return Check("canary", client.url, "fail", f"request failed: {exc}")
+            return Check("canary", client.url, "fail", f"request failed {PREFLIGHT_ATTEMPTS} times: {exc}")
         defects = classify(
             thinking=config.enable_thinking,
             content=result.content,
