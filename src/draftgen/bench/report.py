@@ -278,8 +278,16 @@ def plot_latency(report: BenchmarkReport) -> Figure:
     ):
         for facts in report.servers:
             rows = report.results.filter(pl.col("server") == facts.url).sort("concurrency")
-            ax.plot(rows["concurrency"], rows[f"{name}_p50"], lw=1, alpha=0.5, color="tab:blue")
-            ax.plot(rows["concurrency"], rows[f"{name}_p90"], lw=1, alpha=0.5, color="tab:orange", ls="--")
+            ax.plot(rows["concurrency"], rows[f"{name}_p50"], lw=1, alpha=0.5, color="tab:blue", marker="o")
+            ax.plot(
+                rows["concurrency"],
+                rows[f"{name}_p90"],
+                lw=1,
+                alpha=0.5,
+                color="tab:orange",
+                ls="--",
+                marker="x",
+            )
         ax.plot([], [], color="tab:blue", label="p50 (one line per server)")
         ax.plot([], [], color="tab:orange", ls="--", label="p90")
         _levels_axis(ax, levels)

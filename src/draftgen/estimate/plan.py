@@ -214,15 +214,20 @@ def _boot_note(measured: Measured) -> str:
 
 
 def sweeps(
-    main: Measured, num_prompts: int, gpus: int, concurrency: int, max_tokens: int, rng: np.random.Generator
+    main: Measured, num_prompts: int, gpus: int, concurrency: int, max_tokens: int, seed: int
 ) -> dict[str, pl.DataFrame]:
-    """Point estimates (days) when one parameter moves and the others stay at production values."""
+    """Point estimates (days) when one parameter moves and the others stay at production values.
+
+    Every point draws the same random lengths (common random numbers), so neighbouring points differ by the
+    parameter, not by the draw.
+    """
     rate = main.fit.model
     per_prompt = main.lengths.per_prompt(max_tokens)
     measured_to = main.data.max_in_flight
 
     def days(pp: np.ndarray, g: int, c: int) -> float:
-        return estimate_wall(pp, num_prompts, g, c, rate, rng, repeats=1).wall_s / DAY_S
+        draw = np.random.default_rng(seed)
+        return estimate_wall(pp, num_prompts, g, c, rate, draw, repeats=3).wall_s / DAY_S
 
     levels = sorted({*SWEEP_CONCURRENCY, concurrency, *main.data.levels})
     by_concurrency = pl.DataFrame(
@@ -324,7 +329,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         production=production,
         concurrency_1=concurrency_1,
         scenarios=scenarios,
-        sweeps=sweeps(main, num_prompts, gpus, config.concurrency_per_server, config.max_tokens, rng),
+        sweeps=sweeps(main, num_prompts, gpus, config.concurrency_per_server, config.max_tokens, config.seed),
         notes=tuple(notes),
         prefill_s_per_request=_prefill_per_request(main.data),
     )

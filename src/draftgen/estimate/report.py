@@ -9,10 +9,8 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.bench.report import save_figure
+from draftgen.bench.report import save_figure as save_figure  # re-exported: notebooks save plots through it
 from draftgen.estimate.plan import DAY_S, Estimate, ScenarioResult
-
-__all__ = ["estimate_json", "save_estimate", "save_figure"]
 
 ESTIMATE_FILE = "estimate.json"
 
@@ -162,7 +160,11 @@ def plot_sweep_concurrency(estimate: Estimate) -> Figure:
     if cap:
         ax.axvline(cap, color="grey", ls="--", lw=1, label=f"max_running_requests={cap}")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    levels = frame["concurrency_per_server"].to_list()
+    ax.set_xticks(levels)
+    ax.set_xticklabels([str(c) for c in levels], fontsize=7)
+    ax.minorticks_off()
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("requests in flight per server")
     ax.set_ylabel("days")
     ax.set_title("How many days does the set take at each concurrency per server?")
