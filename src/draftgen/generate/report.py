@@ -12,6 +12,7 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.generate.preflight import load_estimate
+from draftgen.generate.progress import short_label
 from draftgen.generate.store import FAILED, REJECTED, read_manifest, shard_paths
 
 REPORT_COLUMNS = (
@@ -139,7 +140,7 @@ def plot_throughput(out_dir: str | Path) -> SavedPlot:
     )
     t0, t1 = rows["t"].min(), rows["t"].max()
     span = max(1e-6, t1 - t0)
-    bin_s = max(1.0, span / 60) if span > 60 else max(span / 30, 0.05)
+    bin_s = max(1.0, span / 60) if span > 60 else max(span / 25, 0.05)
     binned = (
         rows.with_columns(((pl.col("t") - t0) // bin_s).cast(pl.Int64).alias("bin"))
         .group_by("server", "bin")
@@ -152,7 +153,12 @@ def plot_throughput(out_dir: str | Path) -> SavedPlot:
     for (server,), group in binned.group_by("server", maintain_order=True):
         full = pl.DataFrame({"bin": range(int(span // bin_s) + 1)}).join(group, on="bin", how="left")
         tokens = full["completion_tokens"].fill_null(0).to_numpy()
-        axes.plot((full["bin"].to_numpy() + 0.5) * bin_s / scale, tokens / bin_s, label=server, linewidth=1.2)
+        axes.plot(
+            (full["bin"].to_numpy() + 0.5) * bin_s / scale,
+            tokens / bin_s,
+            label=short_label(server),
+            linewidth=1.2,
+        )
     axes.set_title("How fast did each server produce tokens over the run?")
     axes.set_xlabel(f"time since first completion ({unit})")
     axes.set_ylabel("completion tok/s")
