@@ -327,3 +327,15 @@ def test_warnings_name_a_busy_client_failures_and_a_missing_steady_phase():
     assert any("1 of 2 requests failed" in n for n in notes)
     row.update(requests=3, rounds=1.5, failed=0, client_lag_ms_p99=1.0)
     assert [n for n in measurement_warnings(pl.DataFrame([row])) if "no steady phase" in n]
+
+
+def test_rounds_size_each_level_by_its_concurrency():
+    base = {"servers": ["http://a:1", "http://b:2"], "model": "m", "concurrencies": [1, 16, 64]}
+    fixed = build_config(BenchmarkConfig, {**base, "num_prompts": 40})
+    assert [fixed.level_requests(c) for c in (1, 16, 64)] == [40, 40, 40]
+    assert fixed.prompts_needed() == 2 * 3 * 40
+    by_rounds = build_config(BenchmarkConfig, {**base, "num_prompts": 40, "rounds": 2.5})
+    assert [by_rounds.level_requests(c) for c in (1, 16, 64)] == [8, 40, 160]  # at least 8, else ceil(2.5 c)
+    assert by_rounds.prompts_needed() == 2 * (8 + 40 + 160)
+    with pytest.raises(ParameterError, match="rounds"):
+        build_config(BenchmarkConfig, {**base, "rounds": -1.0})

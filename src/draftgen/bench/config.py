@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,7 @@ from draftgen.params import FleetParams, PositiveInt, SamplingParams
 from draftgen.synthetic import BUNDLED_PROMPTS
 
 DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]
+MIN_LEVEL_REQUESTS = 8  # fewest requests a level sends when sized by rounds
 WARMUP_MAX_TOKENS = (
     128  # warm-up requests are short: they only wake the server (graphs, caches), never measured
 )
@@ -19,7 +21,8 @@ WARMUP_MAX_TOKENS = (
 
 class BenchmarkConfig(FleetParams, SamplingParams):
     prompts: str = SYNTHETIC  # .jsonl/.parquet sample of the real prompts, or "synthetic" (the bundled set)
-    num_prompts: PositiveInt = 128  # requests per server at each concurrency level
+    num_prompts: PositiveInt = 128  # requests per server at each concurrency level (unless `rounds` is set)
+    rounds: Annotated[float, Field(ge=0)] = 0.0  # > 0: a level sends ceil(rounds x concurrency) requests (>= 8)
     concurrencies: list[PositiveInt] = Field(
         default_factory=lambda: list(DEFAULT_CONCURRENCIES), min_length=1
     )
@@ -71,6 +74,16 @@ class BenchmarkConfig(FleetParams, SamplingParams):
             enable_thinking=self.enable_thinking,
         )
 
+    def level_requests(self, concurrency: int) -> int:
+        """Requests sent at one level: ``num_prompts``, or ``rounds`` waves of the level's concurrency.
+
+        Rounds keep a concurrency-1 level from costing as much as a whole batch level: 128 sequential
+        4K-token completions take about half an hour on one B200.
+        """
+        if self.rounds > 0:
+            return max(MIN_LEVEL_REQUESTS, math.ceil(self.rounds * concurrency))
+        return self.num_prompts
+
     def prompts_needed(self) -> int:
         """Distinct prompts wanted: every server × level gets its own slice while the sample lasts."""
-        return len(self.servers) * len(self.concurrencies) * self.num_prompts
+        return len(self.servers) * sum(self.level_requests(c) for c in self.concurrencies)

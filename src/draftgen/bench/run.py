@@ -1,7 +1,8 @@
 """Run the benchmark: per server and concurrency level, a bounded closed loop of streaming chat requests.
 
 Each server gets one ``ServerClient``. A level keeps exactly ``concurrency`` requests in flight on its server
-(a new one is sent the moment one finishes) until ``num_prompts`` have been sent, scraping ``/metrics`` before
+(a new one is sent the moment one finishes) until the level's requests (``num_prompts``, or ``rounds``
+× concurrency) have been sent, scraping ``/metrics`` before
 and after so the level's own counter differences are known. Servers run in parallel (one GPU each, independent)
 unless the config says otherwise. Nothing here summarizes: records come back raw, ``stats`` turns them into rows.
 """
@@ -321,13 +322,15 @@ def _level_line(level: LevelRun) -> str:
 async def _run_server(
     client: ServerClient, facts: ServerFacts, config: BenchmarkConfig, sample: PromptSample
 ) -> list[LevelRun]:
-    n = config.num_prompts
     if config.warmup_requests:
         await _warm_up(client, config)
+    per_server = sum(config.level_requests(c) for c in config.concurrencies)
+    start = facts.index * per_server
     levels = []
-    for level_index, concurrency in enumerate(config.concurrencies):
-        start = (facts.index * len(config.concurrencies) + level_index) * n
+    for concurrency in config.concurrencies:
+        n = config.level_requests(concurrency)
         level = await run_level(client, facts, config, concurrency, sample.slice(start, n))
+        start += n
         print(_level_line(level), flush=True)
         levels.append(level)
     return levels
