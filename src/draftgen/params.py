@@ -67,6 +67,11 @@ class Params(BaseModel):
         return self.model_dump(mode="json")
 
 
+def _unset_if_empty(value: Any) -> Any:
+    """Notebook literals cannot be ``None`` under papermill: "" and 0 mean "not set" for optional parameters."""
+    return None if value == "" or (type(value) in (int, float) and value == 0) else value
+
+
 class FleetParams(Params):
     servers: list[str] = Field(min_length=1)  # base URLs, one per SGLang server (or one router URL)
     model: str = Field(min_length=1)  # served model name; also the model checked on each server
@@ -87,6 +92,8 @@ class FleetParams(Params):
         if duplicates:
             raise ValueError(f"listed more than once: {', '.join(duplicates)}")
         return cleaned
+
+    _api_key_env_unset = field_validator("api_key_env", mode="before")(_unset_if_empty)
 
     @field_validator("api_key_env")
     @classmethod
@@ -114,6 +121,8 @@ class SamplingParams(Params):
     top_k: PositiveInt | None = None  # sent only to engines that accept non-OpenAI fields
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     enable_thinking: bool = True
+
+    _extras_unset = field_validator("top_k", "min_p", mode="before")(_unset_if_empty)
 
 
 def _describe(value: Any) -> str:

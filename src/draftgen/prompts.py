@@ -16,6 +16,8 @@ from typing import Any
 
 import polars as pl
 
+from draftgen.synthetic import BUNDLED_PROMPTS
+
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
     "human": "user",
@@ -28,6 +30,7 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
 }
 PARQUET_BATCH_ROWS = 4096
+SYNTHETIC = "synthetic"  # ``prompts: synthetic`` → the bundled 2,000-row synthetic set
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,22 @@ def normalize_record(record: Any, row: int, raw_text: str | None = None) -> Prom
     except ValueError as exc:
         return RejectedRow(row, prompt_id, str(exc), _truncate(raw))
     return PromptRow(prompt_id or stable_id(messages), messages, row)
+
+
+def check_prompt_source(value: str, *, allow_empty: bool = False) -> str:
+    """A config validator for a ``prompts`` parameter: "synthetic" or an existing .jsonl/.parquet file."""
+    if value == SYNTHETIC or (allow_empty and value == ""):
+        return value
+    try:
+        _check_path(Path(value))
+    except PromptFileError as exc:
+        raise ValueError(f"{exc} (give a .jsonl/.parquet path, or 'synthetic' for the bundled set)") from None
+    return value
+
+
+def prompt_source_path(value: str) -> Path:
+    """The file behind a ``prompts`` parameter ("synthetic" and "" name the bundled set)."""
+    return BUNDLED_PROMPTS if value in ("", SYNTHETIC) else Path(value)
 
 
 def _check_path(path: Path) -> None:

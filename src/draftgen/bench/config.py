@@ -8,9 +8,8 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from draftgen.generate.config import SYNTHETIC
 from draftgen.params import FleetParams, PositiveInt, SamplingParams
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
 
 DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]
 MIN_LEVEL_REQUESTS = 8  # fewest requests a level sends when sized by rounds
@@ -32,12 +31,6 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     seed: int = 0  # which prompts are sampled from the file
     out_dir: str = "outputs/benchmark/interactive"  # results.parquet, requests.parquet and plots go here
 
-    @field_validator("api_key_env", "top_k", "min_p", mode="before")
-    @classmethod
-    def _unset(cls, value: object) -> object:
-        """Notebook literals cannot be ``None`` for papermill: "" / 0 mean "not set" (as in generate)."""
-        return None if value == "" or (type(value) in (int, float) and value == 0) else value
-
     @field_validator("concurrencies")
     @classmethod
     def _distinct(cls, levels: list[int]) -> list[int]:
@@ -49,8 +42,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     @field_validator("prompts")
     @classmethod
     def _prompt_file(cls, path: str) -> str:
-        if path in ("", SYNTHETIC):
-            return path
+        return check_prompt_source(path, allow_empty=True)
         if not Path(path).is_file():
             raise ValueError(
                 f"prompt file {path} does not exist (give a .jsonl/.parquet path, or 'synthetic')"
@@ -61,7 +53,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
 
     @property
     def prompt_path(self) -> Path:
-        return Path(self.prompts) if self.prompts not in ("", SYNTHETIC) else BUNDLED_PROMPTS
+        return prompt_source_path(self.prompts)
 
     @property
     def sampling(self) -> SamplingParams:

@@ -7,9 +7,8 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.generate.config import SYNTHETIC
 from draftgen.params import NonNegativeFloat, Params, PositiveFloat, PositiveInt
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
 
 
 class ScenarioSpec(Params):
@@ -62,8 +61,7 @@ class EstimateConfig(Params):
     @field_validator("prompts")
     @classmethod
     def _prompt_file(cls, path: str) -> str:
-        if path in ("", SYNTHETIC):
-            return path
+        return check_prompt_source(path, allow_empty=True)
         if not Path(path).is_file():
             raise ValueError(
                 f"prompt file {path} does not exist (or set dataset_size and leave prompts as is)"
@@ -91,4 +89,4 @@ class EstimateConfig(Params):
 
     @property
     def prompt_path(self) -> Path:
-        return Path(self.prompts) if self.prompts not in ("", SYNTHETIC) else BUNDLED_PROMPTS
+        return prompt_source_path(self.prompts)

@@ -10,13 +10,12 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import FleetParams, NonNegativeFloat, PositiveFloat, PositiveInt, SamplingParams
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts import check_prompt_source, prompt_source_path
 
 Rate = Annotated[float, Field(ge=0, le=1)]
 
 # Parameters that change what a completion looks like: a resumed run must use the same ones.
 FINGERPRINT_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "enable_thinking")
-SYNTHETIC = "synthetic"  # ``prompts: synthetic`` → the bundled 2,000-row synthetic set
 
 
 def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
@@ -69,12 +68,6 @@ class GenerateConfig(FleetParams, SamplingParams):
     force: bool = False  # resume even if model/sampling parameters differ from the stored run
     progress_interval_s: NonNegativeFloat = 1.0  # seconds between progress-bar refreshes
 
-    @field_validator("api_key_env", "top_k", "min_p", mode="before")
-    @classmethod
-    def _unset(cls, value: object) -> object:
-        """Notebook literals cannot be typed ``X | None`` for papermill: "" / 0 mean "not set" here."""
-        return None if value == "" or (type(value) in (int, float) and value == 0) else value
-
     @field_validator("shard")
     @classmethod
     def _shard(cls, value: str | list[int]) -> str | list[int]:
@@ -90,19 +83,7 @@ class GenerateConfig(FleetParams, SamplingParams):
             )
         return value
 
-    @field_validator("prompts")
-    @classmethod
-    def _prompts(cls, value: str) -> str:
-        if value == SYNTHETIC:
-            return value
-        path = Path(value)
-        if not path.exists():
-            raise ValueError(f"prompt file {value} does not exist")
-        if path.is_dir():
-            raise ValueError(f"prompt file {value} is a directory, not a .jsonl or .parquet file")
-        if path.suffix not in (".jsonl", ".parquet"):
-            raise ValueError(f"prompt file {value} must end in .jsonl or .parquet")
-        return value
+    _prompts = field_validator("prompts")(check_prompt_source)
 
     @model_validator(mode="after")
     def _consistent(self) -> GenerateConfig:
@@ -124,7 +105,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     # ----- derived values --------------------------------------------------------------------------------
     @property
     def prompt_path(self) -> Path:
-        return BUNDLED_PROMPTS if self.prompts == SYNTHETIC else Path(self.prompts)
+        return prompt_source_path(self.prompts)
 
     @property
     def shard_spec(self) -> tuple[int, int] | None:
