@@ -131,26 +131,32 @@ def fleet_missing(results: pl.DataFrame, servers: tuple[ServerFacts, ...]) -> tu
 
 
 def measurement_warnings(results: pl.DataFrame) -> tuple[str, ...]:
-    """Levels whose numbers deserve doubt, and why."""
-    notes = []
+    """Levels whose numbers deserve doubt, and why: one line per kind of doubt, naming every level it touches."""
+    busy: list[str] = []
+    failed: list[str] = []
+    ramp: list[str] = []
     for row in results.iter_rows(named=True):
-        where = f"GPU {row['gpu']} at concurrency {row['concurrency']}"
+        where = f"GPU {row['gpu']} c={row['concurrency']}"
         itl = row["itl_s_p50"]
         if itl and row["client_lag_ms_p99"] > 1000.0 * itl:
-            notes.append(
-                f"{where}: the client's event loop ran up to {row['client_lag_ms_p99']:.0f} ms late (p99), more than "
-                f"one decode step ({1000 * itl:.0f} ms): its latencies include client delay. Benchmark from a less "
-                "busy machine, or with parallel_servers=False"
-            )
+            busy.append(f"{where} ({row['client_lag_ms_p99']:.0f} ms late vs {1000 * itl:.0f} ms steps)")
         if row["failed"]:
-            notes.append(
-                f"{where}: {row['failed']} of {row['requests']} requests failed (see requests.parquet)"
-            )
+            failed.append(f"{where} ({row['failed']} of {row['requests']} requests failed)")
         if row["rounds"] < 2:
-            notes.append(
-                f"{where}: {row['requests']} requests for {row['concurrency']} slots: no steady phase, the "
-                "throughput is mostly ramp-up and drain (raise num_prompts to at least twice the concurrency)"
-            )
+            ramp.append(f"{where} ({row['requests']} requests for {row['concurrency']} slots)")
+    notes = []
+    if busy:
+        notes.append(
+            "the client's event loop ran late (p99) by more than one decode step, so these latencies include "
+            "client delay (benchmark from a less busy machine, or with parallel_servers=False): " + "; ".join(busy)
+        )
+    if failed:
+        notes.append("requests failed (see requests.parquet): " + "; ".join(failed))
+    if ramp:
+        notes.append(
+            "no steady phase, the throughput is mostly ramp-up and drain (send at least twice the concurrency: "
+            "raise num_prompts or rounds): " + "; ".join(ramp)
+        )
     return tuple(notes)
 
 
