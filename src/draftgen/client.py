@@ -31,7 +31,8 @@ class Capabilities:
 
     engine: str  # "sglang", "vllm", "openai-compatible" (e.g. transformers serve)
     model_ids: tuple[str, ...] = ()
-    extra_fields: bool = True  # accepts non-OpenAI body fields (chat_template_kwargs, top_k, ...)
+    extra_fields: bool = True  # accepts the non-OpenAI sampling fields (top_k, min_p, return_spec_tokens_details)
+    template_kwargs: bool = True  # accepts chat_template_kwargs (enable_thinking); transformers serve does
     spec_details: bool = False  # answers return_spec_tokens_details with sglext.spec_tokens_details
     metrics: bool = False  # GET /metrics answers Prometheus text
     version: str | None = None
@@ -91,6 +92,14 @@ def _retry_after(headers: Mapping[str, str] | None) -> float | None:
         return None
 
 
+def _error_text(body: dict) -> str:
+    """The message of a JSON error body: OpenAI-style ``message``, or FastAPI's ``detail`` (transformers serve)."""
+    for key in ("message", "detail"):
+        if body.get(key):
+            return str(body[key])
+    return str(body)
+
+
 def classify_error(exc: BaseException) -> RequestError:
     """Map openai/aiohttp/asyncio exceptions to a RequestError (kind, status, retry-after)."""
     if isinstance(exc, RequestError):
@@ -99,7 +108,7 @@ def classify_error(exc: BaseException) -> RequestError:
         return RequestError("timeout", "no answer within the request timeout")
     if isinstance(exc, openai.APIStatusError):
         body = exc.body if isinstance(exc.body, (dict, str)) else None
-        message = body.get("message", str(body)) if isinstance(body, dict) else (body or exc.message)
+        message = _error_text(body) if isinstance(body, dict) else (body or exc.message)
         return RequestError(
             "http", str(message)[:500], status=exc.status_code, retry_after=_retry_after(exc.response.headers)
         )
@@ -120,6 +129,20 @@ def _extra(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+# The separated reasoning text: SGLang and transformers serve name it reasoning_content, vLLM (0.10 and later)
+# reasoning.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _reasoning(obj: Any) -> str | None:
+    """The reasoning text of a message or delta (object or dict), whichever field name the engine uses."""
+    for name in REASONING_FIELDS:
+        value = obj.get(name) if isinstance(obj, dict) else _extra(obj, name)
+        if isinstance(value, str):
+            return value
+    return None
+
+
 def _spec_from_sglext(sglext: Any) -> tuple[float | None, int | None]:
     if not isinstance(sglext, dict):
         return None, None
@@ -138,7 +161,7 @@ def _http_error(status: int, text: str, headers: Mapping[str, str]) -> RequestEr
         payload = json.loads(text)
         if isinstance(payload, dict):
             inner = payload.get("error", payload)
-            message = str(inner.get("message", inner) if isinstance(inner, dict) else inner)
+            message = _error_text(inner) if isinstance(inner, dict) else str(inner)
     except json.JSONDecodeError:
         pass
     return RequestError("http", message[:500], status=status, retry_after=_retry_after(headers))
@@ -173,7 +196,7 @@ async def _read_sse(url: str, reply: aiohttp.ClientResponse, started_at: float, 
             sglext = chunk.get("sglext") or sglext
             for choice in chunk.get("choices") or ():
                 delta = choice.get("delta") or {}
-                piece_r, piece_c = delta.get("reasoning_content"), delta.get("content")
+                piece_r, piece_c = _reasoning(delta), delta.get("content")
                 if piece_r:
                     reasoning.append(piece_r)
                 if piece_c:
@@ -270,7 +293,16 @@ class ServerClient:
             return None
 
     async def health(self, generate: bool = False, timeout_s: float = 30.0) -> int | None:
-        status, _ = await self.get("/health_generate" if generate else "/health", timeout_s)
+        """Status of /health, or of SGLang's /health_generate (a real 1-token generation) with ``generate``.
+
+        Engines without /health_generate (vLLM, transformers serve answer 404) fall back to /health: callers
+        that need proof of generation send a request of their own (preflight's probe and canary do).
+        """
+        if generate:
+            status, _ = await self.get("/health_generate", timeout_s)
+            if status != 404:
+                return status
+        status, _ = await self.get("/health", timeout_s)
         return status
 
     async def model_ids(self) -> tuple[str, ...]:
@@ -310,8 +342,9 @@ class ServerClient:
             "top_p": sampling.top_p,
         }
         extra: dict[str, Any] = {}
-        if caps.extra_fields:
+        if caps.template_kwargs:
             extra["chat_template_kwargs"] = {"enable_thinking": sampling.enable_thinking}
+        if caps.extra_fields:
             if sampling.top_k is not None:
                 extra["top_k"] = sampling.top_k
             if sampling.min_p is not None:
@@ -360,7 +393,7 @@ class ServerClient:
         return ChatResult(
             server=self.url,
             response_id=reply.id,
-            reasoning_content=_extra(message, "reasoning_content"),
+            reasoning_content=_reasoning(message),
             content=message.content,
             finish_reason=choice.finish_reason,
             prompt_tokens=usage.prompt_tokens if usage else None,
@@ -390,7 +423,7 @@ class ServerClient:
                 sglext = _extra(chunk, "sglext") or sglext
                 for choice in chunk.choices or ():  # usage / sglext chunks carry choices: []
                     delta = choice.delta
-                    piece_r = _extra(delta, "reasoning_content") if delta is not None else None
+                    piece_r = _reasoning(delta) if delta is not None else None
                     piece_c = delta.content if delta is not None else None
                     if piece_r:
                         reasoning.append(piece_r)
@@ -464,37 +497,38 @@ class ServerClient:
         return "openai-compatible", None, has_metrics
 
     async def probe(self, model: str, sampling: SamplingParams) -> Capabilities:
-        """Detect the engine and which extras it accepts with one tiny request (and one more on a 400/422)."""
+        """Detect the engine and which extras it accepts, with one tiny request per step back.
+
+        The first request carries every extra; a 400/422 (transformers serve: "Unexpected fields"; vLLM with
+        speculative decoding: min_p "not yet supported") retries without the sampling extras (top_k, min_p,
+        return_spec_tokens_details) but with chat_template_kwargs (enable_thinking), then with plain OpenAI
+        fields only. Any other failure, or a 400/422 on the plain request (a wrong model name), raises.
+        """
         engine, version, has_metrics = await self.detect_engine()
         ids = await self.model_ids()
-        self.capabilities = Capabilities(
-            engine=engine,
-            model_ids=ids,
-            extra_fields=True,
-            spec_details=True,
-            metrics=has_metrics,
-            version=version,
+        steps = (
+            {"extra_fields": True, "template_kwargs": True, "spec_details": True},
+            {"extra_fields": False, "template_kwargs": True, "spec_details": False},
+            {"extra_fields": False, "template_kwargs": False, "spec_details": False},
         )
-        try:
-            result = await self.chat(
-                [{"role": "user", "content": "Say OK."}],
-                sampling,
-                model,
-                max_tokens=PROBE_MAX_TOKENS,
-                timeout_s=min(self.timeout_s, 120.0),
+        for index, step in enumerate(steps):
+            self.capabilities = Capabilities(
+                engine=engine, model_ids=ids, metrics=has_metrics, version=version, **step
             )
-            spec = result.spec_verify_ct is not None
-            self.capabilities = replace(self.capabilities, spec_details=spec)
-        except RequestError as exc:
-            if exc.status not in (400, 422):
-                raise
-            # The engine rejects non-OpenAI fields (transformers serve answers 422): send plain OpenAI from now on.
-            self.capabilities = replace(self.capabilities, extra_fields=False, spec_details=False)
-            await self.chat(
-                [{"role": "user", "content": "Say OK."}],
-                sampling,
-                model,
-                max_tokens=PROBE_MAX_TOKENS,
-                timeout_s=min(self.timeout_s, 120.0),
+            try:
+                result = await self.chat(
+                    [{"role": "user", "content": "Say OK."}],
+                    sampling,
+                    model,
+                    max_tokens=PROBE_MAX_TOKENS,
+                    timeout_s=min(self.timeout_s, 120.0),
+                )
+            except RequestError as exc:
+                if exc.status not in (400, 422) or index == len(steps) - 1:
+                    raise
+                continue
+            self.capabilities = replace(
+                self.capabilities, spec_details=step["spec_details"] and result.spec_verify_ct is not None
             )
+            break
         return self.capabilities

@@ -130,11 +130,13 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
     ids = await client.model_ids()
     if not ids:
         status = await client.health()
-        raise BenchmarkError(
-            f"server {client.url} did not answer GET /v1/models (health: {status or 'unreachable'}); "
-            "start it (draftgen serve / draftgen sim) or remove it from `servers`"
-        )
-    if config.model not in ids:
+        if status != 200:
+            raise BenchmarkError(
+                f"server {client.url} did not answer GET /v1/models (health: {status or 'unreachable'}); "
+                "start it (draftgen serve / draftgen sim) or remove it from `servers`"
+            )
+        # Healthy but no model list (transformers serve answers 500): the probe request below names the model.
+    elif config.model not in ids:
         raise BenchmarkError(
             f"server {client.url} serves {', '.join(ids)}, not {config.model!r}: fix `model` or the server list"
         )

@@ -308,7 +308,18 @@ async def _server_checks(
         return checks, None
     checks.append(Check("healthy", url, "ok", "/health and /health_generate 200"))
     ids = await client.model_ids()
-    if config.model not in ids:
+    if not ids:  # transformers serve answers 500 here: the probe's request names the model instead
+        status, _ = await client.get("/v1/models")
+        checks.append(
+            Check(
+                "model",
+                url,
+                "info",
+                f"model list unavailable (GET /v1/models answered {status}): "
+                f"the probe request checks {config.model!r} instead",
+            )
+        )
+    elif config.model not in ids:
         checks.append(
             Check(
                 "model",
@@ -318,7 +329,8 @@ async def _server_checks(
             )
         )
         return checks, None
-    checks.append(Check("model", url, "ok", config.model))
+    else:
+        checks.append(Check("model", url, "ok", config.model))
     try:
         caps = await _retrying(lambda: client.probe(config.model, config.sampling))
     except RequestError as exc:
@@ -327,8 +339,15 @@ async def _server_checks(
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
     notes.append("acceptance per request" if caps.spec_details else "no per-request acceptance data")
     if not caps.extra_fields:
-        notes.append("plain OpenAI fields only (top_k/min_p/enable_thinking not sent)")
-    probe_status = "ok" if caps.extra_fields or not config.enable_thinking else "warn"
+        notes.append("top_k/min_p not accepted: not sent")
+    if not caps.template_kwargs:
+        notes.append(
+            "chat_template_kwargs not accepted: enable_thinking not sent (the template's default applies)"
+        )
+    dropped = not caps.template_kwargs or (
+        not caps.extra_fields and (config.top_k is not None or config.min_p is not None)
+    )
+    probe_status = "warn" if dropped else "ok"
     checks.append(Check("engine", url, probe_status, "; ".join(notes)))
     info = await client.server_info()
     cap = info.get("max_running_requests") if isinstance(info, dict) else None

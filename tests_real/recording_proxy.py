@@ -1,0 +1,145 @@
+"""A pass-through HTTP proxy in front of one real server that keeps a copy of every exchange.
+
+The tests compare what draftgen stored with what the server itself said (its ``usage``, its ``/metrics`` text)
+and check which fields draftgen sent to which engine. Bytes pass through unchanged and streams are relayed chunk
+by chunk as they arrive, so the client sees the server's own protocol (SSE framing, missing ``[DONE]``, usage
+chunks with ``choices: []``). Runs its own event loop in a daemon thread, so papermill kernels in other
+processes can use it while the test thread reads ``exchanges()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+# Headers that describe one hop, not the message: aiohttp sets its own on each side.
+HOP_HEADERS = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
+)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request through the proxy and the server's whole answer."""
+
+    method: str
+    path: str
+    request_body: bytes
+    status: int
+    response_body: bytes
+    started: float  # wall clock
+    finished: float
+
+    def request_json(self) -> Any:
+        return json.loads(self.request_body) if self.request_body else None
+
+    def response_json(self) -> Any:
+        return json.loads(self.response_body)
+
+    def sse_events(self) -> Iterator[Any]:
+        """Each ``data:`` payload of an SSE answer, JSON-decoded (``[DONE]`` stays the string "[DONE]")."""
+        for line in self.response_body.decode().splitlines():
+            if line.startswith("data:"):
+                payload = line[5:].strip()
+                yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+class RecordingProxy:
+    """``RecordingProxy(upstream).start()`` → the proxy's base URL; ``stop()`` closes it."""
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream.rstrip("/")
+        self.url: str | None = None
+        self._exchanges: list[Exchange] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="recording-proxy", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # ----- records ------------------------------------------------------------------------------------------
+    def exchanges(self, path: str | None = None, method: str | None = None) -> list[Exchange]:
+        with self._lock:
+            found = list(self._exchanges)
+        return [
+            e for e in found if (path is None or e.path == path) and (method is None or e.method == method)
+        ]
+
+    def chats(self) -> list[Exchange]:
+        return self.exchanges("/v1/chat/completions", "POST")
+
+    # ----- life cycle ---------------------------------------------------------------------------------------
+    def start(self) -> str:
+        self._thread.start()
+        port = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        self._loop.close()
+
+    async def _start(self) -> int:
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0),
+        )
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._relay)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        sockets = site._server.sockets if site._server is not None else []  # the port the OS chose
+        return sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        body = await request.read()
+        started = time.time()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        received: list[bytes] = []
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, data=body or None, headers=headers
+        ) as upstream:
+            reply = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for key, value in upstream.headers.items():
+                if key.lower() not in HOP_HEADERS:
+                    reply.headers[key] = value
+            await reply.prepare(request)
+            try:
+                async for data in upstream.content.iter_any():
+                    received.append(data)
+                    await reply.write(data)
+                await reply.write_eof()
+            finally:
+                exchange = Exchange(
+                    method=request.method,
+                    path=request.path,
+                    request_body=body,
+                    status=upstream.status,
+                    response_body=b"".join(received),
+                    started=started,
+                    finished=time.time(),
+                )
+                with self._lock:
+                    self._exchanges.append(exchange)
+        return reply
