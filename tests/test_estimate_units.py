@@ -226,3 +226,13 @@ def test_config_names_bad_scenarios_and_a_missing_benchmark(tmp_path):
     assert "holds no results.parquet" in text
     assert "scenarios.1.gpus" in text and "scenarios.2.tok_per_gpu" in text
     assert "not both" in text or "holds no results.parquet" in text
+
+
+def test_durations_read_in_the_unit_a_person_would_use():
+    from draftgen.humanize import duration, duration_unit
+
+    assert duration(16.5 * 86_400) == "16.5 days"
+    assert duration(5 * 3_600) == "5.0 h"
+    assert duration(95) == "95.0 s" and duration(150) == "2.5 min"
+    assert duration(12.34) == "12.3 s"
+    assert duration_unit(7_199) == ("min", 60.0)  # under two hours still reads in minutes

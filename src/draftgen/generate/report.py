@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.progress import short_label
 from draftgen.generate.store import FAILED, REJECTED, read_manifest, shard_paths
+from draftgen.humanize import duration_unit
 
 REPORT_COLUMNS = (
     "id",
@@ -214,14 +215,15 @@ def compare_estimate(
     actual_tok_s = run["output_tok_s"]
     mean_tokens = run["mean_completion_tokens"]
     actual_wall = prompts * mean_tokens / actual_tok_s if actual_tok_s and mean_tokens else None
+    unit, unit_s = duration_unit(planned_wall)
     records = [
         ("prompts in the set", float(prompts), float(prompts)),
         ("aggregate output tok/s", planned_tok_s, actual_tok_s),
         ("mean completion tokens", float(estimate["mean_completion_tokens"]), mean_tokens),
         (
-            "wall time for the set (h)",
-            planned_wall / 3600,
-            actual_wall / 3600 if actual_wall else None,
+            f"wall time for the set ({unit})",
+            planned_wall / unit_s,
+            actual_wall / unit_s if actual_wall else None,
         ),
     ]
     return pl.DataFrame(

@@ -1,0 +1,19 @@
+"""Durations in the unit a person would use: a dry run lasts seconds, the real job days."""
+
+from __future__ import annotations
+
+UNITS = (("days", 86_400.0), ("h", 3_600.0), ("min", 60.0), ("s", 1.0))
+
+
+def duration_unit(seconds: float) -> tuple[str, float]:
+    """(unit, seconds per unit) for the largest unit in which ``seconds`` is at least 2."""
+    for name, size in UNITS:
+        if seconds >= 2 * size:
+            return name, size
+    return "s", 1.0
+
+
+def duration(seconds: float, *, digits: int = 1) -> str:
+    """``duration(1_425_600) == "16.5 days"``, ``duration(150) == "2.5 min"``, ``duration(95) == "95.0 s"``."""
+    name, size = duration_unit(abs(seconds))
+    return f"{seconds / size:,.{digits}f} {name}"
