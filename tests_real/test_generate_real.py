@@ -63,7 +63,6 @@ def test_every_prompt_id_is_stored_exactly_once_across_both_engines(generate_run
     assert set(served) == {p.url for p in generate_run.proxies.values()}, f"rows per server: {served}"
     manifest = json.loads((generate_run.run_dir / "manifest.json").read_text())
     assert manifest["status"] == "complete", manifest.get("status")
-    assert rows["content"].str.strip_chars().str.len_chars().min() > 0, "an empty answer was stored"
 
 
 def test_stored_token_counts_equal_each_servers_own_usage(generate_run: GenerateRun):
