@@ -222,7 +222,8 @@ async def _one_request(
 # ----- one level ------------------------------------------------------------------------------------------------
 async def _snapshot(client: ServerClient, facts: ServerFacts) -> tuple[MetricsSnapshot | None, str | None]:
     if not facts.metrics:
-        return None, "server has no /metrics (SGLang: start it with --enable-metrics)"
+        advice = " (start SGLang with --enable-metrics)" if facts.engine == "sglang" else ""
+        return None, f"server has no /metrics{advice}"
     text = await client.metrics_text()
     if text is None:
         return None, "GET /metrics failed during the level"
