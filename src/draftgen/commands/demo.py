@@ -33,7 +33,12 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "--out", type=Path, default=Path("outputs/demo"), help="output folder (default outputs/demo)"
     )
     parser.add_argument("--servers", type=int, default=7, help="simulated GPUs, one server each (default 7)")
-    parser.add_argument("--speed", type=float, default=10.0, help="simulated clock speed-up (default 10x)")
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=5.0,
+        help="simulated clock speed-up (default 5x: faster starves two CPU cores and skews planned vs actual)",
+    )
     parser.add_argument(
         "--limit", type=int, default=0, help="generate only the first N prompts (default: all 2,000)"
     )
