@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-with warnings.catch_warnings():  # without ipywidgets tqdm.auto falls back to text and warns once
-    warnings.simplefilter("ignore")
-    from tqdm.auto import tqdm
+from draftgen.progressbar import tqdm
 
 RATE_WINDOW_S = 30.0
 

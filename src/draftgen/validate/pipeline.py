@@ -89,7 +89,7 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
 
 
 def _progress(total: int):
-    from tqdm.auto import tqdm
+    from draftgen.progressbar import tqdm
 
     return tqdm(total=total, unit="sample", desc="validate", mininterval=1.0)
 
