@@ -449,3 +449,21 @@ def test_estimate_comparison_projects_the_whole_set(tmp_path):
     estimate.write_text(json.dumps({"aggregate_output_tok_s": 1}))
     with pytest.raises(ValueError, match="lacks wall_time_s"):
         report.compare_estimate(estimate, config.out_dir)
+
+
+def test_throughput_spreads_each_request_over_its_lifetime():
+    import numpy as np
+
+    from draftgen.generate.report import spread_rate
+
+    rng = np.random.default_rng(0)
+    starts = rng.uniform(0, 100, 500)
+    ends = starts + rng.uniform(1, 30, 500)
+    tokens = rng.integers(1, 4096, 500).astype(float)
+    edges = np.linspace(starts.min(), ends.max(), 41)
+    rate = spread_rate(starts, ends, tokens, edges)
+    assert np.all(rate >= -1e-9)
+    assert np.isclose((rate * np.diff(edges)).sum(), tokens.sum())  # every token counted once
+    # one request of 100 tokens over [2, 4]: 50 tok/s in the bins it spans, nothing elsewhere
+    one = spread_rate(np.array([2.0]), np.array([4.0]), np.array([100.0]), np.array([0.0, 2.0, 3.0, 4.0, 6.0]))
+    assert one.tolist() == [0.0, 50.0, 50.0, 0.0]

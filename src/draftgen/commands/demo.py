@@ -46,7 +46,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+def _step_parameters(step: str, urls: list[str], out: Path, limit: int, speed: float) -> dict[str, Any]:
     fleet = {"servers": urls, "model": "Qwen/Qwen3.6-27B"}
     if step == "benchmark":
         # One GPU stands for all: the servers are identical and independent, and streaming 7 x 64 sped-up
@@ -59,11 +59,20 @@ def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[
             "warmup_requests": 2,
         }
     if step == "estimate":
+        # The comparison fleet is assumed, not measured: state it on the simulated clock like everything else here.
+        rtx = {
+            "name": f"4x RTX PRO 6000, no MTP (assumed 400 tok/s per GPU, on the {speed:g}x sim clock)",
+            "gpus": 4,
+            "tok_s_per_gpu": 400.0 * speed,
+            "max_running_requests": 64,
+            "gpu_hour_usd": 1.8,
+        }
         return {
             "benchmark_dir": str(out / "benchmark"),
             "prompts": "synthetic",
             "limit": limit,
             "gpus": len(urls),
+            "scenarios": [rtx],
         }
     if step == "generate":
         return {
@@ -123,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                 notebook=resolve_notebook(step),
                 run_dir=out / step,
                 parameters={
-                    **_step_parameters(step, fleet.urls, out, args.limit),
+                    **_step_parameters(step, fleet.urls, out, args.limit, args.speed),
                     "out_dir": str(out / step),
                 },
                 name=step,

@@ -10,7 +10,8 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.bench.report import save_figure as save_figure  # re-exported: notebooks save plots through it
-from draftgen.estimate.plan import DAY_S, Estimate, ScenarioResult
+from draftgen.estimate.plan import Estimate, ScenarioResult
+from draftgen.humanize import duration, duration_unit
 
 ESTIMATE_FILE = "estimate.json"
 
@@ -113,22 +114,24 @@ def plot_scenarios(estimate: Estimate) -> Figure:
     results = [estimate.production, estimate.concurrency_1, *estimate.scenarios]
     fig, ax = _figure((9, 0.6 * len(results) + 1.8))
     y = np.arange(len(results))[::-1]
-    days = np.asarray([r.days for r in results])
-    low = days - np.asarray([r.wall_time_low_s / DAY_S for r in results])
-    high = np.asarray([r.wall_time_high_s / DAY_S for r in results]) - days
+    unit, unit_s = duration_unit(max(r.wall_time_s for r in results))  # days for the real job, s for a dry run
+    wall = np.asarray([r.wall_time_s / unit_s for r in results])
+    low = wall - np.asarray([r.wall_time_low_s / unit_s for r in results])
+    high = np.asarray([r.wall_time_high_s / unit_s for r in results]) - wall
     colors = ["tab:green", "tab:red", *["tab:blue"] * len(estimate.scenarios)]
-    ax.barh(y, days, xerr=[low, high], color=colors, alpha=0.8, capsize=4)
+    ax.barh(y, wall, xerr=[low, high], color=colors, alpha=0.8, capsize=4)
     for yi, r in zip(y, results, strict=True):
         ax.annotate(
-            f" {r.days:,.2f} d  ${r.cost_usd:,.0f}", (r.wall_time_high_s / DAY_S, yi), va="center", fontsize=8
+            f" {duration(r.wall_time_s)}  ${r.cost_usd:,.0f}", (r.wall_time_high_s / unit_s, yi), va="center",
+            fontsize=8,
         )
     ax.set_yticks(y)
     ax.set_yticklabels(
         [f"{r.name}\n{r.gpus} GPU × {r.concurrency_per_server} in flight" for r in results], fontsize=8
     )
-    ax.set_xlabel(f"days for {estimate.num_prompts:,} prompts ({estimate.config.interval:.0%} interval)")
+    ax.set_xlabel(f"{unit} for {estimate.num_prompts:,} prompts ({estimate.config.interval:.0%} interval)")
     ax.set_title("How many days and dollars does the whole set take?")
-    ax.set_xlim(right=max(r.wall_time_high_s / DAY_S for r in results) * 1.35)
+    ax.set_xlim(right=max(r.wall_time_high_s / unit_s for r in results) * 1.35)
     fig.tight_layout()
     return fig
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
@@ -131,38 +132,56 @@ def _save(figure: Figure, out_dir: Path, name: str) -> SavedPlot:
     return SavedPlot(path, figure)
 
 
+def spread_rate(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Tokens/s in each bin between ``edges``, each request's tokens spread evenly over its own lifetime.
+
+    A non-streamed request reports all its tokens when it ends; charging them to that instant draws spikes, not
+    the server's speed. Events (+rate at start, -rate at end) give a piecewise-constant rate integrated per bin.
+    """
+    duration = np.maximum(ends - starts, 1e-9)
+    rate = tokens / duration
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([rate, -rate])
+    order = np.argsort(times, kind="stable")
+    times, level = times[order], np.cumsum(steps[order])
+    # Integral of the rate from the first event to each edge, then differences per bin.
+    knots = np.concatenate([[times[0]], times])
+    area = np.concatenate([[0.0], np.cumsum(np.diff(knots) * np.concatenate([[0.0], level[:-1]]))])
+    index = np.clip(np.searchsorted(times, edges, side="right") - 1, 0, len(times) - 1)
+    at_edges = area[index + 1] + level[index] * np.clip(edges - times[index], 0, None)
+    at_edges[edges < times[0]] = 0.0
+    return np.diff(at_edges) / np.diff(edges)
+
+
 def plot_throughput(out_dir: str | Path) -> SavedPlot:
-    """Completion tokens per second over time, one line per server (by finish time)."""
+    """Completion tokens per second over time, one line per server (each request spread over its lifetime)."""
     out_dir = Path(out_dir)
     rows = (
         scan_results(out_dir)
-        .select("server", "completion_tokens", (pl.col("started_at") + pl.col("latency_s")).alias("t"))
+        .select(
+            "server",
+            pl.col("completion_tokens").fill_null(0).cast(pl.Float64),
+            pl.col("started_at").alias("start"),
+            (pl.col("started_at") + pl.col("latency_s")).alias("end"),
+        )
         .collect()
     )
-    t0, t1 = rows["t"].min(), rows["t"].max()
+    t0, t1 = rows["start"].min(), rows["end"].max()
     span = max(1e-6, t1 - t0)
-    bin_s = max(1.0, span / 60) if span > 60 else max(span / 25, 0.05)
-    binned = (
-        rows.with_columns(((pl.col("t") - t0) // bin_s).cast(pl.Int64).alias("bin"))
-        .group_by("server", "bin")
-        .agg(pl.col("completion_tokens").sum())
-        .sort("server", "bin")
-    )
+    edges = np.linspace(t0, t1, 61)
     figure = Figure(figsize=(9, 4))
     axes = figure.subplots()
-    scale, unit = (60.0, "min") if span > 600 else (1.0, "s")
-    for (server,), group in binned.group_by("server", maintain_order=True):
-        full = pl.DataFrame({"bin": range(int(span // bin_s) + 1)}).join(group, on="bin", how="left")
-        tokens = full["completion_tokens"].fill_null(0).to_numpy()
-        axes.plot(
-            (full["bin"].to_numpy() + 0.5) * bin_s / scale,
-            tokens / bin_s,
-            label=short_label(server),
-            linewidth=1.2,
+    scale, unit = (3600.0, "h") if span > 7200 else (60.0, "min") if span > 600 else (1.0, "s")
+    centers = ((edges[:-1] + edges[1:]) / 2 - t0) / scale
+    for (server,), group in rows.group_by("server", maintain_order=True):
+        rate = spread_rate(
+            group["start"].to_numpy(), group["end"].to_numpy(), group["completion_tokens"].to_numpy(), edges
         )
+        axes.plot(centers, rate, label=short_label(server), linewidth=1.2)
     axes.set_title("How fast did each server produce tokens over the run?")
-    axes.set_xlabel(f"time since first completion ({unit})")
+    axes.set_xlabel(f"time since the first request ({unit})")
     axes.set_ylabel("completion tok/s")
+    axes.set_ylim(bottom=0)
     axes.legend(fontsize=7, ncols=2)
     axes.grid(alpha=0.3)
     return _save(figure, out_dir, "throughput")
