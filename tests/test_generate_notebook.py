@@ -25,41 +25,27 @@ from draftgen.synthetic import write_synthetic
 RUN_TIMEOUT_S = 240
 
 
-def draftgen_run(out_root: Path, name: str, params: dict, *extra: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "draftgen",
-        "run",
-        "generate",
-        "--name",
-        name,
-        "--out-root",
-        str(out_root),
-    ]
+def run_command(out_root: Path, name: str, params: dict, *extra: str) -> list[str]:
+    """``python -m draftgen run generate --name NAME --out-root ROOT -p KEY VALUE ...`` as an argv list."""
+    command = [sys.executable, "-m", "draftgen", "run", "generate", "--name", name, "--out-root", str(out_root)]
     for key, value in params.items():
         command += ["-p", key, json.dumps(value) if not isinstance(value, str) else value]
+    return [*command, *extra]
+
+
+def draftgen_run(out_root: Path, name: str, params: dict, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*command, *extra], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=os.environ.copy()
+        run_command(out_root, name, params, *extra),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=os.environ.copy(),
     )
 
 
 def start_run(out_root: Path, name: str, params: dict, *extra: str) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-m",
-        "draftgen",
-        "run",
-        "generate",
-        "--name",
-        name,
-        "--out-root",
-        str(out_root),
-    ]
-    for key, value in params.items():
-        command += ["-p", key, json.dumps(value) if not isinstance(value, str) else value]
     return subprocess.Popen(
-        [*command, *extra],
+        run_command(out_root, name, params, *extra),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -15,12 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftgen.sim.fleet import find_free_base_port
+from draftgen.sim.fleet import find_free_base_port, http_status
 
 LOG_TAIL_LINES = 40
 STOP_GRACE_S = 20.0
@@ -116,16 +114,6 @@ def start_server(engine: str, model: Path, log_dir: Path) -> RealServer:
     )
 
 
-def http_status(url: str, timeout: float = 5.0) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return None
-
-
 def wait_ready(server: RealServer, timeout_s: float, path: str = "/health") -> None:
     """Poll ``path`` until 200; raise ServerStartError (with the log's tail) if the server exits or times out."""
     deadline = time.monotonic() + timeout_s
@@ -137,7 +125,7 @@ def wait_ready(server: RealServer, timeout_s: float, path: str = "/health") -> N
                 f"{server.engine} server exited with code {code} before answering {path} "
                 f"(log {server.log}):\n{server.log_tail()}"
             )
-        last = http_status(server.url + path)
+        last = http_status(server.url + path, timeout=5.0)
         if last == 200:
             server.ready_after_s = time.monotonic() - server.started
             return
