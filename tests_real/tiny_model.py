@@ -8,7 +8,8 @@ decoding needs to have drafts accepted.
 
 Like Qwen3's own checkpoints, generation_config.json asks for sampling (do_sample, temperature 0.6, top_p 0.95):
 ``transformers serve`` samples only when the checkpoint says so (a request's temperature alone stays greedy).
-Unlike Qwen3's, it sets no top_k: vLLM applies the checkpoint's top_k to every request, and vLLM 0.32.0's CPU
+It also suppresses ``<|im_end|>``, so sampled noise never ends a turn early (an empty answer would rightly fail
+generate's canary, making the tier flaky). Unlike Qwen3's, it sets no top_k: vLLM applies the checkpoint's top_k to every request, and vLLM 0.32.0's CPU
 build with n-gram speculative decoding kills its engine on a request with top_k (EngineDeadError).
 """
 
@@ -44,8 +45,14 @@ def build_tiny_qwen3(out: Path) -> Path:
     )
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    # suppress_tokens: noise must not end a turn after a blank line (an empty answer fails the canary, as it
+    # should on a real model); transformers serve honours it, vLLM never stops early here anyway.
     model.generation_config = GenerationConfig(
-        do_sample=True, temperature=0.6, top_p=0.95, eos_token_id=config.eos_token_id
+        do_sample=True,
+        temperature=0.6,
+        top_p=0.95,
+        eos_token_id=config.eos_token_id,
+        suppress_tokens=[config.eos_token_id],
     )
     model.save_pretrained(folder)
     return folder
