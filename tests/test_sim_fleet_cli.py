@@ -156,3 +156,29 @@ def test_port_in_use_gives_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in result.stderr
     assert time.monotonic() - started < 60
     assert all(port_is_free(base + i) for i in (0, 2))  # nothing was left listening
+
+
+def test_a_server_whose_fleet_died_during_its_start_up_exits_at_once():
+    """The parent-death signal is armed only once the server runs: an already-dead parent must end it too."""
+    import os
+
+    from draftgen.sim.defaults import PARENT_PID_ENV
+    from draftgen.sim.fleet import find_free_base_port
+
+    port = find_free_base_port(1)
+    env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid() + 999_999)})  # not this server's parent
+    done = subprocess.run(
+        [sys.executable, "-m", "draftgen.sim.server", "--port", str(port), "--die-with-parent"],
+        env=env, timeout=30, capture_output=True,
+    )
+    assert done.returncode == 0
+    env[PARENT_PID_ENV] = str(os.getpid())  # the real parent: the server starts and serves until stopped
+    server = subprocess.Popen(
+        [sys.executable, "-m", "draftgen.sim.server", "--port", str(port), "--die-with-parent"], env=env
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.wait(timeout=3)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_PORT_IN_USE
+from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_PORT_IN_USE, PARENT_PID_ENV
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
 
@@ -165,7 +165,7 @@ class SimFleet:
 
     def _spawn(self, index: int, extra_faults: Iterable[str] = ()) -> None:
         log = open(self.log_path(index), "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{PARENT_PID_ENV: str(os.getpid())})
         self._procs[index] = subprocess.Popen(
             self._command(index, extra_faults),
             stdout=log,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_CRASH, EXIT_PORT_IN_USE
+from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_CRASH, EXIT_PORT_IN_USE, PARENT_PID_ENV
 from draftgen.sim.engine import Engine, SimRequest
 from draftgen.sim.faults import Faults, parse_faults
 from draftgen.sim.metrics import ServerMetrics
@@ -733,7 +733,11 @@ async def serve(config: ServerConfig, stop: asyncio.Event) -> None:
 
 
 def _set_parent_death_signal() -> None:
-    """Die with the parent (Linux): a fleet killed with SIGKILL leaves no orphan servers behind."""
+    """Die with the parent (Linux): a fleet killed with SIGKILL leaves no orphan servers behind.
+
+    The signal is armed only once this process runs; a parent killed during the start-up before that would be
+    missed, so a parent that is already gone (different parent pid) ends the server here.
+    """
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(Exception):
@@ -742,6 +746,9 @@ def _set_parent_death_signal() -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    expected = os.environ.get(PARENT_PID_ENV)
+    if expected and expected.isdigit() and os.getppid() != int(expected):
+        sys.exit(0)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
