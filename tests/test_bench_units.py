@@ -9,8 +9,8 @@ import pytest
 
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.occupancy import level_occupancy, occupancy_frame
+from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
 from draftgen.bench.report import find_knee, measurement_warnings, recommend
-from draftgen.bench.run import LevelRun, RequestRecord, ServerFacts
 from draftgen.bench.sample import sample_prompts
 from draftgen.bench.stats import level_acceptance, level_row, request_rows, resolve_request_tokens
 from draftgen.metrics import CounterWindow

@@ -145,8 +145,11 @@ def plan_run(
             f"run {run_dir} exists but did not finish; pass --resume to continue it, or another --name"
         )
     params = dict(parameters)
-    if "out_dir" in declared_parameters(notebook) and "out_dir" not in params:
+    declared = declared_parameters(notebook)
+    if "out_dir" in declared and "out_dir" not in params:
         params["out_dir"] = str(run_dir)
+    if resume and "resume" in declared and "resume" not in params:
+        params["resume"] = True  # benchmark: reuse the levels the interrupted run finished
     return RunPlan(notebook=notebook, run_dir=run_dir, parameters=params, name=run_name)
 
 

@@ -21,7 +21,9 @@ WARMUP_MAX_TOKENS = (
 class BenchmarkConfig(FleetParams, SamplingParams):
     prompts: str = SYNTHETIC  # .jsonl/.parquet sample of the real prompts, or "synthetic" (the bundled set)
     num_prompts: PositiveInt = 128  # requests per server at each concurrency level (unless `rounds` is set)
-    rounds: Annotated[float, Field(ge=0)] = 0.0  # > 0: a level sends ceil(rounds x concurrency) requests (>= 8)
+    rounds: Annotated[float, Field(ge=0)] = (
+        0.0  # > 0: a level sends ceil(rounds x concurrency) requests (>= 8)
+    )
     concurrencies: list[PositiveInt] = Field(
         default_factory=lambda: list(DEFAULT_CONCURRENCIES), min_length=1
     )
@@ -30,6 +32,9 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     knee_fraction: Annotated[float, Field(gt=0, le=1)] = 0.95  # knee: least concurrency reaching this share
     seed: int = 0  # which prompts are sampled from the file
     out_dir: str = "outputs/benchmark/interactive"  # results.parquet, requests.parquet and plots go here
+    resume: bool = (
+        False  # reuse levels an interrupted run left in out_dir/levels/ (same servers, prompts, sampling)
+    )
 
     @field_validator("concurrencies")
     @classmethod
@@ -43,13 +48,6 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     @classmethod
     def _prompt_file(cls, path: str) -> str:
         return check_prompt_source(path, allow_empty=True)
-        if not Path(path).is_file():
-            raise ValueError(
-                f"prompt file {path} does not exist (give a .jsonl/.parquet path, or 'synthetic')"
-            )
-        if Path(path).suffix not in (".jsonl", ".parquet"):
-            raise ValueError(f"prompt file {path} must be .jsonl or .parquet")
-        return path
 
     @property
     def prompt_path(self) -> Path:

@@ -11,7 +11,7 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.bench.occupancy import occupancy_frame
-from draftgen.bench.run import BenchmarkRun, ServerFacts
+from draftgen.bench.records import BenchmarkRun, ServerFacts
 from draftgen.bench.stats import level_row, request_rows
 
 RESULTS_FILE = "results.parquet"
@@ -135,8 +135,11 @@ def measurement_warnings(results: pl.DataFrame) -> tuple[str, ...]:
     busy: list[str] = []
     failed: list[str] = []
     ramp: list[str] = []
+    reused: list[str] = []
     for row in results.iter_rows(named=True):
         where = f"GPU {row['gpu']} c={row['concurrency']}"
+        if row.get("reused"):
+            reused.append(where)
         itl = row["itl_s_p50"]
         if itl and row["client_lag_ms_p99"] > 1000.0 * itl:
             busy.append(f"{where} ({row['client_lag_ms_p99']:.0f} ms late vs {1000 * itl:.0f} ms steps)")
@@ -148,7 +151,8 @@ def measurement_warnings(results: pl.DataFrame) -> tuple[str, ...]:
     if busy:
         notes.append(
             "the client's event loop ran late (p99) by more than one decode step, so these latencies include "
-            "client delay (benchmark from a less busy machine, or with parallel_servers=False): " + "; ".join(busy)
+            "client delay (benchmark from a less busy machine, or with parallel_servers=False): "
+            + "; ".join(busy)
         )
     if failed:
         notes.append("requests failed (see requests.parquet): " + "; ".join(failed))
@@ -156,6 +160,11 @@ def measurement_warnings(results: pl.DataFrame) -> tuple[str, ...]:
         notes.append(
             "no steady phase, the throughput is mostly ramp-up and drain (send at least twice the concurrency: "
             "raise num_prompts or rounds): " + "; ".join(ramp)
+        )
+    if reused:
+        notes.append(
+            "measured by an earlier, interrupted run and reused (resume=True; the servers, prompts and sampling "
+            "matched, but anything changed on the servers since is not in these numbers): " + "; ".join(reused)
         )
     return tuple(notes)
 

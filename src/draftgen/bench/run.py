@@ -4,7 +4,9 @@ Each server gets one ``ServerClient``. A level keeps exactly ``concurrency`` req
 (a new one is sent the moment one finishes) until the level's requests (``num_prompts``, or ``rounds``
 × concurrency) have been sent, scraping ``/metrics`` before
 and after so the level's own counter differences are known. Servers run in parallel (one GPU each, independent)
-unless the config says otherwise. Nothing here summarizes: records come back raw, ``stats`` turns them into rows.
+unless the config says otherwise. Each finished level is saved at once (``checkpoint``), so ``resume`` picks up an
+interrupted benchmark at the level it lost. Nothing here summarizes: records come back raw, ``stats`` turns them
+into rows.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from pathlib import Path
 
+from draftgen.bench.checkpoint import LEVELS_DIR, LevelStore, level_identity
 from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
+from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts
 from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.client import Capabilities, RequestError, ServerClient
-from draftgen.metrics import CounterWindow, MetricsParseError, MetricsSnapshot, counter_window, parse_metrics
+from draftgen.metrics import MetricsParseError, MetricsSnapshot, counter_window, parse_metrics
 from draftgen.prompts import PromptRow
 
 LAG_PROBE_INTERVAL_S = 0.05
@@ -25,81 +29,6 @@ LAG_PROBE_INTERVAL_S = 0.05
 
 class BenchmarkError(RuntimeError):
     """The benchmark cannot start (a server unreachable, the model not served): nothing was measured."""
-
-
-@dataclass(frozen=True)
-class ServerFacts:
-    """What one server is and reports, read once before the first level."""
-
-    index: int
-    url: str
-    engine: str
-    version: str | None
-    model_ids: tuple[str, ...]
-    extra_fields: bool  # accepts non-OpenAI body fields
-    sglext: bool  # answers per-request acceptance (sglext.spec_tokens_details)
-    metrics: bool  # GET /metrics answers Prometheus text
-    max_running_requests: int | None  # from /server_info; None when the server does not say
-    speculative_algorithm: str | None
-    speculation: bool | None  # from /server_info: True/False, None when unknown
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One benchmark request as the client saw it (wall-clock seconds)."""
-
-    server: str
-    gpu: int
-    concurrency: int
-    seq: int  # order sent within the level
-    prompt_id: str
-    ok: bool
-    error: str | None
-    started_at: float  # time.time() when sent
-    e2e_s: float  # sent → last byte (or → failure)
-    ttft_s: float | None  # sent → first reasoning/answer text
-    chunk_offsets: tuple[float, ...]  # arrival of each text chunk, seconds after sending
-    response_id: str | None = None
-    usage_reported: bool = False
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None  # from usage only
-    finish_reason: str | None = None
-    reasoning_chars: int = 0
-    content_chars: int = 0
-    content_blank: bool = True  # no answer text at all (whitespace only)
-    spec_accept_length: float | None = None  # per request, from sglext
-    spec_verify_ct: int | None = None
-    done_sentinel: bool | None = None  # the stream ended with "data: [DONE]"
-
-
-@dataclass(frozen=True)
-class LevelRun:
-    server: str
-    gpu: int
-    concurrency: int
-    started_at: float
-    finished_at: float
-    requests: tuple[RequestRecord, ...]
-    metrics_window: CounterWindow | None  # None when /metrics was unavailable before or after
-    metrics_note: str | None
-    cumulative_accept_length: (
-        float | None
-    )  # /server_info avg_spec_accept_length after the level: reference only
-    client_lag_ms: tuple[
-        float, ...
-    ]  # event-loop lateness samples: high values mean the client was the bottleneck
-
-
-@dataclass(frozen=True)
-class BenchmarkRun:
-    config: BenchmarkConfig
-    servers: tuple[ServerFacts, ...]
-    levels: tuple[LevelRun, ...]
-    sample_size: int
-    sample_rows_read: int
-    sample_rejected: int
-    started_at: float
-    finished_at: float
 
 
 # ----- server facts ---------------------------------------------------------------------------------------------
@@ -323,17 +252,36 @@ def _level_line(level: LevelRun) -> str:
 
 
 async def _run_server(
-    client: ServerClient, facts: ServerFacts, config: BenchmarkConfig, sample: PromptSample
+    client: ServerClient,
+    facts: ServerFacts,
+    config: BenchmarkConfig,
+    sample: PromptSample,
+    store: LevelStore,
 ) -> list[LevelRun]:
-    if config.warmup_requests:
-        await _warm_up(client, config)
     per_server = sum(config.level_requests(c) for c in config.concurrencies)
     start = facts.index * per_server
-    levels = []
+    plan = []  # (concurrency, rows, identity, stored level or None)
     for concurrency in config.concurrencies:
         n = config.level_requests(concurrency)
-        level = await run_level(client, facts, config, concurrency, sample.slice(start, n))
+        rows = sample.slice(start, n)
         start += n
+        identity = level_identity(facts, config, concurrency, rows)
+        stored = None
+        if config.resume:
+            stored, why = store.load(identity, facts.index, concurrency)
+            if stored is None:
+                print(f"  {facts.url} c={concurrency}: measuring ({why})", flush=True)
+        plan.append((concurrency, rows, identity, stored))
+    if config.warmup_requests and any(stored is None for *_, stored in plan):
+        await _warm_up(client, config)
+    levels = []
+    for concurrency, rows, identity, stored in plan:
+        if stored is not None:
+            print(f"{_level_line(stored)} (reused: measured by an earlier run)", flush=True)
+            levels.append(stored)
+            continue
+        level = await run_level(client, facts, config, concurrency, rows)
+        store.save(identity, level)
         print(_level_line(level), flush=True)
         levels.append(level)
     return levels
@@ -348,6 +296,11 @@ async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
         f"{sample.rejected} rejected)",
         flush=True,
     )
+    store = LevelStore(Path(config.out_dir) / LEVELS_DIR)
+    if not config.resume:
+        forgotten = store.clear()
+        if forgotten:
+            print(f"levels: {forgotten} stored by an earlier run in {store.root} discarded (resume=False)")
     clients = [
         ServerClient(url, api_key=api_key, timeout_s=config.request_timeout_s) for url in config.servers
     ]
@@ -373,14 +326,14 @@ async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
         if config.parallel_servers:
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(_run_server(c, f, config, sample))
+                    group.create_task(_run_server(c, f, config, sample, store))
                     for c, f in zip(clients, facts, strict=True)
                 ]
             for task in tasks:
                 levels.extend(task.result())
         else:
             for client, fact in zip(clients, facts, strict=True):
-                levels.extend(await _run_server(client, fact, config, sample))
+                levels.extend(await _run_server(client, fact, config, sample, store))
     finally:
         for client in clients:
             await client.close()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from draftgen.bench.run import LevelRun, RequestRecord, ServerFacts
+from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
 from draftgen.metrics import acceptance_length, generated_tokens
 
 PERCENTILES = (50, 90, 99)
@@ -237,6 +237,7 @@ def level_row(level: LevelRun, facts: ServerFacts, requests: Sequence[dict], max
         "client_lag_ms_p99": float(np.percentile(lag, 99)),
         "started_at": level.started_at,
         "finished_at": level.finished_at,
+        "reused": level.reused,
     }
     row["missing"] = "; ".join(missing_parts(level, facts, tokens_source, accept_source)) or ""
     return row

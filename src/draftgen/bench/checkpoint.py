@@ -1,0 +1,112 @@
+"""Finished benchmark levels on disk, so an interrupted benchmark resumes at the level it lost.
+
+Each server × level is written to ``out_dir/levels/`` the moment it finishes (atomically: a level is on disk
+whole or not at all). A resumed run reuses a stored level only when nothing that shaped its numbers changed: the
+server's URL and what it said about itself (engine, version, batch cap, speculative algorithm), the model, the
+sampling parameters, and the exact prompts the level sent, in order. Anything else is measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from draftgen.bench.config import BenchmarkConfig
+from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
+from draftgen.metrics import CounterWindow
+from draftgen.prompts import PromptRow
+
+FORMAT_VERSION = 1
+LEVELS_DIR = "levels"  # under out_dir
+SERVER_IDENTITY = ("url", "engine", "version", "max_running_requests", "speculative_algorithm")
+
+
+def level_identity(
+    facts: ServerFacts, config: BenchmarkConfig, concurrency: int, rows: Sequence[PromptRow]
+) -> dict[str, Any]:
+    """Everything a stored level must share with the level about to run for its numbers to stand in for it."""
+    return {
+        "format": FORMAT_VERSION,
+        "server": {name: getattr(facts, name) for name in SERVER_IDENTITY},
+        "model": config.model,
+        "sampling": config.sampling.model_dump(),
+        "concurrency": concurrency,
+        "prompt_ids": [row.id for row in rows],
+    }
+
+
+def _differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    names = []
+    for key, value in wanted.items():
+        if key == "server" and isinstance(stored.get(key), dict):
+            names += [f"server {k}" for k, v in value.items() if stored[key].get(k) != v]
+        elif stored.get(key) != value:
+            names.append("prompts" if key == "prompt_ids" else key)
+    return names
+
+
+def _level_to_json(level: LevelRun) -> dict[str, Any]:
+    data = asdict(level)
+    data.pop("reused", None)  # a property of this run's use of the level, not of the measurement
+    return data
+
+
+def _level_from_json(data: dict[str, Any]) -> LevelRun:
+    requests = tuple(
+        RequestRecord(**{**r, "chunk_offsets": tuple(r["chunk_offsets"])}) for r in data["requests"]
+    )
+    window = data["metrics_window"]
+    metrics_window = (
+        CounterWindow(seconds=window["seconds"], deltas=dict(window["deltas"]), reset=tuple(window["reset"]))
+        if window is not None
+        else None
+    )
+    known = {f.name for f in fields(LevelRun)}
+    rest = {k: v for k, v in data.items() if k in known and k not in ("requests", "metrics_window")}
+    rest["client_lag_ms"] = tuple(rest.get("client_lag_ms", ()))
+    return LevelRun(**rest, requests=requests, metrics_window=metrics_window, reused=True)
+
+
+class LevelStore:
+    """``out_dir/levels/gpu{index}-c{concurrency}.json``: one finished level each, with its identity."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, gpu: int, concurrency: int) -> Path:
+        return self.root / f"gpu{gpu}-c{concurrency}.json"
+
+    def clear(self) -> int:
+        """Forget every stored level (a fresh benchmark in a folder that held one); returns how many."""
+        removed = 0
+        if self.root.is_dir():
+            for path in self.root.glob("gpu*-c*.json"):
+                path.unlink()
+                removed += 1
+        return removed
+
+    def save(self, identity: dict[str, Any], level: LevelRun) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.path(level.gpu, level.concurrency)
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps({"identity": identity, "level": _level_to_json(level)}))
+        os.replace(partial, path)  # whole or absent, even if the process dies mid-write
+        return path
+
+    def load(self, identity: dict[str, Any], gpu: int, concurrency: int) -> tuple[LevelRun | None, str]:
+        """The stored level if its identity matches, else None and why it cannot be reused (for the log)."""
+        path = self.path(gpu, concurrency)
+        if not path.is_file():
+            return None, "not measured yet"
+        try:
+            stored = json.loads(path.read_text())
+            differences = _differences(stored["identity"], identity)
+            if differences:
+                return None, f"{path.name} was measured with a different {', '.join(differences)}"
+            return _level_from_json(stored["level"]), f"reused from {path}"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return None, f"{path.name} is unreadable ({type(exc).__name__}: {exc})"

@@ -1,0 +1,84 @@
+"""What a benchmark measured, as plain frozen records: ``run`` fills them, ``stats`` and ``report`` read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftgen.bench.config import BenchmarkConfig
+from draftgen.metrics import CounterWindow
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What one server is and reports, read once before the first level."""
+
+    index: int
+    url: str
+    engine: str
+    version: str | None
+    model_ids: tuple[str, ...]
+    extra_fields: bool  # accepts non-OpenAI body fields
+    sglext: bool  # answers per-request acceptance (sglext.spec_tokens_details)
+    metrics: bool  # GET /metrics answers Prometheus text
+    max_running_requests: int | None  # from /server_info; None when the server does not say
+    speculative_algorithm: str | None
+    speculation: bool | None  # from /server_info: True/False, None when unknown
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One benchmark request as the client saw it (wall-clock seconds)."""
+
+    server: str
+    gpu: int
+    concurrency: int
+    seq: int  # order sent within the level
+    prompt_id: str
+    ok: bool
+    error: str | None
+    started_at: float  # time.time() when sent
+    e2e_s: float  # sent → last byte (or → failure)
+    ttft_s: float | None  # sent → first reasoning/answer text
+    chunk_offsets: tuple[float, ...]  # arrival of each text chunk, seconds after sending
+    response_id: str | None = None
+    usage_reported: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None  # from usage only
+    finish_reason: str | None = None
+    reasoning_chars: int = 0
+    content_chars: int = 0
+    content_blank: bool = True  # no answer text at all (whitespace only)
+    spec_accept_length: float | None = None  # per request, from sglext
+    spec_verify_ct: int | None = None
+    done_sentinel: bool | None = None  # the stream ended with "data: [DONE]"
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    server: str
+    gpu: int
+    concurrency: int
+    started_at: float
+    finished_at: float
+    requests: tuple[RequestRecord, ...]
+    metrics_window: CounterWindow | None  # None when /metrics was unavailable before or after
+    metrics_note: str | None
+    cumulative_accept_length: (
+        float | None
+    )  # /server_info avg_spec_accept_length after the level: reference only
+    client_lag_ms: tuple[
+        float, ...
+    ]  # event-loop lateness samples: high values mean the client was the bottleneck
+    reused: bool = False  # read from levels/ by a resumed run, not measured by this one
+
+
+@dataclass(frozen=True)
+class BenchmarkRun:
+    config: BenchmarkConfig
+    servers: tuple[ServerFacts, ...]
+    levels: tuple[LevelRun, ...]
+    sample_size: int
+    sample_rows_read: int
+    sample_rejected: int
+    started_at: float
+    finished_at: float
