@@ -27,7 +27,17 @@ RUN_TIMEOUT_S = 240
 
 def run_command(out_root: Path, name: str, params: dict, *extra: str) -> list[str]:
     """``python -m draftgen run generate --name NAME --out-root ROOT -p KEY VALUE ...`` as an argv list."""
-    command = [sys.executable, "-m", "draftgen", "run", "generate", "--name", name, "--out-root", str(out_root)]
+    command = [
+        sys.executable,
+        "-m",
+        "draftgen",
+        "run",
+        "generate",
+        "--name",
+        name,
+        "--out-root",
+        str(out_root),
+    ]
     for key, value in params.items():
         command += ["-p", key, json.dumps(value) if not isinstance(value, str) else value]
     return [*command, *extra]

@@ -465,5 +465,7 @@ def test_throughput_spreads_each_request_over_its_lifetime():
     assert np.all(rate >= -1e-9)
     assert np.isclose((rate * np.diff(edges)).sum(), tokens.sum())  # every token counted once
     # one request of 100 tokens over [2, 4]: 50 tok/s in the bins it spans, nothing elsewhere
-    one = spread_rate(np.array([2.0]), np.array([4.0]), np.array([100.0]), np.array([0.0, 2.0, 3.0, 4.0, 6.0]))
+    one = spread_rate(
+        np.array([2.0]), np.array([4.0]), np.array([100.0]), np.array([0.0, 2.0, 3.0, 4.0, 6.0])
+    )
     assert one.tolist() == [0.0, 50.0, 50.0, 0.0]

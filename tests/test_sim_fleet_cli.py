@@ -169,7 +169,9 @@ def test_a_server_whose_fleet_died_during_its_start_up_exits_at_once():
     env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid() + 999_999)})  # not this server's parent
     done = subprocess.run(
         [sys.executable, "-m", "draftgen.sim.server", "--port", str(port), "--die-with-parent"],
-        env=env, timeout=30, capture_output=True,
+        env=env,
+        timeout=30,
+        capture_output=True,
     )
     assert done.returncode == 0
     env[PARENT_PID_ENV] = str(os.getpid())  # the real parent: the server starts and serves until stopped

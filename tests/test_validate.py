@@ -281,15 +281,22 @@ def test_bad_parameters_are_all_reported(tmp_path):
         )
 
 
-def test_the_gate_judges_truncation_and_garbage_against_their_own_thresholds(tmp_path, tokenizer_dir, tokenizer):
+def test_the_gate_judges_truncation_and_garbage_against_their_own_thresholds(
+    tmp_path, tokenizer_dir, tokenizer
+):
     """Expected truncation at max_tokens does not fail the gate; garbage does, even inside a truncation budget."""
     clean = clean_rows(30)
-    cut = [row(f"cut-{i}", reasoning="Let me think. " * 20, content=None, finish_reason="length") for i in range(6)]
+    cut = [
+        row(f"cut-{i}", reasoning="Let me think. " * 20, content=None, finish_reason="length")
+        for i in range(6)
+    ]
     empty = [row(f"empty-{i}", reasoning="Let me think. " * 20, content="") for i in range(4)]
 
     def gate(name: str, rows: list[dict]):
         write_generation(tmp_path / name, rows)
-        config = _config(tmp_path / name, tokenizer_dir, tmp_path / f"{name}-out", duplicate_answer_min_prompts=100)
+        config = _config(
+            tmp_path / name, tokenizer_dir, tmp_path / f"{name}-out", duplicate_answer_min_prompts=100
+        )
         return validate_generation(config, tokenizer=tokenizer, progress=False)
 
     truncated_only = gate("cut", clean + cut)  # 6 of 36 = 16.7% truncated, under 25%

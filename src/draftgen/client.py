@@ -31,7 +31,9 @@ class Capabilities:
 
     engine: str  # "sglang", "vllm", "openai-compatible" (e.g. transformers serve)
     model_ids: tuple[str, ...] = ()
-    extra_fields: bool = True  # accepts the non-OpenAI sampling fields (top_k, min_p, return_spec_tokens_details)
+    extra_fields: bool = (
+        True  # accepts the non-OpenAI sampling fields (top_k, min_p, return_spec_tokens_details)
+    )
     template_kwargs: bool = True  # accepts chat_template_kwargs (enable_thinking); transformers serve does
     spec_details: bool = False  # answers return_spec_tokens_details with sglext.spec_tokens_details
     metrics: bool = False  # GET /metrics answers Prometheus text

@@ -164,7 +164,8 @@ def measurement_warnings(results: pl.DataFrame) -> tuple[str, ...]:
     if reused:
         notes.append(
             "measured by an earlier, interrupted run and reused (resume=True; the servers, prompts and sampling "
-            "matched, but anything changed on the servers since is not in these numbers): " + "; ".join(reused)
+            "matched, but anything changed on the servers since is not in these numbers): "
+            + "; ".join(reused)
         )
     return tuple(notes)
 

@@ -50,7 +50,9 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "--out-root", type=Path, default=Path("outputs"), help="root of run folders (default outputs)"
     )
     parser.add_argument(
-        "--resume", action="store_true", help="continue an unfinished run folder: generate skips stored prompts, benchmark reuses finished levels"
+        "--resume",
+        action="store_true",
+        help="continue an unfinished run folder: generate skips stored prompts, benchmark reuses finished levels",
     )
     parser.add_argument("--no-html", action="store_true", help="skip the HTML report")
     parser.add_argument("-k", "--kernel", default="python3", help="Jupyter kernel (default python3)")

@@ -114,7 +114,9 @@ def plot_scenarios(estimate: Estimate) -> Figure:
     results = [estimate.production, estimate.concurrency_1, *estimate.scenarios]
     fig, ax = _figure((9, 0.6 * len(results) + 1.8))
     y = np.arange(len(results))[::-1]
-    unit, unit_s = duration_unit(max(r.wall_time_s for r in results))  # days for the real job, s for a dry run
+    unit, unit_s = duration_unit(
+        max(r.wall_time_s for r in results)
+    )  # days for the real job, s for a dry run
     wall = np.asarray([r.wall_time_s / unit_s for r in results])
     low = wall - np.asarray([r.wall_time_low_s / unit_s for r in results])
     high = np.asarray([r.wall_time_high_s / unit_s for r in results]) - wall
@@ -122,7 +124,9 @@ def plot_scenarios(estimate: Estimate) -> Figure:
     ax.barh(y, wall, xerr=[low, high], color=colors, alpha=0.8, capsize=4)
     for yi, r in zip(y, results, strict=True):
         ax.annotate(
-            f" {duration(r.wall_time_s)}  ${r.cost_usd:,.0f}", (r.wall_time_high_s / unit_s, yi), va="center",
+            f" {duration(r.wall_time_s)}  ${r.cost_usd:,.0f}",
+            (r.wall_time_high_s / unit_s, yi),
+            va="center",
             fontsize=8,
         )
     ax.set_yticks(y)

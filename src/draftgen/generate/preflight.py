@@ -298,7 +298,9 @@ async def _server_checks(
     healthy_note = "/health and /health_generate 200"
     if generate_status == 404:  # vLLM, transformers serve: no such endpoint; the probe and canary generate
         generate_status = 200
-        healthy_note = "/health 200 (no /health_generate on this engine: the probe and canary prove it generates)"
+        healthy_note = (
+            "/health 200 (no /health_generate on this engine: the probe and canary prove it generates)"
+        )
     if generate_status != 200:
         checks.append(
             Check(
