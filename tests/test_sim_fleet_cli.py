@@ -65,6 +65,9 @@ def _start_cli(tmp_path: Path, servers: int = 2) -> tuple[subprocess.Popen, list
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, like a shell job
+        # A terminal's default: a test run started in the background (`pytest &`) inherits SIGINT ignored,
+        # and Python keeps ignoring it, so the Ctrl-C case would test the launcher instead of draftgen sim.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines = []
     while True:
