@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -253,3 +254,26 @@ def test_crash_after_requests_and_seconds(sim_fleet):
     assert len([r for r in fleet.truth(0) if r["kind"] == "chat"]) == 2
     wait_for(lambda: fleet.returncode(1) is not None, what="server 1 to exit by the clock")
     assert fleet.returncode(1) == 70
+
+
+def test_wedge_after_n_freezes_running_and_later_requests_while_health_is_200(sim_fleet):
+    fleet = sim_fleet(servers=1, profile="b200-mtp", speed=1.0, faults=["wedge_after=3"])
+    url = fleet.urls[0]
+    first = chat(url, max_tokens=16)
+    assert first.usage.completion_tokens > 0
+    with client(url, timeout=2.0).chat.completions.create(
+        model=MODEL, messages=USER, max_tokens=4096, stream=True
+    ) as running:  # request 2: still decoding when request 3 wedges the scheduler
+        next(iter(running))
+        with pytest.raises(openai.APITimeoutError):
+            chat(url, timeout=1.0, max_tokens=16)  # request 3
+        with pytest.raises((openai.APITimeoutError, httpx.ReadTimeout)):
+            for _ in running:  # the running request stops mid-answer
+                pass
+    with pytest.raises(openai.APITimeoutError):
+        chat(url, timeout=1.0, max_tokens=16)  # and so does every later one
+    assert http_status(f"{url}/health") == 200
+    # SGLang's /health_generate gives up after 20 s without a word from the scheduler: 503.
+    assert http_status(f"{url}/health_generate", timeout=30.0) == 503
+    outcomes = sorted(r["outcome"] for r in fleet.truth(0) if r["kind"] == "chat")
+    assert outcomes == ["client_disconnected", "client_disconnected", "client_disconnected", "ok"]

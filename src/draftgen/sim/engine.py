@@ -88,11 +88,17 @@ class Engine:
         self.ready = asyncio.Event()  # set after warm-up; before that only warm-up requests are admitted
         self._wake = asyncio.Event()
         self._next_deadline: float | None = None
+        self.wedged = False
 
     def mark_ready(self) -> None:
         """Warm-up done: admit everything (and wake the loop, which may be idle with requests queued)."""
         self.ready.set()
         self._wake.set()
+
+    def wedge(self) -> None:
+        """Stop stepping for good, as a scheduler stuck in a collective or a CUDA fault would: every running
+        and later request hangs (aborts still remove them), while the HTTP side keeps answering."""
+        self.wedged = True
 
     def submit(self, request: SimRequest) -> None:
         self.waiting.append(request)
@@ -130,6 +136,8 @@ class Engine:
 
     async def run(self) -> None:
         while True:
+            if self.wedged:
+                await asyncio.Event().wait()  # never set: nothing moves again
             if not self.running and not self._has_admissible():
                 self._wake.clear()
                 self._next_deadline = None
@@ -146,7 +154,7 @@ class Engine:
             sim_seconds = self.profile.step_seconds(len(self.running)) * self.slow
             sim_seconds += sum(self.profile.prefill_seconds(r.prompt_tokens) for r in admitted)
             await self._wait_step(sim_seconds / self.speed)
-            if self.running:  # every request of the step may have been aborted meanwhile
+            if self.running and not self.wedged:  # every request of the step may have been aborted meanwhile
                 self._apply_step(time.time())
 
     def _has_admissible(self) -> bool:

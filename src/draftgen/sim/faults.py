@@ -17,6 +17,7 @@ class Faults:
     overload: int = 0  # queue limit: past this many waiting requests, answer overload_status (0 = off)
     overload_status: int = 429  # 429 or 503
     hang_rate: float = 0.0  # share of requests accepted and never answered
+    wedge_after: int = 0  # after N requests the scheduler stops: all requests hang, /health stays 200 (0 = off)
     crash_after: str = ""  # "N" requests or "Ns" seconds after ready, then the process exits
     load_delay: float = 0.0  # seconds before the port opens (connections refused meanwhile)
     startup_delay: float = 0.0  # seconds of 503 from /health and /health_generate after the port opens
@@ -51,7 +52,7 @@ def _parse_bool(text: str) -> bool:
 def _check(key: str, value: object) -> None:
     if key.endswith("_rate") and not 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
         raise ValueError("must be between 0 and 1")
-    if key in ("overload", "load_delay", "startup_delay") and float(value) < 0:  # type: ignore[arg-type]
+    if key in ("overload", "wedge_after", "load_delay", "startup_delay") and float(value) < 0:  # type: ignore[arg-type]
         raise ValueError("must be >= 0")
     if key == "slow" and float(value) <= 0:  # type: ignore[arg-type]
         raise ValueError("must be > 0")

@@ -231,6 +231,8 @@ class SimServer:
         crash_n = self.faults.crash_after_requests()
         if crash_n is not None and self.requests_received >= crash_n:
             self._crash()
+        if self.faults.wedge_after and self.requests_received >= self.faults.wedge_after:
+            self.engine.wedge()  # this request and every other one now hangs
         if self.faults.overload and len(self.engine.waiting) >= self.faults.overload:
             status = self.faults.overload_status
             self._record_rejected(rid, kind, "overloaded", status)
