@@ -120,3 +120,34 @@ def test_sigterm_flushes_finished_work_and_resume_completes(sim_fleet, tmp_path)
     assert result.completed == 1200 - len(stored)
     frame = pl.scan_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet"))).select("id").collect()
     assert frame.height == 1200 and frame["id"].n_unique() == 1200
+
+
+def test_a_wedged_server_is_presumed_hung_long_before_request_timeout_and_its_work_moves(sim_fleet, tmp_path):
+    # Server 1's scheduler stops at its 150th request, /health still 200: only learned deadlines notice.
+    prompts = tmp_path / "p.jsonl"
+    write_synthetic(prompts, 600, seed=13)
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=10.0, per_server_faults={1: ["wedge_after=150"]})
+    config = config_for(
+        fleet, prompts, tmp_path / "run", request_timeout_s=600.0, hang_min_s=2.0, server_down_after=3
+    )
+
+    async def scenario():
+        plan = await preflight(config)
+        return await generate(config, plan, progress=False)
+
+    result = asyncio.run(scenario())
+    assert result.status == "complete" and result.failed == 0
+    events = [(server, what) for _, server, what in result.outcome.events]
+    learned = [server for server, what in events if what.startswith("hang deadline learned")]
+    assert sorted(learned) == sorted(fleet.urls)
+    downs = [what for server, what in events if server == fleet.urls[1] and "marked down" in what]
+    assert len(downs) == 1 and "presumed hung: no answer within" in downs[0], events
+    frame = pl.read_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet")))
+    assert frame.height == 600 and frame["id"].n_unique() == 600
+    # Three requests were cut short (server_down_after=3), the fourth handed back uncounted when the server
+    # went down; all four finished on server 0. The healthy server never saw a false alarm.
+    retried = frame.filter(pl.col("attempts") > 1)
+    assert retried["attempts"].to_list() == [2, 2, 2]
+    assert set(retried["server"].to_list()) == {fleet.urls[0]}
+    stats = {s.url: s for s in result.outcome.servers}
+    assert stats[fleet.urls[0]].errors == 0 and stats[fleet.urls[1]].errors == 3

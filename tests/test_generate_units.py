@@ -13,6 +13,7 @@ import pytest
 from draftgen.client import RequestError
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig, parse_shard
+from draftgen.generate.deadline import MIN_SAMPLES, HangPolicy, ServerDeadline
 from draftgen.generate.guard import Guard, GuardSettings, GuardTripped, classify
 from draftgen.generate.retry import RetryPolicy, counts_against_server
 from draftgen.generate.source import prompt_source
@@ -469,3 +470,38 @@ def test_throughput_spreads_each_request_over_its_lifetime():
         np.array([2.0]), np.array([4.0]), np.array([100.0]), np.array([0.0, 2.0, 3.0, 4.0, 6.0])
     )
     assert one.tolist() == [0.0, 50.0, 50.0, 0.0]
+
+
+# ----- learned hang deadlines ---------------------------------------------------------------------------------
+def test_hang_deadline_is_the_hard_limit_until_learned_then_factor_times_max_tokens_at_the_slow_rate():
+    deadline = ServerDeadline(HangPolicy(request_timeout_s=1800.0, max_tokens=4096, factor=3.0, min_s=60.0))
+    for _ in range(MIN_SAMPLES - 1):
+        assert not deadline.observe(2000, 50.0)  # 40 tok/s per request
+    assert deadline.timeout_s() == 1800.0
+    assert deadline.observe(2000, 50.0)  # the one that makes it known says so, once
+    assert deadline.timeout_s() == pytest.approx(3 * 4096 / 40.0)  # 307 s
+    assert deadline.timeout_s(presumed_hung_before=1) == pytest.approx(2 * 3 * 4096 / 40.0)
+    assert deadline.timeout_s(presumed_hung_before=3) == 1800.0  # never past request_timeout_s
+    assert not deadline.observe(2000, 50.0)
+
+
+def test_hang_deadline_follows_the_slow_tail_and_respects_its_floor():
+    deadline = ServerDeadline(HangPolicy(request_timeout_s=1800.0, max_tokens=1000, factor=2.0, min_s=30.0))
+    for i in range(100):
+        deadline.observe(100, 1.0 if i % 10 else 10.0)  # 90 at 100 tok/s, 10 at 10 tok/s
+    assert deadline.slow_rate == pytest.approx(10.0)
+    assert deadline.timeout_s() == pytest.approx(2 * 1000 / 10.0)
+    fast = ServerDeadline(HangPolicy(request_timeout_s=1800.0, max_tokens=1000, factor=2.0, min_s=30.0))
+    for _ in range(MIN_SAMPLES):
+        fast.observe(1000, 1.0)  # 1000 tok/s: 2 s by the formula
+    assert fast.timeout_s() == 30.0
+
+
+def test_hang_deadline_off_or_without_usable_samples_keeps_the_hard_limit():
+    off = ServerDeadline(HangPolicy(request_timeout_s=900.0, max_tokens=4096, factor=0.0, min_s=60.0))
+    blind = ServerDeadline(HangPolicy(request_timeout_s=900.0, max_tokens=4096, factor=3.0, min_s=60.0))
+    for _ in range(2 * MIN_SAMPLES):
+        off.observe(2000, 50.0)
+        blind.observe(None, 50.0)  # no usage reported: nothing to learn from
+        blind.observe(0, 50.0)
+    assert off.timeout_s() == 900.0 and blind.timeout_s() == 900.0

@@ -51,6 +51,10 @@ class GenerateConfig(FleetParams, SamplingParams):
     max_attempts: PositiveInt = 5  # tries per prompt before it goes to failed.parquet
     backoff_base_s: PositiveFloat = 1.0  # first retry waits up to this (full jitter, doubling)
     backoff_max_s: PositiveFloat = 60.0  # cap on one retry wait
+    hang_factor: NonNegativeFloat = (
+        3.0  # presume hung after factor x (max_tokens at the server's slow rate); 0: off
+    )
+    hang_min_s: PositiveFloat = 300.0  # never presume a request hung sooner than this
     server_down_after: PositiveInt = 5  # consecutive connection/5xx/timeout failures that mark a server down
     probe_interval_s: PositiveFloat = 2.0  # first /health_generate probe delay of a down server (doubles)
     probe_max_interval_s: PositiveFloat = 60.0  # cap on the probe delay

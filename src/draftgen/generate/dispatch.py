@@ -3,7 +3,7 @@
 A reader streams prompts into a bounded queue; each server runs ``concurrency_per_server`` workers that pull
 the next prompt when their previous request ends, so a slow server simply takes less work and nothing waits
 behind it. Failures are retried (exponential backoff with full jitter, Retry-After honoured) on whichever server
-pulls them next. A server with ``server_down_after`` consecutive connection/5xx/timeout failures is marked down:
+pulls them next. A request that outlives its server's learned deadline (``deadline``) is presumed hung and retried. A server with ``server_down_after`` consecutive connection/5xx/timeout failures is marked down:
 its in-flight requests are handed back to the queue, it is probed with /health_generate (backoff) and rejoins
 when healthy. While every server is down the queue simply waits: no attempts are spent. A prompt whose last
 attempt fails goes to failed.parquet with its error; nothing is dropped.
@@ -21,6 +21,7 @@ from typing import Any
 
 from draftgen.client import Capabilities, ChatResult, RequestError, ServerClient
 from draftgen.generate.config import GenerateConfig
+from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.guard import Guard, GuardTripped
 from draftgen.generate.progress import Progress, ServerView, short_label
 from draftgen.generate.retry import RetryPolicy, counts_against_server
@@ -77,6 +78,7 @@ class _Item:
     attempts: int = 0
     holds_slot: bool = True  # holds a reader slot until a worker takes it the first time
     last_server: str | None = None
+    presumed_hung: int = 0  # times a learned deadline cut this prompt's request short
 
 
 @dataclass
@@ -92,6 +94,7 @@ class _Server:
     url: str
     client: ServerClient
     stats: ServerStats
+    deadline: ServerDeadline
     up: bool = True
     up_event: asyncio.Event = field(default_factory=asyncio.Event)
     down_event: asyncio.Event = field(default_factory=asyncio.Event)
@@ -182,6 +185,12 @@ class Dispatcher:
         total_slots = config.concurrency_per_server * len(self._plans)
         self._slots = asyncio.Semaphore(max(64, 2 * total_slots))
         self._all_done = asyncio.Event()
+        hang_policy = HangPolicy(
+            request_timeout_s=config.request_timeout_s,
+            max_tokens=config.max_tokens,
+            factor=config.hang_factor,
+            min_s=config.hang_min_s,
+        )
         for index, plan in enumerate(self._plans):
             client = ServerClient(
                 plan.url,
@@ -189,7 +198,7 @@ class Dispatcher:
                 timeout_s=config.request_timeout_s + 30.0,
                 capabilities=plan.capabilities,
             )
-            server = _Server(index, client.url, client, ServerStats(client.url))
+            server = _Server(index, client.url, client, ServerStats(client.url), ServerDeadline(hang_policy))
             server.up_event.set()
             self.servers.append(server)
         status = "interrupted"
@@ -302,8 +311,9 @@ class Dispatcher:
             server.in_flight[slot] = flight
             result: ChatResult | None = None
             error: RequestError | None = None
+            timeout_s = server.deadline.timeout_s(item.presumed_hung)
             try:
-                async with asyncio.timeout(config.request_timeout_s) as scope:
+                async with asyncio.timeout(timeout_s) as scope:
                     flight.scope = scope
                     result = await server.client.chat(
                         item.prompt.messages,
@@ -314,9 +324,7 @@ class Dispatcher:
                     )
             except TimeoutError:
                 if not flight.evicted:
-                    error = RequestError(
-                        "timeout", f"no answer within request_timeout_s={config.request_timeout_s:g}"
-                    )
+                    error = self._timeout_error(server, item, timeout_s)
             except RequestError as exc:
                 error = exc
             finally:
@@ -335,7 +343,27 @@ class Dispatcher:
                 assert result is not None
                 self._on_success(server, item, result)
 
+    def _timeout_error(self, server: _Server, item: _Item, timeout_s: float) -> RequestError:
+        if timeout_s >= self.config.request_timeout_s:
+            return RequestError(
+                "timeout", f"no answer within request_timeout_s={self.config.request_timeout_s:g}"
+            )
+        item.presumed_hung += 1
+        return RequestError(
+            "timeout",
+            f"presumed hung: no answer within {timeout_s:.0f} s (hang_factor {self.config.hang_factor:g} x "
+            f"max_tokens at this server's slow rate of {server.deadline.slow_rate:.1f} tok/s per request); "
+            f"the next try gets twice as long",
+        )
+
     def _on_success(self, server: _Server, item: _Item, result: ChatResult) -> None:
+        if server.deadline.observe(result.completion_tokens, result.latency_s):
+            deadline = server.deadline
+            self._event(
+                server.url,
+                f"hang deadline learned: {deadline.timeout_s():.0f} s (slow rate {deadline.slow_rate:.1f} tok/s "
+                f"per request; request_timeout_s {self.config.request_timeout_s:g} s stays the hard limit)",
+            )
         server.consecutive_failures = 0
         tokens = result.completion_tokens or 0
         server.stats.completed += 1

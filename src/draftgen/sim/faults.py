@@ -17,7 +17,9 @@ class Faults:
     overload: int = 0  # queue limit: past this many waiting requests, answer overload_status (0 = off)
     overload_status: int = 429  # 429 or 503
     hang_rate: float = 0.0  # share of requests accepted and never answered
-    wedge_after: int = 0  # after N requests the scheduler stops: all requests hang, /health stays 200 (0 = off)
+    wedge_after: int = (
+        0  # after N requests the scheduler stops: all requests hang, /health stays 200 (0 = off)
+    )
     crash_after: str = ""  # "N" requests or "Ns" seconds after ready, then the process exits
     load_delay: float = 0.0  # seconds before the port opens (connections refused meanwhile)
     startup_delay: float = 0.0  # seconds of 503 from /health and /health_generate after the port opens
