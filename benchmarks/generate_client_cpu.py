@@ -20,15 +20,14 @@ import time
 from pathlib import Path
 
 import aiohttp
+from sim_generate import MODEL, sim_generate_config
 
 from draftgen.client import ServerClient
-from draftgen.generate import GenerateConfig, generate, preflight
-from draftgen.params import SamplingParams, build_config
+from draftgen.generate import generate, preflight
+from draftgen.params import SamplingParams
 from draftgen.prompts import PromptRow, iter_prompts
 from draftgen.sim import SimFleet
 from draftgen.synthetic import write_synthetic
-
-MODEL = "Qwen/Qwen3.6-27B"
 
 
 def cpu_seconds() -> float:
@@ -135,18 +134,12 @@ def main() -> None:
             "ServerClient.chat loop (SDK)",
             lambda: asyncio.run(sdk_loop(fleet.urls, prompts, args.concurrency, args.max_tokens)),
         )
-        config = build_config(
-            GenerateConfig,
-            {
-                "servers": fleet.urls,
-                "model": MODEL,
-                "prompts": str(path),
-                "out_dir": str(Path(tmp) / "run"),
-                "max_tokens": args.max_tokens,
-                "concurrency_per_server": args.concurrency,
-                "batch_save_size": 500,
-                "canary": False,
-            },
+        config = sim_generate_config(
+            fleet,
+            path,
+            Path(tmp) / "run",
+            max_tokens=args.max_tokens,
+            concurrency_per_server=args.concurrency,
         )
 
         async def draftgen_run() -> int:

@@ -14,19 +14,16 @@ ramp and drain included, is printed too.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from draftgen.generate import GenerateConfig, generate, preflight
-from draftgen.params import build_config
+from sim_generate import run_generate, sim_generate_config
+
 from draftgen.sim import SimFleet
 from draftgen.synthetic import write_synthetic
-
-MODEL = "Qwen/Qwen3.6-27B"
 
 
 def tokens_in(record: dict, t0: float, t1: float) -> float:
@@ -60,26 +57,15 @@ def main() -> None:
         with fleet:
             path = Path(tmp) / "prompts.jsonl"
             write_synthetic(path, args.prompts, seed=2)
-            config = build_config(
-                GenerateConfig,
-                {
-                    "servers": fleet.urls,
-                    "model": MODEL,
-                    "prompts": str(path),
-                    "out_dir": str(Path(tmp) / "run"),
-                    "max_tokens": args.max_tokens,
-                    "concurrency_per_server": args.concurrency,
-                    "max_truncated_rate": 1.0,
-                    "canary": False,
-                },
+            config = sim_generate_config(
+                fleet,
+                path,
+                Path(tmp) / "run",
+                max_tokens=args.max_tokens,
+                concurrency_per_server=args.concurrency,
             )
-
-            async def run():  # type: ignore[no-untyped-def]
-                plan = await preflight(config)
-                return await generate(config, plan)
-
             started = time.time()
-            result = asyncio.run(run())
+            result = run_generate(config)
             ended = time.time()
             infos = [fleet.info(i) for i in range(7)]
             records = [r for r in fleet.truth() if r.get("kind") == "chat" and r.get("outcome") == "ok"]

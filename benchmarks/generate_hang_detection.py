@@ -14,17 +14,15 @@ requests on the healthy server presumed hung (goal 0) out of all it answered.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import tempfile
 from pathlib import Path
 
-from draftgen.generate import GenerateConfig, generate, preflight
-from draftgen.params import build_config
+from sim_generate import run_generate, sim_generate_config
+
 from draftgen.sim import SimFleet
 from draftgen.synthetic import write_synthetic
 
-MODEL = "Qwen/Qwen3.6-27B"
 PRODUCTION_TIMEOUT_S = 1800.0
 PRODUCTION_HANG_MIN_S = 300.0
 
@@ -48,27 +46,16 @@ def main() -> None:
         with fleet:
             path = Path(tmp) / "prompts.jsonl"
             write_synthetic(path, args.prompts, seed=5)
-            config = build_config(
-                GenerateConfig,
-                {
-                    "servers": fleet.urls,
-                    "model": MODEL,
-                    "prompts": str(path),
-                    "out_dir": str(Path(tmp) / "run"),
-                    "max_tokens": 4096,
-                    "concurrency_per_server": args.concurrency,
-                    "request_timeout_s": PRODUCTION_TIMEOUT_S / speed,
-                    "hang_min_s": PRODUCTION_HANG_MIN_S / speed,
-                    "max_truncated_rate": 1.0,
-                    "canary": False,
-                },
+            config = sim_generate_config(
+                fleet,
+                path,
+                Path(tmp) / "run",
+                max_tokens=4096,
+                concurrency_per_server=args.concurrency,
+                request_timeout_s=PRODUCTION_TIMEOUT_S / speed,
+                hang_min_s=PRODUCTION_HANG_MIN_S / speed,
             )
-
-            async def run():  # type: ignore[no-untyped-def]
-                plan = await preflight(config)
-                return await generate(config, plan, progress=False)
-
-            result = asyncio.run(run())
+            result = run_generate(config, progress=False)
             wedged_truth = fleet.truth(1)
     healthy, wedged = fleet.urls
     events = result.outcome.events

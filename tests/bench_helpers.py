@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from draftgen.bench.records import RequestRecord, ServerFacts
+
 RUN_TIMEOUT_S = 300
 
 
@@ -53,3 +55,50 @@ def truth_by_level(truth: list[dict], requests) -> dict[tuple[str, int], dict]: 
             "itl_s_p50": float(np.median(gaps)),
         }
     return out
+
+
+# ----- records without servers ---------------------------------------------------------------------------------
+URL = "http://127.0.0.1:1"
+
+
+def facts(**changes) -> ServerFacts:
+    base = {
+        "index": 0,
+        "url": URL,
+        "engine": "sglang",
+        "version": "0.5.23",
+        "model_ids": ("m",),
+        "extra_fields": True,
+        "sglext": True,
+        "metrics": True,
+        "max_running_requests": 48,
+        "speculative_algorithm": "NEXTN",
+        "speculation": True,
+    }
+    return ServerFacts(**{**base, **changes})
+
+
+def record(seq: int, **changes) -> RequestRecord:
+    base = {
+        "server": URL,
+        "gpu": 0,
+        "concurrency": 2,
+        "seq": seq,
+        "prompt_id": f"p{seq}",
+        "ok": True,
+        "error": None,
+        "started_at": 100.0 + seq,
+        "e2e_s": 2.0,
+        "ttft_s": 0.5,
+        "chunk_offsets": (0.5, 1.0, 1.5, 2.0),
+        "usage_reported": True,
+        "completion_tokens": 40,
+        "finish_reason": "stop",
+        "reasoning_chars": 300,
+        "content_chars": 100,
+        "content_blank": False,
+        "spec_accept_length": 4.0,
+        "spec_verify_ct": 10,
+        "done_sentinel": True,
+    }
+    return RequestRecord(**{**base, **changes})

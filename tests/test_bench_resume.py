@@ -10,6 +10,8 @@ import asyncio
 import json
 from pathlib import Path
 
+from bench_helpers import URL, facts, record
+
 from draftgen.bench.checkpoint import LevelStore, level_identity
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
@@ -24,49 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ----- the store, without servers -------------------------------------------------------------------------------
 def _facts(**changes: object) -> ServerFacts:
-    base: dict = {
-        "index": 1,
-        "url": "http://127.0.0.1:1",
-        "engine": "sglang",
-        "version": "0.5.23",
-        "model_ids": ("m",),
-        "extra_fields": True,
-        "sglext": True,
-        "metrics": True,
-        "max_running_requests": 48,
-        "speculative_algorithm": "NEXTN",
-        "speculation": True,
-    }
-    return ServerFacts(**{**base, **changes})
+    return facts(index=1, **changes)
 
 
 def _level(*, window: CounterWindow | None) -> LevelRun:
-    request = RequestRecord(
-        server="http://127.0.0.1:1",
-        gpu=1,
-        concurrency=2,
-        seq=0,
-        prompt_id="p0",
-        ok=True,
-        error=None,
-        started_at=100.0,
-        e2e_s=2.0,
-        ttft_s=0.5,
-        chunk_offsets=(0.5, 1.25, 2.0),
-        response_id="r0",
-        usage_reported=True,
-        prompt_tokens=12,
-        completion_tokens=40,
-        finish_reason="stop",
-        reasoning_chars=300,
-        content_chars=100,
-        content_blank=False,
-        spec_accept_length=3.7,
-        spec_verify_ct=11,
-        done_sentinel=True,
-    )
+    ok = record(0, gpu=1, chunk_offsets=(0.5, 1.25, 2.0), response_id="r0", prompt_tokens=12)
     failed = RequestRecord(
-        server="http://127.0.0.1:1",
+        server=URL,
         gpu=1,
         concurrency=2,
         seq=1,
@@ -79,12 +45,12 @@ def _level(*, window: CounterWindow | None) -> LevelRun:
         chunk_offsets=(),
     )
     return LevelRun(
-        server="http://127.0.0.1:1",
+        server=URL,
         gpu=1,
         concurrency=2,
         started_at=100.0,
         finished_at=103.0,
-        requests=(request, failed),
+        requests=(ok, failed),
         metrics_window=window,
         metrics_note=None if window else "server has no /metrics",
         cumulative_accept_length=3.6,
@@ -93,7 +59,7 @@ def _level(*, window: CounterWindow | None) -> LevelRun:
 
 
 def _identity(**config_changes: object) -> dict:
-    config = BenchmarkConfig(servers=["http://127.0.0.1:1"], model="m", **config_changes)  # type: ignore[arg-type]
+    config = BenchmarkConfig(servers=[URL], model="m", **config_changes)  # type: ignore[arg-type]
     rows = [
         PromptRow(id=f"p{i}", messages=({"role": "user", "content": f"q{i}"},), row=i + 1) for i in range(2)
     ]
@@ -119,7 +85,7 @@ def test_a_level_measured_differently_is_not_reused_and_the_log_says_why(tmp_pat
     assert loaded is None and why == "gpu1-c2.json was measured with a different sampling"
     other_server = level_identity(
         _facts(version="0.5.9", max_running_requests=64),
-        BenchmarkConfig(servers=["http://127.0.0.1:1"], model="m"),
+        BenchmarkConfig(servers=[URL], model="m"),
         2,
         [
             PromptRow(id=f"p{i}", messages=({"role": "user", "content": f"q{i}"},), row=i + 1)

@@ -6,60 +6,16 @@ import json
 
 import polars as pl
 import pytest
+from bench_helpers import URL, facts, record
 
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.occupancy import level_occupancy, occupancy_frame
-from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
+from draftgen.bench.records import LevelRun
 from draftgen.bench.report import find_knee, measurement_warnings, recommend
 from draftgen.bench.sample import sample_prompts
 from draftgen.bench.stats import level_acceptance, level_row, request_rows, resolve_request_tokens
 from draftgen.metrics import CounterWindow
 from draftgen.params import ParameterError, build_config
-
-URL = "http://127.0.0.1:1"
-
-
-def facts(**changes) -> ServerFacts:
-    base = {
-        "index": 0,
-        "url": URL,
-        "engine": "sglang",
-        "version": "0.5.23",
-        "model_ids": ("m",),
-        "extra_fields": True,
-        "sglext": True,
-        "metrics": True,
-        "max_running_requests": 48,
-        "speculative_algorithm": "NEXTN",
-        "speculation": True,
-    }
-    return ServerFacts(**{**base, **changes})
-
-
-def record(seq: int, **changes) -> RequestRecord:
-    base = {
-        "server": URL,
-        "gpu": 0,
-        "concurrency": 2,
-        "seq": seq,
-        "prompt_id": f"p{seq}",
-        "ok": True,
-        "error": None,
-        "started_at": 100.0 + seq,
-        "e2e_s": 2.0,
-        "ttft_s": 0.5,
-        "chunk_offsets": (0.5, 1.0, 1.5, 2.0),
-        "usage_reported": True,
-        "completion_tokens": 40,
-        "finish_reason": "stop",
-        "reasoning_chars": 300,
-        "content_chars": 100,
-        "content_blank": False,
-        "spec_accept_length": 4.0,
-        "spec_verify_ct": 10,
-        "done_sentinel": True,
-    }
-    return RequestRecord(**{**base, **changes})
 
 
 def level(requests, window: CounterWindow | None = None, note: str | None = None) -> LevelRun:
