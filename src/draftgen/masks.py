@@ -28,6 +28,8 @@ marked ``template_mismatch`` with the reason, and nothing is guessed:
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -72,7 +74,11 @@ def load_tokenizer(path: str | Path, *, end_of_turn: str = END_OF_TURN) -> Any:
         raise TokenizerLoadError(f"tokenizer folder {folder} does not exist: {hint}")
     if not folder.is_dir():
         raise TokenizerLoadError(f"tokenizer path {folder} is not a folder: {hint}")
-    from transformers import AutoTokenizer
+    # Only tokenizers are needed here: no "PyTorch was not found" advice, no tqdm "IProgress not found" warning.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
