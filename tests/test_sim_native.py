@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import threading
@@ -14,6 +15,7 @@ from sim_helpers import (
     get_json,
     post,
     post_json,
+    post_many,
     sample_value,
     scrape,
     sse_json,
@@ -298,4 +300,24 @@ def test_health_generate_runs_a_one_token_generation(sim_fleet):
     assert get(f"{url}/health_generate")[0] == 200
     probes = wait_for(lambda: [r for r in fleet.truth() if r["kind"] == "health"], what="health probe record")
     assert probes[0]["completion_tokens"] == 1 and probes[0]["outcome"] == "ok"
-    assert sample_value(scrape(url), "sglang:num_requests", "sglang:num_requests_total") == before + 1
+    # SGLang sends its probe with log_metrics=False: request counters do not move.
+    assert sample_value(scrape(url), "sglang:num_requests", "sglang:num_requests_total") == before
+
+
+def test_health_generate_on_a_full_batch_answers_from_the_running_steps(sim_fleet):
+    # 4 slots, 8 long requests: the probe queues behind them, yet the steps already prove the scheduler alive.
+    fleet = sim_fleet(profile="b200-mtp", speed=5.0, max_running_requests=4)
+    url = fleet.urls[0]
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Tell me everything."}],
+        "max_tokens": 4096,
+    }
+    sender = threading.Thread(target=lambda: asyncio.run(post_many(f"{url}/v1/chat/completions", [body] * 8)))
+    sender.start()
+    running = "sglang:num_running_reqs"
+    wait_for(lambda: sample_value(scrape(url), running, running) == 4, what="a full batch")
+    assert get(f"{url}/health_generate", timeout=10)[0] == 200
+    probes = wait_for(lambda: [r for r in fleet.truth() if r["kind"] == "health"], what="health probe record")
+    assert probes[-1]["outcome"] == "health_answered" and probes[-1]["completion_tokens"] == 0  # never ran
+    sender.join(60)

@@ -89,6 +89,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._next_deadline: float | None = None
         self.wedged = False
+        self.last_step_at = 0.0  # time.time() of the last step that produced tokens (SGLang's "last receive")
 
     def mark_ready(self) -> None:
         """Warm-up done: admit everything (and wake the loop, which may be idle with requests queued)."""
@@ -176,6 +177,7 @@ class Engine:
             await asyncio.sleep(0)
 
     def _apply_step(self, now: float) -> None:
+        self.last_step_at = now
         stats = self.stats
         finished: list[SimRequest] = []
         step_tokens = 0
@@ -221,12 +223,13 @@ class Engine:
     def _finish(self, request: SimRequest, outcome: str, now: float) -> None:
         request.outcome = outcome
         request.finished = now
+        counted = request.kind != "health"  # SGLang sends its health probe with log_metrics=False
         if outcome == "ok":
             request.finish_type = request.plan.finish_type
         else:
-            self.stats.aborted_total += 1
+            self.stats.aborted_total += counted
             request.finish_type = "abort"
-        self.stats.requests_total += 1
+        self.stats.requests_total += counted
         request.progress.set()
         request.done.set()
         self.on_finish(request)
