@@ -123,12 +123,18 @@ def test_sigterm_flushes_finished_work_and_resume_completes(sim_fleet, tmp_path)
 
 
 def test_a_wedged_server_is_presumed_hung_long_before_request_timeout_and_its_work_moves(sim_fleet, tmp_path):
-    # Server 1's scheduler stops at its 150th request, /health still 200: only learned deadlines notice.
+    # Server 1's scheduler stops at its 150th request, /health still 200: the learned deadlines notice.
     prompts = tmp_path / "p.jsonl"
     write_synthetic(prompts, 600, seed=13)
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=10.0, per_server_faults={1: ["wedge_after=150"]})
     config = config_for(
-        fleet, prompts, tmp_path / "run", request_timeout_s=600.0, hang_min_s=2.0, server_down_after=3
+        fleet,
+        prompts,
+        tmp_path / "run",
+        request_timeout_s=600.0,
+        hang_min_s=2.0,
+        server_down_after=3,
+        server_silence_s=0,  # the silence watch is tested on its own below
     )
 
     async def scenario():
@@ -151,3 +157,35 @@ def test_a_wedged_server_is_presumed_hung_long_before_request_timeout_and_its_wo
     assert set(retried["server"].to_list()) == {fleet.urls[0]}
     stats = {s.url: s for s in result.outcome.servers}
     assert stats[fleet.urls[0]].errors == 0 and stats[fleet.urls[1]].errors == 3
+
+
+def test_a_silent_server_is_benched_on_health_generate_and_a_slow_one_is_not(sim_fleet, tmp_path):
+    # Server 1 wedges at its 150th request; server 2 is alive but so slow (200x) that it is often silent for
+    # longer than server_silence_s. Learned deadlines are off: only the silence watch acts.
+    prompts = tmp_path / "p.jsonl"
+    write_synthetic(prompts, 600, seed=14)
+    fleet = sim_fleet(
+        servers=3, profile="b200-mtp", speed=10.0, per_server_faults={1: ["wedge_after=150"], 2: ["slow=200"]}
+    )
+    config = config_for(
+        fleet, prompts, tmp_path / "run", request_timeout_s=600.0, hang_factor=0, server_silence_s=1.0
+    )
+
+    async def scenario():
+        plan = await preflight(config)
+        return await generate(config, plan, progress=False)
+
+    result = asyncio.run(scenario())
+    assert result.status == "complete" and result.failed == 0
+    fast, wedged, slow = fleet.urls
+    events = [(server, what) for _, server, what in result.outcome.events]
+    downs = [(server, what) for server, what in events if "marked down" in what]
+    assert len(downs) == 1 and downs[0][0] == wedged, events
+    assert "without an answer with 4 in flight and /health_generate 503" in downs[0][1]
+    assert "4 in-flight request(s) handed to other servers" in downs[0][1]
+    assert any(server == slow and "/health_generate 200: waiting" in what for server, what in events)
+    frame = pl.read_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet")))
+    assert frame.height == 600 and frame["id"].n_unique() == 600
+    assert frame["attempts"].to_list() == [1] * 600  # handed back, never charged
+    assert wedged not in set(frame["server"].to_list()[-100:])  # once benched it got no more work
+    assert {s.url: s.errors for s in result.outcome.servers} == {fast: 0, wedged: 0, slow: 0}

@@ -55,6 +55,9 @@ class GenerateConfig(FleetParams, SamplingParams):
         3.0  # presume hung after factor x (max_tokens at the server's slow rate); 0: off
     )
     hang_min_s: PositiveFloat = 300.0  # never presume a request hung sooner than this
+    server_silence_s: NonNegativeFloat = (
+        120.0  # in-flight requests but no answer this long: check /health_generate
+    )
     server_down_after: PositiveInt = 5  # consecutive connection/5xx/timeout failures that mark a server down
     probe_interval_s: PositiveFloat = 2.0  # first /health_generate probe delay of a down server (doubles)
     probe_max_interval_s: PositiveFloat = 60.0  # cap on the probe delay

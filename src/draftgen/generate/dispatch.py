@@ -3,7 +3,9 @@
 A reader streams prompts into a bounded queue; each server runs ``concurrency_per_server`` workers that pull
 the next prompt when their previous request ends, so a slow server simply takes less work and nothing waits
 behind it. Failures are retried (exponential backoff with full jitter, Retry-After honoured) on whichever server
-pulls them next. A request that outlives its server's learned deadline (``deadline``) is presumed hung and retried. A server with ``server_down_after`` consecutive connection/5xx/timeout failures is marked down:
+pulls them next. A request that outlives its server's learned deadline (``deadline``) is presumed hung and retried;
+a server silent for ``server_silence_s`` with requests in flight is checked with /health_generate and benched if it
+fails (a wedged scheduler). A server with ``server_down_after`` consecutive connection/5xx/timeout failures is marked down:
 its in-flight requests are handed back to the queue, it is probed with /health_generate (backoff) and rejoins
 when healthy. While every server is down the queue simply waits: no attempts are spent. A prompt whose last
 attempt fails goes to failed.parquet with its error; nothing is dropped.
@@ -29,6 +31,8 @@ from draftgen.generate.store import RunStore
 from draftgen.prompts import PromptRow, RejectedRow
 
 MAIN_POLL_S = 0.2
+SILENCE_POLL_S = 5.0  # how often the silence watch looks (at most; a quarter of server_silence_s if shorter)
+SILENCE_HEALTH_TIMEOUT_S = 30.0  # SGLang's /health_generate itself gives up after 20 s
 READER_YIELD_EVERY = 512
 EVENT_LOG_LIMIT = 1000
 
@@ -101,6 +105,9 @@ class _Server:
     consecutive_failures: int = 0
     down_since: float | None = None
     in_flight: dict[int, _Flight] = field(default_factory=dict)
+    last_answer: float = field(
+        default_factory=time.monotonic
+    )  # any reply from the server, for the silence watch
 
 
 def output_row(prompt: PromptRow, result: ChatResult, attempts: int) -> dict[str, Any]:
@@ -208,6 +215,8 @@ class Dispatcher:
                 tasks = [group.create_task(self._reader(prompts))]
                 for server in self.servers:
                     tasks.append(group.create_task(self._prober(server)))
+                    if config.server_silence_s > 0:
+                        tasks.append(group.create_task(self._silence_watch(server)))
                     for slot in range(config.concurrency_per_server):
                         tasks.append(group.create_task(self._worker(server, slot)))
                 if self.progress is not None:
@@ -329,6 +338,8 @@ class Dispatcher:
                 error = exc
             finally:
                 del server.in_flight[slot]
+            if result is not None or (error is not None and error.kind in ("http", "protocol")):
+                server.last_answer = time.monotonic()  # it answered, if only with an error
             if (
                 result is None and flight.evicted
             ):  # its server was marked down under it: not the prompt's fault
@@ -390,7 +401,7 @@ class Dispatcher:
         if counts_against_server(error):
             server.consecutive_failures += 1
             if server.up and server.consecutive_failures >= self.config.server_down_after:
-                self._mark_down(server, error)
+                self._mark_down(server, f"{server.consecutive_failures} consecutive failures (last: {error})")
         if self.policy.should_retry(error, item.attempts):
             delay = self.policy.delay(item.attempts, error, self.rng)
             key = id(item)
@@ -420,7 +431,7 @@ class Dispatcher:
                 self._all_done.set()  # wake the main loop now
 
     # ----- server health ------------------------------------------------------------------------------------
-    def _mark_down(self, server: _Server, error: RequestError) -> None:
+    def _mark_down(self, server: _Server, why: str) -> None:
         server.up = False
         server.up_event.clear()
         server.down_event.set()
@@ -434,9 +445,7 @@ class Dispatcher:
                 flight.scope.reschedule(now)
                 evicted += 1
         self._event(
-            server.url,
-            f"marked down after {server.consecutive_failures} consecutive failures (last: {error}); "
-            f"{evicted} in-flight request(s) handed to other servers",
+            server.url, f"marked down after {why}; {evicted} in-flight request(s) handed to other servers"
         )
 
     def _mark_up(self, server: _Server) -> None:
@@ -444,6 +453,7 @@ class Dispatcher:
             server.stats.down_s += time.time() - server.down_since
         server.down_since = None
         server.consecutive_failures = 0
+        server.last_answer = time.monotonic()
         server.up = True
         server.down_event.clear()
         server.up_event.set()
@@ -463,6 +473,33 @@ class Dispatcher:
                     self._mark_up(server)
                 else:
                     delay = min(delay * 2, config.probe_max_interval_s)
+
+    async def _silence_watch(self, server: _Server) -> None:
+        """A wedged scheduler answers nothing while /health says 200: after ``server_silence_s`` of silence with
+        requests in flight, ask /health_generate (SGLang: 200 on any scheduler output, 503 after 20 s without)."""
+        limit = self.config.server_silence_s
+        while True:
+            await asyncio.sleep(min(SILENCE_POLL_S, limit / 4))
+            silent = time.monotonic() - server.last_answer
+            if not server.up or not server.in_flight or silent < limit:
+                continue
+            status = await server.client.health(generate=True, timeout_s=SILENCE_HEALTH_TIMEOUT_S)
+            silent = time.monotonic() - server.last_answer
+            if not server.up or silent < limit:  # benched by its failures, or it answered meanwhile
+                continue
+            in_flight = len(server.in_flight)
+            if status == 200:
+                server.last_answer = time.monotonic()  # alive, only slow: look again after another silence
+                self._event(
+                    server.url,
+                    f"no answer for {silent:.0f} s with {in_flight} in flight, but /health_generate 200: waiting",
+                )
+                continue
+            self._mark_down(
+                server,
+                f"{silent:.0f} s without an answer with {in_flight} in flight and /health_generate "
+                f"{status or 'unanswered'} (server_silence_s {limit:g})",
+            )
 
     # ----- progress -----------------------------------------------------------------------------------------
     def _event(self, server: str, what: str) -> None:

@@ -39,7 +39,7 @@ from draftgen.sim.textgen import (
     request_seed,
 )
 
-HEALTH_GENERATE_TIMEOUT_S = 20.0
+HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang gives up after 20 s without scheduler output (simulated seconds here)
 HEALTH_GENERATE_POLL_S = 0.05
 WARMUP_MAX_TOKENS = 8
 SHUTDOWN_GRACE_S = 0.5  # on SIGTERM, in-flight requests get about this long before their connections drop
@@ -324,7 +324,7 @@ class SimServer:
         # probe may sit in the queue); silence for HEALTH_GENERATE_TIMEOUT_S means 503.
         began = time.time()
         self.engine.submit(probe)
-        deadline = time.monotonic() + HEALTH_GENERATE_TIMEOUT_S
+        deadline = time.monotonic() + HEALTH_GENERATE_TIMEOUT_S / self.config.speed  # on the simulated clock
         while not probe.done.is_set() and self.engine.last_step_at <= began:
             if time.monotonic() >= deadline:
                 self.engine.abort(probe, "health_timeout")
