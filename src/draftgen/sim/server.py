@@ -39,7 +39,8 @@ from draftgen.sim.textgen import (
     request_seed,
 )
 
-HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang gives up after 20 s without scheduler output (simulated seconds here)
+# SGLang's /health_generate gives up after 20 s without scheduler output (simulated seconds here).
+HEALTH_GENERATE_TIMEOUT_S = 20.0
 HEALTH_GENERATE_POLL_S = 0.05
 WARMUP_MAX_TOKENS = 8
 SHUTDOWN_GRACE_S = 0.5  # on SIGTERM, in-flight requests get about this long before their connections drop
