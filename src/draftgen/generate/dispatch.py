@@ -3,9 +3,9 @@
 A reader streams prompts into a bounded queue; each server runs ``concurrency_per_server`` workers that pull
 the next prompt when their previous request ends, so a slow server simply takes less work and nothing waits
 behind it. Failures are retried (exponential backoff with full jitter, Retry-After honoured) on whichever server
-pulls them next. A request that outlives its server's learned deadline (``deadline``) is presumed hung and retried;
-a server silent for ``server_silence_s`` with requests in flight is checked with /health_generate and benched if it
-fails (a wedged scheduler). A server with ``server_down_after`` consecutive connection/5xx/timeout failures is marked down:
+pulls them next. A request that outlives its server's learned deadline (``deadline``) is presumed hung and
+retried. A server with ``server_down_after`` consecutive connection/5xx/timeout failures, or silent for
+``server_silence_s`` with requests in flight and failing /health_generate (a wedged scheduler), is marked down:
 its in-flight requests are handed back to the queue, it is probed with /health_generate (backoff) and rejoins
 when healthy. While every server is down the queue simply waits: no attempts are spent. A prompt whose last
 attempt fails goes to failed.parquet with its error; nothing is dropped.
@@ -105,9 +105,8 @@ class _Server:
     consecutive_failures: int = 0
     down_since: float | None = None
     in_flight: dict[int, _Flight] = field(default_factory=dict)
-    last_answer: float = field(
-        default_factory=time.monotonic
-    )  # any reply from the server, for the silence watch
+    # Last reply of any kind, or the send that ended an idle spell: the silence watch measures from here.
+    last_answer: float = field(default_factory=time.monotonic)
 
 
 def output_row(prompt: PromptRow, result: ChatResult, attempts: int) -> dict[str, Any]:
@@ -317,6 +316,8 @@ class Dispatcher:
             item.attempts += 1
             item.last_server = server.url
             flight = _Flight(item)
+            if not server.in_flight:
+                server.last_answer = time.monotonic()  # an idle spell is not silence
             server.in_flight[slot] = flight
             result: ChatResult | None = None
             error: RequestError | None = None
