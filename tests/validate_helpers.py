@@ -12,24 +12,19 @@ from pathlib import Path
 
 import polars as pl
 
+from draftgen.generate.store import OUTPUT_SCHEMA
+
 WORDS = (
     "so we need the sum of each term then check the value again because the list is sorted and the loop "
     "runs over every index until the result equals the target number which gives two cases to compare"
 ).split()
-MESSAGE = pl.Struct({"role": pl.String, "content": pl.String})
+# The columns a generate shard carries that these helpers fill, typed as the store writes them.
 SCHEMA = {
-    "id": pl.String,
-    "messages": pl.List(MESSAGE),
-    "reasoning_content": pl.String,
-    "content": pl.String,
-    "finish_reason": pl.String,
-    "prompt_tokens": pl.Int64,
-    "completion_tokens": pl.Int64,
-    "spec_accept_length": pl.Float64,
-    "spec_verify_ct": pl.Int64,
-    "server": pl.String,
-    "latency_s": pl.Float64,
-    "attempts": pl.Int64,
+    name: OUTPUT_SCHEMA[name]
+    for name in (
+        *("id", "messages", "reasoning_content", "content", "finish_reason", "prompt_tokens"),
+        *("completion_tokens", "spec_accept_length", "spec_verify_ct", "server", "latency_s", "attempts"),
+    )
 }
 
 
