@@ -1,0 +1,48 @@
+"""The simulated server's admin surface: Prometheus ``/metrics`` and the non-SGLang ``/sim/*`` endpoints."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from draftgen.sim.server import SimServer
+
+
+class AdminApi:
+    def __init__(self, sim: SimServer):
+        self.sim = sim
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/metrics", self.prometheus),
+            web.get("/sim/truth", self.sim_truth),
+            web.get("/sim/info", self.sim_info),
+        ]
+
+    async def prometheus(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.sim.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def sim_truth(self, request: web.Request) -> web.Response:
+        since = int(request.query.get("since", "0"))
+        return web.json_response({"records": self.sim.truth[since:], "next": len(self.sim.truth)})
+
+    async def sim_info(self, _: web.Request) -> web.Response:
+        profile = self.sim.profile
+        capacity = {
+            str(b): profile.tokens_per_second(b) * self.sim.config.speed / self.sim.faults.slow
+            for b in (1, 8, 16, 32, 48, 64, 96, 128)
+            if not profile.instant
+        }
+        return web.json_response(
+            {
+                "profile": asdict(profile),
+                "speed": self.sim.config.speed,
+                "faults": asdict(self.sim.faults),
+                "capacity_tok_s_by_batch": capacity,
+                "started": self.sim.started,
+                "healthy": self.sim.healthy,
+            }
+        )

@@ -1,0 +1,207 @@
+"""The simulated server's SGLang-native surface: ``/health``, ``/health_generate``, ``/server_info`` and
+``/generate``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from draftgen.sim.engine import SimRequest
+from draftgen.sim.textgen import EOS_TOKEN_ID, THINK_END, count_text_tokens, request_seed
+from draftgen.sim.wire import BadRequest, error_response, sse
+
+if TYPE_CHECKING:
+    from draftgen.sim.server import SimServer
+
+# SGLang's /health_generate gives up after 20 s without scheduler output (simulated seconds here).
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+HEALTH_GENERATE_POLL_S = 0.05
+
+
+class NativeApi:
+    def __init__(self, sim: SimServer):
+        self.sim = sim
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/health", self.health),
+            web.get("/health_generate", self.health_generate),
+            web.get("/server_info", self.server_info),
+            web.get("/get_server_info", self.server_info),
+            web.post("/generate", self.generate),
+        ]
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200 if self.sim.healthy else 503)
+
+    async def health_generate(self, _: web.Request) -> web.Response:
+        if not self.sim.healthy:
+            return web.Response(status=503)
+        probe = self.sim.new_request(
+            "health-" + uuid.uuid4().hex[:8],
+            "health",
+            prompt_tokens=4,
+            seed=1,
+            max_tokens=1,
+            enable_thinking=False,
+            ignore_eos=True,
+            stream=False,
+        )
+        # Like SGLang: any output from the scheduler after the call began proves it alive (a busy server's
+        # probe may sit in the queue); silence for HEALTH_GENERATE_TIMEOUT_S means 503.
+        began = time.time()
+        self.sim.engine.submit(probe)
+        # The timeout runs on the simulated clock.
+        deadline = time.monotonic() + HEALTH_GENERATE_TIMEOUT_S / self.sim.config.speed
+        while not probe.done.is_set() and self.sim.engine.last_step_at <= began:
+            if time.monotonic() >= deadline:
+                self.sim.engine.abort(probe, "health_timeout")
+                return web.Response(status=503)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(probe.done.wait(), HEALTH_GENERATE_POLL_S)
+        self.sim.engine.abort(probe, "health_answered")  # no-op once it finished; out of the queue otherwise
+        return web.Response(status=200)
+
+    async def server_info(self, _: web.Request) -> web.Response:
+        stats = self.sim.engine.stats
+        state: dict[str, object] = {
+            "last_gen_throughput": stats.interval_throughput,
+            "memory_usage": {
+                "weight": 51.2,
+                "kvcache": 96.0,
+                "token_capacity": self.sim.profile.kv_capacity_tokens,
+            },
+            "effective_max_running_requests_per_dp": self.sim.profile.max_running_requests,
+        }
+        if stats.avg_spec_accept_length is not None:
+            state["avg_spec_accept_length"] = stats.avg_spec_accept_length
+        spec = self.sim.profile.speculative
+        return web.json_response(
+            {
+                "model_path": self.sim.config.model,
+                "served_model_name": self.sim.config.model,
+                "host": self.sim.config.host,
+                "port": self.sim.config.port,
+                "tp_size": 1,
+                "dp_size": 1,
+                "max_running_requests": self.sim.profile.max_running_requests,
+                "context_length": self.sim.profile.context_length,
+                "reasoning_parser": "qwen3",
+                "enable_metrics": True,
+                "decode_log_interval": 40,
+                "speculative_algorithm": "NEXTN" if spec else None,
+                "speculative_num_steps": self.sim.profile.draft_tokens - 1 if spec else None,
+                "speculative_eagle_topk": 1 if spec else None,
+                "speculative_num_draft_tokens": self.sim.profile.draft_tokens if spec else None,
+                "version": self.sim.faults.sglang_version,
+                "internal_states": [state],
+            }
+        )
+
+    async def generate(self, http: web.Request) -> web.StreamResponse:
+        try:
+            body = await http.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error_response(400, "Request body is not valid JSON.", "BadRequestError")
+        try:
+            parsed = self._parse_generate(body)
+        except BadRequest as exc:
+            return error_response(400, str(exc), "BadRequestError")
+        rid = parsed["rid"]
+        refused = self.sim.admission_fault(rid, "generate")
+        if refused is not None:
+            return refused
+        if self.sim.draw(self.sim.faults.hang_rate):
+            return await self.sim.hang(rid, "generate")
+        request = self.sim.new_request(
+            rid,
+            "generate",
+            prompt_tokens=parsed["prompt_tokens"],
+            seed=parsed["seed"],
+            max_tokens=parsed["max_tokens"],
+            enable_thinking=parsed["thinking"],
+            ignore_eos=parsed["ignore_eos"],
+            stream=parsed["stream"],
+            empty_answer=self.sim.draw(self.sim.faults.empty_answer_rate),
+        )
+        self.sim.engine.submit(request)
+        if self.sim.draw(self.sim.faults.abort_rate):
+            self.sim.engine.abort(request, "aborted")
+        if not parsed["stream"]:
+            await self.sim.wait_for(request)
+            return web.json_response(self._generate_body(request))
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        try:
+            await response.prepare(http)
+            while True:
+                await request.progress.wait()
+                request.progress.clear()
+                await response.write(sse(self._generate_body(request)))
+                if request.done.is_set():
+                    break
+            if not self.sim.faults.omit_done:
+                await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.sim.engine.abort(request, "client_disconnected")
+            raise
+        return response
+
+    def _parse_generate(self, body: object) -> dict:
+        if not isinstance(body, dict):
+            raise BadRequest("Request body must be a JSON object.")
+        text, input_ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (input_ids is None):
+            raise BadRequest("Either text or input_ids should be provided.")
+        if text is not None and not isinstance(text, str):
+            raise BadRequest("draftgen sim supports a single 'text' string (no batches).")
+        if input_ids is not None and not (
+            isinstance(input_ids, list) and all(isinstance(i, int) for i in input_ids)
+        ):
+            raise BadRequest("draftgen sim supports a single flat 'input_ids' list (no batches).")
+        sampling = body.get("sampling_params") or {}
+        if not isinstance(sampling, dict):
+            raise BadRequest("sampling_params must be an object.")
+        prompt_tokens = count_text_tokens(text) if text is not None else len(input_ids)  # type: ignore[arg-type]
+        raw_max = sampling.get("max_new_tokens", 128)
+        max_tokens = self.sim.max_tokens(raw_max, prompt_tokens, "max_new_tokens")
+        thinking = not (isinstance(text, str) and text.rstrip(" ").endswith(THINK_END + "\n\n"))
+        return {
+            "rid": str(body.get("rid") or uuid.uuid4().hex),
+            "prompt_tokens": prompt_tokens,
+            "max_tokens": max_tokens,
+            "thinking": thinking,
+            "stream": bool(body.get("stream")),
+            "seed": request_seed({"text": text, "input_ids": input_ids}, sampling.get("sampling_seed")),
+            "ignore_eos": bool(sampling.get("ignore_eos")),
+        }
+
+    def _generate_body(self, request: SimRequest) -> dict:
+        shown = request.shown_tokens
+        text = "".join(request.plan.tokens[:shown])
+        meta: dict[str, object] = {
+            "id": request.rid,
+            "finish_reason": None,
+            "prompt_tokens": request.prompt_tokens,
+            "completion_tokens": request.emitted,
+            "cached_tokens": 0,
+            "e2e_latency": (request.finished or time.time()) - request.arrival,
+        }
+        if request.done.is_set():
+            if request.outcome != "ok":
+                meta["finish_reason"] = {"type": "abort", "message": request.outcome}
+            elif request.plan.finish_type == "stop":
+                meta["finish_reason"] = {"type": "stop", "matched": EOS_TOKEN_ID}
+            else:
+                meta["finish_reason"] = {"type": "length", "length": request.emitted}
+        if self.sim.profile.speculative:
+            meta.update(self.sim.spec_fields(request, self.sim.faults.sglang_version))
+        return {"text": text, "output_ids": list(range(request.emitted)), "meta_info": meta}
