@@ -129,6 +129,15 @@ def output_row(prompt: PromptRow, result: ChatResult, attempts: int) -> dict[str
         "usage_reported": result.usage_reported,
         "ttft_s": result.ttft_s,
         "source_row": prompt.row,
+        "turn_after": [len(prompt.messages) - 1],
+        "turn_reasoning": [result.reasoning_content],
+        "turn_content": [result.content],
+        "turn_finish_reason": [result.finish_reason],
+        "turn_prompt_tokens": [result.prompt_tokens],
+        "turn_completion_tokens": [result.completion_tokens],
+        "turn_spec_accept_length": [result.spec_accept_length],
+        "turn_spec_verify_ct": [result.spec_verify_ct],
+        "turns_mode": "last",
     }
 
 
@@ -143,6 +152,7 @@ def failure_row(prompt: PromptRow, error: RequestError, attempts: int, server: s
         "server": server,
         "failed_at": time.time(),
         "source_row": prompt.row,
+        "turn": 0,
     }
 
 

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.progress import short_label
-from draftgen.generate.store import FAILED, REJECTED, read_manifest, shard_paths
+from draftgen.generate.store import FAILED, REJECTED, read_manifest, scan_shards, shard_paths
 from draftgen.humanize import duration_unit
 
 REPORT_COLUMNS = (
@@ -35,7 +35,7 @@ def scan_results(out_dir: str | Path) -> pl.LazyFrame:
     paths = shard_paths(out_dir)
     if not paths:
         raise FileNotFoundError(f"no shards in {Path(out_dir) / 'shards'}: the run stored nothing yet")
-    return pl.scan_parquet(paths).select(
+    return scan_shards(paths).select(
         *REPORT_COLUMNS,
         (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
         (pl.col("reasoning_content").fill_null("").str.strip_chars() == "").alias("empty_reasoning"),

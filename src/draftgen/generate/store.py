@@ -55,6 +55,17 @@ OUTPUT_SCHEMA = pl.Schema(
         "usage_reported": pl.Boolean,
         "ttft_s": pl.Float64,
         "source_row": pl.Int64,
+        # Per generated turn, in order (draftgen.conversation; single-turn rows hold one element). Shards
+        # written before these columns existed are read as single-turn rows by conversation.assemble.
+        "turn_after": pl.List(pl.Int64),  # index in messages of the last source message before the answer
+        "turn_reasoning": pl.List(pl.String),
+        "turn_content": pl.List(pl.String),
+        "turn_finish_reason": pl.List(pl.String),
+        "turn_prompt_tokens": pl.List(pl.Int64),
+        "turn_completion_tokens": pl.List(pl.Int64),
+        "turn_spec_accept_length": pl.List(pl.Float64),
+        "turn_spec_verify_ct": pl.List(pl.Int64),
+        "turns_mode": pl.String,  # "all": every assistant turn generated; "last": only the final one
     }
 )
 FAILED_SCHEMA = pl.Schema(
@@ -68,6 +79,7 @@ FAILED_SCHEMA = pl.Schema(
         "server": pl.String,
         "failed_at": pl.Float64,
         "source_row": pl.Int64,
+        "turn": pl.Int64,  # 0-based index of the generated turn that failed (null in older files)
     }
 )
 REJECTED_SCHEMA = pl.Schema({"row": pl.Int64, "id": pl.String, "reason": pl.String, "raw": pl.String})
@@ -125,13 +137,19 @@ def shard_paths(out_dir: str | Path) -> list[Path]:
     return sorted((Path(out_dir) / SHARDS).glob("part-*.parquet"))
 
 
+def scan_shards(paths: list[Path]) -> pl.LazyFrame:
+    """All shards as one lazy frame; shards written before a column existed read it as null (mixed folders
+    arise when a run started by an older draftgen is resumed)."""
+    return pl.scan_parquet(paths, missing_columns="insert", extra_columns="ignore")
+
+
 def read_done_ids(out_dir: str | Path) -> pl.Series:
     """Ids of every stored row, reading only the id column of each shard (a corrupt shard is named)."""
     paths = shard_paths(out_dir)
     if not paths:
         return pl.Series("id", [], dtype=pl.String)
     try:
-        return pl.scan_parquet(paths).select("id").collect()["id"]
+        return scan_shards(paths).select("id").collect()["id"]
     except (pl.exceptions.PolarsError, OSError) as exc:
         for path in paths:
             try:
