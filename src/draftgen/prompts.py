@@ -16,6 +16,7 @@ from typing import Any
 
 import polars as pl
 
+from draftgen.paths import resolve_path, root_note
 from draftgen.synthetic import BUNDLED_PROMPTS
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -140,14 +141,20 @@ def normalize_record(record: Any, row: int, raw_text: str | None = None) -> Prom
 
 
 def check_prompt_source(value: str, *, allow_empty: bool = False) -> str:
-    """A config validator for a ``prompts`` parameter: "synthetic" or an existing .jsonl/.parquet file."""
+    """A config validator for a ``prompts`` parameter: "synthetic" or an existing .jsonl/.parquet file.
+
+    A relative path is resolved against the project root (``draftgen.paths``); the absolute path is returned.
+    """
     if value == SYNTHETIC or (allow_empty and value == ""):
         return value
+    path = resolve_path(value)
     try:
-        _check_path(Path(value))
+        _check_path(path)
     except PromptFileError as exc:
-        raise ValueError(f"{exc} (give a .jsonl/.parquet path, or 'synthetic' for the bundled set)") from None
-    return value
+        raise ValueError(
+            f"{exc}{root_note(value)} (give a .jsonl/.parquet path, or 'synthetic' for the bundled set)"
+        ) from None
+    return str(path)
 
 
 def prompt_source_path(value: str) -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from draftgen.params import SHARED_PARAMETERS, ParameterError, build_config
+from draftgen.paths import project_root
 
 COMPLETE_MARKER = ".complete"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,13 +42,13 @@ class RunPlan:
 
 
 def resolve_notebook(name_or_path: str) -> Path:
-    """``generate`` → notebooks/generate.ipynb (from the working directory, else the source checkout)."""
+    """``generate`` → notebooks/generate.ipynb (from the project root, else the source checkout)."""
     candidate = Path(name_or_path)
     if candidate.suffix == ".ipynb":
         if candidate.exists():
             return candidate
         raise FileNotFoundError(f"notebook {candidate} does not exist")
-    for root in (Path.cwd(), REPO_ROOT):
+    for root in (project_root(), REPO_ROOT):
         path = root / "notebooks" / f"{name_or_path}.ipynb"
         if path.exists():
             return path
@@ -162,7 +163,10 @@ def write_html(executed: Path, html_path: Path) -> None:
 
 
 def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_output: bool = True) -> RunPlan:
-    """Execute the notebook with papermill; the executed notebook and HTML are written even when it fails."""
+    """Execute the notebook with papermill; the executed notebook and HTML are written even when it fails.
+
+    The kernel starts in the project root, so it resolves relative path parameters as this process did.
+    """
     import papermill
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -175,7 +179,7 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
             kernel_name=kernel,
             log_output=log_output,
             progress_bar=False,
-            cwd=str(Path.cwd()),
+            cwd=str(project_root()),
         )
     finally:
         if html and plan.executed_path.exists():

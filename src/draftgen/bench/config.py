@@ -9,6 +9,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from draftgen.params import FleetParams, PositiveInt, SamplingParams
+from draftgen.paths import ProjectPath
 from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
 
 DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]
@@ -31,7 +32,9 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     parallel_servers: bool = True  # benchmark all servers at once (one GPU each, independent)
     knee_fraction: Annotated[float, Field(gt=0, le=1)] = 0.95  # knee: least concurrency reaching this share
     seed: int = 0  # which prompts are sampled from the file
-    out_dir: str = "outputs/benchmark/interactive"  # results.parquet, requests.parquet and plots go here
+    out_dir: ProjectPath = Field(
+        "outputs/benchmark/interactive", validate_default=True
+    )  # results.parquet, requests.parquet and plots go here
     resume: bool = (
         False  # reuse levels an interrupted run left in out_dir/levels/ (same servers, prompts, sampling)
     )

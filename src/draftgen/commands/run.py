@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from draftgen.params import load_params_files
+from draftgen.paths import resolve_path
 from draftgen.runner import (
     applicable_parameters,
     check_parameters,
@@ -47,7 +48,10 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--name", help="run folder name (default: <params-file>-<timestamp>)")
     parser.add_argument(
-        "--out-root", type=Path, default=Path("outputs"), help="root of run folders (default outputs)"
+        "--out-root",
+        type=Path,
+        default=Path("outputs"),
+        help="root of run folders (default outputs; relative: under the project root, see README 'Paths')",
     )
     parser.add_argument(
         "--resume",
@@ -70,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
     check_parameters(notebook, parameters)
     label = "-".join(p.stem for p in args.parameters_file) or "run"
     plan = plan_run(
-        notebook, parameters, name=args.name, out_root=args.out_root, resume=args.resume, label=label
+        notebook,
+        parameters,
+        name=args.name,
+        out_root=resolve_path(args.out_root),
+        resume=args.resume,
+        label=label,
     )
     print(f"draftgen run: {notebook} → {plan.run_dir}", flush=True)
     try:

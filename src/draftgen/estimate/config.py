@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import NonNegativeFloat, Params, PositiveFloat, PositiveInt
+from draftgen.paths import ProjectPath
 from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
 
 
@@ -18,7 +19,7 @@ class ScenarioSpec(Params):
     gpus: PositiveInt  # one server per GPU
     concurrency_per_server: PositiveInt | None = None  # default: the estimate's concurrency_per_server
     gpu_hour_usd: NonNegativeFloat | None = None  # default: the estimate's gpu_hour_usd
-    benchmark_dir: str | None = (
+    benchmark_dir: ProjectPath | None = (
         None  # a benchmark run folder of THIS hardware; default: the estimate's benchmark
     )
     tok_s_per_gpu: PositiveFloat | None = (
@@ -40,7 +41,7 @@ class ScenarioSpec(Params):
 
 
 class EstimateConfig(Params):
-    benchmark_dir: str = (
+    benchmark_dir: ProjectPath = (
         ""  # benchmark run folder (results/requests/occupancy.parquet); "" = newest under outputs/benchmark
     )
     prompts: str = SYNTHETIC  # the full prompt set (.jsonl/.parquet) to count, or "synthetic" (bundled set)
@@ -56,7 +57,9 @@ class EstimateConfig(Params):
     interval: Annotated[float, Field(gt=0, lt=1)] = 0.9  # coverage of the wall-time interval
     bootstrap: Annotated[int, Field(ge=10)] = 200  # resamples behind the interval
     seed: int = 0  # random draws of the simulation and the bootstrap
-    out_dir: str = "outputs/estimate/interactive"  # estimate.json and plots go here
+    out_dir: ProjectPath = Field(
+        "outputs/estimate/interactive", validate_default=True
+    )  # estimate.json and plots go here
 
     @field_validator("prompts")
     @classmethod

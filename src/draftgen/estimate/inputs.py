@@ -9,9 +9,10 @@ from pathlib import Path
 import polars as pl
 
 from draftgen.bench.report import OCCUPANCY_FILE, REQUESTS_FILE, RESULTS_FILE, SUMMARY_FILE
+from draftgen.paths import resolve_path
 from draftgen.prompts import count_rows
 
-BENCHMARK_ROOT = Path("outputs") / "benchmark"
+BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftgen.paths)
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ class BenchmarkData:
         )
 
 
-def find_latest_benchmark(root: Path = BENCHMARK_ROOT) -> Path:
-    """The newest folder under ``root`` holding results.parquet (by that file's time)."""
+def find_latest_benchmark(root: Path | None = None) -> Path:
+    """The newest folder under ``root`` (default: the project's outputs/benchmark) holding results.parquet."""
+    root = resolve_path(BENCHMARK_RUNS) if root is None else root
     found = sorted(root.glob(f"*/{RESULTS_FILE}"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise FileNotFoundError(

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import FleetParams, NonNegativeFloat, PositiveFloat, PositiveInt, SamplingParams
+from draftgen.paths import ProjectPath
 from draftgen.prompts import check_prompt_source, prompt_source_path
 
 Rate = Annotated[float, Field(ge=0, le=1)]
@@ -42,7 +43,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     """Parameters of one generation run (DESIGN.md names; defaults are the production settings)."""
 
     prompts: str = Field(min_length=1)  # .jsonl / .parquet path, or "synthetic" for the bundled set
-    out_dir: str = Field(min_length=1)  # run folder: shards/, manifest.json, failed/rejected.parquet
+    out_dir: ProjectPath = Field(min_length=1)  # run folder: shards/, manifest.json, failed/rejected.parquet
     concurrency_per_server: PositiveInt = 64  # requests kept in flight per server
     batch_save_size: PositiveInt = 500  # rows per parquet shard
     limit: Annotated[int, Field(ge=0)] = 0  # first N valid prompts (0 = all)
@@ -71,7 +72,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     max_rejected_rate: Rate = 0.01  # abort before starting when more prompt rows than this are malformed
     wait_for_servers_s: NonNegativeFloat = 0.0  # keep polling /health this long for servers still loading
     canary: bool = True  # one full request per server before the run (reasoning and answer must be non-empty)
-    estimate: str = ""  # path to estimate.json from estimate.ipynb: planned vs actual at the end
+    estimate: ProjectPath = ""  # path to estimate.json from estimate.ipynb: planned vs actual at the end
     force: bool = False  # resume even if model/sampling parameters differ from the stored run
     progress_interval_s: NonNegativeFloat = 1.0  # seconds between progress-bar refreshes
 

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from draftgen.masks import MaskConvention, MaskSpec
 from draftgen.params import Params, PositiveInt
+from draftgen.paths import ProjectPath
 
 # Every flag a sample can carry, with what it means (shown in the notebook's flag table).
 FLAGS: dict[str, str] = {
@@ -47,9 +48,11 @@ Share = Annotated[float, Field(ge=0, le=1)]
 
 
 class ValidateConfig(Params):
-    generation_dir: str = Field(min_length=1)  # generate's out_dir: shards/*.parquet (+ manifest.json)
-    tokenizer: str = Field(min_length=1)  # folder of the target model's tokenizer (local files only)
-    out_dir: str = Field(min_length=1)  # where the report tables and the training export go
+    generation_dir: ProjectPath = Field(
+        min_length=1
+    )  # generate's out_dir: shards/*.parquet (+ manifest.json)
+    tokenizer: ProjectPath = Field(min_length=1)  # folder of the target model's tokenizer (local files only)
+    out_dir: ProjectPath = Field(min_length=1)  # where the report tables and the training export go
     mask_convention: Literal["think_in_prompt", "think_in_target"] = "think_in_prompt"
     enable_thinking: bool = True
     min_assistant_tokens: Annotated[int, Field(ge=0)] = 16

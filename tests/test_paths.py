@@ -1,0 +1,178 @@
+"""Relative path parameters resolve against the project root in every mode (draftgen.paths, README "Paths").
+
+The modes: the config built in-process from any working directory (how JupyterLab's kernel in notebooks/ builds
+it), a papermill kernel started in notebooks/, and ``draftgen run`` started from a sub-folder. Each runs on a
+throwaway project laid out like this checkout, so "the root" is one the test made, not wherever pytest runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import papermill
+import pytest
+from validate_helpers import clean_rows, write_generation
+
+from draftgen.bench.config import BenchmarkConfig
+from draftgen.estimate.config import EstimateConfig
+from draftgen.estimate.inputs import find_latest_benchmark
+from draftgen.generate.config import GenerateConfig
+from draftgen.local_tokenizer import build_tiny_tokenizer
+from draftgen.params import ParameterError, build_config
+from draftgen.paths import ROOT_ENV, project_root, resolve_path
+from draftgen.synthetic import write_synthetic
+from draftgen.validate.config import ValidateConfig
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+FLEET = {"servers": ["http://127.0.0.1:1"], "model": "m"}
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project root (pyproject.toml + notebooks/) with the kernel's working directory in notebooks/."""
+    monkeypatch.delenv(ROOT_ENV, raising=False)
+    root = tmp_path / "proj"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.chdir(root / "notebooks")
+    return root
+
+
+# ----- the rule ---------------------------------------------------------------------------------------------
+def test_root_is_found_from_the_root_notebooks_and_deeper_folders(project):
+    deep = project / "outputs" / "generate" / "run"
+    deep.mkdir(parents=True)
+    for cwd in (project, project / "notebooks", deep):
+        assert project_root(cwd, environ={}) == project
+
+
+def test_params_folder_marks_a_root_without_pyproject(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "params").mkdir()
+    assert project_root(tmp_path / "notebooks", environ={}) == tmp_path
+
+
+def test_a_notebooks_folder_alone_is_not_a_root(tmp_path):
+    # ~/notebooks above an unrelated project must not swallow its outputs
+    (tmp_path / "notebooks").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    assert project_root(work, environ={}) == work  # no root found: the working directory
+
+
+def test_environment_variable_wins(project, tmp_path):
+    elsewhere = tmp_path / "data-project"
+    assert project_root(project / "notebooks", environ={ROOT_ENV: str(elsewhere)}) == elsewhere
+    assert project_root(project, environ={ROOT_ENV: ""}) == project  # empty: unset
+
+
+def test_absolute_and_home_paths_are_used_as_given(project):
+    assert resolve_path("/data/prompts.jsonl") == Path("/data/prompts.jsonl")
+    assert resolve_path("~/x.jsonl") == Path.home() / "x.jsonl"
+    assert resolve_path("outputs/../params/a.yaml") == project / "params" / "a.yaml"
+
+
+# ----- every notebook config, built where JupyterLab's kernel runs (notebooks/) ------------------------------
+def test_generate_config_paths(project):
+    write_synthetic(project / "data" / "p.jsonl", 5, seed=1)
+    (project / "outputs" / "estimate" / "e").mkdir(parents=True)
+    (project / "outputs" / "estimate" / "e" / "estimate.json").write_text("{}")
+    config = build_config(
+        GenerateConfig,
+        {
+            **FLEET,
+            "prompts": "data/p.jsonl",
+            "out_dir": "outputs/generate/x",
+            "estimate": "outputs/estimate/e/estimate.json",
+        },
+    )
+    assert config.prompts == str(project / "data" / "p.jsonl")
+    assert config.prompt_path == project / "data" / "p.jsonl"
+    assert config.out_dir == str(project / "outputs" / "generate" / "x")
+    assert config.estimate == str(project / "outputs" / "estimate" / "e" / "estimate.json")
+    unset = build_config(GenerateConfig, {**FLEET, "prompts": "synthetic", "out_dir": "/abs/run"})
+    assert (unset.prompts, unset.estimate, unset.out_dir) == ("synthetic", "", "/abs/run")
+
+
+def test_a_missing_relative_file_names_the_root_it_was_looked_up_in(project):
+    with pytest.raises(ParameterError) as error:
+        build_config(GenerateConfig, {**FLEET, "prompts": "data/none.jsonl", "out_dir": "o"})
+    message = str(error.value)
+    assert "prompts" in message and str(project / "data" / "none.jsonl") in message
+    assert f"relative paths are read from the project root {project}" in message
+
+
+def test_benchmark_config_default_out_dir_is_under_the_root(project):
+    config = build_config(BenchmarkConfig, FLEET)
+    assert config.out_dir == str(project / "outputs" / "benchmark" / "interactive")
+
+
+def test_estimate_config_paths_and_newest_benchmark(project):
+    bench = project / "outputs" / "benchmark" / "b1"
+    bench.mkdir(parents=True)
+    (bench / "results.parquet").write_bytes(b"")
+    config = build_config(
+        EstimateConfig,
+        {
+            "benchmark_dir": "outputs/benchmark/b1",
+            "scenarios": [{"name": "other", "gpus": 2, "benchmark_dir": "outputs/benchmark/b1"}],
+        },
+    )
+    assert config.benchmark_dir == str(bench)
+    assert config.scenarios[0].benchmark_dir == str(bench)
+    assert config.out_dir == str(project / "outputs" / "estimate" / "interactive")
+    assert find_latest_benchmark() == bench  # benchmark_dir "": the newest under the ROOT's outputs/
+
+
+def test_validate_config_paths(project):
+    config = build_config(
+        ValidateConfig, {"generation_dir": "outputs/g", "tokenizer": "models/tok", "out_dir": "outputs/v"}
+    )
+    assert (config.generation_dir, config.tokenizer, config.out_dir) == (
+        str(project / "outputs" / "g"),
+        str(project / "models" / "tok"),
+        str(project / "outputs" / "v"),
+    )
+
+
+# ----- a real kernel: papermill in notebooks/ (JupyterLab's cwd), and draftgen run from a sub-folder ---------
+@pytest.fixture
+def validate_project(project: Path) -> Path:
+    shutil.copy(CHECKOUT / "notebooks" / "validate.ipynb", project / "notebooks" / "validate.ipynb")
+    write_generation(project / "outputs" / "gen", clean_rows(12))
+    build_tiny_tokenizer(project / "models" / "tok")
+    return project
+
+
+def test_papermill_kernel_in_notebooks_writes_under_the_root(validate_project):
+    root = validate_project
+    papermill.execute_notebook(
+        str(root / "notebooks" / "validate.ipynb"),
+        str(root / "executed.ipynb"),
+        parameters={"generation_dir": "outputs/gen", "tokenizer": "models/tok", "out_dir": "outputs/val"},
+        kernel_name="python3",
+        progress_bar=False,
+        cwd=str(root / "notebooks"),
+    )
+    assert (root / "outputs" / "val" / "export" / "train.jsonl").is_file()
+    assert not (root / "notebooks" / "outputs").exists(), "a run folder landed under notebooks/"
+
+
+def test_draftgen_run_from_a_subfolder_writes_under_the_root(validate_project):
+    root = validate_project
+    env = {k: v for k, v in os.environ.items() if k != ROOT_ENV}
+    command = [sys.executable, "-m", "draftgen", "run", "validate", "--name", "rel", "--no-html"]
+    command += ["-p", "generation_dir", "outputs/gen", "-p", "tokenizer", "models/tok"]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=root / "outputs", env=env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = root / "outputs" / "validate" / "rel"
+    assert (run_dir / ".complete").exists(), result.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["passed"] is True
+    assert not (root / "outputs" / "outputs").exists()
