@@ -7,6 +7,7 @@ process it started survives.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -18,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.error
@@ -26,16 +26,22 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import polars as pl
 import psutil
 import pytest
 import yaml
 
 from draftgen.cli import main
+from draftgen.generate import GenerateConfig, preflight
+from draftgen.generate import generate as generate_run
+from draftgen.params import build_config
 from draftgen.serve.config import ServeConfig, parse_gpus, served_model_name
 from draftgen.serve.preflight import port_in_use
 from draftgen.serve.probe import Stage
+from draftgen.serve.router import healthy_workers
 from draftgen.serve.view import StatusRow, TableView, render_table
 from draftgen.sim.fleet import find_free_base_port
+from draftgen.synthetic import write_synthetic
 
 MTP_FLAGS = {
     "--speculative-algorithm": "NEXTN",
@@ -149,6 +155,9 @@ def test_dry_run_router_line_lists_every_worker(capsys: pytest.CaptureFixture[st
     ]
     assert flags["--policy"] == ["cache_aware"]
     assert flags["--port"] == ["8000"]
+    assert flags["--prometheus-port"] == ["8001"]  # its metrics on a port of their own, next to the API's
+    _, argv = dry_run(capsys, "--model", "m", "--gpus", "0", "--router", "--router-policy", "round_robin")[-1]
+    assert options(argv[3:])["--policy"] == ["round_robin"]
 
 
 def test_dry_run_sim_engine_picks_the_profile_from_mtp(capsys: pytest.CaptureFixture[str]) -> None:
@@ -175,6 +184,7 @@ def test_dry_run_sim_engine_picks_the_profile_from_mtp(capsys: pytest.CaptureFix
         (["--model", "m", "--gpus", "0", "--sim-fault", "load_delay=1"], "only apply with --engine sim"),
         (["--engine", "sim", "--gpus", "0", "--sim-fault", "bogus=1"], "unknown fault 'bogus'"),
         (["--model", "m", "--gpus", "0-1", "--router", "--router-port", "30001"], "also a server port"),
+        (["--model", "m", "--gpus", "0-1", "--router", "--router-port", "29999"], "--router-metrics-port 30000"),
         (["--model", "m", "--gpus", "0", "stray"], "extra server arguments go after --"),
     ],
 )
@@ -566,52 +576,63 @@ def test_port_already_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "serve").exists()
 
 
-FAKE_ROUTER = textwrap.dedent(
-    '''
-    """A stand-in for sglang_router.launch_router: records its argv, answers 200 on /health."""
-    import argparse, http.server, json, os, sys
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker-urls", nargs="+")
-    parser.add_argument("--policy")
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    args = parser.parse_args()
-    with open(os.environ["FAKE_ROUTER_RECORD"], "w") as handle:
-        json.dump(sys.argv[1:], handle)
-
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-
-    http.server.HTTPServer((args.host, args.port), Health).serve_forever()
-    '''
-)
-
-
-def test_router_started_when_installed_and_servers_yaml_lists_it(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    package = tmp_path / "fake" / "sglang_router"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "launch_router.py").write_text(FAKE_ROUTER)
-    record = tmp_path / "router-argv.json"
-    router_port = find_free_base_port(1)
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]),
-        "FAKE_ROUTER_RECORD": str(record),
-    }
-    run = serve(2, "--router", "--router-port", str(router_port), env=env)
+def test_real_router_started_generate_through_it_exactly_once_with_a_worker_killed(
+    serve, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # sglang-router (a dev dependency): the real Rust router in front of two simulated workers.
+    router_port = find_free_base_port(2)
+    run = serve(
+        2,
+        *("--router", "--router-port", str(router_port), "--router-policy", "round_robin"),
+        *("--restart", "--restart-backoff", "0.2"),
+    )
     run.wait_for(r"2 of 2 servers ready")
     run.wait_for(rf"router :{router_port} \(router\): ready")
     router_url = f"http://127.0.0.1:{router_port}"
     run.wait_for(rf"wrote .*servers\.yaml: router {router_url}$")
     assert servers_yaml(run.run_dir)["servers"] == [router_url]
-    argv = options(json.loads(record.read_text()))
-    assert argv["--worker-urls"] == run.urls
-    assert argv["--policy"] == ["cache_aware"]
-    # two servers and the router; `seen` may also hold the short-lived sglang_router import check
-    assert len(run.live_children()) == 3, run.live_children()
+    assert healthy_workers(router_url) == dict.fromkeys(run.urls, True)  # the router's own worker list
+    assert (
+        http_status(f"http://127.0.0.1:{router_port + 1}/metrics") == 200
+    )  # its metrics port, not the API's
+    assert len(run.live_children()) == 3, run.live_children()  # two servers and the router
+
+    prompts = tmp_path / "p.jsonl"
+    write_synthetic(prompts, 400, seed=31)
+    config = build_config(
+        GenerateConfig,
+        {
+            "servers": [router_url],
+            "model": "Qwen/Qwen3.6-27B",
+            "prompts": str(prompts),
+            "out_dir": str(tmp_path / "gen"),
+            "max_tokens": 64,
+            "concurrency_per_server": 16,
+            "batch_save_size": 50,
+            "max_truncated_rate": 1.0,
+            "backoff_base_s": 0.05,
+            "backoff_max_s": 0.5,
+            "canary": False,
+        },
+    )
+    victim = run.ports[0]
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        plan = await preflight(config)
+        task = asyncio.create_task(generate_run(config, plan, progress=False))
+        while len(list((tmp_path / "gen" / "shards").glob("*.parquet"))) < 2:
+            assert not task.done(), task
+            await asyncio.sleep(0.05)
+        os.kill(run.server_pid(victim), signal.SIGKILL)  # a worker dies behind the router mid-run
+        return await task
+
+    result = asyncio.run(scenario())
+    run.wait_for(rf"server :{victim} .*exited with code -9")
+    run.wait_for(rf"server :{victim} .*: ready after", count=2)  # serve brought it back
+    assert result.status == "complete" and result.failed == 0
+    frame = pl.read_parquet(sorted((tmp_path / "gen" / "shards").glob("*.parquet")))
+    assert frame.height == 400 and sorted(frame["id"].to_list()) == [f"syn-31-{i:07d}" for i in range(400)]
+    assert set(frame["server"].to_list()) == {router_url}
 
     run.signal(signal.SIGHUP)  # the terminal went away: a clean stop too
     assert run.finish() == 0, run.output()

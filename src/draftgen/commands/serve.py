@@ -7,7 +7,14 @@ import asyncio
 import sys
 from pathlib import Path
 
-from draftgen.serve.config import DEFAULT_BASE_PORT, DEFAULT_ROUTER_PORT, ENGINES, ServeConfig, parse_gpus
+from draftgen.serve.config import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_ROUTER_PORT,
+    ENGINES,
+    ROUTER_POLICIES,
+    ServeConfig,
+    parse_gpus,
+)
 from draftgen.serve.launch import ignored_options, router_spec, server_specs, shell_line
 from draftgen.serve.preflight import check_engine, check_ports, check_run_dir, default_run_name, importable
 from draftgen.serve.records import write_commands
@@ -87,6 +94,18 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "--router-port", type=int, default=DEFAULT_ROUTER_PORT, help="router port (default 30100)"
     )
     routing.add_argument(
+        "--router-policy",
+        choices=ROUTER_POLICIES,
+        default="cache_aware",
+        help="how the router picks a worker (default cache_aware)",
+    )
+    routing.add_argument(
+        "--router-metrics-port",
+        type=int,
+        default=None,
+        help="the router's own Prometheus /metrics port (default: --router-port + 1)",
+    )
+    routing.add_argument(
         "--router-worker",
         action="append",
         default=[],
@@ -133,6 +152,8 @@ def build_config(args: argparse.Namespace, run_name: str) -> ServeConfig:
         router=args.router,
         router_port=args.router_port,
         router_workers=tuple(args.router_worker),
+        router_policy=args.router_policy,
+        router_metrics_port=args.router_metrics_port,
         out_dir=args.out,
         run_name=run_name,
         startup_timeout_s=args.timeout,
@@ -170,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_engine(config)
     start_router = router is not None and importable(config.python, "sglang_router")
-    ports = list(config.ports) + ([config.router_port] if start_router else [])
+    ports = list(config.ports) + ([config.router_port, config.metrics_port] if start_router else [])
     check_ports(config.host, ports)
     check_run_dir(config.run_dir)
     try:

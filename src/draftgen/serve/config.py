@@ -14,6 +14,7 @@ from draftgen.sim.profiles import get_profile
 ENGINES = ("sglang", "sim")
 DEFAULT_BASE_PORT = 30000
 DEFAULT_ROUTER_PORT = 30100
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 LOCAL_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "")
 
 # --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4: the MTP setting that
@@ -105,6 +106,8 @@ class ServeConfig:
     router: bool = False
     router_port: int = DEFAULT_ROUTER_PORT
     router_workers: tuple[str, ...] = ()  # extra worker URLs on other nodes
+    router_policy: str = "cache_aware"
+    router_metrics_port: int | None = None  # the router's own Prometheus port; None: router_port + 1
     # supervision
     out_dir: Path = Path("outputs/serve")
     run_name: str = "run"
@@ -135,6 +138,16 @@ class ServeConfig:
                     f"--router-port {self.router_port} is also a server port "
                     f"({self.ports[0]}-{self.ports[-1]}); pick another"
                 )
+            metrics_port = self.metrics_port
+            _check_port(metrics_port, "--router-metrics-port")
+            if metrics_port in (*self.ports, self.router_port):
+                raise ValueError(
+                    f"--router-metrics-port {metrics_port} is also a server or the router's port; pick another"
+                )
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ValueError(
+                f"--router-policy {self.router_policy!r}: choose one of {', '.join(ROUTER_POLICIES)}"
+            )
         for url in self.router_workers:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"--router-worker {url!r} must be a URL like http://node2:30000")
@@ -183,6 +196,11 @@ class ServeConfig:
     @property
     def router_url(self) -> str:
         return f"http://{self.url_host}:{self.router_port}"
+
+    @property
+    def metrics_port(self) -> int:
+        """The router's Prometheus port (its /metrics are not on its API port)."""
+        return self.router_metrics_port if self.router_metrics_port is not None else self.router_port + 1
 
     @property
     def effective_sim_profile(self) -> str:

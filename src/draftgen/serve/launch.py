@@ -109,22 +109,49 @@ def server_specs(config: ServeConfig) -> list[LaunchSpec]:
     return specs
 
 
-def router_spec(config: ServeConfig) -> LaunchSpec:
-    """SGLang's router in front of this node's servers and any --router-worker URLs."""
-    workers = [*config.urls, *config.router_workers]
-    argv = [
-        config.python,
+def router_argv(
+    python: str,
+    workers: list[str] | tuple[str, ...],
+    *,
+    host: str,
+    port: int,
+    metrics_port: int,
+    policy: str = "cache_aware",
+) -> list[str]:
+    """SGLang's router (``sglang-router``, a Rust binary in a Python wheel) in front of ``workers``.
+
+    Its Prometheus metrics listen on their own port (``--prometheus-port``; 29000 when not given, which two
+    routers on one machine would fight over), not on the API port.
+    """
+    return [
+        python,
         "-m",
         "sglang_router.launch_router",
         "--worker-urls",
         *workers,
         "--policy",
-        "cache_aware",
+        policy,
         "--host",
-        config.host,
+        host,
         "--port",
-        str(config.router_port),
+        str(port),
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
     ]
+
+
+def router_spec(config: ServeConfig) -> LaunchSpec:
+    """SGLang's router in front of this node's servers and any --router-worker URLs."""
+    argv = router_argv(
+        config.python,
+        [*config.urls, *config.router_workers],
+        host=config.host,
+        port=config.router_port,
+        metrics_port=config.metrics_port,
+        policy=config.router_policy,
+    )
     return LaunchSpec(
         name=f"router-{config.router_port}",
         role="router",
