@@ -29,7 +29,7 @@ PROBE_MAX_TOKENS = 8
 class Capabilities:
     """What one server accepts and reports, detected by ``ServerClient.probe``."""
 
-    engine: str  # "sglang", "vllm", "openai-compatible" (e.g. transformers serve)
+    engine: str  # "sglang", "vllm", "sglang-router", "openai-compatible" (e.g. transformers serve)
     model_ids: tuple[str, ...] = ()
     extra_fields: bool = (
         True  # accepts the non-OpenAI sampling fields (top_k, min_p, return_spec_tokens_details)
@@ -38,6 +38,7 @@ class Capabilities:
     spec_details: bool = False  # answers return_spec_tokens_details with sglext.spec_tokens_details
     metrics: bool = False  # GET /metrics answers Prometheus text
     version: str | None = None
+    workers: tuple[str, ...] = ()  # sglang-router only: the worker URLs its GET /workers lists
 
 
 class RequestError(Exception):
@@ -320,6 +321,14 @@ class ServerClient:
                 return data
         return None
 
+    async def router_workers(self) -> tuple[str, ...] | None:
+        """SGLang's router (``sglang-router``): the worker URLs of ``GET /workers``; None when this is no router."""
+        data = await self.get_json("/workers")
+        workers = data.get("workers") if isinstance(data, dict) else None
+        if not isinstance(workers, list):
+            return None
+        return tuple(str(w["url"]) for w in workers if isinstance(w, dict) and w.get("url"))
+
     async def metrics_text(self) -> str | None:
         status, text = await self.get("/metrics")
         return text if status == 200 else None
@@ -486,17 +495,20 @@ class ServerClient:
             raise classify_error(exc) from exc
 
     # ----- capability detection -------------------------------------------------------------------------
-    async def detect_engine(self) -> tuple[str, str | None, bool]:
-        """(engine, version, metrics available) from endpoints only one engine family serves."""
+    async def detect_engine(self) -> tuple[str, str | None, bool, tuple[str, ...]]:
+        """(engine, version, metrics available, router workers) from endpoints only one engine family serves."""
         info = await self.server_info()
         metrics = await self.metrics_text()
         has_metrics = metrics is not None and "# TYPE" in metrics
         if info is not None and ("internal_states" in info or "speculative_algorithm" in info):
-            return "sglang", str(info.get("version")) if info.get("version") else None, has_metrics
+            return "sglang", str(info.get("version")) if info.get("version") else None, has_metrics, ()
+        workers = await self.router_workers()
+        if workers is not None:
+            return "sglang-router", None, has_metrics, workers
         version = await self.get_json("/version")
         if isinstance(version, dict) and "version" in version and (metrics is None or "vllm:" in metrics):
-            return "vllm", str(version["version"]), has_metrics
-        return "openai-compatible", None, has_metrics
+            return "vllm", str(version["version"]), has_metrics, ()
+        return "openai-compatible", None, has_metrics, ()
 
     async def probe(self, model: str, sampling: SamplingParams) -> Capabilities:
         """Detect the engine and which extras it accepts, with one tiny request per step back.
@@ -506,7 +518,7 @@ class ServerClient:
         return_spec_tokens_details) but with chat_template_kwargs (enable_thinking), then with plain OpenAI
         fields only. Any other failure, or a 400/422 on the plain request (a wrong model name), raises.
         """
-        engine, version, has_metrics = await self.detect_engine()
+        engine, version, has_metrics, workers = await self.detect_engine()
         ids = await self.model_ids()
         steps = (
             {"extra_fields": True, "template_kwargs": True, "spec_details": True},
@@ -515,7 +527,7 @@ class ServerClient:
         )
         for index, step in enumerate(steps):
             self.capabilities = Capabilities(
-                engine=engine, model_ids=ids, metrics=has_metrics, version=version, **step
+                engine=engine, model_ids=ids, metrics=has_metrics, version=version, workers=workers, **step
             )
             try:
                 result = await self.chat(

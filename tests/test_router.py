@@ -1,0 +1,182 @@
+"""What SGLang's real router (sglang-router 0.3.2) passes on and what it drops, measured, not assumed.
+
+Two simulated workers sit behind recording pass-through proxies (tests_real/recording_proxy.py), the router in
+front of the proxies: every test compares what the client sent and got with what the worker itself received
+and answered. docs/engines.md's router table states exactly what these tests assert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from sim_helpers import get, post, sse_json
+
+from draftgen.client import ServerClient
+from draftgen.params import SamplingParams
+from draftgen.serve.router import RouterProcess
+
+MODEL = "Qwen/Qwen3.6-27B"
+EXTRAS = {
+    "top_k": 20,
+    "min_p": 0.05,
+    "chat_template_kwargs": {"enable_thinking": True},
+    "return_spec_tokens_details": True,
+}
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "What is 17 times 23?"}],
+    "max_tokens": 40,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    **EXTRAS,
+}
+
+
+def _recording_proxy_module() -> ModuleType:
+    """The real-server tier's recording proxy (one copy of that code in the repository)."""
+    path = Path(__file__).resolve().parents[1] / "tests_real" / "recording_proxy.py"
+    spec = importlib.util.spec_from_file_location("recording_proxy", path)
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+class Setup:
+    def __init__(self, fleet, proxies, router: RouterProcess):  # type: ignore[no-untyped-def]
+        self.fleet = fleet
+        self.proxies = proxies
+        self.router = router
+
+    def worker_chats(self) -> list:  # type: ignore[type-arg]
+        return [e for proxy in self.proxies for e in proxy.chats()]
+
+    def clear(self) -> None:
+        for proxy in self.proxies:
+            with proxy._lock:
+                proxy._exchanges.clear()
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    from draftgen.sim import SimFleet
+
+    fleet = SimFleet(servers=2, profile="b200-mtp", speed=50.0, work_dir=tmp_path_factory.mktemp("sim"))
+    fleet.start()
+    proxies = []
+    router = None
+    try:
+        module = _recording_proxy_module()
+        for url in fleet.urls:
+            proxy = module.RecordingProxy(url)
+            proxy.start()
+            proxies.append(proxy)
+        router = RouterProcess(
+            [p.url for p in proxies], policy="round_robin", log_dir=tmp_path_factory.mktemp("router")
+        )
+        router.start()
+        yield Setup(fleet, proxies, router)
+    finally:
+        if router is not None:
+            router.stop()
+        for proxy in proxies:
+            proxy.stop()
+        fleet.cleanup()
+
+
+def test_request_fields_rewritten_return_spec_tokens_details_dropped(routed: Setup) -> None:
+    routed.clear()
+    status, raw = post(f"{routed.router.url}/v1/chat/completions", BODY)
+    assert status == 200, raw
+    (sent,) = [e.request_json() for e in routed.worker_chats()]
+    # passed on unchanged
+    for key in ("model", "messages", "temperature", "top_p", "top_k", "min_p", "chat_template_kwargs"):
+        assert sent[key] == BODY[key], key
+    # renamed: max_tokens arrives as max_completion_tokens
+    assert "max_tokens" not in sent and sent["max_completion_tokens"] == BODY["max_tokens"]
+    # dropped: the request for per-request acceptance never reaches the worker
+    assert "return_spec_tokens_details" not in sent
+    # added: the router's own defaults for SGLang's extra fields
+    assert sent["separate_reasoning"] is True and sent["skip_special_tokens"] is True
+
+
+def test_answers_pass_through_unchanged_so_sglext_never_comes_back(routed: Setup) -> None:
+    routed.clear()
+    status, raw = post(f"{routed.router.url}/v1/chat/completions", BODY)
+    assert status == 200
+    (exchange,) = routed.worker_chats()
+    answer = json.loads(raw)
+    assert answer == exchange.response_json()  # the worker's answer, as it sent it
+    message = answer["choices"][0]["message"]
+    assert message["reasoning_content"]  # the reasoning split (the worker's --reasoning-parser) survives
+    assert answer["usage"]["completion_tokens"] == 40
+    assert "sglext" not in answer
+    # the same body sent straight to a worker does come back with per-request acceptance
+    status, direct = post(f"{routed.fleet.urls[0]}/v1/chat/completions", BODY)
+    assert status == 200 and "spec_tokens_details" in json.loads(direct)["sglext"]
+
+
+def test_streams_pass_chunk_by_chunk_with_usage_and_done(routed: Setup) -> None:
+    routed.clear()
+    body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+    status, raw = post(f"{routed.router.url}/v1/chat/completions", body)
+    assert status == 200
+    (exchange,) = routed.worker_chats()
+    assert exchange.request_json()["stream_options"] == {"include_usage": True}
+    events, done = sse_json(raw)
+    worker_events, worker_done = sse_json(exchange.response_body)
+    assert done and worker_done
+    assert events == worker_events
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 40
+    assert any(e["choices"] and e["choices"][0]["delta"].get("reasoning_content") for e in events)
+    assert not any("sglext" in e for e in events)
+
+
+def test_health_models_workers_and_metrics_endpoints(routed: Setup) -> None:
+    routed.clear()
+    router = routed.router
+    assert get(f"{router.url}/health")[0] == 200
+    status, _ = get(f"{router.url}/health_generate")
+    assert status == 200  # answered by the router itself: no worker generated anything
+    assert not [e for p in routed.proxies for e in p.exchanges("/health_generate")]
+    models = json.loads(get(f"{router.url}/v1/models")[1])
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    workers = json.loads(get(f"{router.url}/workers")[1])["workers"]
+    assert sorted(w["url"] for w in workers) == sorted(p.url for p in routed.proxies)
+    assert all(w["is_healthy"] for w in workers)
+    # no /metrics on the API port; the router's own on --prometheus-port, without any sglang: counter
+    assert get(f"{router.url}/metrics")[0] == 404
+    status, own = get(router.metrics_url)
+    assert status == 200 and b"smg_router_requests_total" in own and b"sglang:" not in own
+    # /engine_metrics: every worker's /metrics, labelled worker_addr, "sglang:" renamed "sglang_"
+    status, engine = get(f"{router.url}/engine_metrics")
+    assert status == 200
+    for proxy in routed.proxies:
+        assert (
+            f'sglang_generation_tokens_total{{model_name="{MODEL}",worker_addr="{proxy.url}"}}'
+            in engine.decode()
+        )
+    assert b"sglang:" not in engine
+    # SGLang's server_info is not served; get_server_info describes the router
+    assert get(f"{router.url}/server_info")[0] == 404
+    assert json.loads(get(f"{router.url}/get_server_info")[1])["workers_count"] == 2
+
+
+def test_client_detects_the_router_and_its_workers(routed: Setup) -> None:
+    async def detect():  # type: ignore[no-untyped-def]
+        async with ServerClient(routed.router.url) as client:
+            return await client.probe(MODEL, SamplingParams(max_tokens=8, top_k=20))
+
+    caps = asyncio.run(detect())
+    assert caps.engine == "sglang-router"
+    assert sorted(caps.workers) == sorted(p.url for p in routed.proxies)
+    assert caps.extra_fields and caps.template_kwargs  # top_k / chat_template_kwargs are passed on
+    assert not caps.spec_details  # no sglext through the router
