@@ -15,12 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import polars as pl
 import pytest
 from sim_helpers import get, post, sse_json
 
 from draftgen.client import ServerClient
-from draftgen.params import SamplingParams
+from draftgen.generate import GenerateConfig, preflight, report
+from draftgen.generate import generate as generate_run
+from draftgen.params import SamplingParams, build_config
 from draftgen.serve.router import RouterProcess
+from draftgen.synthetic import write_synthetic
 
 MODEL = "Qwen/Qwen3.6-27B"
 EXTRAS = {
@@ -48,6 +52,11 @@ def _recording_proxy_module() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def read_truth(fleet, index: int) -> list[dict]:  # type: ignore[no-untyped-def]
+    path = fleet.truth_path(index)
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class Setup:
@@ -180,3 +189,48 @@ def test_client_detects_the_router_and_its_workers(routed: Setup) -> None:
     assert sorted(caps.workers) == sorted(p.url for p in routed.proxies)
     assert caps.extra_fields and caps.template_kwargs  # top_k / chat_template_kwargs are passed on
     assert not caps.spec_details  # no sglext through the router
+
+
+def test_generate_through_the_router_records_acceptance_per_worker_from_metrics(
+    routed: Setup, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    prompts = tmp_path / "p.jsonl"
+    write_synthetic(prompts, 120, seed=41)
+    config = build_config(
+        GenerateConfig,
+        {
+            "servers": [routed.router.url],
+            "model": MODEL,
+            "prompts": str(prompts),
+            "out_dir": str(tmp_path / "gen"),
+            "max_tokens": 256,
+            "concurrency_per_server": 24,
+            "max_truncated_rate": 1.0,
+            "canary": False,
+            "acceptance_interval_s": 0.5,
+        },
+    )
+
+    async def run():  # type: ignore[no-untyped-def]
+        plan = await preflight(config)
+        before = {i: len(read_truth(routed.fleet, i)) for i in range(2)}
+        result = await generate_run(config, plan, progress=False)
+        return plan, before, result
+
+    plan, before, result = asyncio.run(run())
+    (engine,) = [c for c in plan.checks if c.check == "engine"]
+    assert "engine sglang-router" in engine.detail
+    assert "acceptance per worker over time from the /metrics of its 2 worker(s)" in engine.detail
+    assert result.status == "complete"
+    table = report.acceptance(config.out_dir)
+    assert sorted(table["worker"].to_list()) == sorted(p.url for p in routed.proxies)
+    assert set(table["via"].to_list()) == {routed.router.url}
+    for index, proxy in enumerate(routed.proxies):
+        # the simulator's own record of the requests this worker ran during the run
+        records = [r for r in read_truth(routed.fleet, index)[before[index] :] if r["kind"] == "chat"]
+        tokens = sum(r["completion_tokens"] for r in records)
+        verifies = sum(r["verify_steps"] for r in records)
+        (row,) = table.filter(pl.col("worker") == proxy.url).to_dicts()
+        assert row["windows"] >= 2  # over time, not one number
+        assert row["generated_tokens"] == pytest.approx(tokens, rel=0.02)
+        assert row["accept_length"] == pytest.approx(tokens / verifies, rel=0.02)

@@ -75,6 +75,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     estimate: ProjectPath = ""  # path to estimate.json from estimate.ipynb: planned vs actual at the end
     force: bool = False  # resume even if model/sampling parameters differ from the stored run
     progress_interval_s: NonNegativeFloat = 1.0  # seconds between progress-bar refreshes
+    acceptance_interval_s: NonNegativeFloat = 60.0  # scrape each worker's /metrics this often (0: never)
 
     @field_validator("shard")
     @classmethod

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import polars as pl
 
 from draftgen.client import Capabilities, RequestError, ServerClient
+from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import ServerPlan
 from draftgen.generate.guard import classify
@@ -343,7 +344,7 @@ async def _server_checks(
         checks.append(Check("probe", url, "fail", f"a tiny request failed {PREFLIGHT_ATTEMPTS} times: {exc}"))
         return checks, None
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
-    notes.append("acceptance per request" if caps.spec_details else "no per-request acceptance data")
+    notes.append(describe_source(caps))
     if not caps.extra_fields:
         notes.append("top_k/min_p not accepted: not sent")
     if not caps.template_kwargs:

@@ -12,6 +12,8 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
+from draftgen.generate.acceptance import per_worker as acceptance_per_worker
+from draftgen.generate.acceptance import read_samples
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.progress import short_label
 from draftgen.generate.store import FAILED, REJECTED, read_manifest, scan_shards, shard_paths
@@ -96,6 +98,12 @@ def per_server(out_dir: str | Path) -> pl.DataFrame:
         .sort("server")
         .collect()
     )
+
+
+def acceptance(out_dir: str | Path) -> pl.DataFrame:
+    """MTP acceptance per worker from its /metrics counter differences (acceptance.parquet), token-weighted:
+    known through a router too, where the answers carry no per-request ``sglext``."""
+    return acceptance_per_worker(read_samples(out_dir))
 
 
 def finish_reasons(out_dir: str | Path) -> pl.DataFrame:

@@ -12,10 +12,12 @@ import contextlib
 import random
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from draftgen.generate.acceptance import AcceptanceSampler, metrics_targets, write_samples
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
 from draftgen.generate.guard import Guard, GuardSettings
@@ -23,6 +25,8 @@ from draftgen.generate.preflight import Plan
 from draftgen.generate.progress import Progress
 from draftgen.generate.source import prompt_source
 from draftgen.generate.store import RunStore
+
+T = TypeVar("T")
 
 
 class RunInterrupted(RuntimeError):
@@ -87,6 +91,28 @@ def _stop_on_signals(stop: asyncio.Event, received: list[str]) -> Iterator[None]
                 signal.signal(sig, old)
 
 
+def _acceptance_sampler(config: GenerateConfig, plan: Plan) -> AcceptanceSampler | None:
+    targets = metrics_targets([(s.url, s.capabilities) for s in plan.servers])
+    if config.acceptance_interval_s <= 0 or not targets:
+        return None
+    api_key = config.api_key() if config.api_key_env else "EMPTY"
+    return AcceptanceSampler(targets, config.acceptance_interval_s, api_key=api_key)
+
+
+async def _with_sampler(sampler: AcceptanceSampler | None, work: Awaitable[T], out_dir: str) -> T:
+    """Await ``work`` while ``sampler`` scrapes the workers' /metrics; the windows go to acceptance.parquet."""
+    if sampler is None:
+        return await work
+    task = asyncio.create_task(sampler.run())
+    try:
+        return await work
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        write_samples(out_dir, sampler.samples)
+
+
 async def generate(
     config: GenerateConfig, plan: Plan, *, progress: bool = True, rng: random.Random | None = None
 ) -> RunResult:
@@ -109,9 +135,12 @@ async def generate(
             api_key=config.api_key() if config.api_key_env else "EMPTY",
             rng=rng,
         )
+        sampler = _acceptance_sampler(config, plan)
         try:
             with _stop_on_signals(stop, received):
-                outcome = await dispatcher.run(prompt_source(config), stop)
+                outcome = await _with_sampler(
+                    sampler, dispatcher.run(prompt_source(config), stop), config.out_dir
+                )
         except BaseException as exc:
             store.close(
                 "failed" if isinstance(exc, Exception) else "interrupted", f"{type(exc).__name__}: {exc}"
