@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import aiohttp
 import polars as pl
 import pytest
 from sim_helpers import get, post, sse_json
@@ -234,3 +235,22 @@ def test_generate_through_the_router_records_acceptance_per_worker_from_metrics(
         assert row["windows"] >= 2  # over time, not one number
         assert row["generated_tokens"] == pytest.approx(tokens, rel=0.02)
         assert row["accept_length"] == pytest.approx(tokens / verifies, rel=0.02)
+
+
+def test_router_sees_each_workers_load_and_model_info(routed: Setup) -> None:
+    # The simulator serves SGLang's /get_load and /model_info, which the router polls (power_of_two balancing,
+    # worker metadata); without them it reports a load of -1.
+    for url in routed.fleet.urls:
+        (rank,) = json.loads(get(f"{url}/get_load")[1])
+        assert rank == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+        info = json.loads(get(f"{url}/model_info")[1])
+        assert info["model_path"] == MODEL and info["is_generation"] is True
+        assert json.loads(get(f"{url}/get_model_info")[1]) == info
+
+    # the router asked each worker for its load, and shows the answer instead of -1
+    async def loads() -> dict:
+        async with aiohttp.ClientSession() as session, session.get(f"{routed.router.url}/get_loads") as reply:
+            return {w["worker"]: w["load"] for w in (await reply.json())["workers"]}
+
+    assert asyncio.run(loads()) == {p.url: 0 for p in routed.proxies}
+    assert all(p.exchanges("/get_load") for p in routed.proxies)

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 
+import aiohttp
 import pytest
 from sim_helpers import (
     USER,
@@ -321,3 +322,31 @@ def test_health_generate_on_a_full_batch_answers_from_the_running_steps(sim_flee
     probes = wait_for(lambda: [r for r in fleet.truth() if r["kind"] == "health"], what="health probe record")
     assert probes[-1]["outcome"] == "health_answered" and probes[-1]["completion_tokens"] == 0  # never ran
     sender.join(60)
+
+
+def test_get_load_counts_running_and_waiting_requests_and_model_info(sim_fleet):
+    # SGLang's router polls /get_load (load balancing) and /model_info (worker metadata).
+    fleet = sim_fleet(profile="b200-mtp", speed=1, max_running_requests=2)
+    url = fleet.urls[0]
+    info = get_json(f"{url}/model_info")
+    assert info["model_path"] == "Qwen/Qwen3.6-27B" and info["is_generation"] is True
+    assert get_json(f"{url}/get_model_info") == info
+    body = {"text": "hello there", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+
+    async def busy():
+        async with aiohttp.ClientSession() as session:
+            sends = [asyncio.create_task(session.post(f"{url}/generate", json=body)) for _ in range(3)]
+            while True:
+                async with session.get(f"{url}/get_load") as reply:
+                    (rank,) = await reply.json()
+                if rank["num_reqs"] == 3:
+                    break
+                await asyncio.sleep(0.05)
+            for task in sends:
+                task.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+            return rank
+
+    rank = asyncio.run(asyncio.wait_for(busy(), 30))
+    assert rank["dp_rank"] == 0 and rank["num_waiting_reqs"] == 1  # a batch cap of 2: the third waits
+    assert rank["num_tokens"] > 0

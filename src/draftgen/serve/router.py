@@ -96,9 +96,10 @@ class RouterProcess:
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            code = self.process.poll()
+            if code is not None:
                 self.stop()
-                raise RouterError(f"the router exited with code {self.process.returncode}:\n{self._tail()}")
+                raise RouterError(f"the router exited with code {code}:\n{self._tail()}")
             seen = healthy_workers(self.url)
             if len(seen) == len(self.workers) and all(seen.values()):
                 return self.url

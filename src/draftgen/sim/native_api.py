@@ -1,5 +1,5 @@
-"""The simulated server's SGLang-native surface: ``/health``, ``/health_generate``, ``/server_info`` and
-``/generate``."""
+"""The simulated server's SGLang-native surface: ``/health``, ``/health_generate``, ``/server_info``,
+``/model_info``, ``/get_load`` and ``/generate``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ class NativeApi:
             web.get("/health_generate", self.health_generate),
             web.get("/server_info", self.server_info),
             web.get("/get_server_info", self.server_info),
+            # SGLang's router asks each worker for these when it registers it and to balance by load.
+            web.get("/model_info", self.model_info),
+            web.get("/get_model_info", self.model_info),
+            web.get("/get_load", self.load),
             web.post("/generate", self.generate),
         ]
 
@@ -102,6 +106,37 @@ class NativeApi:
                 "version": self.sim.faults.sglang_version,
                 "internal_states": [state],
             }
+        )
+
+    async def model_info(self, _: web.Request) -> web.Response:
+        """SGLang's model description: paths, a generation model, its weight version and HF model type."""
+        model = self.sim.config.model
+        return web.json_response(
+            {
+                "model_path": model,
+                "tokenizer_path": model,
+                "is_generation": True,
+                "weight_version": "default",
+                "model_type": "qwen3",
+                "architectures": ["Qwen3ForCausalLM"],
+            }
+        )
+
+    async def load(self, _: web.Request) -> web.Response:
+        """SGLang's ``/get_load``: per data-parallel rank (one here), requests running + waiting, the waiting
+        ones, and the tokens they hold."""
+        engine = self.sim.engine
+        held = sum(r.prompt_tokens + r.emitted for r in engine.running)
+        waiting = sum(r.prompt_tokens for r in engine.waiting)
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": len(engine.running) + len(engine.waiting),
+                    "num_waiting_reqs": len(engine.waiting),
+                    "num_tokens": held + waiting,
+                }
+            ]
         )
 
     async def generate(self, http: web.Request) -> web.StreamResponse:
