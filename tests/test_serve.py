@@ -184,7 +184,10 @@ def test_dry_run_sim_engine_picks_the_profile_from_mtp(capsys: pytest.CaptureFix
         (["--model", "m", "--gpus", "0", "--sim-fault", "load_delay=1"], "only apply with --engine sim"),
         (["--engine", "sim", "--gpus", "0", "--sim-fault", "bogus=1"], "unknown fault 'bogus'"),
         (["--model", "m", "--gpus", "0-1", "--router", "--router-port", "30001"], "also a server port"),
-        (["--model", "m", "--gpus", "0-1", "--router", "--router-port", "29999"], "--router-metrics-port 30000"),
+        (
+            ["--model", "m", "--gpus", "0-1", "--router", "--router-port", "29999"],
+            "--router-metrics-port 30000",
+        ),
         (["--model", "m", "--gpus", "0", "stray"], "extra server arguments go after --"),
     ],
 )
