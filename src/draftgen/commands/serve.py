@@ -20,6 +20,7 @@ from draftgen.serve.preflight import check_engine, check_ports, check_run_dir, d
 from draftgen.serve.records import write_commands
 from draftgen.serve.supervisor import Supervisor
 from draftgen.serve.view import LineView, TableView
+from draftgen.server_settings import load_settings
 from draftgen.sim.defaults import DEFAULT_MODEL
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.profiles import PROFILES
@@ -51,6 +52,14 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--no-mtp", action="store_true", help="leave speculative decoding (MTP / NEXTN) off")
     what.add_argument("--mem-fraction", type=float, default=None, help="--mem-fraction-static (e.g. 0.85)")
     what.add_argument("--max-running-requests", type=int, default=None, help="batch cap per server")
+    what.add_argument(
+        "--settings",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="speculative settings and batch cap chosen by draftgen tune (replaces --no-mtp, --mem-fraction, "
+        "--max-running-requests)",
+    )
     what.add_argument(
         "--engine", choices=ENGINES, default="sglang", help="sglang (default) or sim (simulated)"
     )
@@ -144,6 +153,7 @@ def build_config(args: argparse.Namespace, run_name: str) -> ServeConfig:
         max_running_requests=args.max_running_requests,
         engine=args.engine,
         extra_args=tuple(args.extra),
+        settings=load_settings(args.settings) if args.settings else None,
         host=args.host,
         python=args.python,
         sim_profile=args.sim_profile,
@@ -168,7 +178,12 @@ def build_config(args: argparse.Namespace, run_name: str) -> ServeConfig:
 
 def _notes(config: ServeConfig) -> list[str]:
     notes = [f"--engine sim ignores {item}" for item in ignored_options(config)]
-    if config.engine == "sglang" and config.mtp and config.max_running_requests is None:
+    if (
+        config.engine == "sglang"
+        and config.mtp
+        and config.max_running_requests is None
+        and not config.settings
+    ):
         notes.append(
             f"with speculative decoding SGLang runs at most {SPEC_DEFAULT_CAP} requests per server unless "
             f"--max-running-requests is set; more in flight only queue"
@@ -205,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
     groups = "GPU " + " | ".join(",".join(map(str, g)) for g in config.groups)
     print(
         f"draftgen serve: {len(servers)} server(s) on {groups}, engine {config.engine}, "
-        f"MTP {'on' if config.mtp else 'off'}; run folder {config.run_dir}"
+        f"{config.settings.label if config.settings else 'MTP ' + ('on' if config.mtp else 'off')}; "
+        f"run folder {config.run_dir}"
     )
     for spec in servers:
         print(f"  {spec.url}  log {config.run_dir / (spec.name + '.log')}")

@@ -9,7 +9,14 @@ from pathlib import Path
 
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.fleet import FleetError, SimFleet
-from draftgen.sim.profiles import PROFILES
+from draftgen.sim.profiles import PROFILES, get_profile
+from draftgen.sim.speculative import (
+    StartupError,
+    add_sglang_flags,
+    apply_settings,
+    settings_argv,
+    sim_settings,
+)
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
@@ -32,9 +39,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         help=f"inject a fault or quirk, repeatable; keys: {', '.join(FAULT_KEYS)}",
     )
     parser.add_argument("--model", default=None, help="served model name (default Qwen/Qwen3.6-27B)")
-    parser.add_argument(
-        "--max-running-requests", type=int, default=None, help="override the profile's batch cap"
-    )
+    add_sglang_flags(parser)  # --speculative-*, --max-running-requests, --mem-fraction-static
     parser.add_argument("--work-dir", type=Path, default=None, help="where ground-truth JSONL and logs go")
     parser.add_argument("--seed", type=int, default=0, help="salts which requests get faults")
     parser.set_defaults(handler=run)
@@ -46,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.base_port <= 65535 - args.servers + 1:
         raise ValueError(f"--base-port {args.base_port} is not a usable port")
     kwargs = {"model": args.model} if args.model else {}
+    flags = sim_settings(args)
+    try:
+        apply_settings(get_profile(args.profile), flags)  # refuse settings that cannot start, before spawning
+    except StartupError as exc:
+        raise ValueError(f"these settings would not start: {exc}") from None
     try:
         fleet = SimFleet(
             servers=args.servers,
@@ -53,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             profile=args.profile,
             speed=args.speed,
             faults=args.fault,
-            max_running_requests=args.max_running_requests,
+            server_args=settings_argv(flags),
             work_dir=args.work_dir,
             seed=args.seed,
             **kwargs,

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftgen.server_settings import ServerSettings
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
 
@@ -96,6 +97,9 @@ class ServeConfig:
     max_running_requests: int | None = None
     engine: str = "sglang"
     extra_args: tuple[str, ...] = ()
+    settings: ServerSettings | None = (
+        None  # --settings FILE (draftgen tune): replaces mtp, mem_fraction, the cap
+    )
     host: str = "127.0.0.1"
     python: str = sys.executable
     # --engine sim only
@@ -153,6 +157,18 @@ class ServeConfig:
                 raise ValueError(f"--router-worker {url!r} must be a URL like http://node2:30000")
         if self.router_workers and not self.router:
             raise ValueError("--router-worker needs --router")
+        if self.settings is not None:
+            given = [
+                name
+                for name, value in (
+                    ("--no-mtp", not self.mtp),
+                    ("--mem-fraction", self.mem_fraction is not None),
+                    ("--max-running-requests", self.max_running_requests is not None),
+                )
+                if value
+            ]
+            if given:
+                raise ValueError(f"--settings already sets what {', '.join(given)} would; drop one of them")
         if self.mem_fraction is not None and not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"--mem-fraction {self.mem_fraction} must be between 0 and 1 (e.g. 0.85)")
         if self.max_running_requests is not None and self.max_running_requests < 1:
@@ -206,7 +222,7 @@ class ServeConfig:
     def effective_sim_profile(self) -> str:
         if self.sim_profile:
             return self.sim_profile
-        return "b200-mtp" if self.mtp else "rtx-pro-6000"
+        return "b200-mtp" if self.mtp or self.settings is not None else "rtx-pro-6000"
 
     @property
     def served_model(self) -> str:

@@ -53,6 +53,8 @@ def _sglang_argv(config: ServeConfig, port: int, tp: int) -> list[str]:
     ]
     if tp > 1:
         argv += ["--tp-size", str(tp)]
+    if config.settings is not None:
+        return argv + config.settings.sglang_args() + list(config.extra_args)
     if config.mem_fraction is not None:
         argv += ["--mem-fraction-static", f"{config.mem_fraction:g}"]
     if config.max_running_requests is not None:
@@ -80,6 +82,8 @@ def _sim_argv(config: ServeConfig, port: int) -> list[str]:
     ]
     if config.max_running_requests is not None:
         argv += ["--max-running-requests", str(config.max_running_requests)]
+    if config.settings is not None:
+        argv += config.settings.sim_args()
     for spec in config.sim_faults:
         argv += ["--fault", spec]
     return argv

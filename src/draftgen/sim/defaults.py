@@ -6,5 +6,6 @@ Kept apart from server.py so that importing the package (``draftgen.sim``) never
 
 DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
 EXIT_PORT_IN_USE = 3  # the server could not bind its port
+EXIT_STARTUP_FAILED = 1  # the settings cannot run (SGLang's flag checks, not enough memory)
 EXIT_CRASH = 70  # an injected crash (crash_after fault)
 PARENT_PID_ENV = "DRAFTGEN_SIM_PARENT_PID"  # set by a fleet: the process a server must not outlive

@@ -80,6 +80,9 @@ class SimFleet:
     model: str = DEFAULT_MODEL
     seed: int = 0
     max_running_requests: int | None = None
+    server_args: Sequence[
+        str
+    ] = ()  # SGLang flags every server gets, e.g. ("--speculative-num-steps", "2", ...)
     work_dir: Path | None = None  # truth files and logs; a temporary folder when None
     host: str = "127.0.0.1"
     _procs: dict[int, subprocess.Popen] = field(default_factory=dict, init=False, repr=False)
@@ -159,6 +162,7 @@ class SimFleet:
         ]
         if self.max_running_requests:
             command += ["--max-running-requests", str(self.max_running_requests)]
+        command += list(self.server_args)
         for spec in [*self.faults, *self.per_server_faults.get(index, ()), *extra_faults]:
             command += ["--fault", spec]
         return command

@@ -100,9 +100,10 @@ class NativeApi:
                 "enable_metrics": True,
                 "decode_log_interval": 40,
                 "speculative_algorithm": "NEXTN" if spec else None,
-                "speculative_num_steps": self.sim.profile.draft_tokens - 1 if spec else None,
-                "speculative_eagle_topk": 1 if spec else None,
+                "speculative_num_steps": self.sim.profile.spec_steps if spec else None,
+                "speculative_eagle_topk": self.sim.profile.spec_topk if spec else None,
                 "speculative_num_draft_tokens": self.sim.profile.draft_tokens if spec else None,
+                "mem_fraction_static": self.sim.profile.mem_fraction_static,
                 "version": self.sim.faults.sglang_version,
                 "internal_states": [state],
             }

@@ -8,6 +8,44 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from draftgen.sim.textgen import acceptance_probability
+
+
+@dataclass(frozen=True)
+class SpecCosts:
+    """Step-time parts (seconds) and the acceptance model of one GPU + model (see draftgen.sim.speculative)."""
+
+    target_base_s: float  # the target model's forward with one request (weights read once)
+    target_per_req_s: (
+        float  # per running request, whatever the number of tokens verified (KV, state, sampling)
+    )
+    verify_per_token_s: float  # per verified token per request (the compute a batch of one never pays)
+    draft_step_s: float  # one draft (MTP layer) forward with one request
+    draft_per_req_s: float  # per request and top-k branch in one draft forward
+    accept_p: float  # conditional acceptance of draft positions 1..anchor_steps
+    anchor_steps: int  # the measured setting's steps (3 for 3/1/4)
+    accept_decay: float  # each position past anchor_steps keeps this share of the previous one's acceptance
+    alternate_catch: float  # share of a position's misses one extra top-k candidate catches
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """GPU memory as SGLang budgets it at start (GiB), for a hybrid linear-attention model (Qwen3.5/3.6)."""
+
+    gpu_memory_gib: float
+    weights_gib: float
+    mem_fraction: float  # SGLang's --mem-fraction-static default on this GPU without speculation
+    spec_reserve_gib: (
+        float  # what SGLang reserves more for the draft model and its graphs (lowers the default)
+    )
+    state_per_req_gib: float  # recurrent (linear-attention) state of one request
+    kv_bytes_per_token: int  # full-attention KV cache per token
+
+    def default_mem_fraction(self, speculative: bool) -> float:
+        if not speculative:
+            return self.mem_fraction
+        return round(self.mem_fraction - self.spec_reserve_gib / self.gpu_memory_gib, 3)
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -27,6 +65,23 @@ class Profile:
     length_sigma: float  # log-normal spread of both lengths
     context_length: int  # reported as max_model_len
     instant: bool = False  # no waits at all and a whole completion per step (client-overhead measurements)
+    # Speculative settings as launched (reported in /server_info) and what other settings would cost.
+    spec_steps: int = 0  # --speculative-num-steps (0 without speculation)
+    spec_topk: int = 1  # --speculative-eagle-topk
+    accept_probs: tuple[
+        float, ...
+    ] = ()  # conditional acceptance per draft position; () = one p from accept_mean
+    spec_costs: SpecCosts | None = None  # None: the profile takes no speculative flags
+    memory: MemoryModel | None = None  # None: no memory limit at start
+    mem_fraction_static: float | None = None  # as launched, when the memory model applies
+
+    def position_probabilities(self) -> tuple[float, ...]:
+        """Conditional acceptance of draft positions 1..draft_tokens-1 (each only if the previous was accepted)."""
+        if not self.speculative or self.draft_tokens <= 1:
+            return ()
+        if self.accept_probs:
+            return self.accept_probs
+        return (acceptance_probability(self.accept_mean, self.draft_tokens),) * (self.draft_tokens - 1)
 
     def step_seconds(self, batch: int) -> float:
         """Duration of one decode step with ``batch`` running requests."""
@@ -52,6 +107,32 @@ class Profile:
 # B200, Qwen3.6-27B bf16, MTP (NEXTN, 3 steps, top-k 1, 4 draft tokens).
 # One request alone: 3.6 tokens per step / 14.4 ms per step = 250 tok/s (the user's concurrency-1 figure).
 # Batch 48 (SGLang's cap with speculation on): 48 * 3.6 / (12.9 ms + 48 * 1.5 ms) = 2,035 tok/s per GPU.
+# The same two numbers split into draft and verify parts (docs/simulator.md, "Speculative settings"):
+#   t0 = 11.1 ms target + 3 steps x 0.6 ms draft = 12.9 ms;
+#   t1 = 0.35 ms per request + 4 draft tokens x 0.25 ms + 3 steps x 1 branch x 0.05 ms = 1.5 ms.
+B200_SPEC_COSTS = SpecCosts(
+    target_base_s=0.0111,
+    target_per_req_s=0.00035,
+    verify_per_token_s=0.00025,
+    draft_step_s=0.0006,
+    draft_per_req_s=0.00005,
+    accept_p=acceptance_probability(3.6, 4),
+    anchor_steps=3,
+    accept_decay=0.95,
+    alternate_catch=0.3,
+)
+# 179 GiB visible; 51.2 GiB of bf16 weights; SGLang's default fraction (183,359 MiB - 26,240 MiB reserved for
+# activations and graphs) / 183,359 MiB = 0.857, minus 2 GiB more with a draft model; a Qwen3.5-27B-like layout:
+# 48 linear-attention layers x 48 heads x 128 x 128 fp32 states (+ conv) = 0.144 GiB per request, 16 full-
+# attention layers x 4 KV heads x 256 x 2 (K, V) x 2 bytes = 64 KiB per token.
+B200_MEMORY = MemoryModel(
+    gpu_memory_gib=179.0,
+    weights_gib=51.2,
+    mem_fraction=0.857,
+    spec_reserve_gib=2.0,
+    state_per_req_gib=0.144,
+    kv_bytes_per_token=65_536,
+)
 B200_MTP = Profile(
     name="b200-mtp",
     description="B200 + Qwen3.6-27B with MTP: ~250 tok/s alone, acceptance ~3.6, ~2,000 tok/s at the 48 cap",
@@ -68,6 +149,10 @@ B200_MTP = Profile(
     answer_median=350,
     length_sigma=0.75,
     context_length=262_144,
+    spec_steps=3,
+    spec_topk=1,
+    spec_costs=B200_SPEC_COSTS,
+    memory=B200_MEMORY,
 )
 
 # RTX PRO 6000 (96 GB), same model, no speculation. Alone: 1 / (29 ms + 2.05 ms) = 32 tok/s;

@@ -26,14 +26,27 @@ from pathlib import Path
 from aiohttp import web
 
 from draftgen.sim.admin_api import AdminApi
-from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_CRASH, EXIT_PORT_IN_USE, PARENT_PID_ENV
+from draftgen.sim.defaults import (
+    DEFAULT_MODEL,
+    EXIT_CRASH,
+    EXIT_PORT_IN_USE,
+    EXIT_STARTUP_FAILED,
+    PARENT_PID_ENV,
+)
 from draftgen.sim.engine import Engine, SimRequest
 from draftgen.sim.faults import Faults, parse_faults
 from draftgen.sim.metrics import ServerMetrics
 from draftgen.sim.native_api import NativeApi
 from draftgen.sim.openai_api import OpenAIApi
 from draftgen.sim.profiles import Profile, get_profile
-from draftgen.sim.textgen import CompletionPlan, acceptance_probability, plan_acceptance, plan_completion
+from draftgen.sim.speculative import (
+    StartupError,
+    add_sglang_flags,
+    apply_settings,
+    sim_settings,
+    startup_warnings,
+)
+from draftgen.sim.textgen import CompletionPlan, plan_acceptance_by_position, plan_completion
 from draftgen.sim.wire import BadRequest, error_response
 
 WARMUP_MAX_TOKENS = 8
@@ -63,7 +76,7 @@ class SimServer:
         self.faults = config.faults
         self.engine = Engine(profile, speed=config.speed, slow=config.faults.slow, on_finish=self._on_finish)
         self.metrics = ServerMetrics(self.engine, config.model)
-        self.accept_p = acceptance_probability(profile.accept_mean, profile.draft_tokens)
+        self.accept_probs = profile.position_probabilities()
         self.fault_rng = random.Random(config.seed ^ config.port)
         self.healthy = False
         self.started = time.time()
@@ -188,9 +201,7 @@ class SimServer:
         if self.profile.instant:
             draws = [total]
         else:
-            draws = plan_acceptance(
-                seed, total, self.accept_p, self.profile.draft_tokens, self.profile.draft_tokens
-            )
+            draws = plan_acceptance_by_position(seed, total, self.accept_probs, self.profile.draft_tokens)
         return SimRequest(
             rid=rid, kind=kind, prompt_tokens=prompt_tokens, plan=plan, draws=draws, stream=stream
         )
@@ -331,9 +342,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault", action="append", default=[])
     parser.add_argument("--truth", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-running-requests", type=int, default=None)
+    add_sglang_flags(parser)
     parser.add_argument("--die-with-parent", action="store_true")
     return parser.parse_args(argv)
+
+
+def _refuse_start(error: StartupError, faults: Faults, port: int) -> int:
+    """Exit as SGLang does when its settings cannot run: flag errors at once, memory after the weights load."""
+    if error.after_load:
+        time.sleep(faults.load_delay)
+    for line in error.lines:
+        print(line, file=sys.stderr)
+    print(f"sim server on port {port}: start-up failed, exiting", file=sys.stderr)
+    return EXIT_STARTUP_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -341,20 +362,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.die_with_parent:
         _set_parent_death_signal()
     try:
-        config = ServerConfig(
-            port=args.port,
-            host=args.host,
-            model=args.model,
-            profile=get_profile(args.profile),
-            speed=args.speed,
-            faults=parse_faults(args.fault),
-            truth_path=args.truth,
-            seed=args.seed,
-            max_running_requests=args.max_running_requests,
-        )
+        faults = parse_faults(args.fault)
+        base = get_profile(args.profile)
+        if args.speed <= 0:
+            raise ValueError(f"--speed {args.speed} must be > 0")
     except ValueError as exc:
         print(f"draftgen sim: error: {exc}", file=sys.stderr)
         return 2
+    flags = sim_settings(args)
+    try:
+        for line in startup_warnings(base, flags):
+            print(line, file=sys.stderr)
+        profile = apply_settings(base, flags)
+    except StartupError as error:
+        return _refuse_start(error, faults, args.port)
+    config = ServerConfig(
+        port=args.port,
+        host=args.host,
+        model=args.model,
+        profile=profile,
+        speed=args.speed,
+        faults=faults,
+        truth_path=args.truth,
+        seed=args.seed,
+    )
 
     async def run() -> None:
         stop = asyncio.Event()

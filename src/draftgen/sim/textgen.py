@@ -231,12 +231,21 @@ def plan_acceptance(
     seed: int, total_tokens: int, p: float, draft_tokens: int, per_step_cap: int
 ) -> list[int]:
     """Tokens gained at each verify step until ``total_tokens``: 1 + the run of accepted drafts, capped."""
+    return plan_acceptance_by_position(seed, total_tokens, (p,) * max(0, draft_tokens - 1), per_step_cap)
+
+
+def plan_acceptance_by_position(
+    seed: int, total_tokens: int, probs: Sequence[float], per_step_cap: int
+) -> list[int]:
+    """Like ``plan_acceptance`` with a conditional acceptance per draft position: draft i is accepted with
+    probability ``probs[i-1]`` only if draft i-1 was (a chain, or the tree's accepted path)."""
     rng = random.Random(seed ^ 0x5EED)
+    depth = len(probs)
     draws: list[int] = []
     remaining = total_tokens
     while remaining > 0:
         gained = 1
-        while gained < draft_tokens and rng.random() < p:
+        while gained <= depth and rng.random() < probs[gained - 1]:
             gained += 1
         gained = min(gained, per_step_cap, remaining)
         draws.append(gained)

@@ -1,0 +1,183 @@
+"""SGLang server settings that decide tokens per second per GPU, as one validated record and a YAML file.
+
+The settings are the speculative-decoding flags (``--speculative-algorithm / -num-steps / -eagle-topk /
+-num-draft-tokens``), ``--max-running-requests`` and ``--mem-fraction-static``. ``draftgen tune`` measures
+candidates of them and writes the winner with :func:`save_settings`; ``draftgen serve --settings FILE`` launches
+it; benchmark and estimate record the file they were given.
+
+:func:`sglang_problems` states, before anything starts, what SGLang's server-argument checks would do with a
+candidate (facts read from SGLang 0.5.9 ``server_args.py``, see docs/simulator.md): ``NEXTN`` is an alias of
+``EAGLE``; with top-k 1 a draft-token count other than steps + 1 is silently changed to steps + 1 (so a
+measurement of it would measure another candidate); top-k > 1 is refused with the ``trtllm_mha`` attention
+backend and with the overlap scheduler of spec v2; and the tree keeps the best ``num_draft_tokens - 1`` of its
+``topk + (steps - 1) * topk**2`` candidates, so more draft tokens than that cannot run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")
+SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang resets max_running_requests to 48 with EAGLE/NEXTN unless given
+TOPK_ONE_ONLY_BACKENDS = ("trtllm_mha",)
+SETTINGS_KEY = "settings"
+
+
+class ServerSettings(BaseModel):
+    """One candidate: MTP off (``speculative_algorithm`` None) or on with its three numbers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    speculative_algorithm: Literal["NEXTN", "EAGLE"] | None = "NEXTN"
+    speculative_num_steps: Annotated[int, Field(ge=1)] | None = 3
+    speculative_eagle_topk: Annotated[int, Field(ge=1)] | None = 1
+    speculative_num_draft_tokens: Annotated[int, Field(ge=2)] | None = 4
+    max_running_requests: Annotated[int, Field(ge=1)] | None = None  # None: SGLang's default
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None  # None: SGLang's default
+
+    @property
+    def speculative(self) -> bool:
+        return self.speculative_algorithm is not None
+
+    @property
+    def label(self) -> str:
+        """``MTP 3/1/4, 48 running`` or ``MTP off, 128 running`` (steps/topk/draft tokens)."""
+        spec = (
+            f"MTP {self.speculative_num_steps}/{self.speculative_eagle_topk}/{self.speculative_num_draft_tokens}"
+            if self.speculative
+            else "MTP off"
+        )
+        running = f"{self.max_running_requests} running" if self.max_running_requests else "default running"
+        mem = f", mem {self.mem_fraction_static:g}" if self.mem_fraction_static else ""
+        return f"{spec}, {running}{mem}"
+
+    def sglang_args(self) -> list[str]:
+        """The flags ``python -m sglang.launch_server`` takes for these settings (MTP off: none of the four)."""
+        args: list[str] = []
+        if self.speculative:
+            args += [
+                "--speculative-algorithm",
+                str(self.speculative_algorithm),
+                "--speculative-num-steps",
+                str(self.speculative_num_steps),
+                "--speculative-eagle-topk",
+                str(self.speculative_eagle_topk),
+                "--speculative-num-draft-tokens",
+                str(self.speculative_num_draft_tokens),
+            ]
+        if self.max_running_requests is not None:
+            args += ["--max-running-requests", str(self.max_running_requests)]
+        if self.mem_fraction_static is not None:
+            args += ["--mem-fraction-static", f"{self.mem_fraction_static:g}"]
+        return args
+
+    def sim_args(self) -> list[str]:
+        """The same flags for a simulated server, where MTP off must be said (its default profile has MTP on)."""
+        if self.speculative:
+            return self.sglang_args()
+        return ["--speculative-algorithm", "none", *self.sglang_args()]
+
+
+def sglang_problems(
+    settings: ServerSettings, *, attention_backend: str | None = None, spec_v2: bool = False
+) -> list[str]:
+    """Why SGLang would refuse these settings, or run something else than asked; empty when it runs them."""
+    if not settings.speculative:
+        return []
+    steps, topk, drafts = (
+        settings.speculative_num_steps,
+        settings.speculative_eagle_topk,
+        settings.speculative_num_draft_tokens,
+    )
+    missing = [
+        name
+        for name, value in (
+            ("speculative_num_steps", steps),
+            ("speculative_eagle_topk", topk),
+            ("speculative_num_draft_tokens", drafts),
+        )
+        if value is None
+    ]
+    if missing:
+        return [
+            f"{', '.join(missing)} must be set with speculative_algorithm {settings.speculative_algorithm}"
+        ]
+    assert steps is not None and topk is not None and drafts is not None
+    problems = []
+    if topk == 1 and drafts != steps + 1:
+        problems.append(
+            f"with eagle_topk 1 SGLang changes num_draft_tokens {drafts} to num_steps + 1 = {steps + 1} "
+            "(a chain has one draft per step plus the verified token), so this candidate would not be measured"
+        )
+    if topk > 1:
+        if attention_backend in TOPK_ONE_ONLY_BACKENDS:
+            problems.append(
+                f"eagle_topk {topk} > 1: SGLang's {attention_backend} attention backend only supports topk = 1"
+            )
+        if spec_v2:
+            problems.append(f"eagle_topk {topk} > 1: spec v2 (SGLANG_ENABLE_SPEC_V2) only supports topk = 1")
+        candidates = topk + (steps - 1) * topk * topk  # first step topk, each later step topk x topk
+        if drafts - 1 > candidates:
+            problems.append(
+                f"num_draft_tokens {drafts}: the draft tree of {steps} steps x top-{topk} holds only {candidates} "
+                f"candidates + the verified token; SGLang's tree selection would fail at the first decode step"
+            )
+    return problems
+
+
+def effective_max_running(settings: ServerSettings) -> int | None:
+    """The batch cap SGLang will use when none is given: 48 with speculation, else memory-derived (None)."""
+    if settings.max_running_requests is not None:
+        return settings.max_running_requests
+    return SPEC_DEFAULT_MAX_RUNNING if settings.speculative else None
+
+
+def save_settings(path: str | Path, settings: ServerSettings, provenance: dict[str, Any]) -> Path:
+    """Write ``settings:`` (what serve launches) and ``tuned:`` (how it was chosen) as YAML."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {SETTINGS_KEY: settings.model_dump(mode="json"), "tuned": provenance}
+    header = (
+        "# SGLang settings chosen by draftgen tune. Launch: draftgen serve --settings THIS_FILE ...\n"
+        f"# sglang flags: {' '.join(settings.sglang_args()) or '(none: SGLang defaults)'}\n"
+    )
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(header + yaml.safe_dump(body, sort_keys=False))
+    tmp.replace(path)
+    return path
+
+
+def load_settings(path: str | Path) -> ServerSettings:
+    """Read a settings file; a clear error naming the file and the bad key otherwise."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"settings file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"settings file {path} is not YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get(SETTINGS_KEY), dict):
+        raise ValueError(
+            f"settings file {path} has no `{SETTINGS_KEY}:` mapping (write one with draftgen tune)"
+        )
+    try:
+        return ServerSettings.model_validate(data[SETTINGS_KEY])
+    except ValidationError as exc:
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"settings file {path}: {details}") from None
+
+
+def settings_record(path: str | Path | None) -> dict[str, Any] | None:
+    """What benchmark and estimate write into their JSON: the file and the settings it holds."""
+    if not path:
+        return None
+    settings = load_settings(path)
+    return {
+        "path": str(path),
+        "settings": settings.model_dump(mode="json"),
+        "sglang_args": settings.sglang_args(),
+    }

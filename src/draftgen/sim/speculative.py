@@ -1,0 +1,288 @@
+"""What speculative-decoding settings cost a simulated GPU: step time, acceptance per draft position, memory.
+
+A profile with a ``SpecCosts`` and a ``MemoryModel`` (b200-mtp) accepts SGLang's flags. :func:`apply_settings`
+turns the flags into the profile the scheduler runs (still ``t0 + t1 · batch`` per step, so the engine is
+unchanged), or raises :class:`StartupError` with the message SGLang would print before its port opens. The
+formulas and their calibration are in docs/simulator.md ("Speculative settings").
+
+Per decode step with ``b`` running requests, ``s`` steps, top-k ``k`` and ``n`` draft tokens (MTP off:
+``s = 0, n = 1``)::
+
+    step = target_base + b · (target_per_req + verify_per_token · n)      # the target model verifies n tokens
+         + s · (draft_step + b · k · draft_per_req)                       # s draft forwards of b · k tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields, replace
+
+from draftgen.sim.profiles import MemoryModel, Profile, SpecCosts
+
+SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang's batch cap with EAGLE/NEXTN when --max-running-requests is not given
+NO_SPEC_MAX_RUNNING_FLOOR = 2048  # SGLang sizes its request pool at >= 2048 slots without a cap
+MAMBA_POOL_RATIO = 3  # SGLang keeps 3 recurrent-state slots per running request (radix cache on, MTP off)
+MAMBA_FULL_MEMORY_RATIO = 0.9  # SGLang's default split of memory between recurrent states and KV (MTP off)
+GIB = 1 << 30
+
+
+class StartupError(Exception):
+    """The settings stop the server before it serves: ``lines`` are what it prints; ``after_load`` says the
+    check runs once the weights are in memory (load_delay passes first) rather than while parsing flags."""
+
+    def __init__(self, lines: list[str], *, after_load: bool):
+        super().__init__(lines[-1])
+        self.lines = lines
+        self.after_load = after_load
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The SGLang flags a simulated server takes; None means the flag was not given."""
+
+    speculative_algorithm: str | None = None  # "NEXTN", "EAGLE", "none" (off); None: the profile's own
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    max_running_requests: int | None = None
+    mem_fraction_static: float | None = None
+
+    @property
+    def touches_speculation(self) -> bool:
+        return any(
+            v is not None
+            for v in (
+                self.speculative_algorithm,
+                self.speculative_num_steps,
+                self.speculative_eagle_topk,
+                self.speculative_num_draft_tokens,
+                self.mem_fraction_static,
+            )
+        )
+
+
+def add_sglang_flags(parser: argparse.ArgumentParser) -> None:
+    """SGLang's own flags for the settings the simulator models (docs/simulator.md, "Speculative settings")."""
+    parser.add_argument(
+        "--speculative-algorithm",
+        default=None,
+        help="NEXTN or EAGLE (MTP on), none (off); default: the profile's",
+    )
+    parser.add_argument("--speculative-num-steps", type=int, default=None, help="draft steps per decode step")
+    parser.add_argument("--speculative-eagle-topk", type=int, default=None, help="branches per draft step")
+    parser.add_argument(
+        "--speculative-num-draft-tokens", type=int, default=None, help="tokens verified per request and step"
+    )
+    parser.add_argument(
+        "--max-running-requests", type=int, default=None, help="batch cap (default: SGLang's)"
+    )
+    parser.add_argument(
+        "--mem-fraction-static", type=float, default=None, help="share of GPU memory for weights and caches"
+    )
+
+
+def sim_settings(args: argparse.Namespace) -> SimSettings:
+    return SimSettings(
+        speculative_algorithm=args.speculative_algorithm,
+        speculative_num_steps=args.speculative_num_steps,
+        speculative_eagle_topk=args.speculative_eagle_topk,
+        speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+        max_running_requests=args.max_running_requests,
+        mem_fraction_static=args.mem_fraction_static,
+    )
+
+
+def settings_argv(flags: SimSettings) -> list[str]:
+    """The flags back as command-line words (for a fleet or serve starting server processes)."""
+    argv: list[str] = []
+    for item in fields(flags):
+        value = getattr(flags, item.name)
+        if value is not None:
+            argv += [
+                "--" + item.name.replace("_", "-"),
+                f"{value:g}" if isinstance(value, float) else str(value),
+            ]
+    return argv
+
+
+def position_probabilities(costs: SpecCosts, steps: int, topk: int, draft_tokens: int) -> tuple[float, ...]:
+    """Conditional acceptance of each draft position of the longest path the tree can verify."""
+    depth = min(steps, draft_tokens - 1)
+    spare = max(0, draft_tokens - 1 - depth)  # tree nodes beyond one chain: alternates at each depth
+    alternates = min(topk - 1, spare / depth) if topk > 1 and depth else 0.0
+    probs = []
+    for position in range(1, depth + 1):
+        p = costs.accept_p * costs.accept_decay ** max(0, position - costs.anchor_steps)
+        probs.append(1.0 - (1.0 - p) * (1.0 - costs.alternate_catch) ** alternates)
+    return tuple(probs)
+
+
+def mean_accept_length(probs: tuple[float, ...]) -> float:
+    """1 (the bonus token) + Σ over positions of the chance every draft up to it is accepted."""
+    total, chain = 1.0, 1.0
+    for p in probs:
+        chain *= p
+        total += chain
+    return total
+
+
+def _fail(message: str, *, after_load: bool) -> StartupError:
+    return StartupError([message], after_load=after_load)
+
+
+def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]:
+    """(speculative, steps, topk, draft tokens) after SGLang's own argument handling (errors raise)."""
+    algorithm = flags.speculative_algorithm
+    numbers = (flags.speculative_num_steps, flags.speculative_eagle_topk, flags.speculative_num_draft_tokens)
+    if algorithm is not None and algorithm.lower() == "none":
+        return False, 0, 1, 1
+    if algorithm is None:
+        if any(v is not None for v in numbers):
+            raise _fail(
+                "ValueError: --speculative-num-steps/-eagle-topk/-num-draft-tokens need --speculative-algorithm",
+                after_load=False,
+            )
+        if not profile.speculative:
+            return False, 0, 1, 1
+        return True, profile.spec_steps, profile.spec_topk, profile.draft_tokens
+    if algorithm.upper() not in ("NEXTN", "EAGLE"):
+        raise _fail(
+            f"ValueError: the simulator models --speculative-algorithm NEXTN, EAGLE or none, not {algorithm!r}",
+            after_load=False,
+        )
+    steps, topk, drafts = numbers
+    if steps is None:
+        if topk is not None or drafts is not None:
+            # SGLang asserts all three are unset before choosing them itself.
+            raise _fail(
+                "AssertionError: give --speculative-num-steps with --speculative-eagle-topk and "
+                "--speculative-num-draft-tokens (or none of the three)",
+                after_load=False,
+            )
+        steps, topk, drafts = profile.spec_steps or 3, profile.spec_topk or 1, profile.draft_tokens or 4
+    if topk is None or drafts is None:
+        raise _fail(
+            "TypeError: --speculative-eagle-topk and --speculative-num-draft-tokens must be given with "
+            "--speculative-num-steps",
+            after_load=False,
+        )
+    if steps < 1 or topk < 1 or drafts < 2:
+        raise _fail(
+            f"ValueError: speculative settings {steps}/{topk}/{drafts} must be >= 1/1/2", after_load=False
+        )
+    if topk == 1 and drafts != steps + 1:
+        drafts = steps + 1  # SGLang adjusts it (with a warning) rather than refusing
+    candidates = topk + (steps - 1) * topk * topk
+    if drafts - 1 > candidates:
+        raise _fail(
+            f"RuntimeError: selected index k out of range (num_draft_tokens {drafts} - 1 > {candidates} tree "
+            "candidates)",
+            after_load=True,
+        )
+    return True, steps, topk, drafts
+
+
+def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
+    """What SGLang logs about these flags while accepting them (its adjustments)."""
+    lines = []
+    speculative, _, topk, drafts = _resolve(profile, flags)
+    if speculative and topk == 1 and flags.speculative_num_draft_tokens not in (None, drafts):
+        lines.append(
+            f"WARNING speculative_num_draft_tokens {flags.speculative_num_draft_tokens} adjusted to "
+            f"speculative_num_steps + 1 = {drafts} because speculative_eagle_topk == 1"
+        )
+    if speculative and flags.speculative_algorithm is not None and flags.max_running_requests is None:
+        lines.append(
+            f"WARNING max_running_requests set to {SPEC_DEFAULT_MAX_RUNNING} for speculative decoding "
+            "(--max-running-requests overrides it)"
+        )
+    return lines
+
+
+def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
+    """The profile a server started with these flags runs; StartupError when SGLang would not start.
+
+    No flags: the profile unchanged. Only ``--max-running-requests``: the profile with that cap, after the
+    memory check (a cap too large for memory fails as SGLang does); everything else as before.
+    """
+    costs, memory = profile.spec_costs, profile.memory
+    if not flags.touches_speculation:
+        if not flags.max_running_requests:
+            return profile
+        if memory is not None:
+            fraction = memory.default_mem_fraction(profile.speculative)
+            _check_memory(
+                memory, profile.speculative, profile.draft_tokens, flags.max_running_requests, fraction
+            )
+        return profile.with_overrides(max_running_requests=flags.max_running_requests)
+    if costs is None or memory is None:
+        raise _fail(
+            f"ValueError: profile {profile.name} has no speculative cost model; speculative flags and "
+            "--mem-fraction-static apply to b200-mtp",
+            after_load=False,
+        )
+    speculative, steps, topk, drafts = _resolve(profile, flags)
+    fraction = flags.mem_fraction_static or memory.default_mem_fraction(speculative)
+    if speculative:
+        probs = position_probabilities(costs, steps, topk, drafts)
+        running = flags.max_running_requests or SPEC_DEFAULT_MAX_RUNNING
+        step_base = costs.target_base_s + steps * costs.draft_step_s
+        per_req = (
+            costs.target_per_req_s + costs.verify_per_token_s * drafts + steps * topk * costs.draft_per_req_s
+        )
+    else:
+        probs = ()
+        step_base = costs.target_base_s
+        per_req = costs.target_per_req_s + costs.verify_per_token_s
+        running = flags.max_running_requests or 0
+    kv_tokens = _check_memory(memory, speculative, drafts, running, fraction)
+    if not speculative:
+        asked = flags.max_running_requests or NO_SPEC_MAX_RUNNING_FLOOR
+        running = min(asked, _state_pool_cap(memory, fraction))  # SGLang caps the batch by the state pool
+    return replace(
+        profile,
+        step_base_s=step_base,
+        step_per_req_s=per_req,
+        speculative=speculative,
+        accept_mean=mean_accept_length(probs) if speculative else 1.0,
+        accept_probs=probs,
+        draft_tokens=drafts if speculative else 1,
+        spec_steps=steps if speculative else 0,
+        spec_topk=topk if speculative else 1,
+        max_running_requests=running,
+        kv_capacity_tokens=kv_tokens,
+        mem_fraction_static=fraction,
+    )
+
+
+def kv_budget_gib(
+    memory: MemoryModel, speculative: bool, drafts: int, running: int, fraction: float
+) -> float:
+    """GiB left for the KV cache once weights, recurrent states and speculative intermediates are placed."""
+    rest = memory.gpu_memory_gib * fraction - memory.weights_gib
+    if speculative:
+        # Verify keeps an intermediate recurrent state per draft token of every request, and (radix cache off
+        # for this model family under MTP) the state pool holds one slot per running request.
+        return rest - memory.state_per_req_gib * running * (drafts + 1)
+    return rest / (1 + MAMBA_FULL_MEMORY_RATIO)  # the rest is split between states and KV, 0.9 : 1
+
+
+def _state_pool_cap(memory: MemoryModel, fraction: float) -> int:
+    """Without MTP: requests the recurrent-state pool can run (SGLang keeps 3 slots per running request)."""
+    rest = memory.gpu_memory_gib * fraction - memory.weights_gib
+    states = rest * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+    return max(1, int(states / memory.state_per_req_gib) // MAMBA_POOL_RATIO)
+
+
+def _check_memory(memory: MemoryModel, speculative: bool, drafts: int, running: int, fraction: float) -> int:
+    """KV cache tokens, or SGLang's start-up failure when nothing is left for them."""
+    kv_tokens = (
+        int(kv_budget_gib(memory, speculative, drafts, running, fraction) * GIB) // memory.kv_bytes_per_token
+    )
+    if kv_tokens <= 0:
+        raise _fail(
+            "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+            f"Current value: self.server_args.mem_fraction_static={fraction}",
+            after_load=True,
+        )
+    return kv_tokens
