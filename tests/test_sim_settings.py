@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import subprocess
@@ -57,7 +58,7 @@ def test_more_steps_cost_more_draft_time_and_add_less_acceptance_each():
     bases = [p.step_base_s for p in profiles]
     accepts = [p.accept_mean for p in profiles]
     assert bases == sorted(bases) and len(set(bases)) == len(bases)  # draft cost grows with steps
-    gains = [b - a for a, b in zip(accepts, accepts[1:], strict=False)]
+    gains = [b - a for a, b in itertools.pairwise(accepts)]
     assert all(g > 0 for g in gains) and gains == sorted(gains, reverse=True)  # diminishing returns
     # Measured draws follow the position model.
     deep = profiles[-1]
@@ -140,8 +141,18 @@ def test_server_reports_and_runs_its_settings(sim_fleet):
 def test_draftgen_sim_refuses_settings_that_cannot_start():
     port = find_free_base_port(1)
     done = subprocess.run(
-        [sys.executable, "-m", "draftgen", "sim", "--servers", "1", "--base-port", str(port)]
-        + ["--max-running-requests", "300"],
+        [
+            sys.executable,
+            "-m",
+            "draftgen",
+            "sim",
+            "--servers",
+            "1",
+            "--base-port",
+            str(port),
+            "--max-running-requests",
+            "300",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
