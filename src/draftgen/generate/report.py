@@ -1,9 +1,14 @@
 """After a run: a polars summary, three plots (saved as PNG in out_dir/plots and shown inline), and the
-estimate's planned figures beside the actual ones. Reads only the columns it needs from the shards."""
+estimate's planned figures beside the actual ones. Reads only the columns it needs from the shards.
+
+Every function takes one run folder or several (a list: the ``shard: "i/n"`` folders of client nodes, which
+are summarised as one run; per-server figures are then kept apart per folder, since every node may reach its
+servers by the same URL)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,31 +35,55 @@ REPORT_COLUMNS = (
     "spec_accept_length",
     "attempts",
 )
+RunDirs = str | Path | Sequence[str | Path]  # one run folder, or several (client nodes' shards of one run)
 
 
-def scan_results(out_dir: str | Path) -> pl.LazyFrame:
-    """The stored rows (lazy), with emptiness flags computed in polars rather than loaded text."""
-    paths = shard_paths(out_dir)
-    if not paths:
-        raise FileNotFoundError(f"no shards in {Path(out_dir) / 'shards'}: the run stored nothing yet")
-    return scan_shards(paths).select(
-        *REPORT_COLUMNS,
-        (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
-        (pl.col("reasoning_content").fill_null("").str.strip_chars() == "").alias("empty_reasoning"),
-    )
+def run_dirs(out_dir: RunDirs) -> list[Path]:
+    folders = [Path(out_dir)] if isinstance(out_dir, (str, Path)) else [Path(d) for d in out_dir]
+    if not folders:
+        raise ValueError("no run folder given")
+    return folders
+
+
+def scan_results(out_dir: RunDirs) -> pl.LazyFrame:
+    """The stored rows (lazy), with emptiness flags computed in polars rather than loaded text, and ``folder``."""
+    frames = []
+    for folder in run_dirs(out_dir):
+        paths = shard_paths(folder)
+        if not paths:
+            raise FileNotFoundError(f"no shards in {folder / 'shards'}: the run stored nothing yet")
+        frames.append(
+            scan_shards(paths).select(
+                *REPORT_COLUMNS,
+                (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
+                (pl.col("reasoning_content").fill_null("").str.strip_chars() == "").alias("empty_reasoning"),
+                pl.lit(str(folder)).alias("folder"),
+            )
+        )
+    return pl.concat(frames, how="vertical_relaxed")
 
 
 def _count(path: Path) -> int:
     return pl.scan_parquet(path).select(pl.len()).collect().item() if path.exists() else 0
 
 
-def summary(out_dir: str | Path) -> pl.DataFrame:
-    """One row of run-level figures."""
-    out_dir = Path(out_dir)
-    rows = scan_results(out_dir)
-    manifest = read_manifest(out_dir) or {}
-    sessions = manifest.get("sessions", [])
-    wall = sum(s["ended_at"] - s["started_at"] for s in sessions)
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: sessions of one folder follow each other (summed),
+    nodes' sessions run side by side (counted once)."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def summary(out_dir: RunDirs) -> pl.DataFrame:
+    """One row of run-level figures (several folders: one row for them together, wall time their union)."""
+    folders = run_dirs(out_dir)
+    rows = scan_results(folders)
+    sessions = [s for folder in folders for s in (read_manifest(folder) or {}).get("sessions", [])]
+    wall = busy_seconds([(s["started_at"], s["ended_at"]) for s in sessions])
     session_tokens = sum(s["completion_tokens"] for s in sessions)
     frame = rows.select(
         pl.len().alias("rows"),
@@ -70,22 +99,25 @@ def summary(out_dir: str | Path) -> pl.DataFrame:
         pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
         (pl.col("attempts") > 1).sum().alias("retried"),
     ).collect()
-    return frame.with_columns(
-        pl.lit(_count(out_dir / FAILED)).alias("failed"),
-        pl.lit(_count(out_dir / REJECTED)).alias("rejected"),
+    frame = frame.with_columns(
+        pl.lit(sum(_count(folder / FAILED) for folder in folders)).alias("failed"),
+        pl.lit(sum(_count(folder / REJECTED) for folder in folders)).alias("rejected"),
         pl.lit(round(wall, 1)).alias("wall_s"),
         pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
         pl.lit(len(sessions)).alias("sessions"),
     )
+    return frame.with_columns(pl.lit(len(folders)).alias("folders")) if len(folders) > 1 else frame
 
 
-def per_server(out_dir: str | Path) -> pl.DataFrame:
-    """Rows, tokens and speed per server (tok/s over the span the server was finishing requests)."""
+def per_server(out_dir: RunDirs) -> pl.DataFrame:
+    """Rows, tokens and speed per server (tok/s over the span the server was finishing requests); with several
+    folders, per folder and server."""
+    keys = ["folder", "server"] if len(run_dirs(out_dir)) > 1 else ["server"]
     rows = scan_results(out_dir).with_columns(
         (pl.col("started_at") + pl.col("latency_s")).alias("finished_at")
     )
     return (
-        rows.group_by("server")
+        rows.group_by(keys)
         .agg(
             pl.len().alias("rows"),
             pl.col("completion_tokens").sum().alias("completion_tokens"),
@@ -95,18 +127,26 @@ def per_server(out_dir: str | Path) -> pl.DataFrame:
             (pl.col("attempts") > 1).sum().alias("retried"),
         )
         .with_columns((pl.col("completion_tokens") / pl.col("span_s")).round(1).alias("tok_s"))
-        .sort("server")
+        .sort(keys)
         .collect()
     )
 
 
-def acceptance(out_dir: str | Path) -> pl.DataFrame:
+def acceptance(out_dir: RunDirs) -> pl.DataFrame:
     """MTP acceptance per worker from its /metrics counter differences (acceptance.parquet), token-weighted:
-    known through a router too, where the answers carry no per-request ``sglext``."""
-    return acceptance_per_worker(read_samples(out_dir))
+    known through a router too, where the answers carry no per-request ``sglext``. Several folders: one table
+    per folder, side by side (nodes sharing workers each measured the same counters, so they are not summed)."""
+    folders = run_dirs(out_dir)
+    if len(folders) == 1:
+        return acceptance_per_worker(read_samples(folders[0]))
+    tables = [
+        acceptance_per_worker(read_samples(f)).select(pl.lit(str(f)).alias("folder"), pl.all())
+        for f in folders
+    ]
+    return pl.concat(tables, how="diagonal_relaxed")
 
 
-def finish_reasons(out_dir: str | Path) -> pl.DataFrame:
+def finish_reasons(out_dir: RunDirs) -> pl.DataFrame:
     return (
         scan_results(out_dir)
         .group_by("finish_reason")
@@ -130,6 +170,18 @@ class SavedPlot:
 
     def __repr__(self) -> str:
         return f"plot saved to {self.path}"
+
+
+def plots_home(out_dir: RunDirs, save_to: str | Path | None) -> Path:
+    """Where ``plots/`` goes: ``save_to``, else the one run folder (several folders need ``save_to``)."""
+    if save_to is not None:
+        return Path(save_to)
+    folders = run_dirs(out_dir)
+    if len(folders) > 1:
+        raise ValueError(
+            "several run folders: pass save_to=FOLDER for the plots (no node's folder is chosen)"
+        )
+    return folders[0]
 
 
 def _save(figure: Figure, out_dir: Path, name: str) -> SavedPlot:
@@ -161,13 +213,16 @@ def spread_rate(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray, edges:
     return np.diff(at_edges) / np.diff(edges)
 
 
-def plot_throughput(out_dir: str | Path) -> SavedPlot:
+def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
     """Completion tokens per second over time, one line per server (each request spread over its lifetime)."""
-    out_dir = Path(out_dir)
+    home = plots_home(out_dir, save_to)
+    several = len(run_dirs(out_dir)) > 1
     rows = (
         scan_results(out_dir)
         .select(
-            "server",
+            pl.concat_str(pl.col("folder"), pl.lit(" "), pl.col("server")).alias("server")
+            if several
+            else pl.col("server"),
             pl.col("completion_tokens").fill_null(0).cast(pl.Float64),
             pl.col("started_at").alias("start"),
             (pl.col("started_at") + pl.col("latency_s")).alias("end"),
@@ -185,18 +240,19 @@ def plot_throughput(out_dir: str | Path) -> SavedPlot:
         rate = spread_rate(
             group["start"].to_numpy(), group["end"].to_numpy(), group["completion_tokens"].to_numpy(), edges
         )
-        axes.plot(centers, rate, label=short_label(server), linewidth=1.2)
+        label = server if several else short_label(server)
+        axes.plot(centers, rate, label=label, linewidth=1.2)
     axes.set_title("How fast did each server produce tokens over the run?")
     axes.set_xlabel(f"time since the first request ({unit})")
     axes.set_ylabel("completion tok/s")
     axes.set_ylim(bottom=0)
     axes.legend(fontsize=7, ncols=2)
     axes.grid(alpha=0.3)
-    return _save(figure, out_dir, "throughput")
+    return _save(figure, home, "throughput")
 
 
-def plot_finish_reasons(out_dir: str | Path) -> SavedPlot:
-    out_dir = Path(out_dir)
+def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
+    home = plots_home(out_dir, save_to)
     frame = finish_reasons(out_dir)
     figure = Figure(figsize=(6, 3.2))
     axes = figure.subplots()
@@ -206,11 +262,13 @@ def plot_finish_reasons(out_dir: str | Path) -> SavedPlot:
         axes.annotate(f"{share:.1%}", (index, frame["rows"][index]), ha="center", va="bottom", fontsize=8)
     axes.set_title("How did the completions end (stop = finished, length = hit max_tokens)?")
     axes.set_ylabel("rows")
-    return _save(figure, out_dir, "finish_reasons")
+    return _save(figure, home, "finish_reasons")
 
 
-def plot_completion_lengths(out_dir: str | Path, max_tokens: int | None = None) -> SavedPlot:
-    out_dir = Path(out_dir)
+def plot_completion_lengths(
+    out_dir: RunDirs, max_tokens: int | None = None, save_to: str | Path | None = None
+) -> SavedPlot:
+    home = plots_home(out_dir, save_to)
     tokens = scan_results(out_dir).select("completion_tokens").drop_nulls().collect()["completion_tokens"]
     figure = Figure(figsize=(7, 3.4))
     axes = figure.subplots()
@@ -222,12 +280,12 @@ def plot_completion_lengths(out_dir: str | Path, max_tokens: int | None = None) 
     axes.set_title("How long are the completions (reasoning + answer)?")
     axes.set_xlabel("completion tokens")
     axes.set_ylabel("rows")
-    return _save(figure, out_dir, "completion_lengths")
+    return _save(figure, home, "completion_lengths")
 
 
 # ----- planned vs actual ----------------------------------------------------------------------------------
 def compare_estimate(
-    estimate_path: str | Path, out_dir: str | Path, total_prompts: int | None = None
+    estimate_path: str | Path, out_dir: RunDirs, total_prompts: int | None = None
 ) -> pl.DataFrame:
     """estimate.ipynb's planned figures beside this run's: aggregate output tok/s and wall time for the set.
 

@@ -340,7 +340,8 @@ class RunStore:
         manifest["fingerprint"] = config.fingerprint()
         manifest["fingerprint_fields"] = config.fingerprint_fields()
         manifest["parameters"] = config.public_dict()
-        manifest["prompts"] = {"path": str(config.prompt_path), **self.prompt_stats}
+        # absolute, so validate on another machine or from another folder finds (or names) the same file
+        manifest["prompts"] = {"path": str(config.prompt_path.resolve()), **self.prompt_stats}
         manifest["counts"] = {
             "done": self.stored_rows,
             "failed": len(self._failures),

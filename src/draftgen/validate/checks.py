@@ -6,6 +6,7 @@ Duplicates need the whole corpus, so ``index_corpus`` reads only ``id`` and ``co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +31,7 @@ HASH_SEED = 20240611
 @dataclass(frozen=True)
 class CorpusIndex:
     duplicate_answers: pl.Series  # UInt64 hashes of answers shared by >= duplicate_answer_min_prompts rows
-    duplicate_rows: frozenset[tuple[str, int]]  # (shard file name, row) of every repeat of an earlier id
+    duplicate_rows: frozenset[tuple[str, str, int]]  # (folder, shard file name, row) of every repeat of an id
     duplicate_answer_examples: pl.DataFrame  # answer hash, count, the answer text (first 80 chars)
 
 
@@ -38,14 +39,15 @@ def _answer_key(column: pl.Expr) -> pl.Expr:
     return column.fill_null("").str.strip_chars()
 
 
-def index_corpus(output: GenerationOutput, min_prompts: int) -> CorpusIndex:
-    """Hash every answer and id (reading two columns per shard) to find corpus-wide duplicates."""
+def index_corpus(outputs: Sequence[GenerationOutput], min_prompts: int) -> CorpusIndex:
+    """Hash every answer and id (reading two columns per shard, every folder) to find corpus-wide duplicates."""
     parts = []
-    for shard in output.shards:
+    for output, shard in ((o, s) for o in outputs for s in o.shards):
         frame = read_shard(shard, ["id", "content"])
         parts.append(
             frame.select(
                 pl.col("id"),
+                pl.lit(str(output.directory)).alias("folder"),
                 pl.lit(shard.name).alias("shard"),
                 pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
                 _answer_key(pl.col("content")).hash(HASH_SEED).alias("answer_hash"),
@@ -54,7 +56,9 @@ def index_corpus(output: GenerationOutput, min_prompts: int) -> CorpusIndex:
         )
     corpus = pl.concat(parts)
     repeats = corpus.filter(~pl.col("id").is_first_distinct())
-    duplicate_rows = frozenset(zip(repeats["shard"].to_list(), repeats["row"].to_list(), strict=True))
+    duplicate_rows = frozenset(
+        zip(repeats["folder"].to_list(), repeats["shard"].to_list(), repeats["row"].to_list(), strict=True)
+    )
     shared = (
         corpus.filter(pl.col("answer") != "")
         .group_by("answer_hash")
@@ -91,7 +95,10 @@ def text_flags(frame: pl.DataFrame, config: ValidateConfig, index: CorpusIndex) 
         .fill_null(False)
     )
     repeated = pl.Series(
-        [(s, r) in index.duplicate_rows for s, r in zip(frame["shard"], frame["row"], strict=True)]
+        [
+            key in index.duplicate_rows
+            for key in zip(frame["folder"], frame["shard"], frame["row"], strict=True)
+        ]
         if index.duplicate_rows
         else [False] * frame.height,
         dtype=pl.Boolean,
@@ -131,7 +138,7 @@ def flag_batch(
     drop = [f for f in FLAGS if f in config.drop_flags]
     return pl.concat(
         [
-            frame.select("id", "shard", "row", "finish_reason"),
+            frame.select("id", "folder", "shard", "row", "finish_reason"),
             pl.DataFrame(
                 {
                     "n_tokens": masks.n_tokens,

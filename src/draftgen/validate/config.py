@@ -48,9 +48,10 @@ Share = Annotated[float, Field(ge=0, le=1)]
 
 
 class ValidateConfig(Params):
-    generation_dir: ProjectPath = Field(
-        min_length=1
-    )  # generate's out_dir: shards/*.parquet (+ manifest.json)
+    generation_dir: (
+        ProjectPath | list[ProjectPath]
+    )  # generate's out_dir, or several: the "i/n" shards of a file
+    prompt_file: ProjectPath = ""  # the prompt file the folders cover ("": the one their manifests name)
     tokenizer: ProjectPath = Field(min_length=1)  # folder of the target model's tokenizer (local files only)
     out_dir: ProjectPath = Field(min_length=1)  # where the report tables and the training export go
     mask_convention: Literal["think_in_prompt", "think_in_target"] = "think_in_prompt"
@@ -74,16 +75,36 @@ class ValidateConfig(Params):
             raise ValueError(f"listed more than once: {', '.join(repeated)}")
         return flags
 
+    @field_validator("generation_dir")
+    @classmethod
+    def _folders(cls, value: str | list[str]) -> str | list[str]:
+        folders = [value] if isinstance(value, str) else value
+        if not folders:
+            raise ValueError("give at least one generation folder")
+        if any(not folder.strip() for folder in folders):
+            raise ValueError("a generation folder is an empty string")
+        resolved = [Path(folder).resolve() for folder in folders]
+        repeated = sorted({folders[i] for i, p in enumerate(resolved) if resolved.count(p) > 1})
+        if repeated:
+            raise ValueError(f"listed more than once: {', '.join(repeated)}")
+        return value
+
     @model_validator(mode="after")
     def _separate_folders(self) -> ValidateConfig:
-        source = Path(self.generation_dir).resolve()
         target = Path(self.out_dir).resolve()
-        if target == source or source in target.parents:
-            raise ValueError(
-                f"out_dir {self.out_dir} is inside generation_dir {self.generation_dir}: "
-                "write the validation report and export to a folder of their own"
-            )
+        for folder in self.generation_dirs:
+            source = Path(folder).resolve()
+            if target == source or source in target.parents:
+                raise ValueError(
+                    f"out_dir {self.out_dir} is inside generation_dir {folder}: "
+                    "write the validation report and export to a folder of their own"
+                )
         return self
+
+    @property
+    def generation_dirs(self) -> tuple[str, ...]:
+        """The generation folders, in the order given (one for a plain string)."""
+        return (self.generation_dir,) if isinstance(self.generation_dir, str) else tuple(self.generation_dir)
 
     @property
     def drop_flags(self) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """One validation run: read generate's shards, build loss masks, flag every sample, stage the export.
 
-``validate_generation(config)`` returns a ``ValidationResult`` (per-sample records, counts, the gate verdict);
+``validate_generation(config)`` reads one generation folder or several (the shards of one prompt file, checked
+for overlap and coverage by ``coverage.py``) and returns a ``ValidationResult`` (per-sample records, counts, the gate verdict);
 ``require_fit_to_train(result)`` raises when the degenerate share is over the threshold (the notebook's gate);
 ``finalize_export(result)`` publishes the staged export once the gate has passed.
 """
@@ -19,7 +20,9 @@ from draftgen.masks import build_masks, load_tokenizer
 from draftgen.validate import export
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
 from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
-from draftgen.validate.reader import GenerationOutput, iter_batches, open_generation
+from draftgen.validate.coverage import Coverage, check_coverage
+from draftgen.validate.folders import GenerationSet, open_generations
+from draftgen.validate.reader import iter_batches
 
 RECORDS_FILE = "samples.parquet"
 SUMMARY_FILE = "summary.json"
@@ -32,9 +35,10 @@ class ValidationGateError(RuntimeError):
 @dataclass(frozen=True)
 class ValidationResult:
     config: ValidateConfig
-    output: GenerationOutput
-    records: pl.DataFrame  # one row per sample: id, shard, row, token counts, mask_sum, flags, previews
+    output: GenerationSet  # the generation folder(s) read
+    records: pl.DataFrame  # one row per sample: id, folder, shard, row, token counts, mask sum, flags, text
     index: CorpusIndex
+    coverage: Coverage  # ids missing from the prompt file's selection, ids stored more than once
     counts: dict[str, Any]  # in, out, dropped, dropped_by_flag, flagged_but_kept
     seconds: float
 
@@ -97,19 +101,20 @@ def _progress(total: int):
 def validate_generation(
     config: ValidateConfig, *, tokenizer: Any = None, progress: bool = True
 ) -> ValidationResult:
-    """Check every sample of ``config.generation_dir``; write records, summary and the staged export."""
+    """Check every sample of the generation folder(s); write records, summary and the staged export."""
     started = time.perf_counter()
-    output = open_generation(config.generation_dir)
+    output = open_generations(config.generation_dirs, config.prompt_file)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
     spec = config.mask_spec()
-    index = index_corpus(output, config.duplicate_answer_min_prompts)
+    index = index_corpus(output.outputs, config.duplicate_answer_min_prompts)
+    coverage = check_coverage(output)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     writer = export.ExportWriter(out_dir, jsonl=config.export_jsonl, tokens=config.export_tokens)
     parts: list[pl.DataFrame] = []
     bar = _progress(output.rows) if progress else None
     try:
-        for batch in iter_batches(output, config.batch_size):
+        for batch in iter_batches(output.outputs, config.batch_size):
             frame = batch.frame
             masks = build_masks(
                 tokenizer,
@@ -135,6 +140,7 @@ def validate_generation(
         output=output,
         records=records,
         index=index,
+        coverage=coverage,
         counts=counts,
         seconds=time.perf_counter() - started,
     )
@@ -145,9 +151,12 @@ def validate_generation(
 
 def summary(result: ValidationResult) -> dict[str, Any]:
     return {
-        "generation_dir": str(result.output.directory),
+        "generation_dir": [str(d) for d in result.output.directories]
+        if len(result.output.directories) > 1
+        else str(result.output.directories[0]),
         "shards": len(result.output.shards),
         "counts": result.counts,
+        "coverage": result.coverage.as_dict(),
         "degenerate_share": result.degenerate_share,
         "max_degenerate_share": result.config.max_degenerate_share,
         "truncated_share": result.truncated_share,
@@ -163,12 +172,16 @@ def gate_message(result: ValidationResult) -> str:
     worst = sorted(counts["dropped_by_flag"].items(), key=lambda item: -item[1])
     top = ", ".join(f"{flag} {n}" for flag, n in worst if n) or "none"
     verdict = "PASS" if result.passed else "FAIL"
+    # Coverage is news when checked, when folders were combined or a shard is missing; not for a hand-made folder.
+    cover = result.coverage
+    shown = cover.checked or cover.missing_shards or cover.duplicated_ids or len(result.output.outputs) > 1
+    coverage = cover.line() if shown else ""
     return (
         f"{verdict}: {counts['degenerate']} of {counts['in']} samples degenerate "
         f"({result.degenerate_share:.1%}; threshold max_degenerate_share={result.config.max_degenerate_share:.1%}), "
         f"{counts['length_limited']} cut by a length limit "
         f"({result.truncated_share:.1%}; threshold max_truncated_share={result.config.max_truncated_share:.1%}). "
-        f"Dropped by flag: {top}."
+        f"Dropped by flag: {top}." + (f" {coverage}" if coverage else "")
     )
 
 

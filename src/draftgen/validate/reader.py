@@ -7,7 +7,7 @@ seconds with the file named, not an hour in. Shards are read one at a time: memo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,29 +130,35 @@ def read_shard(path: Path, columns: list[str]) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class SampleBatch:
-    """Rows of one or more shards: the contract columns plus ``shard`` (file name) and ``row`` (0-based)."""
+    """Rows of one or more shards: the contract columns plus ``folder`` (the generation folder as given),
+    ``shard`` (file name) and ``row`` (0-based within the shard)."""
 
     frame: pl.DataFrame
-    first_index: int  # position of the first row in the whole generation (shard order)
+    first_index: int  # position of the first row in the whole corpus (folder, then shard order)
 
 
-def iter_batches(output: GenerationOutput, batch_size: int) -> Iterator[SampleBatch]:
-    """Shards in order, regrouped into batches of ``batch_size`` rows (the last one may be smaller)."""
-    columns = [*REQUIRED_COLUMNS, *output.optional_columns]
+def iter_batches(outputs: Sequence[GenerationOutput], batch_size: int) -> Iterator[SampleBatch]:
+    """Folders in order, their shards in order, regrouped into batches of ``batch_size`` rows (the last one may
+    be smaller). Only columns every folder has are read, so folders from several nodes concatenate."""
+    optional = [c for c in OPTIONAL_COLUMNS if all(c in o.optional_columns for o in outputs)]
+    columns = [*REQUIRED_COLUMNS, *optional]
     pending: list[pl.DataFrame] = []
     pending_rows = 0
     emitted = 0
-    for shard in output.shards:
-        frame = read_shard(shard, columns).with_columns(
-            pl.lit(shard.name).alias("shard"), pl.int_range(pl.len(), dtype=pl.Int64).alias("row")
-        )
-        pending.append(frame)
-        pending_rows += frame.height
-        while pending_rows >= batch_size:
-            merged = pl.concat(pending, how="vertical_relaxed")
-            yield SampleBatch(merged.head(batch_size), emitted)
-            emitted += batch_size
-            rest = merged.slice(batch_size)
-            pending, pending_rows = ([rest], rest.height) if rest.height else ([], 0)
+    for output in outputs:
+        for shard in output.shards:
+            frame = read_shard(shard, columns).with_columns(
+                pl.lit(str(output.directory)).alias("folder"),
+                pl.lit(shard.name).alias("shard"),
+                pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+            )
+            pending.append(frame)
+            pending_rows += frame.height
+            while pending_rows >= batch_size:
+                merged = pl.concat(pending, how="vertical_relaxed")
+                yield SampleBatch(merged.head(batch_size), emitted)
+                emitted += batch_size
+                rest = merged.slice(batch_size)
+                pending, pending_rows = ([rest], rest.height) if rest.height else ([], 0)
     if pending_rows:
         yield SampleBatch(pl.concat(pending, how="vertical_relaxed"), emitted)

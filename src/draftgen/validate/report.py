@@ -50,7 +50,60 @@ def counts_table(result: ValidationResult) -> pl.DataFrame:
 
 def flag_examples(result: ValidationResult, flag: str, limit: int | None = None) -> pl.DataFrame:
     limit = result.config.examples_per_flag if limit is None else limit
-    return result.records.filter(pl.col(flag)).head(limit).select(EXAMPLE_COLUMNS)
+    columns = list(EXAMPLE_COLUMNS)
+    if len(result.output.outputs) > 1:
+        columns.insert(1, "folder")
+    return result.records.filter(pl.col(flag)).head(limit).select(columns)
+
+
+def folder_table(result: ValidationResult) -> pl.DataFrame:
+    """One row per generation folder: its shard of the prompt file, rows, limit and the run's status."""
+    manifests = result.output.manifests
+    return pl.DataFrame(
+        {
+            "folder": list(result.output.labels),
+            "shard": [f"{f.shard[0]}/{f.shard[1]}" if f.shard else "all" for f in result.output.folders],
+            "rows": [o.rows for o in result.output.outputs],
+            "limit": [f.limit for f in result.output.folders],
+            "status": [str(m.get("status")) if m else "no manifest" for m in manifests],
+        },
+        orient="col",
+    )
+
+
+def coverage_table(result: ValidationResult) -> pl.DataFrame:
+    """Do the folders together hold every prompt of their prompt file, each once? One figure per row."""
+    coverage = result.coverage
+    rows: list[tuple[str, str]] = [
+        ("generation folders", str(len(result.output.outputs))),
+        ("prompt file", coverage.prompt_file or "unknown"),
+        ("distinct ids stored", f"{coverage.stored:,}"),
+    ]
+    if coverage.checked:
+        rows += [
+            ("prompt ids expected", f"{coverage.expected:,} ({coverage.note})"),
+            ("missing", f"{coverage.missing:,}"),
+            *((f"  missing in shard {key}", f"{n:,}") for key, n in coverage.missing_by_shard.items()),
+            ("  of them failed every attempt", f"{coverage.missing_failed:,} (a resume retries them)"),
+            ("  e.g.", ", ".join(coverage.missing_examples) or "-"),
+            ("stored ids not in the prompt file's selection", f"{coverage.unexpected:,}"),
+        ]
+    else:
+        rows.append(("coverage", f"not checked: {coverage.note}"))
+    rows += [
+        ("shards no folder holds", ", ".join(coverage.missing_shards) or "none"),
+        ("ids stored more than once (flagged duplicate_id)", f"{coverage.duplicated_ids:,}"),
+    ]
+    return pl.DataFrame({"figure": [r[0] for r in rows], "value": [r[1] for r in rows]}, orient="col")
+
+
+def duplicate_table(result: ValidationResult, limit: int = 20) -> pl.DataFrame:
+    """Ids stored more than once, with the folders holding them (the first one's row is exported)."""
+    return (
+        result.coverage.duplicates.head(limit)
+        .with_columns(pl.col("folders").list.join(", "))
+        .rename({"folders": "folders (first kept)"})
+    )
 
 
 def spikes(

@@ -1,0 +1,196 @@
+"""Do the generation folders together hold every prompt of their prompt file, each exactly once?
+
+The expected ids are what the folders' runs selected from the prompt file named in their manifests: every valid
+row (malformed rows are generate's ``rejected.parquet``), split by ``shard_of`` as ``shard: "i/n"`` does, the
+first ``limit`` of each shard when a limit was set. Each shard index no folder holds is named; missing ids are
+counted (per shard, and how many sit in a folder's ``failed.parquet``, i.e. a resume would retry them) with
+examples. Ids stored more than once — across folders or within one — are listed with the folders that hold them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from draftgen.generate.store import FAILED
+from draftgen.prompts import PromptFileError, PromptRow, iter_prompts, shard_of
+from draftgen.validate.folders import FolderInfo, GenerationSet
+from draftgen.validate.reader import read_shard
+
+MISSING_EXAMPLES = 10
+DUPLICATE_SCHEMA = {"id": pl.String, "copies": pl.UInt32, "folders": pl.List(pl.String)}
+
+
+@dataclass(frozen=True)
+class Coverage:
+    prompt_file: str | None
+    checked: bool  # False: the prompt file was not available (``note`` says why)
+    note: str
+    stored: int  # distinct ids stored across the folders
+    duplicates: pl.DataFrame  # id, copies, folders (in order; the first one's row is the one kept)
+    missing_shards: tuple[str, ...] = ()  # "1/2": shard indices no folder holds (folders split one way)
+    expected: int = 0  # ids the folders should hold together
+    missing: int = 0
+    missing_failed: int = 0  # of the missing ids, those in some folder's failed.parquet
+    missing_by_shard: dict[str, int] = field(default_factory=dict)
+    missing_examples: tuple[str, ...] = ()
+    unexpected: int = 0  # stored ids the prompt file's selection does not hold
+
+    @property
+    def complete(self) -> bool:
+        return self.checked and self.missing == 0
+
+    @property
+    def duplicated_ids(self) -> int:
+        return self.duplicates.height
+
+    def line(self) -> str:
+        """One sentence for the notebook and the gate message."""
+        parts = []
+        if self.checked:
+            parts.append(
+                f"{self.expected - self.missing:,} of {self.expected:,} prompt ids present"
+                + (f", {self.missing:,} missing" if self.missing else ", none missing")
+            )
+            if self.missing_failed:
+                parts.append(
+                    f"{self.missing_failed:,} of the missing failed every attempt (resume retries them)"
+                )
+            if self.missing_examples:
+                parts.append("e.g. " + ", ".join(self.missing_examples[:3]))
+        else:
+            parts.append(f"prompt-file coverage not checked ({self.note})")
+        if self.missing_shards:
+            parts.append(f"no folder holds shard {', '.join(self.missing_shards)}")
+        if self.duplicated_ids:
+            parts.append(f"{self.duplicated_ids:,} ids stored more than once")
+        if self.unexpected:
+            parts.append(f"{self.unexpected:,} stored ids are not in the prompt file's selection")
+        return "Coverage: " + "; ".join(parts) + "."
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prompt_file": self.prompt_file,
+            "checked": self.checked,
+            "note": self.note,
+            "stored": self.stored,
+            "expected": self.expected,
+            "missing": self.missing,
+            "missing_failed": self.missing_failed,
+            "missing_by_shard": self.missing_by_shard,
+            "missing_examples": list(self.missing_examples),
+            "missing_shards": list(self.missing_shards),
+            "unexpected": self.unexpected,
+            "duplicated_ids": self.duplicated_ids,
+            "duplicate_examples": self.duplicates.head(MISSING_EXAMPLES).to_dicts(),
+        }
+
+
+def stored_ids(generation: GenerationSet) -> pl.DataFrame:
+    """``id`` and ``folder`` of every stored row, in folder then shard order (reads one column per shard)."""
+    parts = [
+        read_shard(shard, ["id"]).with_columns(pl.lit(str(output.directory)).alias("folder"))
+        for output in generation.outputs
+        for shard in output.shards
+    ]
+    return pl.concat(parts) if parts else pl.DataFrame(schema={"id": pl.String, "folder": pl.String})
+
+
+def duplicate_ids(ids: pl.DataFrame) -> pl.DataFrame:
+    """Every id stored more than once: how many copies and which folders hold them (first: the kept one)."""
+    return (
+        ids.filter(pl.col("id").is_duplicated())
+        .group_by("id", maintain_order=True)
+        .agg(pl.len().alias("copies"), pl.col("folder").alias("folders"))
+        .cast(DUPLICATE_SCHEMA)
+    )
+
+
+def _common_split(folders: Iterable[FolderInfo]) -> int | None:
+    counts = {f.shard[1] if f.shard else 1 for f in folders}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _limit(limits: list[int]) -> int:
+    """Folders holding one shard with different limits: 0 (all) wins, else the largest."""
+    return 0 if not limits or 0 in limits else max(limits)
+
+
+def _failed_ids(generation: GenerationSet) -> set[str]:
+    failed: set[str] = set()
+    for directory in generation.directories:
+        path = directory / FAILED
+        if path.exists():
+            try:
+                failed.update(pl.read_parquet(path, columns=["id"])["id"].to_list())
+            except Exception:  # a damaged failed.parquet only costs the "resume retries them" count
+                continue
+    return failed
+
+
+def check_coverage(generation: GenerationSet) -> Coverage:
+    """Compare the stored ids with the prompt file's selection; list ids stored more than once."""
+    ids = stored_ids(generation)
+    duplicates = duplicate_ids(ids)
+    stored = set(ids["id"].to_list())
+    count = _common_split(generation.folders)
+    missing_shards: tuple[str, ...] = ()
+    if count is not None:
+        held = {f.shard[0] if f.shard else 0 for f in generation.folders}
+        missing_shards = tuple(f"{i}/{count}" for i in range(count) if i not in held)
+    base = {"prompt_file": generation.prompt_file, "stored": len(stored), "duplicates": duplicates}
+    if generation.prompt_file is None:
+        note = "no manifest names the prompt file; pass prompt_file=PATH to check it"
+        return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)
+    limits = [f.limit for f in generation.folders]
+    if count is None and any(limits):
+        note = (
+            "the folders split the prompt file in different ways and set a limit: the selection is ambiguous"
+        )
+        return Coverage(checked=False, note=note, **base)
+    per_index = {
+        i: _limit([f.limit for f in generation.folders if (f.shard[0] if f.shard else 0) == i])
+        if any((f.shard[0] if f.shard else 0) == i for f in generation.folders)
+        else _limit(limits)
+        for i in range(count or 1)
+    }
+    taken = dict.fromkeys(per_index, 0)
+    expected: set[str] = set()
+    missing: list[tuple[str, int]] = []
+    try:
+        for item in iter_prompts(Path(generation.prompt_file)):
+            if not isinstance(item, PromptRow):
+                continue
+            index = shard_of(item.id, count) if count else 0
+            if per_index[index] and taken[index] >= per_index[index]:
+                continue
+            taken[index] += 1
+            expected.add(item.id)
+            if item.id not in stored:
+                missing.append((item.id, index))
+    except (PromptFileError, OSError) as exc:
+        note = f"{exc}; pass prompt_file=PATH where the file is on this machine"
+        return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)
+    failed = _failed_ids(generation)
+    by_shard: dict[str, int] = {}
+    for _, index in missing:
+        key = f"{index}/{count}" if count and count > 1 else "all"
+        by_shard[key] = by_shard.get(key, 0) + 1
+    selection = (
+        "every valid row" if not any(per_index.values()) else "the first `limit` valid rows of each shard"
+    )
+    return Coverage(
+        checked=True,
+        note=f"{selection} of {generation.prompt_file}",
+        missing_shards=missing_shards,
+        expected=len(expected),
+        missing=len(missing),
+        missing_failed=sum(1 for prompt_id, _ in missing if prompt_id in failed),
+        missing_by_shard=dict(sorted(by_shard.items())),
+        missing_examples=tuple(prompt_id for prompt_id, _ in missing[:MISSING_EXAMPLES]),
+        unexpected=len(stored - expected),
+        **base,
+    )
