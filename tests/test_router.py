@@ -12,6 +12,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +21,10 @@ import polars as pl
 import pytest
 from sim_helpers import get, post, sse_json
 
+from draftgen.bench.checkpoint import _level_from_json, _level_to_json
+from draftgen.bench.config import BenchmarkConfig
+from draftgen.bench.report import build_report, save_report
+from draftgen.bench.run import run_benchmark
 from draftgen.client import ServerClient
 from draftgen.generate import GenerateConfig, preflight, report
 from draftgen.generate import generate as generate_run
@@ -254,3 +259,47 @@ def test_router_sees_each_workers_load_and_model_info(routed: Setup) -> None:
 
     assert asyncio.run(loads()) == {p.url: 0 for p in routed.proxies}
     assert all(p.exchanges("/get_load") for p in routed.proxies)
+
+
+def test_benchmark_through_the_router_reports_each_worker(routed: Setup, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = BenchmarkConfig(
+        servers=[routed.router.url],
+        model=MODEL,
+        num_prompts=16,
+        concurrencies=[4, 8],
+        max_tokens=256,
+        warmup_requests=0,
+        out_dir=str(tmp_path),
+    )
+    before = {i: len(read_truth(routed.fleet, i)) for i in range(2)}
+    run = asyncio.run(run_benchmark(config))
+    (facts,) = run.servers
+    assert facts.engine == "sglang-router" and sorted(facts.workers) == sorted(p.url for p in routed.proxies)
+    report = build_report(run)
+    workers = report.workers
+    assert workers.height == 4  # two workers × two levels
+    for level in run.levels:
+        rows = workers.filter(pl.col("concurrency") == level.concurrency)
+        # the router's level: the workers' windows together (metrics source), each worker's own row beside it
+        (result,) = report.results.filter(pl.col("concurrency") == level.concurrency).to_dicts()
+        assert result["metrics_generation_tokens"] == pytest.approx(rows["generated_tokens"].sum())
+        assert result["accept_length_source"].startswith("metrics (")
+    for index, proxy in enumerate(routed.proxies):
+        start = run.levels[0].started_at  # after the probe request
+        records = [
+            r
+            for r in read_truth(routed.fleet, index)[before[index] :]
+            if r["kind"] == "chat" and r["arrival"] >= start
+        ]
+        assert records, "round_robin sends each worker its share"
+        mine = workers.filter(pl.col("worker") == proxy.url)
+        tokens = sum(r["completion_tokens"] for r in records)
+        verifies = sum(r["verify_steps"] for r in records)
+        assert mine["generated_tokens"].sum() == pytest.approx(tokens)
+        weighted = (mine["generated_tokens"] / mine["accept_length"]).sum()
+        assert mine["generated_tokens"].sum() / weighted == pytest.approx(tokens / verifies, rel=1e-6)
+    # a stored level reads back with its workers' windows (benchmark resume)
+    level = run.levels[0]
+    assert _level_from_json(json.loads(json.dumps(_level_to_json(level)))) == replace(level, reused=True)
+    save_report(report, tmp_path)
+    assert pl.read_parquet(tmp_path / "workers.parquet").equals(workers)

@@ -107,3 +107,16 @@ def acceptance_length(window: CounterWindow) -> tuple[float, str] | None:
     if accepted is not None and drafts:
         return 1.0 + accepted / drafts, f"1 + {VLLM_ACCEPTED_TOKENS} / {VLLM_DRAFTS}"
     return None
+
+
+def merge_windows(windows: list[CounterWindow]) -> CounterWindow:
+    """Several servers' windows over the same span as one (a router's workers together): deltas summed over the
+    counters every window has, the longest span, every reset kept."""
+    if not windows:
+        return CounterWindow(seconds=0.0, deltas={})
+    names = set(windows[0].deltas).intersection(*(w.deltas for w in windows[1:]))
+    return CounterWindow(
+        seconds=max(w.seconds for w in windows),
+        deltas={name: sum(w.deltas[name] for w in windows) for name in names},
+        reset=tuple(sorted({name for w in windows for name in w.reset})),
+    )

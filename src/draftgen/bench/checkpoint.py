@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.bench.config import BenchmarkConfig
-from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
+from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.metrics import CounterWindow
 from draftgen.prompts import PromptRow
 
@@ -59,16 +59,29 @@ def _level_from_json(data: dict[str, Any]) -> LevelRun:
     requests = tuple(
         RequestRecord(**{**r, "chunk_offsets": tuple(r["chunk_offsets"])}) for r in data["requests"]
     )
-    window = data["metrics_window"]
-    metrics_window = (
-        CounterWindow(seconds=window["seconds"], deltas=dict(window["deltas"]), reset=tuple(window["reset"]))
-        if window is not None
-        else None
+    workers = tuple(
+        WorkerWindow(worker=w["worker"], window=_window_from_json(w["window"]), note=w.get("note"))
+        for w in data.get("worker_windows", ())
     )
     known = {f.name for f in fields(LevelRun)}
-    rest = {k: v for k, v in data.items() if k in known and k not in ("requests", "metrics_window")}
+    parsed = ("requests", "metrics_window", "worker_windows")
+    rest = {k: v for k, v in data.items() if k in known and k not in parsed}
     rest["client_lag_ms"] = tuple(rest.get("client_lag_ms", ()))
-    return LevelRun(**rest, requests=requests, metrics_window=metrics_window, reused=True)
+    return LevelRun(
+        **rest,
+        requests=requests,
+        metrics_window=_window_from_json(data["metrics_window"]),
+        worker_windows=workers,
+        reused=True,
+    )
+
+
+def _window_from_json(window: dict[str, Any] | None) -> CounterWindow | None:
+    if window is None:
+        return None
+    return CounterWindow(
+        seconds=window["seconds"], deltas=dict(window["deltas"]), reset=tuple(window["reset"])
+    )
 
 
 class LevelStore:

@@ -23,6 +23,7 @@ class ServerFacts:
     max_running_requests: int | None  # from /server_info; None when the server does not say
     speculative_algorithm: str | None
     speculation: bool | None  # from /server_info: True/False, None when unknown
+    workers: tuple[str, ...] = ()  # a router (sglang-router): its workers, whose /metrics are scraped
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,15 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class WorkerWindow:
+    """One worker behind a router over one level: its own /metrics counter differences."""
+
+    worker: str
+    window: CounterWindow | None  # None when its /metrics could not be read before or after
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class LevelRun:
     server: str
     gpu: int
@@ -70,6 +80,7 @@ class LevelRun:
         float, ...
     ]  # event-loop lateness samples: high values mean the client was the bottleneck
     reused: bool = False  # read from levels/ by a resumed run, not measured by this one
+    worker_windows: tuple[WorkerWindow, ...] = ()  # a router's level: each worker's own counters
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -12,12 +12,23 @@ from matplotlib.figure import Figure
 
 from draftgen.bench.occupancy import occupancy_frame
 from draftgen.bench.records import BenchmarkRun, ServerFacts
-from draftgen.bench.stats import level_row, request_rows
+from draftgen.bench.stats import level_row, request_rows, worker_rows
 
 RESULTS_FILE = "results.parquet"
 REQUESTS_FILE = "requests.parquet"
 OCCUPANCY_FILE = "occupancy.parquet"
 SUMMARY_FILE = "benchmark.json"
+WORKERS_FILE = "workers.parquet"
+WORKER_SCHEMA = {
+    "server": pl.String,
+    "gpu": pl.Int64,
+    "concurrency": pl.Int64,
+    "worker": pl.String,
+    "generated_tokens": pl.Float64,
+    "output_tok_s": pl.Float64,
+    "accept_length": pl.Float64,
+    "accept_length_source": pl.String,
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class BenchmarkReport:
         str, ...
     ]  # measurements to doubt (a busy client, failed requests, too few requests per slot)
     summary: dict  # what benchmark.json holds
+    workers: pl.DataFrame = field(default_factory=pl.DataFrame)  # behind a router: one row per worker × level
 
 
 def _facts_by_url(run: BenchmarkRun) -> dict[str, ServerFacts]:
@@ -180,6 +192,9 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
         request_dicts.extend(rows)
         level_dicts.append(level_row(level, facts[level.server], rows, max_tokens))
     requests = pl.DataFrame(request_dicts, infer_schema_length=None)
+    workers = pl.DataFrame(
+        [row for level in run.levels for row in worker_rows(level)], schema=WORKER_SCHEMA
+    ).sort(["gpu", "concurrency", "worker"])
     results = pl.DataFrame(level_dicts, infer_schema_length=None).sort(["gpu", "concurrency"])
     fleet = fleet_table(results)
     recommendation = recommend(fleet, run.servers, run.config.knee_fraction)
@@ -217,6 +232,7 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
         missing=missing,
         warnings=warnings,
         summary=summary,
+        workers=workers,
     )
 
 
@@ -227,6 +243,8 @@ def save_report(report: BenchmarkReport, out_dir: str | Path) -> Path:
     report.results.write_parquet(out / RESULTS_FILE)
     report.requests.write_parquet(out / REQUESTS_FILE)
     report.occupancy.write_parquet(out / OCCUPANCY_FILE)
+    if not report.workers.is_empty():
+        report.workers.write_parquet(out / WORKERS_FILE)
     (out / SUMMARY_FILE).write_text(json.dumps(report.summary, indent=2, default=str))
     return out
 

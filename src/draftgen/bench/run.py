@@ -18,10 +18,10 @@ from pathlib import Path
 
 from draftgen.bench.checkpoint import LEVELS_DIR, LevelStore, level_identity
 from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
-from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts
+from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.client import Capabilities, RequestError, ServerClient
-from draftgen.metrics import MetricsParseError, MetricsSnapshot, counter_window, parse_metrics
+from draftgen.metrics import MetricsParseError, MetricsSnapshot, counter_window, merge_windows, parse_metrics
 from draftgen.prompts import PromptRow
 
 LAG_PROBE_INTERVAL_S = 0.05
@@ -86,10 +86,11 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
         model_ids=ids,
         extra_fields=caps.extra_fields,
         sglext=caps.spec_details,
-        metrics=caps.metrics,
+        metrics=caps.metrics or bool(caps.workers),
         max_running_requests=_max_running(info),
         speculative_algorithm=str(algorithm) if algorithm is not None else None,
         speculation=speculation,
+        workers=caps.workers,
     )
 
 
@@ -149,7 +150,39 @@ async def _one_request(
 
 
 # ----- one level ------------------------------------------------------------------------------------------------
+async def _scrape(client: ServerClient) -> tuple[MetricsSnapshot | None, str | None]:
+    text = await client.metrics_text()
+    if text is None:
+        return None, f"GET {client.url}/metrics failed during the level"
+    try:
+        return parse_metrics(text), None
+    except MetricsParseError as exc:
+        return None, f"{client.url}/metrics unreadable: {exc}"
+
+
+async def _worker_snapshots(
+    clients: Sequence[ServerClient],
+) -> list[tuple[MetricsSnapshot | None, str | None]]:
+    return list(await asyncio.gather(*(_scrape(c) for c in clients)))
+
+
+def _worker_windows(
+    clients: Sequence[ServerClient],
+    before: Sequence[tuple[MetricsSnapshot | None, str | None]],
+    after: Sequence[tuple[MetricsSnapshot | None, str | None]],
+) -> tuple[WorkerWindow, ...]:
+    windows = []
+    for client, (start, note), (end, note_after) in zip(clients, before, after, strict=True):
+        window = counter_window(start, end) if start is not None and end is not None else None
+        if window is not None and window.reset:
+            note = f"counters went down during the level (restarted?): {', '.join(window.reset)}"
+        windows.append(WorkerWindow(client.url, window, note or note_after))
+    return tuple(windows)
+
+
 async def _snapshot(client: ServerClient, facts: ServerFacts) -> tuple[MetricsSnapshot | None, str | None]:
+    if facts.workers:
+        return None, None  # a router: its workers are scraped instead (_worker_windows)
     if not facts.metrics:
         advice = " (start SGLang with --enable-metrics)" if facts.engine == "sglang" else ""
         return None, f"server has no /metrics{advice}"
@@ -178,8 +211,29 @@ async def run_level(
     concurrency: int,
     rows: Sequence[PromptRow],
 ) -> LevelRun:
-    """Keep ``concurrency`` requests in flight on one server until every row has been sent once."""
+    """Keep ``concurrency`` requests in flight on one server until every row has been sent once.
+
+    For a router, each worker's /metrics is read before and after instead: the level's window is their sum, and
+    each worker's own window is kept (acceptance per worker).
+    """
+    workers = [ServerClient(url, api_key=config.api_key()) for url in facts.workers]
+    try:
+        return await _run_level(client, facts, config, concurrency, rows, workers)
+    finally:
+        for worker in workers:
+            await worker.close()
+
+
+async def _run_level(
+    client: ServerClient,
+    facts: ServerFacts,
+    config: BenchmarkConfig,
+    concurrency: int,
+    rows: Sequence[PromptRow],
+    workers: Sequence[ServerClient],
+) -> LevelRun:
     before, note = await _snapshot(client, facts)
+    workers_before = await _worker_snapshots(workers)
     pending = iter(enumerate(rows))
     records: list[RequestRecord] = []
     lag: list[float] = []
@@ -200,9 +254,16 @@ async def run_level(
             stop.set()
     finished_at = time.time()
     after, note_after = await _snapshot(client, facts)
+    worker_windows = _worker_windows(workers, workers_before, await _worker_snapshots(workers))
     window = counter_window(before, after) if before is not None and after is not None else None
     if window is not None and window.reset:
         note = f"counters went down during the level (server restarted?): {', '.join(window.reset)}"
+    if worker_windows:
+        measured = [w.window for w in worker_windows if w.window is not None and not w.window.reset]
+        if len(measured) == len(worker_windows):
+            window = merge_windows(measured)
+        else:
+            note = "; ".join(w.note or f"{w.worker}: no window" for w in worker_windows if w.note)
     info = await client.server_info()
     return LevelRun(
         server=facts.url,
@@ -215,6 +276,7 @@ async def run_level(
         metrics_note=note or note_after,
         cumulative_accept_length=_cumulative_accept(info),
         client_lag_ms=tuple(lag),
+        worker_windows=worker_windows,
     )
 
 

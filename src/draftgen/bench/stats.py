@@ -241,3 +241,33 @@ def level_row(level: LevelRun, facts: ServerFacts, requests: Sequence[dict], max
     }
     row["missing"] = "; ".join(missing_parts(level, facts, tokens_source, accept_source)) or ""
     return row
+
+
+def worker_rows(level: LevelRun) -> list[dict]:
+    """A router's level, one row per worker behind it: its generated tokens and acceptance from its own /metrics."""
+    rows = []
+    for worker in level.worker_windows:
+        window = worker.window
+        generated = generated_tokens(window) if window is not None and not window.reset else None
+        found = acceptance_length(window) if window is not None and not window.reset else None
+        if found is not None:
+            source = f"metrics ({found[1]})"
+        elif window is None or window.reset:
+            source = "missing: " + (worker.note or "no /metrics window")
+        else:
+            source = "missing: no verify calls in the window"
+        rows.append(
+            {
+                "server": level.server,
+                "gpu": level.gpu,
+                "concurrency": level.concurrency,
+                "worker": worker.worker,
+                "generated_tokens": generated[0] if generated else None,
+                "output_tok_s": generated[0] / window.seconds
+                if generated and window and window.seconds
+                else None,
+                "accept_length": found[0] if found else None,
+                "accept_length_source": source,
+            }
+        )
+    return rows
