@@ -10,6 +10,7 @@ import ast
 import difflib
 import importlib
 import json
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -162,6 +163,19 @@ def write_html(executed: Path, html_path: Path) -> None:
     html_path.write_text(body, encoding="utf-8")
 
 
+def local_kernel_config(socket_dir: Path) -> Any:
+    """Kernel manager settings: talk to the kernel over Unix sockets in ``socket_dir``, not TCP on localhost.
+
+    ipykernel warns "Kernel is running over TCP without encryption" for every TCP kernel (anyone on the host
+    could connect to its localhost ports). IPC sockets live in a private temporary folder (mode 0700), so there
+    is nothing to encrypt and nothing to warn about; the folder also keeps two runs' sockets apart (the default
+    IPC name, ``kernel-ipc-N`` in the kernel's working directory, would collide between runs in one root).
+    """
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc", "ip": str(socket_dir / "kernel")}})
+
+
 def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_output: bool = True) -> RunPlan:
     """Execute the notebook with papermill; the executed notebook and HTML are written even when it fails.
 
@@ -172,15 +186,17 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.run_dir / "parameters.yaml").write_text(yaml.safe_dump(plan.parameters, sort_keys=True))
     try:
-        papermill.execute_notebook(
-            str(plan.notebook),
-            str(plan.executed_path),
-            parameters=plan.parameters,
-            kernel_name=kernel,
-            log_output=log_output,
-            progress_bar=False,
-            cwd=str(project_root()),
-        )
+        with tempfile.TemporaryDirectory(prefix="draftgen-kernel-") as sockets:
+            papermill.execute_notebook(
+                str(plan.notebook),
+                str(plan.executed_path),
+                parameters=plan.parameters,
+                kernel_name=kernel,
+                log_output=log_output,
+                progress_bar=False,
+                cwd=str(project_root()),
+                config=local_kernel_config(Path(sockets)),
+            )
     finally:
         if html and plan.executed_path.exists():
             write_html(plan.executed_path, plan.html_path)
