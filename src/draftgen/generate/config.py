@@ -76,6 +76,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     force: bool = False  # resume even if model/sampling parameters differ from the stored run
     progress_interval_s: NonNegativeFloat = 1.0  # seconds between progress-bar refreshes
     acceptance_interval_s: NonNegativeFloat = 60.0  # scrape each worker's /metrics this often (0: never)
+    status_interval_s: PositiveFloat = 5.0  # seconds between progress.json writes (draftgen status, monitor)
 
     @field_validator("shard")
     @classmethod

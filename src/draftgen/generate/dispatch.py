@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.guard import Guard, GuardTripped
 from draftgen.generate.progress import Progress, ServerView, short_label
 from draftgen.generate.retry import RetryPolicy, counts_against_server
+from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot, StatusWriter
 from draftgen.generate.store import RunStore
 from draftgen.prompts import PromptRow, RejectedRow
 
@@ -35,6 +37,7 @@ SILENCE_POLL_S = 5.0  # how often the silence watch looks (at most; a quarter of
 SILENCE_HEALTH_TIMEOUT_S = 30.0  # SGLang's /health_generate itself gives up after 20 s
 READER_YIELD_EVERY = 512
 EVENT_LOG_LIMIT = 1000
+RECENT_EVENTS = 20  # the last events, for progress.json
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class ServerStats:
     errors: int = 0
     downs: int = 0
     down_s: float = 0.0
+    accept_sum: float = 0.0  # spec_accept_length summed over the requests that reported it
+    accept_n: int = 0
 
 
 @dataclass
@@ -170,11 +175,13 @@ class Dispatcher:
         *,
         api_key: str = "EMPTY",
         rng: random.Random | None = None,
+        status: StatusWriter | None = None,
     ):
         self.config = config
         self.store = store
         self.guard = guard
         self.progress = progress
+        self.status = status
         self.policy = RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_max_s)
         self.sampling = config.sampling
         self.rng = rng or random.Random()
@@ -182,6 +189,7 @@ class Dispatcher:
         self._api_key = api_key
         self.servers: list[_Server] = []
         self.events: list[tuple[float, str, str]] = []
+        self.recent_events: deque[tuple[float, str, str]] = deque(maxlen=RECENT_EVENTS)
         self.halt: BaseException | None = None
         self.completed = 0
         self.failed = 0
@@ -228,7 +236,7 @@ class Dispatcher:
                         tasks.append(group.create_task(self._silence_watch(server)))
                     for slot in range(config.concurrency_per_server):
                         tasks.append(group.create_task(self._worker(server, slot)))
-                if self.progress is not None:
+                if self.progress is not None or self.status is not None:
                     tasks.append(group.create_task(self._ticker()))
                 status = await self._wait_for_end(stop)
                 in_flight = sum(len(s.in_flight) for s in self.servers)
@@ -248,6 +256,8 @@ class Dispatcher:
                 await server.client.close()
             if self.progress is not None:
                 self._refresh()
+            if self.status is not None:
+                self.status.update(self.snapshot(), force=True)
         return DispatchOutcome(
             status=status,
             completed=self.completed,
@@ -390,6 +400,9 @@ class Dispatcher:
         tokens = result.completion_tokens or 0
         server.stats.completed += 1
         server.stats.completion_tokens += tokens
+        if result.spec_accept_length is not None:
+            server.stats.accept_sum += result.spec_accept_length
+            server.stats.accept_n += 1
         self.store.add(output_row(item.prompt, result, item.attempts))
         self.completed += 1
         self._outstanding -= 1
@@ -514,8 +527,10 @@ class Dispatcher:
 
     # ----- progress -----------------------------------------------------------------------------------------
     def _event(self, server: str, what: str) -> None:
+        event = (time.time(), server, what)
         if len(self.events) < EVENT_LOG_LIMIT:
-            self.events.append((time.time(), server, what))
+            self.events.append(event)
+        self.recent_events.append(event)
         if self.progress is not None:
             self.progress.note(f"[{time.strftime('%H:%M:%S')}] {short_label(server)}: {what}")
 
@@ -524,8 +539,41 @@ class Dispatcher:
         views = [ServerView(short_label(s.url), len(s.in_flight), s.up) for s in self.servers]
         self.progress.refresh(views, retrying=len(self._timers))
 
+    def snapshot(self) -> FleetSnapshot:
+        """The session's counters now, for progress.json."""
+        servers = tuple(
+            ServerSnapshot(
+                url=s.url,
+                up=s.up,
+                in_flight=len(s.in_flight),
+                completed=s.stats.completed,
+                completion_tokens=s.stats.completion_tokens,
+                accept_sum=s.stats.accept_sum,
+                accept_n=s.stats.accept_n,
+                errors=s.stats.errors,
+                downs=s.stats.downs,
+            )
+            for s in self.servers
+        )
+        return FleetSnapshot(
+            completed=self.completed,
+            failed=self.failed,
+            completion_tokens=sum(s.completion_tokens for s in servers),
+            retrying=len(self._timers),
+            servers=servers,
+            guard_rates=self.guard.rates(),
+            guard_totals=dict(self.guard.totals),
+            guard_seen=self.guard.seen,
+            events=tuple(self.recent_events),
+        )
+
     async def _ticker(self) -> None:
         interval = max(0.05, self.config.progress_interval_s)
+        if self.status is not None:
+            interval = min(interval, self.config.status_interval_s)
         while True:
-            self._refresh()
+            if self.progress is not None:
+                self._refresh()
+            if self.status is not None:
+                self.status.update(self.snapshot())
             await asyncio.sleep(interval)

@@ -24,6 +24,7 @@ from draftgen.generate.guard import Guard, GuardSettings
 from draftgen.generate.preflight import Plan
 from draftgen.generate.progress import Progress
 from draftgen.generate.source import prompt_source
+from draftgen.generate.status_file import StatusWriter
 from draftgen.generate.store import RunStore
 
 T = TypeVar("T")
@@ -124,6 +125,14 @@ async def generate(
         store.flush()
         guard = Guard(guard_settings(config))
         bar = Progress(plan.todo, enabled=progress)
+        status = StatusWriter(
+            config.out_dir,
+            interval_s=config.status_interval_s,
+            total=plan.scan.valid,
+            done_at_start=plan.scan.stored,
+            max_rates=guard.settings.max_rates,
+            note=bar.note,
+        )
         stop = asyncio.Event()
         received: list[str] = []
         dispatcher = Dispatcher(
@@ -134,6 +143,7 @@ async def generate(
             bar,
             api_key=config.api_key() if config.api_key_env else "EMPTY",
             rng=rng,
+            status=status,
         )
         sampler = _acceptance_sampler(config, plan)
         try:
@@ -142,18 +152,21 @@ async def generate(
                     sampler, dispatcher.run(prompt_source(config), stop), config.out_dir
                 )
         except BaseException as exc:
-            store.close(
-                "failed" if isinstance(exc, Exception) else "interrupted", f"{type(exc).__name__}: {exc}"
-            )
+            state = "failed" if isinstance(exc, Exception) else "interrupted"
+            detail = f"{type(exc).__name__}: {exc}"
+            status.finish(state, detail)
+            store.close(state, detail)
             raise
         finally:
             bar.close()
         if outcome.status == "halted":
             assert outcome.error is not None
+            status.finish("halted", str(outcome.error))
             store.close("halted", str(outcome.error))
             raise outcome.error
         if outcome.status == "interrupted":
             why = received[0] if received else "stop"
+            status.finish("interrupted", f"stopped by {why}")
             store.close("interrupted", why)
             message = (
                 f"stopped by {why}: {outcome.completed:,} rows stored this session ({store.stored_rows:,} in "
@@ -163,10 +176,11 @@ async def generate(
             if why == "SIGINT":
                 raise KeyboardInterrupt(message)
             raise RunInterrupted(message)
-        status = "complete" if store.failed_count == 0 else "complete_with_failures"
-        store.close(status)
+        ending = "complete" if store.failed_count == 0 else "complete_with_failures"
+        store.close(ending)
+        status.finish("finished", ending.replace("_", " "))
         return RunResult(
-            status=status,
+            status=ending,
             out_dir=Path(config.out_dir),
             completed=outcome.completed,
             failed=outcome.failed,

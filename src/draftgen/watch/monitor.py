@@ -1,0 +1,341 @@
+"""monitor.ipynb's reads and plots: how is a generate run doing, and when will it end? Read-only.
+
+Everything here only reads the run folder, and only what a running generate has finished writing:
+progress.json (replaced atomically), the complete lines of progress-history.jsonl, and shards under their final
+names (``shards/part-*.parquet``; a shard being written has a temporary name until it is whole). A shard that
+vanishes between listing and reading (moved away by hand) is skipped. Shards are scanned lazily for the two
+columns the plots need, so a million-row run reads in seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from matplotlib.figure import Figure
+from pydantic import Field
+
+from draftgen.params import Params
+from draftgen.watch.progress_file import read_history, read_progress
+from draftgen.watch.status import Verdict, run_status
+
+SHARD_GLOB = "shards/part-*.parquet"
+SHARD_COLUMNS = ("finish_reason", "completion_tokens")
+READ_ATTEMPTS = 3
+
+
+class MonitorConfig(Params):
+    """Parameters of monitor.ipynb."""
+
+    run_dir: str = Field(min_length=1)  # the generate run folder to watch
+    bins: int = Field(default=120, ge=10, le=2000)  # time bins of the throughput and acceptance plots
+
+
+# ----- status -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StatusView:
+    """``draftgen status``'s verdict and table, shown as text in a notebook."""
+
+    verdict: Verdict
+    table: str
+
+    def __repr__(self) -> str:
+        return self.table
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        return f"<pre>{escape(self.table)}</pre>"
+
+
+def status(run_dir: str | Path) -> StatusView:
+    folder = _folder(run_dir)
+    verdict, table = run_status(folder)
+    return StatusView(verdict, table)
+
+
+def _folder(run_dir: str | Path) -> Path:
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no run folder at {folder} (run_dir; relative paths start at {Path.cwd()})")
+    return folder
+
+
+# ----- reading ------------------------------------------------------------------------------------------
+def shard_files(run_dir: str | Path) -> list[Path]:
+    """Finished shards only: a shard being written has a temporary name (``.part-*.tmp``) until it is whole."""
+    return sorted(Path(run_dir).glob(SHARD_GLOB))
+
+
+def read_shard_columns(run_dir: str | Path, columns: tuple[str, ...] = SHARD_COLUMNS) -> pl.DataFrame:
+    """The given columns of every finished shard (lazy scan, only those columns read). A shard that vanishes
+    while being read (moved away) is left out; the listing is retried, then files are read one by one."""
+    folder = _folder(run_dir)
+    error: Exception | None = None
+    for _ in range(READ_ATTEMPTS):
+        paths = shard_files(folder)
+        if not paths:
+            return pl.DataFrame()
+        try:
+            return pl.scan_parquet(paths).select(columns).collect()
+        except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as exc:
+            error = exc
+    frames = []
+    for path in shard_files(folder):
+        try:
+            frames.append(pl.read_parquet(path, columns=list(columns)))
+        except FileNotFoundError:
+            continue
+        except (pl.exceptions.PolarsError, OSError) as exc:
+            raise ValueError(
+                f"shard {path} is unreadable ({type(exc).__name__}: {exc}); first error: {error}"
+            ) from exc
+    return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
+
+
+def _per_turn(frame: pl.DataFrame) -> pl.DataFrame:
+    """Multi-turn rows hold per-turn lists: one row per turn for the plots."""
+    lists = [name for name, dtype in frame.schema.items() if isinstance(dtype, pl.List)]
+    return frame.explode(lists) if lists else frame
+
+
+def history_frame(run_dir: str | Path) -> pl.DataFrame:
+    """progress-history.jsonl as one row per (line, server) with the interval's deltas: seconds, completion
+    tokens, acceptance-length sum and count, and the run-wide ``done`` count."""
+    records = read_history(_folder(run_dir))
+    t, session, done, server, completed, tokens, accept_sum, accept_n, in_flight, up = ([] for _ in range(10))
+    for record in records:
+        for url, values in (record.get("servers") or {}).items():
+            if not isinstance(values, list) or len(values) < 6:
+                continue
+            t.append(float(record["t"]))
+            session.append(float(record.get("session", 0.0)))
+            done.append(int(record.get("done", 0)))
+            server.append(url)
+            completed.append(int(values[0]))
+            tokens.append(int(values[1]))
+            accept_sum.append(float(values[2]))
+            accept_n.append(int(values[3]))
+            in_flight.append(int(values[4]))
+            up.append(bool(values[5]))
+    frame = pl.DataFrame(
+        {
+            "t": t,
+            "session": session,
+            "done": done,
+            "server": server,
+            "completed": completed,
+            "tokens": tokens,
+            "accept_sum": accept_sum,
+            "accept_n": accept_n,
+            "in_flight": in_flight,
+            "up": up,
+        },
+        schema={
+            "t": pl.Float64,
+            "session": pl.Float64,
+            "done": pl.Int64,
+            "server": pl.String,
+            "completed": pl.Int64,
+            "tokens": pl.Int64,
+            "accept_sum": pl.Float64,
+            "accept_n": pl.Int64,
+            "in_flight": pl.Int64,
+            "up": pl.Boolean,
+        },
+    )
+    group = ["session", "server"]
+    return frame.sort("t").with_columns(
+        pl.col("t").diff().over(group).alias("dt"),
+        pl.col("tokens").diff().over(group).alias("d_tokens"),
+        pl.col("accept_sum").diff().over(group).alias("d_accept_sum"),
+        pl.col("accept_n").diff().over(group).alias("d_accept_n"),
+    )
+
+
+def binned(history: pl.DataFrame, bins: int) -> pl.DataFrame:
+    """Per server and time bin: completion tok/s and mean acceptance length (from the history's deltas)."""
+    steps = history.drop_nulls("dt").filter(pl.col("dt") > 0)
+    if steps.is_empty():
+        return pl.DataFrame(
+            schema={"server": pl.String, "t": pl.Float64, "tok_s": pl.Float64, "accept": pl.Float64}
+        )
+    t0, t1 = float(history["t"].min()), float(history["t"].max())
+    width = max((t1 - t0) / bins, 1e-6)
+    return (
+        steps.with_columns(((pl.col("t") - t0) / width).floor().clip(0, bins - 1).alias("bin"))
+        .group_by("server", "bin")
+        .agg(
+            pl.col("d_tokens").sum().alias("tokens"),
+            pl.col("dt").sum().alias("seconds"),
+            pl.col("d_accept_sum").sum().alias("accept_sum"),
+            pl.col("d_accept_n").sum().alias("accept_n"),
+        )
+        .with_columns(
+            (pl.col("bin") * width + width / 2).alias("t"),
+            (pl.col("tokens") / pl.col("seconds")).alias("tok_s"),
+            pl.when(pl.col("accept_n") > 0).then(pl.col("accept_sum") / pl.col("accept_n")).alias("accept"),
+        )
+        .select("server", "t", "tok_s", "accept")
+        .sort("server", "t")
+    )
+
+
+# ----- plots --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plot:
+    """A figure shown inline as PNG (whatever the matplotlib backend); nothing is written to the run folder."""
+
+    figure: Figure
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+        return buffer.getvalue()
+
+    def __repr__(self) -> str:
+        return f"<plot: {self.figure.axes[0].get_title() if self.figure.axes else ''}>"
+
+
+def _label(url: str) -> str:
+    rest = url.split("://", 1)[-1]
+    host, _, port = rest.partition(":")
+    return ":" + port.split("/")[0] if host in ("127.0.0.1", "localhost") and port else rest
+
+
+def _time_axis(span_s: float) -> tuple[float, str]:
+    return (3600.0, "h") if span_s > 7200 else (60.0, "min") if span_s > 600 else (1.0, "s")
+
+
+def _message(figure: Figure, axes: Any, text: str) -> Plot:
+    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, fontsize=10)
+    axes.set_axis_off()
+    return Plot(figure)
+
+
+def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot:
+    """Completion tok/s and mean acceptance length per server over time (from progress-history.jsonl)."""
+    history = history_frame(run_dir)
+    figure = Figure(figsize=(9, 6))
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    frame = binned(history, bins)
+    if frame.is_empty():
+        _message(figure, bottom, "")
+        return _message(
+            figure, top, "no history yet: progress-history.jsonl gains a line every status_interval_s"
+        )
+    scale, unit = _time_axis(float(frame["t"].max()))
+    for (server,), group in frame.group_by("server", maintain_order=True):
+        x = group["t"].to_numpy() / scale
+        top.plot(x, group["tok_s"].to_numpy(), label=_label(str(server)), linewidth=1.2)
+        bottom.plot(x, group["accept"].cast(pl.Float64).to_numpy(), linewidth=1.2)
+    top.set_title("How fast is each server producing tokens, and how much of each draft does it accept?")
+    top.set_ylabel("completion tok/s")
+    top.set_ylim(bottom=0)
+    top.legend(fontsize=7, ncols=2)
+    bottom.set_ylabel("mean acceptance length")
+    bottom.set_xlabel(f"time since the history began ({unit})")
+    for axes in (top, bottom):
+        axes.grid(alpha=0.3)
+    return Plot(figure)
+
+
+def plot_progress(run_dir: str | Path) -> Plot:
+    """Conversations done over time, with the current rate projected to the end (the ETA)."""
+    folder = _folder(run_dir)
+    progress = read_progress(folder) or {}
+    history = history_frame(folder)
+    figure = Figure(figsize=(9, 3.6))
+    axes = figure.subplots()
+    if history.is_empty():
+        return _message(
+            axes.figure, axes, "no history yet: progress-history.jsonl gains a line every status_interval_s"
+        )
+    done = history.group_by("t").agg(pl.col("done").first()).sort("t")
+    t0 = float(done["t"][0])
+    total = int(progress.get("conversations", {}).get("total", 0))
+    eta_at = progress.get("eta_at") if progress.get("state") == "running" else None
+    end = float(eta_at) if eta_at else float(done["t"][-1])
+    scale, unit = _time_axis(end - t0)
+    axes.plot((done["t"].to_numpy() - t0) / scale, done["done"].to_numpy(), color="#4c72b0", label="done")
+    if total:
+        axes.axhline(total, color="#999999", linestyle=":", linewidth=1, label=f"total {total:,}")
+    title = "How far along is the run, and when will it end?"
+    if eta_at:
+        last_t, last_done = float(done["t"][-1]), int(done["done"][-1])
+        axes.plot(
+            [(last_t - t0) / scale, (end - t0) / scale],
+            [last_done, total],
+            color="#c44e52",
+            linestyle="--",
+            label=f"at the current rate: ends {time.strftime('%a %H:%M', time.localtime(end))}",
+        )
+    elif progress.get("state"):
+        title += f" ({progress['state']})"
+    axes.set_title(title)
+    axes.set_xlabel(f"time since the history began ({unit})")
+    axes.set_ylabel("conversations done")
+    axes.set_ylim(bottom=0)
+    axes.legend(fontsize=8, loc="lower right")
+    axes.grid(alpha=0.3)
+    return Plot(figure)
+
+
+def plot_finish_reasons(rows: pl.DataFrame) -> Plot:
+    figure = Figure(figsize=(6, 3.2))
+    axes = figure.subplots()
+    if rows.is_empty():
+        return _message(figure, axes, "no shard written yet")
+    counts = (
+        _per_turn(rows.select("finish_reason"))
+        .group_by("finish_reason")
+        .agg(pl.len().alias("rows"))
+        .sort("rows", descending=True)
+    )
+    total = counts["rows"].sum()
+    labels = [str(r) for r in counts["finish_reason"].to_list()]
+    axes.bar(labels, counts["rows"].to_list(), color="#4c72b0")
+    for index, value in enumerate(counts["rows"].to_list()):
+        axes.annotate(f"{value / total:.1%}", (index, value), ha="center", va="bottom", fontsize=8)
+    axes.set_title("How did the completions so far end (stop = finished, length = hit max_tokens)?")
+    axes.set_ylabel("completions")
+    return Plot(figure)
+
+
+def plot_completion_lengths(rows: pl.DataFrame, max_tokens: int | None = None) -> Plot:
+    figure = Figure(figsize=(7, 3.4))
+    axes = figure.subplots()
+    tokens = (
+        _per_turn(rows.select("completion_tokens")).drop_nulls()["completion_tokens"].to_numpy()
+        if not rows.is_empty()
+        else np.array([])
+    )
+    if tokens.size == 0:
+        return _message(figure, axes, "no completion lengths yet")
+    bins = min(80, max(10, int(math.sqrt(tokens.size))))
+    axes.hist(tokens, bins=bins, color="#55a868")
+    if max_tokens:
+        axes.axvline(max_tokens, color="#c44e52", linestyle="--", label=f"max_tokens {max_tokens}")
+        axes.legend(fontsize=8)
+    axes.set_title("How long are the completions so far (reasoning + answer)?")
+    axes.set_xlabel("completion tokens")
+    axes.set_ylabel("completions")
+    return Plot(figure)
+
+
+def max_tokens_of(run_dir: str | Path) -> int | None:
+    """The run's max_tokens from manifest.json, if written."""
+    import json
+
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = manifest.get("parameters", {}).get("max_tokens")
+    return int(value) if isinstance(value, int) else None
