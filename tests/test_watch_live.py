@@ -87,7 +87,7 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
             assert ":" + url.rsplit(":", 1)[1] in mid.stdout
         text = monitor(run_dir, tmp_path / "out", "mid")
         assert "RUNNING" in text
-        stored = int(text.split(" stored rows read")[0].rsplit("'", 1)[-1].replace(",", ""))
+        stored = int(text.split(" completions read")[0].rsplit("'", 1)[-1].replace(",", ""))
         assert 100 <= stored < 1000
         assert proc.poll() is None  # it was read mid-run
         for server in frozen:
@@ -108,7 +108,7 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
     history = read_history(run_dir)
     assert history[-1]["done"] == 1000 and len({line["session"] for line in history}) == 1
     text = monitor(run_dir, tmp_path / "out", "finished")
-    assert "FINISHED" in text and "'1,000 stored rows read'" in text
+    assert "FINISHED" in text and "'1,000 completions read from the shards'" in text
 
 
 def test_status_and_monitor_on_a_killed_run(sim_fleet, tmp_path):

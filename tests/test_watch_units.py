@@ -293,3 +293,26 @@ def test_history_frame_rates_per_server_and_session(tmp_path):
     frame = monitor.binned(monitor.history_frame(tmp_path), bins=11)  # 10 s bins over 0..110
     assert frame["tok_s"].to_list() == [100.0, 200.0, 50.0]
     assert frame["accept"].to_list() == [3.0, 4.0, 2.0]
+
+
+def test_multi_turn_rows_count_each_turn_and_old_shards_still_read(tmp_path):
+    shards = tmp_path / "shards"
+    write_shard(shards, "part-000001.parquet", ["stop"], [10])  # before the turn_* columns existed
+    multi = pl.DataFrame(
+        {
+            "id": ["m-1", "m-2"],
+            "finish_reason": ["length", "stop"],
+            "completion_tokens": [40, 5],
+            "turn_finish_reason": [["stop", "length"], ["stop"]],
+            "turn_completion_tokens": [[20, 40], [5]],
+        },
+        schema_overrides={k: OUTPUT_SCHEMA[k] for k in ("turn_finish_reason", "turn_completion_tokens")},
+    )
+    multi.write_parquet(shards / "part-000002.parquet")
+    rows = monitor.read_shard_columns(tmp_path)
+    assert sorted(zip(rows["finish_reason"], rows["completion_tokens"], strict=True)) == [
+        ("length", 40),
+        ("stop", 5),
+        ("stop", 10),
+        ("stop", 20),
+    ]

@@ -22,18 +22,28 @@ from matplotlib.figure import Figure
 from pydantic import Field
 
 from draftgen.params import Params
+from draftgen.paths import ProjectPath, root_note
 from draftgen.watch.progress_file import read_history, read_progress
 from draftgen.watch.status import Verdict, run_status
 
 SHARD_GLOB = "shards/part-*.parquet"
-SHARD_COLUMNS = ("finish_reason", "completion_tokens")
+# The columns the plots need, and their types. Multi-turn rows carry one element per generated turn in the
+# turn_* lists; shards written before those columns existed lack them (read as null: the scalar columns count).
+SHARD_SCHEMA = {
+    "finish_reason": pl.String,
+    "completion_tokens": pl.Int64,
+    "turn_finish_reason": pl.List(pl.String),
+    "turn_completion_tokens": pl.List(pl.Int64),
+}
 READ_ATTEMPTS = 3
 
 
 class MonitorConfig(Params):
     """Parameters of monitor.ipynb."""
 
-    run_dir: str = Field(min_length=1)  # the generate run folder to watch
+    run_dir: ProjectPath = Field(
+        min_length=1
+    )  # the generate run folder to watch (relative: to the project root)
     bins: int = Field(default=120, ge=10, le=2000)  # time bins of the throughput and acceptance plots
 
 
@@ -63,7 +73,7 @@ def status(run_dir: str | Path) -> StatusView:
 def _folder(run_dir: str | Path) -> Path:
     folder = Path(run_dir)
     if not folder.is_dir():
-        raise FileNotFoundError(f"no run folder at {folder} (run_dir; relative paths start at {Path.cwd()})")
+        raise FileNotFoundError(f"no run folder at {folder} (run_dir){root_note(run_dir)}")
     return folder
 
 
@@ -73,36 +83,52 @@ def shard_files(run_dir: str | Path) -> list[Path]:
     return sorted(Path(run_dir).glob(SHARD_GLOB))
 
 
-def read_shard_columns(run_dir: str | Path, columns: tuple[str, ...] = SHARD_COLUMNS) -> pl.DataFrame:
-    """The given columns of every finished shard (lazy scan, only those columns read). A shard that vanishes
-    while being read (moved away) is left out; the listing is retried, then files are read one by one."""
+def _scan(paths: list[Path]) -> pl.DataFrame:
+    return pl.scan_parquet(
+        paths, schema=SHARD_SCHEMA, missing_columns="insert", extra_columns="ignore"
+    ).collect()
+
+
+def read_shard_columns(run_dir: str | Path) -> pl.DataFrame:
+    """One row per generated turn of every finished shard (a conversation's turns, or its one completion):
+    ``finish_reason``, ``completion_tokens``. Only those columns are read, lazily. A shard that vanishes while
+    being read (moved away) is left out: the listing is retried, then the files are read one by one."""
     folder = _folder(run_dir)
     error: Exception | None = None
+    frame: pl.DataFrame | None = None
     for _ in range(READ_ATTEMPTS):
         paths = shard_files(folder)
         if not paths:
-            return pl.DataFrame()
+            frame = pl.DataFrame(schema=SHARD_SCHEMA)
+            break
         try:
-            return pl.scan_parquet(paths).select(columns).collect()
+            frame = _scan(paths)
+            break
         except (FileNotFoundError, pl.exceptions.ComputeError, OSError) as exc:
             error = exc
-    frames = []
-    for path in shard_files(folder):
-        try:
-            frames.append(pl.read_parquet(path, columns=list(columns)))
-        except FileNotFoundError:
-            continue
-        except (pl.exceptions.PolarsError, OSError) as exc:
-            raise ValueError(
-                f"shard {path} is unreadable ({type(exc).__name__}: {exc}); first error: {error}"
-            ) from exc
-    return pl.concat(frames, how="vertical_relaxed") if frames else pl.DataFrame()
-
-
-def _per_turn(frame: pl.DataFrame) -> pl.DataFrame:
-    """Multi-turn rows hold per-turn lists: one row per turn for the plots."""
-    lists = [name for name, dtype in frame.schema.items() if isinstance(dtype, pl.List)]
-    return frame.explode(lists) if lists else frame
+    if frame is None:
+        frames = []
+        for path in shard_files(folder):
+            try:
+                frames.append(_scan([path]))
+            except FileNotFoundError:
+                continue
+            except (pl.exceptions.PolarsError, OSError) as exc:
+                raise ValueError(
+                    f"shard {path} is unreadable ({type(exc).__name__}: {exc}); first error: {error}"
+                ) from exc
+        frame = pl.concat(frames) if frames else pl.DataFrame(schema=SHARD_SCHEMA)
+    single = pl.col("turn_finish_reason").is_null()
+    return frame.select(
+        pl.when(single)
+        .then(pl.concat_list("finish_reason"))
+        .otherwise("turn_finish_reason")
+        .alias("finish_reason"),
+        pl.when(single)
+        .then(pl.concat_list("completion_tokens"))
+        .otherwise("turn_completion_tokens")
+        .alias("completion_tokens"),
+    ).explode("finish_reason", "completion_tokens")
 
 
 def history_frame(run_dir: str | Path) -> pl.DataFrame:
@@ -292,12 +318,7 @@ def plot_finish_reasons(rows: pl.DataFrame) -> Plot:
     axes = figure.subplots()
     if rows.is_empty():
         return _message(figure, axes, "no shard written yet")
-    counts = (
-        _per_turn(rows.select("finish_reason"))
-        .group_by("finish_reason")
-        .agg(pl.len().alias("rows"))
-        .sort("rows", descending=True)
-    )
+    counts = rows.group_by("finish_reason").agg(pl.len().alias("rows")).sort("rows", descending=True)
     total = counts["rows"].sum()
     labels = [str(r) for r in counts["finish_reason"].to_list()]
     axes.bar(labels, counts["rows"].to_list(), color="#4c72b0")
@@ -311,11 +332,7 @@ def plot_finish_reasons(rows: pl.DataFrame) -> Plot:
 def plot_completion_lengths(rows: pl.DataFrame, max_tokens: int | None = None) -> Plot:
     figure = Figure(figsize=(7, 3.4))
     axes = figure.subplots()
-    tokens = (
-        _per_turn(rows.select("completion_tokens")).drop_nulls()["completion_tokens"].to_numpy()
-        if not rows.is_empty()
-        else np.array([])
-    )
+    tokens = rows["completion_tokens"].drop_nulls().to_numpy() if not rows.is_empty() else np.array([])
     if tokens.size == 0:
         return _message(figure, axes, "no completion lengths yet")
     bins = min(80, max(10, int(math.sqrt(tokens.size))))
