@@ -7,8 +7,8 @@ import pytest
 
 from draftgen.client import ChatResult
 from draftgen.conversation import Turn, answer_points, assemble, request_messages
-from draftgen.generate.dispatch import output_row
 from draftgen.generate.store import OUTPUT_SCHEMA
+from draftgen.generate.turns import Conversation
 from draftgen.prompts import PromptRow
 
 
@@ -169,8 +169,9 @@ def result(content: str, reasoning: str) -> ChatResult:
 
 
 def test_single_turn_rows_fill_the_turn_columns_with_one_element_and_survive_parquet(tmp_path):
-    prompt = PromptRow("p1", (U1, A1, U2), 7)
-    row = output_row(prompt, result("the answer", "the thinking"), 1)
+    conversation = Conversation(PromptRow("p1", (U1, A1, U2), 7), "last")
+    conversation.record(result("the answer", "the thinking"), 1)
+    row = conversation.output_row()
     path = tmp_path / "part.parquet"
     pl.DataFrame([row], schema=OUTPUT_SCHEMA).write_parquet(path)
     stored = pl.read_parquet(path).row(0, named=True)
@@ -200,7 +201,9 @@ def test_a_run_folder_mixing_old_and_new_shards_reads_ids_and_report(tmp_path):
     pl.DataFrame([{**base, "id": "old"}], schema=old_schema).write_parquet(
         tmp_path / "shards/part-000001.parquet"
     )
-    new = output_row(PromptRow("new", (U1,), 2), result("c", "r"), 1)
+    conversation = Conversation(PromptRow("new", (U1,), 2), "all")
+    conversation.record(result("c", "r"), 1)
+    new = conversation.output_row()
     pl.DataFrame([new], schema=OUTPUT_SCHEMA).write_parquet(tmp_path / "shards/part-000002.parquet")
     assert sorted(read_done_ids(tmp_path).to_list()) == ["new", "old"]
     assert scan_results(tmp_path).collect()["completion_tokens"].to_list() == [5, 30]

@@ -2,7 +2,9 @@
 
 Accepted row shapes (DESIGN.md): ``{"id"?, "messages": [{"role", "content"}, ...]}``, ShareGPT
 ``{"id"?, "conversations": [{"from", "value"}, ...]}`` and ``{"id"?, "prompt": "..."}``. Trailing assistant turns
-are dropped (we regenerate them). A missing id becomes a stable hash of the messages.
+are dropped (we regenerate them; ShareGPT rows always end with one, so they are never a reason to reject). A tool
+turn without a preceding assistant turn and an empty user turn are rejected with the reason. A missing id becomes
+a stable hash of the messages.
 """
 
 from __future__ import annotations
@@ -108,10 +110,12 @@ def _messages_from(record: dict[str, Any]) -> tuple[dict[str, str], ...]:
         messages = [{"role": "user", "content": record["prompt"]}]
     else:
         raise ValueError("no 'messages', 'conversations' or 'prompt' field")
+    field = "messages" if "messages" in record and record["messages"] is not None else "conversations"
     while messages and messages[-1]["role"] == "assistant":
-        messages.pop()
+        messages.pop()  # ShareGPT data ends with the answer: it is regenerated, never rejected
     if not messages:
         raise ValueError("empty conversation (nothing left to answer)")
+    _check_turns(messages, field)
     if messages[-1]["role"] not in ("user", "tool"):
         raise ValueError(f"conversation ends with a {messages[-1]['role']} turn, not a user turn")
     if not messages[-1]["content"].strip():
@@ -119,6 +123,21 @@ def _messages_from(record: dict[str, Any]) -> tuple[dict[str, str], ...]:
     if "\x00" in "".join(m["content"] for m in messages):
         raise ValueError("text contains NUL characters")
     return tuple(messages)
+
+
+def _check_turns(messages: list[dict[str, str]], field: str) -> None:
+    """Turn order a chat template cannot render sensibly: a tool result nobody asked for, an empty question."""
+    for index, message in enumerate(messages):
+        role = message["role"]
+        if role == "tool":
+            before = next((m["role"] for m in reversed(messages[:index]) if m["role"] != "tool"), None)
+            if before != "assistant":
+                raise ValueError(
+                    f"{field}[{index}] is a tool turn without a preceding assistant turn "
+                    f"(it follows {'the start' if before is None else f'a {before} turn'})"
+                )
+        elif role == "user" and not message["content"].strip() and index < len(messages) - 1:
+            raise ValueError(f"{field}[{index}] is an empty user turn")
 
 
 def normalize_record(record: Any, row: int, raw_text: str | None = None) -> PromptRow | RejectedRow:

@@ -93,9 +93,19 @@ def _chat(rng: random.Random) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+_FOLLOW_UPS = (
+    "Can you give a concrete example?",
+    "What is the most common mistake here?",
+    "How would you check that the answer is right?",
+    "Summarise that in one sentence.",
+)
+
+
 def _multi_turn(rng: random.Random) -> list[dict]:
+    """2- or 3-turn conversations whose assistant turns were written by "another model" (generate replaces
+    them with turns: all); some end with an assistant turn, as ShareGPT rows do (dropped and regenerated)."""
     first = _chat(rng)[0]["content"]
-    return [
+    messages = [
         {"role": "user", "content": first},
         {
             "role": "assistant",
@@ -103,6 +113,16 @@ def _multi_turn(rng: random.Random) -> list[dict]:
         },
         {"role": "user", "content": f"Thanks. Can you go deeper, {rng.choice(_STYLES)}?"},
     ]
+    # Drawn from a stream of this row's own, so the rows after it are the same as before 3-turn rows existed.
+    more = random.Random(first + messages[2]["content"])
+    if more.random() < 0.4:
+        messages += [
+            {"role": "assistant", "content": "Going deeper: " + more.choice(_FILLER)},
+            {"role": "user", "content": more.choice(_FOLLOW_UPS)},
+        ]
+    if more.random() < 0.3:
+        messages.append({"role": "assistant", "content": "In short: " + more.choice(_TOPICS) + "."})
+    return messages
 
 
 def _with_system(rng: random.Random) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,7 +16,19 @@ from draftgen.prompts import check_prompt_source, prompt_source_path
 Rate = Annotated[float, Field(ge=0, le=1)]
 
 # Parameters that change what a completion looks like: a resumed run must use the same ones.
-FINGERPRINT_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "enable_thinking")
+FINGERPRINT_FIELDS = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "enable_thinking",
+    "turns",
+)
+# Fingerprint fields added after runs were made, with the value those runs used: left out of the hash when
+# equal to it, so an older run resumes with that value (and only that value) without force.
+FINGERPRINT_SINCE = {"turns": "last"}
 
 
 def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
@@ -44,6 +56,7 @@ class GenerateConfig(FleetParams, SamplingParams):
 
     prompts: str = Field(min_length=1)  # .jsonl / .parquet path, or "synthetic" for the bundled set
     out_dir: ProjectPath = Field(min_length=1)  # run folder: shards/, manifest.json, failed/rejected.parquet
+    turns: Literal["all", "last"] = "all"  # all: every assistant turn made by the model; last: the final one
     concurrency_per_server: PositiveInt = 64  # requests kept in flight per server
     batch_save_size: PositiveInt = 500  # rows per parquet shard
     limit: Annotated[int, Field(ge=0)] = 0  # first N valid prompts (0 = all)
@@ -133,5 +146,10 @@ class GenerateConfig(FleetParams, SamplingParams):
 
     def fingerprint(self) -> str:
         """Stable hash of the parameters that decide the data (model, sampling, shard)."""
-        blob = json.dumps(self.fingerprint_fields(), sort_keys=True).encode()
+        fields = {
+            name: value
+            for name, value in self.fingerprint_fields().items()
+            if name not in FINGERPRINT_SINCE or value != FINGERPRINT_SINCE[name]
+        }
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -9,6 +9,10 @@ retried. A server with ``server_down_after`` consecutive connection/5xx/timeout 
 its in-flight requests are handed back to the queue, it is probed with /health_generate (backoff) and rejoins
 when healthy. While every server is down the queue simply waits: no attempts are spent. A prompt whose last
 attempt fails goes to failed.parquet with its error; nothing is dropped.
+
+The queue holds conversations (``turns``): a prompt with k answer points is k requests in order, one at a time.
+When a turn's answer arrives the conversation goes back to the queue for its next turn, which any server may
+take; retries, deadlines and benching apply to each turn's request, and the row is stored after the last turn.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from draftgen.client import Capabilities, ChatResult, RequestError, ServerClient
 from draftgen.generate.config import GenerateConfig
@@ -30,6 +33,7 @@ from draftgen.generate.progress import Progress, ServerView, short_label
 from draftgen.generate.retry import RetryPolicy, counts_against_server
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot, StatusWriter
 from draftgen.generate.store import RunStore
+from draftgen.generate.turns import Conversation
 from draftgen.prompts import PromptRow, RejectedRow
 
 MAIN_POLL_S = 0.2
@@ -67,7 +71,7 @@ class ServerStats:
 @dataclass
 class DispatchOutcome:
     status: str  # "complete", "interrupted", "halted"
-    completed: int
+    completed: int  # conversations (rows) stored
     failed: int
     started_at: float
     ended_at: float
@@ -75,6 +79,7 @@ class DispatchOutcome:
     events: list[tuple[float, str, str]]  # (time, server, what happened)
     error: BaseException | None = None
     in_flight_at_stop: int = 0
+    turns: int = 0  # turn requests answered (a conversation of k answers is k turns)
 
     @property
     def wall_s(self) -> float:
@@ -83,11 +88,13 @@ class DispatchOutcome:
 
 @dataclass
 class _Item:
-    prompt: PromptRow
+    """A conversation in progress; attempts and hang count are its current turn's."""
+
+    conversation: Conversation
     attempts: int = 0
     holds_slot: bool = True  # holds a reader slot until a worker takes it the first time
     last_server: str | None = None
-    presumed_hung: int = 0  # times a learned deadline cut this prompt's request short
+    presumed_hung: int = 0  # times a learned deadline cut this turn's request short
 
 
 @dataclass
@@ -112,53 +119,6 @@ class _Server:
     in_flight: dict[int, _Flight] = field(default_factory=dict)
     # Last reply of any kind, or the send that ended an idle spell: the silence watch measures from here.
     last_answer: float = field(default_factory=time.monotonic)
-
-
-def output_row(prompt: PromptRow, result: ChatResult, attempts: int) -> dict[str, Any]:
-    """One stored row (DESIGN.md's generation output contract)."""
-    return {
-        "id": prompt.id,
-        "messages": list(prompt.messages),
-        "reasoning_content": result.reasoning_content,
-        "content": result.content,
-        "finish_reason": result.finish_reason,
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "spec_accept_length": result.spec_accept_length,
-        "spec_verify_ct": result.spec_verify_ct,
-        "server": result.server,
-        "latency_s": result.latency_s,
-        "attempts": attempts,
-        "response_id": result.response_id,
-        "started_at": result.started_at,
-        "usage_reported": result.usage_reported,
-        "ttft_s": result.ttft_s,
-        "source_row": prompt.row,
-        "turn_after": [len(prompt.messages) - 1],
-        "turn_reasoning": [result.reasoning_content],
-        "turn_content": [result.content],
-        "turn_finish_reason": [result.finish_reason],
-        "turn_prompt_tokens": [result.prompt_tokens],
-        "turn_completion_tokens": [result.completion_tokens],
-        "turn_spec_accept_length": [result.spec_accept_length],
-        "turn_spec_verify_ct": [result.spec_verify_ct],
-        "turns_mode": "last",
-    }
-
-
-def failure_row(prompt: PromptRow, error: RequestError, attempts: int, server: str | None) -> dict[str, Any]:
-    return {
-        "id": prompt.id,
-        "messages": list(prompt.messages),
-        "error": str(error)[:2000],
-        "error_kind": error.kind,
-        "status": error.status,
-        "attempts": attempts,
-        "server": server,
-        "failed_at": time.time(),
-        "source_row": prompt.row,
-        "turn": 0,
-    }
 
 
 class Dispatcher:
@@ -191,7 +151,8 @@ class Dispatcher:
         self.events: list[tuple[float, str, str]] = []
         self.recent_events: deque[tuple[float, str, str]] = deque(maxlen=RECENT_EVENTS)
         self.halt: BaseException | None = None
-        self.completed = 0
+        self.completed = 0  # conversations stored
+        self.turns = 0  # turn requests answered (== completed with turns: last)
         self.failed = 0
         self._outstanding = 0  # taken from the reader, not yet stored or failed
         self._reader_done = False
@@ -261,6 +222,7 @@ class Dispatcher:
         return DispatchOutcome(
             status=status,
             completed=self.completed,
+            turns=self.turns,
             failed=self.failed,
             started_at=started,
             ended_at=time.time(),
@@ -314,7 +276,7 @@ class Dispatcher:
                 continue
             await self._slots.acquire()
             self._outstanding += 1
-            self._queue.put_nowait(_Item(item))
+            self._queue.put_nowait(_Item(Conversation(item, self.config.turns)))
         self._reader_done = True
         self._maybe_done()
 
@@ -346,7 +308,7 @@ class Dispatcher:
                 async with asyncio.timeout(timeout_s) as scope:
                     flight.scope = scope
                     result = await server.client.chat(
-                        item.prompt.messages,
+                        item.conversation.request(),
                         self.sampling,
                         config.model,
                         stream=config.stream,
@@ -403,15 +365,25 @@ class Dispatcher:
         if result.spec_accept_length is not None:
             server.stats.accept_sum += result.spec_accept_length
             server.stats.accept_n += 1
-        self.store.add(output_row(item.prompt, result, item.attempts))
-        self.completed += 1
-        self._outstanding -= 1
+        conversation = item.conversation
+        label = conversation.label()
+        conversation.record(result, item.attempts)
+        self.turns += 1
+        if conversation.finished:
+            self.store.add(conversation.output_row())
+            self.completed += 1
+            self._outstanding -= 1
+        else:  # the next turn goes back to the queue: whichever server pulls it next answers it
+            item.attempts = 0
+            item.presumed_hung = 0
+            assert self._queue is not None
+            self._queue.put_nowait(item)
         if self.progress is not None:
-            self.progress.advance(tokens)
+            self.progress.advance(tokens, conversation_done=conversation.finished)
         self._maybe_done()
         try:
-            self.guard.observe(
-                id=item.prompt.id,
+            self.guard.observe(  # every turn is a sample
+                id=label,
                 server=server.url,
                 content=result.content,
                 reasoning=result.reasoning_content,
@@ -432,14 +404,14 @@ class Dispatcher:
             loop = asyncio.get_running_loop()
             self._timers[key] = loop.call_later(delay, self._retry_due, key, item)
             return
-        self.store.add_failure(failure_row(item.prompt, error, item.attempts, server.url))
+        self.store.add_failure(item.conversation.failure_row(error, item.attempts, server.url))
         self.failed += 1
         self._outstanding -= 1
         if self.progress is not None:
             self.progress.fail()
         self._maybe_done()
         try:
-            self.guard.observe(id=item.prompt.id, server=server.url, error=str(error))
+            self.guard.observe(id=item.conversation.label(), server=server.url, error=str(error))
         except GuardTripped as tripped:
             self._stop_with(tripped)
 
@@ -565,6 +537,7 @@ class Dispatcher:
             guard_totals=dict(self.guard.totals),
             guard_seen=self.guard.seen,
             events=tuple(self.recent_events),
+            turns_completed=self.turns,
         )
 
     async def _ticker(self) -> None:

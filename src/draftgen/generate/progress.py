@@ -37,7 +37,8 @@ class Progress:
 
     def __init__(self, total: int, *, description: str = "generate", enabled: bool = True, file: Any = None):
         self.total = total
-        self.done = 0
+        self.done = 0  # conversations (prompts) finished
+        self.turns = 0  # turn requests answered (more than done when conversations have several answers)
         self.tokens = 0
         self.failed = 0
         self._samples: deque[tuple[float, int]] = deque()
@@ -52,8 +53,10 @@ class Progress:
             mininterval=0.5,
         )
 
-    def advance(self, completion_tokens: int) -> None:
-        self.done += 1
+    def advance(self, completion_tokens: int, *, conversation_done: bool = True) -> None:
+        """One answered turn; ``conversation_done`` when it was its conversation's last."""
+        self.turns += 1
+        self.done += conversation_done
         self.tokens += completion_tokens
 
     def fail(self) -> None:
@@ -75,6 +78,8 @@ class Progress:
         rate = self.tok_per_s()
         flights = " ".join(f"{s.in_flight}" if s.up else f"{s.in_flight}↓" for s in servers)
         parts = [f"{rate:,.0f} tok/s", f"in flight [{flights}]"]
+        if self.turns != self.done:
+            parts.append(f"turns {self.turns:,}")
         down = sum(1 for s in servers if not s.up)
         if down:
             parts.append(f"{down} down")

@@ -55,6 +55,7 @@ def scan_results(out_dir: RunDirs) -> pl.LazyFrame:
         frames.append(
             scan_shards(paths).select(
                 *REPORT_COLUMNS,
+                pl.col("turn_after").list.len().fill_null(1).cast(pl.Int64).alias("turns"),  # older shards: 1
                 (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
                 (pl.col("reasoning_content").fill_null("").str.strip_chars() == "").alias("empty_reasoning"),
                 pl.lit(str(folder)).alias("folder"),
@@ -88,6 +89,7 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
     frame = rows.select(
         pl.len().alias("rows"),
         pl.col("id").n_unique().alias("unique_ids"),
+        pl.col("turns").sum().alias("turns"),
         pl.col("completion_tokens").sum().alias("completion_tokens"),
         pl.col("completion_tokens").mean().round(1).alias("mean_completion_tokens"),
         pl.col("completion_tokens").quantile(0.99).alias("p99_completion_tokens"),

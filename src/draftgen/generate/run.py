@@ -38,14 +38,19 @@ class RunInterrupted(RuntimeError):
 class RunResult:
     status: str  # "complete", "complete_with_failures"
     out_dir: Path
-    completed: int  # rows stored by this session
+    completed: int  # rows (conversations) stored by this session
     failed: int  # prompts that went to failed.parquet in this session
     stored: int  # rows in the run folder now
     outcome: DispatchOutcome
 
+    def _turns(self) -> str:
+        turns = self.outcome.turns
+        return f" ({turns:,} turns answered)" if turns != self.completed else ""
+
     def __str__(self) -> str:
         return (
-            f"{self.status}: {self.completed:,} rows stored this session ({self.stored:,} in {self.out_dir}), "
+            f"{self.status}: {self.completed:,} rows stored this session{self._turns()} ({self.stored:,} in "
+            f"{self.out_dir}), "
             f"{self.failed:,} failed, {self.outcome.wall_s:,.1f} s"
         )
 

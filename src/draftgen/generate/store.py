@@ -26,7 +26,7 @@ from typing import Any
 
 import polars as pl
 
-from draftgen.generate.config import GenerateConfig
+from draftgen.generate.config import FINGERPRINT_SINCE, GenerateConfig
 
 MANIFEST = "manifest.json"
 SHARDS = "shards"
@@ -138,9 +138,9 @@ def shard_paths(out_dir: str | Path) -> list[Path]:
 
 
 def scan_shards(paths: list[Path]) -> pl.LazyFrame:
-    """All shards as one lazy frame; shards written before a column existed read it as null (mixed folders
-    arise when a run started by an older draftgen is resumed)."""
-    return pl.scan_parquet(paths, missing_columns="insert", extra_columns="ignore")
+    """All shards as one lazy frame of OUTPUT_SCHEMA; shards written before a column existed read it as null
+    (mixed folders arise when a run started by an older draftgen is resumed)."""
+    return pl.scan_parquet(paths, schema=OUTPUT_SCHEMA, missing_columns="insert", extra_columns="ignore")
 
 
 def read_done_ids(out_dir: str | Path) -> pl.Series:
@@ -166,6 +166,7 @@ def read_done_ids(out_dir: str | Path) -> pl.Series:
 class SessionCounts:
     started_at: float = field(default_factory=time.time)
     completed: int = 0
+    turns: int = 0
     completion_tokens: int = 0
     failed: int = 0
 
@@ -267,6 +268,7 @@ class RunStore:
         self.done_ids.add(row["id"])
         self._buffer.append(row)
         self.session.completed += 1
+        self.session.turns += len(row.get("turn_after") or (None,))
         self.session.completion_tokens += row.get("completion_tokens") or 0
         if self._failures.pop(row["id"], None) is not None:
             self._failures_dirty = True
@@ -325,6 +327,7 @@ class RunStore:
                 "started_at": self.session.started_at,
                 "ended_at": time.time(),
                 "completed": self.session.completed,
+                "turns": self.session.turns,
                 "completion_tokens": self.session.completion_tokens,
                 "failed": self.session.failed,
                 "status": status,
@@ -378,7 +381,7 @@ def check_fingerprint(config: GenerateConfig, manifest: dict[str, Any] | None) -
         return  # nothing generated yet: nothing to mix
     if manifest["fingerprint"] == config.fingerprint():
         return
-    stored = manifest.get("fingerprint_fields", {})
+    stored = {**FINGERPRINT_SINCE, **manifest.get("fingerprint_fields", {})}
     now = config.fingerprint_fields()
     changed = [
         f"{k}: stored {stored.get(k)!r}, now {now.get(k)!r}" for k in now if stored.get(k) != now.get(k)

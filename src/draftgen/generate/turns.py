@@ -1,0 +1,137 @@
+"""One prompt's conversation while it is generated: the next turn's request, finished turns, and its stored row.
+
+A conversation with k answer points (``draftgen.conversation.answer_points``; k = 1 with ``turns: last``) is k
+requests in order, each sending the target's own earlier answers as history. Dispatch holds one of these per
+prompt in progress: it asks ``request()`` for what to send, ``record()``s each finished turn, and stores
+``output_row()`` once ``finished``. Nothing here is written to disk before then: a conversation cut short by a
+stop or a crash is simply generated again on resume.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftgen.client import ChatResult, RequestError
+from draftgen.conversation import answer_points, request_messages
+from draftgen.prompts import PromptRow
+
+
+@dataclass(frozen=True)
+class FinishedTurn:
+    result: ChatResult
+    attempts: int
+
+
+def _sum(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+@dataclass
+class Conversation:
+    """The state of one prompt's generation: built from a valid prompt row and the run's ``turns`` mode."""
+
+    prompt: PromptRow
+    mode: str
+    points: tuple[int, ...] = ()
+    finished_turns: list[FinishedTurn] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.points = answer_points(self.prompt.messages, self.mode)
+
+    @property
+    def id(self) -> str:
+        return self.prompt.id
+
+    @property
+    def turn(self) -> int:
+        """Index of the next turn to generate (== ``turns`` once finished)."""
+        return len(self.finished_turns)
+
+    @property
+    def turns(self) -> int:
+        return len(self.points)
+
+    @property
+    def finished(self) -> bool:
+        return self.turn >= self.turns
+
+    def label(self) -> str:
+        """The prompt id, with the turn when there is more than one (guard examples, events)."""
+        return self.id if self.turns == 1 else f"{self.id} (turn {self.turn + 1}/{self.turns})"
+
+    def request(self) -> tuple[dict[str, str], ...]:
+        """The messages to send for the next turn: the source up to its answer point, earlier answers ours."""
+        earlier = [
+            (point, done.result.content)
+            for point, done in zip(self.points, self.finished_turns, strict=False)
+        ]
+        return request_messages(self.prompt.messages, self.points[self.turn], earlier, self.mode)
+
+    def record(self, result: ChatResult, attempts: int) -> None:
+        if self.finished:
+            raise RuntimeError(f"conversation {self.id} got a result after its last turn: a draftgen bug")
+        self.finished_turns.append(FinishedTurn(result, attempts))
+
+    def output_row(self) -> dict[str, Any]:
+        """The stored row (DESIGN.md's output contract + the per-turn columns, MULTITURN-CONTRACT.md)."""
+        if not self.finished:
+            raise RuntimeError(f"conversation {self.id} stored before its last turn: a draftgen bug")
+        results = [t.result for t in self.finished_turns]
+        last = results[-1]
+        completion = [r.completion_tokens for r in results]
+        accept = [
+            (r.spec_accept_length, r.completion_tokens) for r in results if r.spec_accept_length is not None
+        ]
+        weight = sum(tokens or 0 for _, tokens in accept)
+        if not accept:
+            accept_length = None
+        elif weight > 0:
+            accept_length = sum(length * (tokens or 0) for length, tokens in accept) / weight
+        else:
+            accept_length = sum(length for length, _ in accept) / len(accept)
+        return {
+            "id": self.prompt.id,
+            "messages": list(self.prompt.messages),
+            "reasoning_content": last.reasoning_content,
+            "content": last.content,
+            "finish_reason": last.finish_reason,
+            "prompt_tokens": last.prompt_tokens,
+            "completion_tokens": _sum(completion),
+            "spec_accept_length": accept_length,
+            "spec_verify_ct": _sum([r.spec_verify_ct for r in results]),
+            "server": last.server,
+            "latency_s": sum(r.latency_s for r in results),
+            "attempts": sum(t.attempts for t in self.finished_turns),
+            "response_id": last.response_id,
+            "started_at": results[0].started_at,
+            "usage_reported": all(r.usage_reported for r in results),
+            "ttft_s": last.ttft_s,
+            "source_row": self.prompt.row,
+            "turn_after": list(self.points),
+            "turn_reasoning": [r.reasoning_content for r in results],
+            "turn_content": [r.content for r in results],
+            "turn_finish_reason": [r.finish_reason for r in results],
+            "turn_prompt_tokens": [r.prompt_tokens for r in results],
+            "turn_completion_tokens": completion,
+            "turn_spec_accept_length": [r.spec_accept_length for r in results],
+            "turn_spec_verify_ct": [r.spec_verify_ct for r in results],
+            "turns_mode": self.mode,
+        }
+
+    def failure_row(self, error: RequestError, attempts: int, server: str | None) -> dict[str, Any]:
+        """failed.parquet's row: the turn that exhausted its attempts (earlier turns are not kept)."""
+        return {
+            "id": self.prompt.id,
+            "messages": list(self.prompt.messages),
+            "error": str(error)[:2000],
+            "error_kind": error.kind,
+            "status": error.status,
+            "attempts": attempts,  # of the failed turn
+            "server": server,
+            "failed_at": time.time(),
+            "source_row": self.prompt.row,
+            "turn": self.turn,
+        }

@@ -1,0 +1,376 @@
+"""Multi-turn generation (``turns: all``): every assistant turn regenerated in order, each request carrying the
+target's own earlier answers; stored once per conversation, resumable, failures naming the turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_generate_notebook import _kernel_of, base_params, draftgen_run, start_run, wait_for_shards
+
+from draftgen.client import ChatResult
+from draftgen.conversation import answer_points, assemble, request_messages
+from draftgen.generate import GenerateConfig, generate, preflight
+from draftgen.generate.store import FAILED, read_done_ids, read_manifest
+from draftgen.generate.turns import Conversation
+from draftgen.params import ParameterError, build_config
+from draftgen.prompts import PromptRow, RejectedRow, iter_prompts, normalize_record
+from draftgen.sim.textgen import count_text_tokens, render_chat_prompt
+from draftgen.synthetic import synthetic_rows
+
+MODEL = "Qwen/Qwen3.6-27B"
+SOURCE_MARK = "SOURCE-ANSWER"  # every source assistant message in the test prompts carries it
+
+
+def u(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def a(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": f"{SOURCE_MARK} {text}"}
+
+
+def conversations(count: int, seed: int) -> list[dict]:
+    """Deterministic prompts: 1 to 3 answer points, system prompts, a tool loop, ShareGPT-style endings."""
+    rows = []
+    for index in range(count):
+        shape = index % 5
+        q = f"question {index} about topic {seed}-{index % 7}"
+        if shape == 0:
+            messages = [u(q)]
+        elif shape == 1:
+            messages = [u(q), a("one"), u(f"follow-up {index}")]
+        elif shape == 2:
+            messages = [
+                {"role": "system", "content": "be brief"},
+                u(q),
+                a("one"),
+                u("and then?"),
+                a("two"),
+                u("why?"),
+            ]
+        elif shape == 3:  # ShareGPT rows end with the answer: dropped and regenerated
+            messages = [u(q), a("one"), u(f"more on {index}"), a("final")]
+        else:  # an agent loop: the assistant's tool call, the result, the assistant's reply, a new question
+            messages = [
+                u(q),
+                a("calling the tool"),
+                {"role": "tool", "content": f"result {index}"},
+                a("done"),
+                u("thanks, now?"),
+            ]
+        rows.append({"id": f"mt-{seed}-{index:04d}", "messages": messages})
+    return rows
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def config_for(fleet, prompts: Path, out_dir: Path, **changes: object) -> GenerateConfig:
+    values: dict[str, object] = {
+        "servers": fleet.urls,
+        "model": MODEL,
+        "prompts": str(prompts),
+        "out_dir": str(out_dir),
+        "max_tokens": 256,
+        "concurrency_per_server": 6,
+        "batch_save_size": 40,
+        "max_truncated_rate": 1.0,
+        "backoff_base_s": 0.05,
+        "backoff_max_s": 0.2,
+        "canary": False,
+    }
+    values.update(changes)
+    return build_config(GenerateConfig, values)
+
+
+def run(config: GenerateConfig):
+    async def go():
+        plan = await preflight(config)
+        return await generate(config, plan, progress=False)
+
+    return asyncio.run(go())
+
+
+def expected_prompt_tokens(row: dict, turn: int) -> int:
+    """What the server must have counted for ``turn`` if it was sent the target's own earlier answers."""
+    points = row["turn_after"]
+    earlier = list(zip(points[:turn], row["turn_content"][:turn], strict=True))
+    sent = request_messages(row["messages"], points[turn], earlier, row["turns_mode"])
+    return count_text_tokens(render_chat_prompt(sent, True))
+
+
+def source_history_tokens(row: dict, turn: int) -> int:
+    """What the server would have counted had the source's own assistant text been sent instead."""
+    sent = row["messages"][: row["turn_after"][turn] + 1]
+    return count_text_tokens(render_chat_prompt(sent, True))
+
+
+def chat_records(fleet) -> list[dict]:
+    return [r for r in fleet.truth() if r["kind"] == "chat" and r["outcome"] == "ok"]
+
+
+# ----- units ------------------------------------------------------------------------------------------------
+def result(content: str, tokens: int | None, accept: float | None, server: str = "http://s") -> ChatResult:
+    return ChatResult(
+        server=server,
+        response_id=f"r-{content}",
+        reasoning_content=f"thinking {content}",
+        content=content,
+        finish_reason="stop" if tokens != 99 else "length",
+        prompt_tokens=10 * (tokens or 1),
+        completion_tokens=tokens,
+        usage_reported=tokens is not None,
+        spec_accept_length=accept,
+        spec_verify_ct=None if accept is None else (tokens or 0) // 3,
+        started_at=100.0 + (tokens or 0),
+        latency_s=2.0,
+    )
+
+
+def test_a_conversation_asks_turn_by_turn_with_its_own_answers_and_aggregates_the_row():
+    messages = ({"role": "system", "content": "s"}, u("q1"), a("x"), u("q2"), a("y"), u("q3"))
+    conversation = Conversation(PromptRow("c", messages, 3), "all")
+    assert (conversation.turns, conversation.turn, conversation.label()) == (3, 0, "c (turn 1/3)")
+    assert conversation.request() == (messages[0], messages[1])
+    conversation.record(result("one", 30, 2.0), attempts=2)
+    assert conversation.request() == (
+        messages[0],
+        messages[1],
+        {"role": "assistant", "content": "one"},
+        messages[3],
+    )
+    conversation.record(result("two", 10, 4.0), attempts=1)
+    assert [m["content"] for m in conversation.request()] == ["s", "q1", "one", "q2", "two", "q3"]
+    with pytest.raises(RuntimeError, match="before its last turn"):
+        conversation.output_row()
+    conversation.record(result("three", 99, None, server="http://last"), attempts=1)
+    assert conversation.finished
+    row = conversation.output_row()
+    assert row["turn_after"] == [1, 3, 5] and row["turns_mode"] == "all"
+    assert row["turn_content"] == ["one", "two", "three"]
+    assert row["turn_completion_tokens"] == [30, 10, 99] and row["completion_tokens"] == 139
+    assert row["spec_accept_length"] == pytest.approx((2.0 * 30 + 4.0 * 10) / 40)  # reported turns, by tokens
+    assert row["spec_verify_ct"] == 10 + 3
+    assert (row["content"], row["finish_reason"], row["server"], row["prompt_tokens"]) == (
+        "three",
+        "length",
+        "http://last",
+        990,
+    )
+    assert (row["attempts"], row["latency_s"], row["started_at"]) == (4, 6.0, 130.0)
+    with pytest.raises(RuntimeError, match="after its last turn"):
+        conversation.record(result("four", 1, None), attempts=1)
+
+
+def test_turns_last_is_one_request_with_the_history_as_given():
+    messages = (u("q1"), a("x"), u("q2"))
+    conversation = Conversation(PromptRow("c", messages, 1), "last")
+    assert conversation.turns == 1 and conversation.label() == "c"
+    assert conversation.request() == messages
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        (
+            {"messages": [{"role": "tool", "content": "42"}, u("q")]},
+            "messages[0] is a tool turn without a preceding assistant turn",
+        ),
+        (
+            {"messages": [u("q"), {"role": "tool", "content": "42"}]},
+            "messages[1] is a tool turn without a preceding assistant turn (it follows a user turn)",
+        ),
+        ({"messages": [u("q"), a("x"), u("  "), a("y"), u("q2")]}, "messages[2] is an empty user turn"),
+        (
+            {
+                "conversations": [
+                    {"from": "human", "value": ""},
+                    {"from": "gpt", "value": "x"},
+                    {"from": "human", "value": "q"},
+                ]
+            },
+            "conversations[0] is an empty user turn",
+        ),
+    ],
+)
+def test_bad_conversations_are_rejected_with_the_reason(record, reason):
+    rejected = normalize_record(record, 5)
+    assert isinstance(rejected, RejectedRow) and rejected.row == 5
+    assert reason in rejected.reason
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {
+            "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "the answer"}]
+        },  # ShareGPT
+        {"messages": [u("q"), a("call"), {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}]},
+        {"messages": [u("q"), a("x"), u("q2"), a("y")]},
+    ],
+)
+def test_good_conversations_are_kept_and_trailing_answers_dropped(record):
+    row = normalize_record(record, 1)
+    assert isinstance(row, PromptRow)
+    assert row.messages[-1]["role"] in ("user", "tool")
+
+
+def test_a_file_of_bad_conversations_streams_rejections_never_raises(tmp_path):
+    rows = [
+        {"id": "ok", "messages": [u("q")]},
+        {"id": "tool", "messages": [{"role": "tool", "content": "x"}]},
+        {"id": "empty", "messages": [u(""), a("x"), u("q")]},
+    ]
+    items = list(iter_prompts(write_rows(tmp_path / "p.jsonl", rows)))
+    assert [type(i).__name__ for i in items] == ["PromptRow", "RejectedRow", "RejectedRow"]
+    assert [i.id for i in items] == ["ok", "tool", "empty"]
+
+
+def test_turns_parameter_and_fingerprint(tmp_path):
+    prompts = write_rows(tmp_path / "p.jsonl", conversations(3, 0))
+    values = {
+        "servers": ["http://x:1"],
+        "model": MODEL,
+        "prompts": str(prompts),
+        "out_dir": str(tmp_path / "r"),
+    }
+    assert build_config(GenerateConfig, values).turns == "all"
+    with pytest.raises(ParameterError, match="turns"):
+        build_config(GenerateConfig, {**values, "turns": "every"})
+    last = build_config(GenerateConfig, {**values, "turns": "last"})
+    everything = build_config(GenerateConfig, values)
+    assert last.fingerprint() != everything.fingerprint()
+    assert last.fingerprint_fields()["turns"] == "last"
+
+
+# ----- on the simulated fleet ---------------------------------------------------------------------------------
+def test_every_turn_stored_once_each_request_carrying_the_models_own_answers(sim_fleet, tmp_path):
+    rows = conversations(60, seed=1) + list(synthetic_rows(140, seed=21))
+    prompts = write_rows(tmp_path / "p.jsonl", rows)
+    fleet = sim_fleet(servers=2, profile="instant")
+    before = len(chat_records(fleet))
+    outcome = run(config_for(fleet, prompts, tmp_path / "run"))
+    assert outcome.status == "complete" and outcome.completed == len(rows)
+
+    stored = pl.read_parquet(tmp_path / "run" / "shards").rows(named=True)
+    assert sorted(r["id"] for r in stored) == sorted(r["id"] for r in rows)
+    total_turns = 0
+    own_differs = later_turns = 0
+    for row in stored:
+        points = answer_points(row["messages"], "all")
+        assert row["turn_after"] == list(points), row["id"]
+        assert row["turns_mode"] == "all"
+        for column in ("turn_content", "turn_reasoning", "turn_finish_reason", "turn_prompt_tokens"):
+            assert len(row[column]) == len(points), (row["id"], column)
+        for turn in range(len(points)):
+            assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(row, turn), (row["id"], turn)
+            if turn > 0:
+                later_turns += 1
+                own_differs += expected_prompt_tokens(row, turn) != source_history_tokens(row, turn)
+        total_turns += len(points)
+        assembled = assemble(row)
+        assert all(t.generated for t in assembled if t.role == "assistant"), row["id"]
+        assert not any(SOURCE_MARK in t.content for t in assembled), row["id"]
+        assert not any("Here is a short answer" in t.content for t in assembled), row["id"]  # synthetic's
+    assert total_turns > len(rows) * 1.4  # the set really is multi-turn
+    assert own_differs > later_turns * 0.9  # the check above tells our history from the source's
+    assert outcome.outcome.turns == total_turns
+    # The servers answered each turn exactly once: no request was sent twice, none is missing.
+    assert len(chat_records(fleet)) - before == total_turns + 2  # + one preflight probe per server
+    summary = read_manifest(tmp_path / "run")["sessions"][-1]
+    assert (summary["completed"], summary["turns"]) == (len(rows), total_turns)
+
+
+def test_turns_last_keeps_todays_behaviour(sim_fleet, tmp_path):
+    rows = conversations(30, seed=2)
+    prompts = write_rows(tmp_path / "p.jsonl", rows)
+    fleet = sim_fleet(servers=1, profile="instant")
+    outcome = run(config_for(fleet, prompts, tmp_path / "run", turns="last"))
+    assert outcome.completed == 30 and outcome.outcome.turns == 30
+    for row in pl.read_parquet(tmp_path / "run" / "shards").rows(named=True):
+        assert row["turn_after"] == [len(row["messages"]) - 1] and row["turns_mode"] == "last"
+        assert row["prompt_tokens"] == count_text_tokens(render_chat_prompt(row["messages"], True))
+        assert row["turn_content"] == [row["content"]]
+
+
+def test_a_failed_turn_sends_the_conversation_to_failed_parquet_with_its_turn(sim_fleet, tmp_path):
+    # Turn 1 fits the instant profile's 32,768-token context; turn 2's question does not: a 400, not retried.
+    huge = "x " * 33_000
+    rows = [*conversations(10, seed=3), {"id": "too-long", "messages": [u("short"), a("x"), u(huge)]}]
+    prompts = write_rows(tmp_path / "p.jsonl", rows)
+    fleet = sim_fleet(servers=1, profile="instant")
+    outcome = run(config_for(fleet, prompts, tmp_path / "run"))
+    assert outcome.status == "complete_with_failures" and outcome.failed == 1
+    failed = pl.read_parquet(tmp_path / "run" / FAILED).row(0, named=True)
+    assert (failed["id"], failed["turn"], failed["status"], failed["attempts"]) == ("too-long", 1, 400, 1)
+    assert "context length" in failed["error"]
+    assert "too-long" not in read_done_ids(tmp_path / "run").to_list()
+
+
+def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, tmp_path):
+    rows = [
+        r
+        for r in conversations(500, seed=4)
+        if len(answer_points(normalize_record(r, 1).messages, "all")) > 1
+    ]
+    prompts = write_rows(tmp_path / "p.jsonl", rows)
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=20.0)
+    params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=50, max_tokens=192)
+    run_dir = tmp_path / "out" / "generate" / "crash"
+    proc = start_run(tmp_path / "out", "crash", params)
+    try:
+        kernel = _kernel_of(proc)
+        wait_for_shards(run_dir, 2, proc)
+        kernel.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stored = {r["id"] for r in pl.read_parquet(run_dir / "shards").rows(named=True)}
+    assert 0 < len(stored) < len(rows)
+
+    result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = pl.read_parquet(run_dir / "shards").rows(named=True)
+    ids = [r["id"] for r in final]
+    assert len(ids) == len(set(ids)) and set(ids) == {r["id"] for r in rows}
+    for row in final:
+        assert len(row["turn_content"]) == len(answer_points(row["messages"], "all")) >= 2
+        for turn in range(len(row["turn_after"])):
+            assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(row, turn), (row["id"], turn)
+    # The kill really came mid-conversation: some conversation stored only after the resume had an earlier
+    # turn answered well before the kill and its last turn not answered before it. The simulator answers the
+    # same request the same way, so a turn's request is recognised by its prompt size in the truth.
+    turn_of: dict[int, list[tuple[str, int]]] = {}
+    last_turn = {row["id"]: len(row["turn_after"]) - 1 for row in final}
+    for row in final:
+        for turn, tokens in enumerate(row["turn_prompt_tokens"]):
+            turn_of.setdefault(tokens, []).append((row["id"], turn))
+    answered: dict[str, dict[int, float]] = {}
+    for record in chat_records(fleet):
+        matches = turn_of.get(record["prompt_tokens"], [])
+        if len(matches) == 1:  # a prompt size shared by two turns proves nothing: skipped
+            prompt_id, turn = matches[0]
+            turns = answered.setdefault(prompt_id, {})
+            turns[turn] = min(record["finished"], turns.get(turn, float("inf")))
+    mid = [
+        prompt_id
+        for prompt_id, turns in answered.items()
+        if prompt_id not in stored
+        and any(t < last_turn[prompt_id] and at < killed_at - 0.5 for t, at in turns.items())
+        and turns.get(last_turn[prompt_id], float("inf")) >= killed_at
+    ]
+    assert mid, "the kill came between conversations: no conversation was half answered"
+    manifest = read_manifest(run_dir)
+    assert manifest["status"] == "complete"
+    assert manifest["sessions"][-1]["completed"] == len(rows) - len(stored)
