@@ -152,8 +152,9 @@ def test_a_wedged_server_is_presumed_hung_long_before_request_timeout_and_its_wo
     assert frame.height == 600 and frame["id"].n_unique() == 600
     # Three requests were cut short (server_down_after=3), the fourth handed back uncounted when the server
     # went down; all four finished on server 0. The healthy server never saw a false alarm.
-    retried = frame.filter(pl.col("attempts") > 1)
-    assert retried["attempts"].to_list() == [2, 2, 2]
+    turns = pl.col("turn_after").list.len()  # attempts add up over a conversation's turns
+    retried = frame.filter(pl.col("attempts") > turns)
+    assert (retried["attempts"] - retried["turn_after"].list.len()).to_list() == [1, 1, 1]
     assert set(retried["server"].to_list()) == {fleet.urls[0]}
     stats = {s.url: s for s in result.outcome.servers}
     assert stats[fleet.urls[0]].errors == 0 and stats[fleet.urls[1]].errors == 3
@@ -186,6 +187,7 @@ def test_a_silent_server_is_benched_on_health_generate_and_a_slow_one_is_not(sim
     assert any(server == slow and "/health_generate 200: waiting" in what for server, what in events)
     frame = pl.read_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet")))
     assert frame.height == 600 and frame["id"].n_unique() == 600
-    assert frame["attempts"].to_list() == [1] * 600  # handed back, never charged
+    # handed back, never charged: one attempt per turn
+    assert frame["attempts"].to_list() == frame["turn_after"].list.len().cast(pl.Int64).to_list()
     assert wedged not in set(frame["server"].to_list()[-100:])  # once benched it got no more work
     assert {s.url: s.errors for s in result.outcome.servers} == {fast: 0, wedged: 0, slow: 0}

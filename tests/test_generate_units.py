@@ -441,7 +441,7 @@ def test_estimate_comparison_projects_the_whole_set(tmp_path):
     assert rows["aggregate output tok/s"]["planned"] == 2000.0
     assert rows["aggregate output tok/s"]["actual"] == 1000.0
     assert rows["aggregate output tok/s"]["actual / planned"] == 0.5
-    assert rows["prompts in the set"]["planned"] == 1000
+    assert rows["requests in the set"]["planned"] == 1000
     wall = rows["wall time for the set (h)"]
     assert wall["planned"] == 2.0 and wall["actual"] == pytest.approx(1000 * 1000 / 1000 / 3600, abs=0.01)
     notes = report.estimate_assumptions(estimate, config.public_dict())

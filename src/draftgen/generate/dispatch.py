@@ -437,7 +437,8 @@ class Dispatcher:
         evicted = 0
         for flight in server.in_flight.values():
             flight.evicted = True
-            if flight.scope is not None:
+            # A scope already expiring (its deadline fired, the worker has not resumed yet) ends on its own.
+            if flight.scope is not None and not flight.scope.expired():
                 flight.scope.reschedule(now)
                 evicted += 1
         self._event(

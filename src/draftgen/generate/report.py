@@ -99,7 +99,7 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.col("empty_answer").mean().round(4).alias("empty_answer_rate"),
         pl.col("empty_reasoning").mean().round(4).alias("empty_reasoning_rate"),
         pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
-        (pl.col("attempts") > 1).sum().alias("retried"),
+        (pl.col("attempts") > pl.col("turns")).sum().alias("retried"),
     ).collect()
     frame = frame.with_columns(
         pl.lit(sum(_count(folder / FAILED) for folder in folders)).alias("failed"),
@@ -126,7 +126,7 @@ def per_server(out_dir: RunDirs) -> pl.DataFrame:
             (pl.col("finished_at").max() - pl.col("started_at").min()).alias("span_s"),
             pl.col("latency_s").median().round(2).alias("median_latency_s"),
             pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
-            (pl.col("attempts") > 1).sum().alias("retried"),
+            (pl.col("attempts") > pl.col("turns")).sum().alias("retried"),
         )
         .with_columns((pl.col("completion_tokens") / pl.col("span_s")).round(1).alias("tok_s"))
         .sort(keys)
@@ -291,8 +291,9 @@ def compare_estimate(
 ) -> pl.DataFrame:
     """estimate.ipynb's planned figures beside this run's: aggregate output tok/s and wall time for the set.
 
-    The set is the estimate's ``num_prompts`` unless ``total_prompts`` is given; actual wall time for it is
-    projected from this run's mean completion length and aggregate speed.
+    The set is the estimate's ``num_prompts`` (requests: one per answer of a conversation with ``turns: all``)
+    unless ``total_prompts`` is given (in the same unit); actual wall time for it is projected from this run's
+    mean completion length per request and aggregate speed.
     """
     estimate: dict[str, Any] = load_estimate(estimate_path)
     run = summary(out_dir).row(0, named=True)
@@ -300,13 +301,14 @@ def compare_estimate(
     planned_tok_s = float(estimate["aggregate_output_tok_s"])
     planned_wall = float(estimate["wall_time_s"]) * prompts / max(1, int(estimate["num_prompts"]))
     actual_tok_s = run["output_tok_s"]
-    mean_tokens = run["mean_completion_tokens"]
+    turns = run["turns"]
+    mean_tokens = round(run["completion_tokens"] / turns, 1) if turns and run["completion_tokens"] else None
     actual_wall = prompts * mean_tokens / actual_tok_s if actual_tok_s and mean_tokens else None
     unit, unit_s = duration_unit(planned_wall)
     records = [
-        ("prompts in the set", float(prompts), float(prompts)),
+        ("requests in the set", float(prompts), float(prompts)),
         ("aggregate output tok/s", planned_tok_s, actual_tok_s),
-        ("mean completion tokens", float(estimate["mean_completion_tokens"]), mean_tokens),
+        ("mean completion tokens per request", float(estimate["mean_completion_tokens"]), mean_tokens),
         (
             f"wall time for the set ({unit})",
             planned_wall / unit_s,
