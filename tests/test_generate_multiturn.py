@@ -374,3 +374,15 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete"
     assert manifest["sessions"][-1]["completed"] == len(rows) - len(stored)
+
+
+def test_the_estimate_counts_one_request_per_answer_with_turns_all(tmp_path):
+    from draftgen.estimate.inputs import dataset_size
+
+    rows = conversations(10, seed=5)  # shapes 0..4 twice: 1, 2, 3, 2, 3 answer points
+    prompts = write_rows(tmp_path / "p.jsonl", rows)
+    assert dataset_size(0, prompts, 0, "last") == (10, f"rows of {prompts}")
+    requests, source = dataset_size(0, prompts, 0, "all")
+    assert requests == 22 and "x 2.200 answers each (turns: all)" in source
+    assert dataset_size(0, prompts, 3, "all")[0] == 6  # the first three prompts: 1 + 2 + 3 answers
+    assert dataset_size(1000, prompts, 0, "all")[0] == 2200  # a given size scaled by the file's mean

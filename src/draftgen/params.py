@@ -42,6 +42,7 @@ SHARED_PARAMETERS = frozenset(
         "batch_save_size",
         "limit",
         "request_timeout_s",
+        "turns",
     }
 )
 

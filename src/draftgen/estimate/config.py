@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -47,6 +47,9 @@ class EstimateConfig(Params):
     prompts: str = SYNTHETIC  # the full prompt set (.jsonl/.parquet) to count, or "synthetic" (bundled set)
     limit: Annotated[int, Field(ge=0)] = 0  # as in generate: only the first N prompts (0 = all)
     dataset_size: Annotated[int, Field(ge=0)] = 0  # prompts in the set; 0 = count the rows of `prompts`
+    turns: Literal["all", "last"] = (
+        "all"  # as in generate: all = one request per assistant turn of a conversation
+    )
     gpus: Annotated[int, Field(ge=0)] = (
         0  # GPUs (one server each) of the production fleet; 0 = as benchmarked
     )

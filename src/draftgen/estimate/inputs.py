@@ -9,8 +9,9 @@ from pathlib import Path
 import polars as pl
 
 from draftgen.bench.report import OCCUPANCY_FILE, REQUESTS_FILE, RESULTS_FILE, SUMMARY_FILE
+from draftgen.conversation import answer_points
 from draftgen.paths import resolve_path
-from draftgen.prompts import count_rows
+from draftgen.prompts import PromptRow, count_rows, iter_prompts
 
 BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftgen.paths)
 
@@ -85,12 +86,29 @@ def load_benchmark(path: str | Path) -> BenchmarkData:
     )
 
 
-def dataset_size(dataset: int, prompt_path: Path, limit: int) -> tuple[int, str]:
-    """(prompts to generate, where the number came from): given, else the rows of the prompt file; then ``limit``."""
+def dataset_size(dataset: int, prompt_path: Path, limit: int, turns: str = "last") -> tuple[int, str]:
+    """(requests to generate, where the number came from).
+
+    Prompts: ``dataset`` if given, else the rows of the prompt file; then ``limit``. With ``turns: all`` a
+    conversation is one request per answer point (``draftgen.conversation``), so the prompts are multiplied by the
+    mean number of answer points of the prompt file's first ``limit`` valid rows (all rows when 0).
+    """
     if dataset:
         size, source = dataset, "dataset_size"
     else:
         size, source = count_rows(prompt_path), f"rows of {prompt_path}"
     if limit and limit < size:
-        return limit, f"limit {limit} (of {size:,} {source})"
-    return size, source
+        size, source = limit, f"limit {limit} (of {size:,} {source})"
+    if turns == "last":
+        return size, source
+    prompts = points = 0
+    for row in iter_prompts(prompt_path):
+        if isinstance(row, PromptRow):
+            prompts += 1
+            points += len(answer_points(row.messages, turns))
+            if limit and prompts >= limit:
+                break
+    if prompts == 0 or points == prompts:
+        return size, source
+    requests = round(size * points / prompts)
+    return requests, f"{size:,} prompts ({source}) x {points / prompts:.3f} answers each (turns: all)"

@@ -263,7 +263,9 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     rng = np.random.default_rng(config.seed)
     folder = Path(config.benchmark_dir) if config.benchmark_dir else find_latest_benchmark()
     main = digest(load_benchmark(folder), config.bootstrap, rng)
-    num_prompts, size_source = dataset_size(config.dataset_size, config.prompt_path, config.limit)
+    num_prompts, size_source = dataset_size(
+        config.dataset_size, config.prompt_path, config.limit, config.turns
+    )
     gpus = config.gpus or main.data.servers
     notes = []
     if main.fit.note:

@@ -133,7 +133,7 @@ def plot_scenarios(estimate: Estimate) -> Figure:
     ax.set_yticklabels(
         [f"{r.name}\n{r.gpus} GPU × {r.concurrency_per_server} in flight" for r in results], fontsize=8
     )
-    ax.set_xlabel(f"{unit} for {estimate.num_prompts:,} prompts ({estimate.config.interval:.0%} interval)")
+    ax.set_xlabel(f"{unit} for {estimate.num_prompts:,} requests ({estimate.config.interval:.0%} interval)")
     ax.set_title("How many days and dollars does the whole set take?")
     ax.set_xlim(right=max(r.wall_time_high_s / unit_s for r in results) * 1.35)
     fig.tight_layout()
