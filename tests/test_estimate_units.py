@@ -160,6 +160,7 @@ def test_estimate_end_to_end_on_a_known_benchmark(tmp_path):
         {
             "benchmark_dir": str(folder),
             "dataset_size": 100_000,
+            "turns": "last",  # 100,000 requests (turns: all would scale by the bundled set's answers per prompt)
             "gpus": 7,
             "concurrency_per_server": 16,
             "max_tokens": 1024,
