@@ -4,9 +4,10 @@ Builds samples of about --tokens tokens each (prompt, reasoning, answer in the c
 interleaved rounds on the same texts:
 
   baseline  the fast tokenizer's parallel batch encoder on the full rendered conversations (ids collected)
-  masks     draftgen.masks.build_masks: render prompt + full conversation through the chat template, batch-encode
-            both, check the prompt is a token prefix, place the supervised span — everything validate needs
-            per sample
+  masks     draftgen.masks.build_masks for --trainer (default specforge-qwen3.5: render the conversation, batch-encode
+            it, find every assistant span, place its boundaries as the trainer does, cut at max_length; the
+            draftgen-* conventions: render prompt + full conversation, batch-encode both, check the prompt is a
+            token prefix, place the span) — everything validate needs per sample
 
 and prints samples/s, tokens/s, masks ÷ baseline throughput (goal >= 0.7), and the projected time for
 --project-samples samples of --tokens tokens on --project-cores cores. Scaling assumption, stated in the output:
@@ -14,7 +15,7 @@ the Rust batch encodes spread over all cores (rayon), so their time scales with 
 per-sample Python bookkeeping run on one core, so they do not. Tokens per second per core are taken from this
 machine as measured.
 
-    .venv/bin/python benchmarks/mask_speed.py [--vocab qwen3|tiny] [--samples 2000] [--tokens 1800] [--rounds 3]
+    .venv/bin/python benchmarks/mask_speed.py [--vocab qwen3|tiny] [--trainer NAME] [--samples 1000] [--tokens 1800]
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import time
 from pathlib import Path
 
 from draftgen.local_tokenizer import build_qwen3_tokenizer, build_tiny_tokenizer
-from draftgen.masks import MaskSpec, compute_masks, load_tokenizer, render_batch
+from draftgen.masks import MaskSpec, build_masks, load_tokenizer, render_batch, render_conversations
+from draftgen.trainers import GeneratedTurnTrainer, Trainer, generated_turn_conversation
 
 WORDS = (
     "so we need the sum of each term then check the value again because the list is sorted and the loop runs "
@@ -79,6 +81,9 @@ def _chunks(n: int, size: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", choices=("qwen3", "tiny"), default="qwen3")
+    parser.add_argument(
+        "--trainer", choices=[t.value for t in Trainer], default=Trainer.SPECFORGE_QWEN35.value
+    )
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--tokens", type=int, default=1800, help="target tokens per sample")
     parser.add_argument("--batch-size", type=int, default=1024)
@@ -92,10 +97,23 @@ def main() -> None:
         tokenizer = load_tokenizer(build(Path(tmp) / "tok"))
     backend = tokenizer.backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
-    spec = MaskSpec()
+    spec = MaskSpec(trainer=args.trainer, max_length=1 << 30)
+    generated_turn = isinstance(spec.rules, GeneratedTurnTrainer)
     messages, reasoning, content = make_samples(args.samples, args.tokens)
     n = args.samples
-    full_texts = render_batch(tokenizer, messages, reasoning, content, spec).full_texts
+
+    def render(part: slice):
+        """(full texts, texts of the second encode or []) exactly as build_masks renders them."""
+        if generated_turn:
+            rendered = render_batch(tokenizer, messages[part], reasoning[part], content[part], spec)
+            return rendered.full_texts, rendered.prompt_texts
+        conversations = [
+            generated_turn_conversation(m, r, c)
+            for m, r, c in zip(messages[part], reasoning[part], content[part], strict=True)
+        ]
+        return render_conversations(tokenizer, conversations, spec.rules)[0], []
+
+    full_texts, second_texts = render(slice(0, n))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def clock() -> tuple[float, float]:
@@ -109,46 +127,48 @@ def main() -> None:
         (w1, c1) = clock()
         return total, w1 - w0, c1 - c0
 
-    def masks() -> tuple[float, float, float]:
-        """(wall s, CPU s, CPU s of rendering) of the whole mask build."""
-        (w0, c0), render_cpu = clock(), 0.0
+    def masks() -> tuple[float, float]:
+        """(wall s, CPU s) of the whole mask build."""
+        (w0, c0) = clock()
         for part in _chunks(n, args.batch_size):
-            r0 = time.process_time()
-            rendered = render_batch(tokenizer, messages[part], reasoning[part], content[part], spec)
-            render_cpu += time.process_time() - r0
-            batch = compute_masks(tokenizer, rendered, spec)
+            batch = build_masks(tokenizer, messages[part], reasoning[part], content[part], spec)
             assert all(m is None for m in batch.mismatch), "benchmark samples must be clean"
         (w1, c1) = clock()
-        return w1 - w0, c1 - c0, render_cpu
+        return w1 - w0, c1 - c0
 
-    prompts = render_batch(tokenizer, messages, reasoning, content, spec).prompt_texts
-
-    def prompt_encode() -> float:
-        """CPU s of batch-encoding the prompts alone (the second encode masks need)."""
+    def render_only() -> float:
         c0 = time.process_time()
         for part in _chunks(n, args.batch_size):
-            encode(prompts[part], add_special_tokens=False)
+            render(part)
+        return time.process_time() - c0
+
+    def second_encode() -> float:
+        """CPU s of batch-encoding the prompts alone (the second encode the draftgen-* conventions need)."""
+        c0 = time.process_time()
+        for part in _chunks(n, args.batch_size):
+            if second_texts:
+                encode(second_texts[part], add_special_tokens=False)
         return time.process_time() - c0
 
     rounds: list[tuple] = []
     for _ in range(args.rounds):  # interleaved, so load from other processes hits both alike
         tokens, base_wall, base_cpu = baseline()
-        mask_wall, mask_cpu, render_cpu = masks()
-        rounds.append((base_wall, base_cpu, mask_wall, mask_cpu, render_cpu, prompt_encode()))
+        mask_wall, mask_cpu = masks()
+        rounds.append((base_wall, base_cpu, mask_wall, mask_cpu, render_only(), second_encode()))
     base_wall, base_cpu, mask_wall, mask_cpu, render_cpu, prompt_cpu = (
         statistics.median(r[i] for r in rounds) for i in range(6)
     )
     per_sample_tokens = tokens / n
 
-    # Projection from CPU seconds (robust to other processes sharing this machine): the encodes (full + prompt)
-    # are spread over all cores; rendering and the rest of the per-sample work are serial.
+    # Projection from CPU seconds (robust to other processes sharing this machine): the encodes are spread over
+    # all cores; rendering and the rest of the per-sample work are serial.
     parallel_cpu = base_cpu + prompt_cpu
     serial_cpu = max(0.0, mask_cpu - parallel_cpu)
     scale = (args.project_samples / n) * (args.tokens / per_sample_tokens)
     projected = scale * (parallel_cpu / args.project_cores + serial_cpu)
 
     print(
-        f"tokenizer {args.vocab} ({len(tokenizer)} tokens), {n} samples, {per_sample_tokens:.0f} tokens/sample "
+        f"trainer {args.trainer}, tokenizer {args.vocab} ({len(tokenizer)} tokens), {n} samples, {per_sample_tokens:.0f} tokens/sample "
         f"({tokens:,} tokens), batch {args.batch_size}, {cores} cores here, median of {args.rounds} rounds"
     )
     print(
@@ -156,7 +176,7 @@ def main() -> None:
         f"{tokens / base_wall:11,.0f} tokens/s   ({base_cpu / base_wall:.1f} cores busy)"
     )
     print(
-        f"masks (render + 2 encodes + prefix + span):   {n / mask_wall:7.0f} samples/s "
+        f"masks ({args.trainer}):{' ' * max(1, 36 - len(args.trainer))}{n / mask_wall:7.0f} samples/s "
         f"{tokens / mask_wall:11,.0f} tokens/s   ({mask_cpu / mask_wall:.1f} cores busy)"
     )
     print(
@@ -165,7 +185,8 @@ def main() -> None:
     )
     print(
         f"  CPU seconds: baseline encode {base_cpu:.2f}; masks {mask_cpu:.2f} = render {render_cpu:.2f} + "
-        f"prompt encode {prompt_cpu:.2f} + full encode and bookkeeping {mask_cpu - render_cpu - prompt_cpu:.2f}"
+        f"prompt encode {prompt_cpu:.2f} + full encode, spans and bookkeeping "
+        f"{mask_cpu - render_cpu - prompt_cpu:.2f}"
     )
     print(
         f"projection: {args.project_samples:,} samples x {args.tokens} tokens on {args.project_cores} cores: "

@@ -123,7 +123,7 @@ SAMPLES = [
 @pytest.mark.parametrize("convention", CONVENTIONS)
 def test_mask_covers_exactly_the_generated_turn(tiny, convention):
     messages, reasoning, content = map(list, zip(*SAMPLES, strict=True))
-    batch = build_masks(tiny, messages, reasoning, content, MaskSpec(convention=convention), keep_ids=True)
+    batch = build_masks(tiny, messages, reasoning, content, MaskSpec(trainer=convention), keep_ids=True)
     assert batch.mismatch == [None] * len(SAMPLES)
     for i, (_, thought, answer) in enumerate(SAMPLES):
         target = thought.strip("\n") + "\n</think>\n\n" + answer + "<|im_end|>"
@@ -140,7 +140,14 @@ def test_mask_covers_exactly_the_generated_turn(tiny, convention):
 
 def test_prompt_tokens_are_those_of_the_prompt_alone(tiny):
     messages = [SAMPLES[0][0]]
-    batch = build_masks(tiny, messages, ["Thinking."], ["Answer."], MaskSpec(), keep_ids=True)
+    batch = build_masks(
+        tiny,
+        messages,
+        ["Thinking."],
+        ["Answer."],
+        MaskSpec(trainer="draftgen-think-in-prompt"),
+        keep_ids=True,
+    )
     prompt = tiny.apply_chat_template(messages[0], tokenize=False, add_generation_prompt=True)
     prompt_ids = tiny.backend_tokenizer.encode(prompt, add_special_tokens=False).ids
     assert batch.input_ids[0][: batch.n_prompt[0]] == prompt_ids
@@ -149,14 +156,10 @@ def test_prompt_tokens_are_those_of_the_prompt_alone(tiny):
 
 def test_empty_think_block_merges_across_the_boundary_only_when_think_is_prompt(tiny):
     messages = [SAMPLES[0][0]] * 2
-    inside = build_masks(
-        tiny, messages, ["", "Fine."], ["OK.", "OK."], MaskSpec(convention="think_in_prompt")
-    )
+    inside = build_masks(tiny, messages, ["", "Fine."], ["OK.", "OK."], MaskSpec(trainer="think_in_prompt"))
     assert inside.mismatch[0].startswith("boundary")
     assert inside.mismatch[1] is None
-    target = build_masks(
-        tiny, messages, ["", "Fine."], ["OK.", "OK."], MaskSpec(convention="think_in_target")
-    )
+    target = build_masks(tiny, messages, ["", "Fine."], ["OK.", "OK."], MaskSpec(trainer="think_in_target"))
     assert target.mismatch == [None, None]
 
 
@@ -174,7 +177,7 @@ SIX = {
 def test_mask_sum_of_an_empty_think_block_with_the_real_qwen3_vocabulary(qwen3, convention, content):
     expected_sum, expected_tokens = SIX[(convention, content)]
     prompt = [{"role": "user", "content": "Reply with OK."}]
-    batch = build_masks(qwen3, [prompt], [""], [content], MaskSpec(convention=convention), keep_ids=True)
+    batch = build_masks(qwen3, [prompt], [""], [content], MaskSpec(trainer=convention), keep_ids=True)
     assert batch.mask_sum[0] == expected_sum
     target = "<think>\n\n</think>\n\n" if convention == "think_in_target" else "\n</think>\n\n"
     ids = qwen3.backend_tokenizer.encode(target + content + "<|im_end|>", add_special_tokens=False).ids
@@ -189,7 +192,14 @@ def test_mask_sum_of_an_empty_think_block_with_the_real_qwen3_vocabulary(qwen3, 
 
 def test_real_qwen3_vocabulary_with_reasoning_has_no_mismatch(qwen3):
     prompt = [{"role": "user", "content": "Reply with OK."}]
-    batch = build_masks(qwen3, [prompt], ["The user wants OK."], ["OK."], MaskSpec(), keep_ids=True)
+    batch = build_masks(
+        qwen3,
+        [prompt],
+        ["The user wants OK."],
+        ["OK."],
+        MaskSpec(trainer="draftgen-think-in-prompt"),
+        keep_ids=True,
+    )
     assert batch.mismatch == [None]
     assert _masked_text(qwen3, batch, 0) == "The user wants OK.\n</think>\n\nOK.<|im_end|>"
 
@@ -201,7 +211,14 @@ def test_template_that_renders_history_differently_is_flagged_not_guessed(tiny_d
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     )
     tokenizer = load_tokenizer(_with_template(tiny_dir, tmp_path / "counting", counting))
-    batch = build_masks(tokenizer, [SAMPLES[0][0]], ["Think."], ["Answer."], MaskSpec(), keep_ids=True)
+    batch = build_masks(
+        tokenizer,
+        [SAMPLES[0][0]],
+        ["Think."],
+        ["Answer."],
+        MaskSpec(trainer="draftgen-think-in-prompt"),
+        keep_ids=True,
+    )
     assert batch.mismatch[0].startswith("text")
     assert batch.mask_sum[0] == 0 and batch.loss_mask(0).sum() == 0
 
@@ -214,7 +231,7 @@ def test_template_error_marks_only_the_sample_that_raised(tiny_dir, tmp_path):
     )
     tokenizer = load_tokenizer(_with_template(tiny_dir, tmp_path / "picky", picky))
     messages = [[{"role": "user", "content": "fine"}], [{"role": "user", "content": "BOOM"}]]
-    batch = build_masks(tokenizer, messages, ["a", "b"], ["c", "d"], MaskSpec(convention="think_in_target"))
+    batch = build_masks(tokenizer, messages, ["a", "b"], ["c", "d"], MaskSpec(trainer="think_in_target"))
     assert batch.mismatch[0] is None
     assert "no BOOM allowed" in batch.mismatch[1]
     assert batch.n_prompt[1] == 0 and batch.mask_sum[1] == 0
@@ -227,7 +244,7 @@ def test_answer_without_end_of_turn_is_flagged(tiny_dir, tmp_path):
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
     )
     tokenizer = load_tokenizer(_with_template(tiny_dir, tmp_path / "noend", no_end))
-    batch = build_masks(tokenizer, [SAMPLES[0][0]], ["x"], ["y"], MaskSpec(convention="think_in_target"))
+    batch = build_masks(tokenizer, [SAMPLES[0][0]], ["x"], ["y"], MaskSpec(trainer="think_in_target"))
     assert batch.mismatch[0].startswith("no end-of-turn")
 
 

@@ -13,6 +13,7 @@ from validate_helpers import clean_rows, planted_rows, row, write_generation
 from draftgen.local_tokenizer import build_tiny_tokenizer
 from draftgen.masks import TokenizerLoadError, load_tokenizer
 from draftgen.params import ParameterError, build_config
+from draftgen.trainers import Trainer
 from draftgen.validate import report
 from draftgen.validate.config import FLAGS, ValidateConfig
 from draftgen.validate.pipeline import (
@@ -59,12 +60,12 @@ def _planted_corpus(folder: Path) -> tuple[list[dict], list[tuple[dict, str]]]:
     return clean, planted
 
 
-@pytest.mark.parametrize("convention", ["think_in_prompt", "think_in_target"])
+@pytest.mark.parametrize("trainer", [t.value for t in Trainer])
 def test_every_planted_defect_is_caught_and_clean_samples_raise_no_flag(
-    tmp_path, tokenizer_dir, tokenizer, convention
+    tmp_path, tokenizer_dir, tokenizer, trainer
 ):
     clean, planted = _planted_corpus(tmp_path / "gen")
-    config = _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out", mask_convention=convention)
+    config = _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out", trainer=trainer)
     result = validate_generation(config, tokenizer=tokenizer, progress=False)
     records = result.records
     assert records.height == len(clean) + len(planted)
@@ -126,7 +127,8 @@ def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_di
         assert mask.sum() == mask_sums[entry["id"]]
         source = by_id[entry["id"]]
         supervised = tokenizer.backend_tokenizer.decode(ids[mask == 1].tolist(), skip_special_tokens=False)
-        assert supervised == f"{source['reasoning_content']}\n</think>\n\n{source['content']}<|im_end|>"
+        # the default trainer, SpecForge's qwen3.5 template: from after "<think>\n" through "<|im_end|>\n"
+        assert supervised == f"{source['reasoning_content']}\n</think>\n\n{source['content']}<|im_end|>\n"
     counts = json.loads((export / "counts.json").read_text())
     assert counts["in"] == len(clean) + len(planted)
     assert counts["out"] == len(clean) and counts["dropped"] == len(planted)
@@ -264,12 +266,14 @@ def test_bad_parameters_are_all_reported(tmp_path):
                 "tokenizer": "t",
                 "out_dir": str(tmp_path / "gen" / "validated"),
                 "mask_convention": "think_somewhere",
+                "trainer": "specforge-qwen4",
                 "keep_flagged": ["tiny_masks"],
                 "max_degenerate_share": 1.5,
             },
         )
     names = {name for name, _ in error.value.problems}
-    assert {"mask_convention", "keep_flagged.0", "max_degenerate_share"} <= names
+    assert {"mask_convention", "trainer", "keep_flagged.0", "max_degenerate_share"} <= names
+    assert "choose one of specforge-qwen3.5" in str(error.value)
     with pytest.raises(ParameterError, match="inside generation_dir"):
         build_config(
             ValidateConfig,

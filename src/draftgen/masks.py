@@ -1,11 +1,16 @@
 """Loss masks with the target model's own tokenizer and chat template: ``input_ids`` and ``loss_mask`` per sample.
 
+Whose mask is reproduced is named by the trainer (``MaskSpec.trainer``, draftgen.trainers): a SpecForge trainer
+(every assistant span of the rendered conversation; draftgen.span_masks), or draftgen's own generated-turn
+convention, described below.
+
 A drafter learns only from the tokens its loss mask covers, so this is what has to be checked before training.
-For each sample (prompt turns + the generated ``reasoning_content`` and ``content``):
+Generated-turn convention, for each sample (prompt turns + the generated ``reasoning_content`` and ``content``):
 
 1. Render through the tokenizer's chat template (``apply_chat_template``, ``enable_thinking``), in batches:
    the *prompt* (prompt turns + generation prompt) and the *full* conversation (prompt turns + the assistant turn).
-2. Move the prompt/target boundary according to the convention (``MaskSpec.convention``):
+2. Move the prompt/target boundary according to the convention (trainer ``draftgen-think-in-prompt`` or
+   ``draftgen-think-in-target``):
    ``think_in_prompt`` — the think opener ``<think>\\n`` belongs to the prompt. Qwen3.5/3.6-style templates end
    the generation prompt with it (the server sent it; the model never produced it), so it is not a target.
    ``think_in_target`` — the prompt ends at the assistant header ``<|im_start|>assistant\\n``; ``<think>\\n`` is
@@ -32,17 +37,23 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-class MaskConvention(StrEnum):
-    THINK_IN_PROMPT = "think_in_prompt"
-    THINK_IN_TARGET = "think_in_target"
-
+from draftgen.span_masks import span_masks
+from draftgen.trainers import (
+    DEFAULT_TRAINER,
+    LEGACY_CONVENTIONS,
+    GeneratedTurnTrainer,
+    SpanTrainer,
+    Trainer,
+    TrainerSpec,
+    generated_turn_conversation,
+    span_trainer_messages,
+    trainer_spec,
+)
 
 THINK_OPENER = "<think>\n"
 END_OF_TURN = "<|im_end|>"
@@ -54,13 +65,19 @@ class TokenizerLoadError(ValueError):
 
 @dataclass(frozen=True)
 class MaskSpec:
-    convention: MaskConvention = MaskConvention.THINK_IN_PROMPT
-    enable_thinking: bool = True
+    trainer: Trainer = DEFAULT_TRAINER  # whose loss mask to reproduce (legacy convention names accepted)
+    enable_thinking: bool = True  # the generation's setting (generated-turn conventions render with it)
+    max_length: int | None = None  # span trainers cut input_ids (and the mask) here; None: no cut
     end_of_turn: str = END_OF_TURN
     think_opener: str = THINK_OPENER
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "convention", MaskConvention(self.convention))
+        trainer_spec(self.trainer)  # raises UnknownTrainerError naming the known trainers
+        object.__setattr__(self, "trainer", Trainer(LEGACY_CONVENTIONS.get(self.trainer, self.trainer)))
+
+    @property
+    def rules(self) -> TrainerSpec:
+        return trainer_spec(self.trainer)
 
 
 def load_tokenizer(path: str | Path, *, end_of_turn: str = END_OF_TURN) -> Any:
@@ -146,7 +163,10 @@ def render_batch(
     full_texts = _render_each(tokenizer, fulls, errors, add_generation_prompt=False, **kwargs)
     if spec.enable_thinking:
         opener = spec.think_opener
-        if spec.convention is MaskConvention.THINK_IN_PROMPT:
+        rules = spec.rules
+        if not isinstance(rules, GeneratedTurnTrainer):
+            raise ValueError(f"render_batch renders a generated turn; trainer {spec.trainer} masks spans")
+        if rules.think_in_prompt:
             prompt_texts = [t if t.endswith(opener) else t + opener for t in prompt_texts]
         else:
             prompt_texts = [t.removesuffix(opener) for t in prompt_texts]
@@ -162,13 +182,18 @@ class MaskBatch:
     mask_sum: np.ndarray  # supervised tokens (for a mismatch: the diagnostic count; its loss_mask is all 0)
     mask_end: np.ndarray  # exclusive end of the supervised span in input_ids (n_prompt when none)
     mismatch: list[str | None]  # why the prompt is not a token prefix (see module doc), else None
-    input_ids: list[list[int]] | None  # full conversation ids, when asked for (keep_ids=True)
+    input_ids: (
+        list[list[int]] | None
+    )  # full conversation ids (span trainers: cut at max_length), keep_ids=True
+    loss_masks: list[np.ndarray] | None = None  # span trainers: the trainer's mask of each sample, as is
 
     def __len__(self) -> int:
         return len(self.mismatch)
 
     def loss_mask(self, index: int) -> np.ndarray:
-        """1 on supervised tokens of sample ``index``, 0 elsewhere (int8, length n_tokens)."""
+        """1 on supervised tokens of sample ``index``, 0 elsewhere (int8, one per input id)."""
+        if self.loss_masks is not None:
+            return self.loss_masks[index]
         mask = np.zeros(int(self.n_tokens[index]), dtype=np.int8)
         if self.mismatch[index] is None:
             mask[int(self.n_prompt[index]) : int(self.mask_end[index])] = 1
@@ -239,6 +264,82 @@ def compute_masks(
     )
 
 
+def render_conversations(
+    tokenizer: Any, conversations: Sequence[Sequence[dict]], rules: SpanTrainer
+) -> tuple[list[str], list[str | None]]:
+    """Whole conversations rendered as a span trainer renders them (its message clean-up, no generation prompt).
+
+    A conversation the trainer cuts short is rendered as cut, and its error says so (``cut: ...``).
+    """
+    prepared = [span_trainer_messages(conversation, rules) for conversation in conversations]
+    messages = [turns for turns, _ in prepared]
+    errors: list[str | None] = [f"cut: {note}" if note else None for _, note in prepared]
+    if not messages:
+        return [], errors
+    texts = _render_each(
+        tokenizer, messages, errors, add_generation_prompt=False, enable_thinking=rules.render_thinking
+    )
+    return texts, errors
+
+
+def _span_batch(
+    tokenizer: Any,
+    conversations: Sequence[Sequence[dict]],
+    spec: MaskSpec,
+    rules: SpanTrainer,
+    keep_ids: bool,
+) -> MaskBatch:
+    texts, errors = render_conversations(tokenizer, conversations, rules)
+    max_length = spec.max_length if spec.max_length is not None else 1 << 62
+    result = span_masks(tokenizer, texts, errors, rules, max_length)
+    size = len(texts)
+    n_prompt = np.zeros(size, dtype=np.int64)
+    mask_end = np.zeros(size, dtype=np.int64)
+    mask_sum = np.zeros(size, dtype=np.int64)
+    for i, mask in enumerate(result.loss_masks):
+        supervised = np.flatnonzero(mask)
+        if supervised.size:
+            n_prompt[i], mask_end[i], mask_sum[i] = supervised[0], supervised[-1] + 1, supervised.size
+    return MaskBatch(
+        n_tokens=result.n_tokens,
+        n_prompt=n_prompt,
+        mask_sum=mask_sum,
+        mask_end=mask_end,
+        mismatch=result.problems,
+        input_ids=result.input_ids if keep_ids else None,
+        loss_masks=result.loss_masks,
+    )
+
+
+def build_conversation_masks(
+    tokenizer: Any,
+    conversations: Sequence[Sequence[dict]],
+    spec: MaskSpec | None = None,
+    *,
+    keep_ids: bool = False,
+) -> MaskBatch:
+    """Masks for whole conversations (turns {role, content, reasoning_content}) ending with the generated answer.
+
+    Span trainers supervise every assistant turn their rules match; the generated-turn conventions only the last
+    turn (the earlier ones are its prompt).
+    """
+    spec = spec or MaskSpec()
+    rules = spec.rules
+    if isinstance(rules, SpanTrainer):
+        return _span_batch(tokenizer, conversations, spec, rules, keep_ids)
+    for number, conversation in enumerate(conversations):
+        if not conversation or conversation[-1].get("role") != "assistant":
+            raise ValueError(f"conversation {number} does not end with the generated assistant turn")
+    rendered = render_batch(
+        tokenizer,
+        [list(conversation[:-1]) for conversation in conversations],
+        [conversation[-1].get("reasoning_content") for conversation in conversations],
+        [conversation[-1].get("content") for conversation in conversations],
+        spec,
+    )
+    return compute_masks(tokenizer, rendered, spec, keep_ids=keep_ids)
+
+
 def build_masks(
     tokenizer: Any,
     messages: Sequence[Sequence[dict]],
@@ -248,7 +349,13 @@ def build_masks(
     *,
     keep_ids: bool = False,
 ) -> MaskBatch:
-    """Render and tokenize one batch of samples: the whole job of this module in one call."""
+    """Render and tokenize one batch of single-answer samples: prompt turns + the generated answer."""
     spec = spec or MaskSpec()
+    if isinstance(spec.rules, SpanTrainer):
+        conversations = [
+            generated_turn_conversation(turns, thought, answer)
+            for turns, thought, answer in zip(messages, reasoning, content, strict=True)
+        ]
+        return _span_batch(tokenizer, conversations, spec, spec.rules, keep_ids)
     rendered = render_batch(tokenizer, messages, reasoning, content, spec)
     return compute_masks(tokenizer, rendered, spec, keep_ids=keep_ids)

@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.masks import MaskConvention, MaskSpec
-from draftgen.params import Params, PositiveInt
+from draftgen.masks import MaskSpec
+from draftgen.params import Params, PositiveInt, _unset_if_empty
 from draftgen.paths import ProjectPath
+from draftgen.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
 
 # Every flag a sample can carry, with what it means (shown in the notebook's flag table).
 FLAGS: dict[str, str] = {
@@ -22,7 +23,8 @@ FLAGS: dict[str, str] = {
     "over_max_length": "the rendered conversation is longer than max_length tokens",
     "think_markers_in_answer": "<think> or </think> inside the answer (reasoning not separated)",
     "duplicate_answer": "the exact same answer for >= duplicate_answer_min_prompts prompts",
-    "template_mismatch": "the prompt's tokens are not a prefix of the full conversation's tokens",
+    "template_mismatch": "the trainer does not see the sample as generated: the prompt's tokens are not a prefix "
+    "of the full conversation's, the conversation is cut, no assistant span or end-of-turn (reason in mismatch)",
     "invalid_text": "U+FFFD replacement characters, NULs, non-characters or escaped lone surrogates",
     "duplicate_id": "an id already seen in an earlier row (the export keeps the first)",
 }
@@ -54,7 +56,8 @@ class ValidateConfig(Params):
     prompt_file: ProjectPath = ""  # the prompt file the folders cover ("": the one their manifests name)
     tokenizer: ProjectPath = Field(min_length=1)  # folder of the target model's tokenizer (local files only)
     out_dir: ProjectPath = Field(min_length=1)  # where the report tables and the training export go
-    mask_convention: Literal["think_in_prompt", "think_in_target"] = "think_in_prompt"
+    trainer: Trainer = DEFAULT_TRAINER  # whose loss mask to reproduce, token for token (docs/validate.md)
+    mask_convention: Literal["think_in_prompt", "think_in_target"] | None = None  # former name: see trainer
     enable_thinking: bool = True
     min_assistant_tokens: Annotated[int, Field(ge=0)] = 16
     max_length: PositiveInt = 4096
@@ -89,6 +92,35 @@ class ValidateConfig(Params):
             raise ValueError(f"listed more than once: {', '.join(repeated)}")
         return value
 
+    _convention_unset = field_validator("mask_convention", mode="before")(_unset_if_empty)
+
+    @field_validator("trainer", mode="before")
+    @classmethod
+    def _known_trainer(cls, name: object) -> object:
+        if isinstance(name, str) and name not in {t.value for t in Trainer}:
+            known = ", ".join(t.value for t in Trainer)
+            legacy = LEGACY_CONVENTIONS.get(name)
+            hint = f" ({name} is a mask_convention value: trainer {legacy.value})" if legacy else ""
+            raise ValueError(f"unknown trainer {name!r}: choose one of {known}{hint}")
+        return Trainer(name) if isinstance(name, str) else name
+
+    @model_validator(mode="after")
+    def _legacy_convention(self) -> ValidateConfig:
+        """mask_convention (the former parameter) still works: it names a generated-turn trainer.
+
+        The notebook always passes trainer (its default when not chosen), so only another trainer conflicts.
+        """
+        if self.mask_convention is None:
+            return self
+        mapped = LEGACY_CONVENTIONS[self.mask_convention]
+        if self.trainer not in (mapped, DEFAULT_TRAINER):
+            raise ValueError(
+                f"mask_convention {self.mask_convention} means trainer {mapped.value}, but trainer is "
+                f"{self.trainer.value}: give only trainer"
+            )
+        object.__setattr__(self, "trainer", mapped)
+        return self
+
     @model_validator(mode="after")
     def _separate_folders(self) -> ValidateConfig:
         target = Path(self.out_dir).resolve()
@@ -112,4 +144,6 @@ class ValidateConfig(Params):
         return tuple(f for f in FLAGS if f not in self.keep_flagged)
 
     def mask_spec(self) -> MaskSpec:
-        return MaskSpec(convention=MaskConvention(self.mask_convention), enable_thinking=self.enable_thinking)
+        return MaskSpec(
+            trainer=self.trainer, enable_thinking=self.enable_thinking, max_length=self.max_length
+        )
