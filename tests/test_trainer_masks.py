@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -266,6 +267,24 @@ def test_qwen3_thinking_supervises_every_assistant_turn(qwen35):
     )
     # its data carries a system message, so the template entry's own system prompt is not added
     assert qwen35.convert_ids_to_tokens(batch.input_ids[0][:4]) == ["<|im_start|>", "system", "Ċ", "Be"]
+
+
+def test_turn_objects_are_read_like_message_dicts(qwen35):
+    @dataclass(frozen=True)
+    class Turn:  # the shape of an assembled turn (draftgen.conversation): attributes, not keys
+        role: str
+        content: str
+        reasoning_content: str | None
+        generated: bool
+
+    objects = [
+        Turn(t["role"], t["content"], t.get("reasoning_content"), t["role"] == "assistant")
+        for t in CONVERSATION
+    ]
+    from_objects = build_conversation_masks(qwen35, [objects], MaskSpec(), keep_ids=True)
+    from_dicts = build_conversation_masks(qwen35, [CONVERSATION], MaskSpec(), keep_ids=True)
+    assert from_objects.input_ids == from_dicts.input_ids
+    assert from_objects.loss_mask(0).tolist() == from_dicts.loss_mask(0).tolist()
 
 
 def test_generated_turn_conventions_supervise_only_the_last_turn(qwen35):

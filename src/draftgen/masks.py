@@ -53,6 +53,7 @@ from draftgen.trainers import (
     generated_turn_conversation,
     span_trainer_messages,
     trainer_spec,
+    turn_dict,
 )
 
 THINK_OPENER = "<think>\n"
@@ -313,18 +314,20 @@ def _span_batch(
 
 def build_conversation_masks(
     tokenizer: Any,
-    conversations: Sequence[Sequence[dict]],
+    conversations: Sequence[Sequence[Any]],
     spec: MaskSpec | None = None,
     *,
     keep_ids: bool = False,
 ) -> MaskBatch:
-    """Masks for whole conversations (turns {role, content, reasoning_content}) ending with the generated answer.
+    """Masks for whole conversations ending with the generated answer.
 
-    Span trainers supervise every assistant turn their rules match; the generated-turn conventions only the last
+    A turn is a mapping {role, content, reasoning_content, ...} or an object with those attributes (an assembled
+    turn of draftgen.conversation). Span trainers supervise every assistant turn their rules match; the generated-turn conventions only the last
     turn (the earlier ones are its prompt).
     """
     spec = spec or MaskSpec()
     rules = spec.rules
+    conversations = [[turn_dict(turn) for turn in conversation] for conversation in conversations]
     if isinstance(rules, SpanTrainer):
         return _span_batch(tokenizer, conversations, spec, rules, keep_ids)
     for number, conversation in enumerate(conversations):

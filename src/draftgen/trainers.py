@@ -141,6 +141,14 @@ def span_trainer_messages(
     return out, note
 
 
+def turn_dict(turn: Any) -> dict:
+    """A turn as a message dict: a mapping as is, or an assembled turn object (role, content, reasoning_content)."""
+    if isinstance(turn, Mapping):
+        return dict(turn)
+    fields = ("role", "content", "reasoning_content")
+    return {name: getattr(turn, name) for name in fields if getattr(turn, name, None) is not None}
+
+
 def generated_turn_conversation(
     messages: Sequence[Mapping[str, Any]], reasoning: str | None, content: str | None
 ) -> list[dict]:
