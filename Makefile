@@ -16,7 +16,13 @@ REAL_SERVE := transformers[serving]==5.19.0
 REAL_ORACLE := specforge==0.2.0
 REAL_ORACLE_DEPS := datasets==5.2.0
 
-.PHONY: demo test test-real lint format clean
+# The browser tier (tests_browser/, issue 11): JupyterLab from .venv in headless Chromium. Chromium is Debian's
+# package (installed here when missing; CI runs as root), driven by Playwright from PyPI (the `browser` extra);
+# Playwright is given its path and never downloads a browser.
+CHROMIUM      := /usr/bin/chromium
+BROWSER_STAMP := $(VENV)/.browser-stamp
+
+.PHONY: demo test test-real test-browser lint format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
@@ -46,6 +52,17 @@ $(REAL_STAMP): pyproject.toml
 test-real: $(REAL_STAMP)
 	$(REAL_BIN)/ruff check tests_real
 	$(REAL_BIN)/python -m pytest tests_real --durations=5
+
+$(CHROMIUM):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+
+$(BROWSER_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[dev,browser]"
+	@touch $(BROWSER_STAMP)
+
+test-browser: $(BROWSER_STAMP) $(CHROMIUM)
+	$(BIN)/ruff check tests_browser
+	$(BIN)/python -m pytest tests_browser --durations=5
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
