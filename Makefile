@@ -65,7 +65,7 @@ test-browser: $(BROWSER_STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest tests_browser --durations=5
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests notebooks benchmarks
+	$(BIN)/ruff check src tests notebooks benchmarks tests_browser
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
