@@ -94,6 +94,16 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
     )
 
 
+async def read_server_facts(index: int, client: ServerClient, config: BenchmarkConfig) -> ServerFacts:
+    """What one server is, checked as the benchmark checks it (model served, probe request); for other tools."""
+    return await _server_facts(index, client, config)
+
+
+async def warm_up(client: ServerClient, config: BenchmarkConfig) -> None:
+    """The benchmark's warm-up requests on one server (not measured); for other tools."""
+    await _warm_up(client, config)
+
+
 # ----- one request ------------------------------------------------------------------------------------------
 async def _one_request(
     client: ServerClient,

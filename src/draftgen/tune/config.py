@@ -1,0 +1,196 @@
+"""The tune notebook's validated, frozen configuration, and the candidates it expands to.
+
+The search space is the product of the speculative settings (MTP off, and each ``[steps, topk, draft tokens]``)
+with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
+its own batch cap when ``concurrency`` is 0. A candidate SGLang would refuse, or would silently run as another
+one, is refused here with the reason, before any server starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from draftgen.params import PositiveFloat, PositiveInt, SamplingParams, _unset_if_empty
+from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.serve.config import parse_gpus
+from draftgen.server_settings import ServerSettings, effective_max_running, sglang_problems
+
+MIN_JOB_REQUESTS = 8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    index: int
+    settings: ServerSettings
+    concurrency: int  # requests kept in flight while measuring it
+
+    @property
+    def label(self) -> str:
+        return self.settings.label
+
+    @property
+    def slug(self) -> str:
+        s = self.settings
+        spec = (
+            f"mtp{s.speculative_num_steps}-{s.speculative_eagle_topk}-{s.speculative_num_draft_tokens}"
+            if s.speculative
+            else "nomtp"
+        )
+        return f"c{self.index:02d}-{spec}-mrr{s.max_running_requests or 'default'}"
+
+
+class TuneConfig(SamplingParams):
+    # where candidates run
+    engine: Literal["sglang", "sim"] = "sglang"  # sim: simulated servers (tests, rehearsals)
+    model: str = Field(min_length=1)  # model path for SGLang (--model-path); the served model name too
+    gpus: str = "0-6"  # GPU indices; one candidate per group of `tp` at a time
+    tp: PositiveInt = 1  # GPUs per server
+    base_port: Annotated[int, Field(ge=1, le=65535)] = 30000  # group i's server listens on base_port + i
+    host: str = "127.0.0.1"
+    python: str = ""  # interpreter running the servers ("": this one)
+    extra_args: list[str] = Field(default_factory=list)  # appended to every SGLang server's command
+    sim_profile: str = "b200-mtp"  # engine sim only
+    sim_speed: PositiveFloat = 1.0  # engine sim only: simulated clock speed-up
+    startup_timeout_s: PositiveFloat = 1800.0  # a candidate not ready by then is marked failed
+    # SGLang facts that decide which candidates can run
+    attention_backend: str = ""  # as you launch SGLang ("": its default); trtllm_mha allows top-k 1 only
+    spec_v2: bool = False  # SGLANG_ENABLE_SPEC_V2 set: top-k 1 only
+    # the search space
+    mtp_off: bool = True  # include speculative decoding off
+    speculative_algorithm: Literal["NEXTN", "EAGLE"] = "NEXTN"
+    spec_candidates: list[list[int]] = Field(
+        default_factory=lambda: [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]]
+    )  # [steps, topk, draft tokens] each
+    max_running_requests: list[PositiveInt] = Field(default_factory=lambda: [48, 96, 128], min_length=1)
+    mem_fraction_static: float | None = None  # --mem-fraction-static for every candidate (None/0: SGLang's)
+    concurrency: Annotated[int, Field(ge=0)] = (
+        0  # requests in flight per candidate; 0: its max_running_requests
+    )
+    # measurement
+    prompts: str = SYNTHETIC  # a sample of YOUR prompts (.jsonl/.parquet), or "synthetic"
+    sample_size: PositiveInt = 512  # prompts sampled once; every job sends a slice of them
+    rounds_per_job: PositiveFloat = 3.0  # a job sends ceil(this x concurrency) requests (at least 8)
+    eta: Annotated[int, Field(ge=2)] = 2  # successive halving keeps the best 1/eta each round
+    max_rounds: PositiveInt = 3  # rounds of halving at most
+    warmup_requests: Annotated[int, Field(ge=0)] = 2  # short requests before a job's measurement
+    baseline: bool = (
+        True  # also measure the seeds' NEXTN 3/1/4 (cap 48) at the chosen candidate's concurrency
+    )
+    interval: Annotated[float, Field(gt=0, lt=1)] = 0.9  # bootstrap interval coverage
+    bootstrap: PositiveInt = 300  # bootstrap resamples
+    seed: int = 0
+    api_key_env: str | None = None
+    request_timeout_s: PositiveFloat = 1800.0
+    out_dir: str = "outputs/tune/interactive"
+    settings_file: str = ""  # where the chosen settings go ("": out_dir/settings.yaml)
+
+    _unset = field_validator("mem_fraction_static", "api_key_env", mode="before")(_unset_if_empty)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, text: str) -> str:
+        parse_gpus(text)
+        return text
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompt_file(cls, path: str) -> str:
+        return check_prompt_source(path, allow_empty=True)
+
+    @field_validator("spec_candidates")
+    @classmethod
+    def _triples(cls, triples: list[list[int]]) -> list[list[int]]:
+        for i, triple in enumerate(triples):
+            if len(triple) != 3 or any(v < 1 for v in triple):
+                raise ValueError(
+                    f"spec_candidates[{i}] {triple}: write [steps, topk, draft tokens], each >= 1"
+                )
+        return triples
+
+    @model_validator(mode="after")
+    def _check_space(self) -> TuneConfig:
+        if not self.spec_candidates and not self.mtp_off:
+            raise ValueError("the search space is empty: give spec_candidates or set mtp_off")
+        if len(parse_gpus(self.gpus)) % self.tp:
+            raise ValueError(f"gpus {self.gpus!r} do not split into groups of tp={self.tp}")
+        refused = []
+        for i, (steps, topk, drafts) in enumerate(self.spec_candidates):
+            settings = ServerSettings(
+                speculative_algorithm=self.speculative_algorithm,
+                speculative_num_steps=steps,
+                speculative_eagle_topk=topk,
+                speculative_num_draft_tokens=drafts,
+            )
+            for reason in sglang_problems(
+                settings, attention_backend=self.attention_backend or None, spec_v2=self.spec_v2
+            ):
+                refused.append(f"spec_candidates[{i}] {[steps, topk, drafts]}: {reason}")
+        if refused:
+            raise ValueError("candidates SGLang would not run as given:\n    " + "\n    ".join(refused))
+        return self
+
+    @property
+    def prompt_path(self) -> Path:
+        return prompt_source_path(self.prompts)
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        gpus = parse_gpus(self.gpus)
+        return tuple(gpus[i : i + self.tp] for i in range(0, len(gpus), self.tp))
+
+    @property
+    def settings_path(self) -> Path:
+        return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / "settings.yaml"
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            enable_thinking=self.enable_thinking,
+        )
+
+    def candidates(self) -> list[Candidate]:
+        specs: list[ServerSettings] = []
+        if self.mtp_off:
+            specs.append(
+                ServerSettings(
+                    speculative_algorithm=None,
+                    speculative_num_steps=None,
+                    speculative_eagle_topk=None,
+                    speculative_num_draft_tokens=None,
+                )
+            )
+        for steps, topk, drafts in self.spec_candidates:
+            specs.append(
+                ServerSettings(
+                    speculative_algorithm=self.speculative_algorithm,
+                    speculative_num_steps=steps,
+                    speculative_eagle_topk=topk,
+                    speculative_num_draft_tokens=drafts,
+                )
+            )
+        out = []
+        for spec in specs:
+            for cap in self.max_running_requests:
+                settings = spec.model_copy(
+                    update={"max_running_requests": cap, "mem_fraction_static": self.mem_fraction_static}
+                )
+                out.append(Candidate(len(out), settings, self.concurrency or cap))
+        return out
+
+    def baseline_candidate(self, concurrency: int) -> Candidate:
+        seeds = ServerSettings()  # NEXTN 3/1/4 with SGLang's cap (48)
+        assert effective_max_running(seeds) is not None
+        return Candidate(-1, seeds, concurrency)
+
+    def job_requests(self, concurrency: int) -> int:
+        return max(MIN_JOB_REQUESTS, math.ceil(self.rounds_per_job * concurrency))

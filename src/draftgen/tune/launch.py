@@ -1,0 +1,97 @@
+"""Start one candidate on one GPU group with serve's launcher, wait until it generates, and stop it.
+
+The command line is serve's own (``draftgen.serve.launch.server_specs`` with the candidate's settings), so what
+tune measures is exactly what ``draftgen serve --settings FILE`` runs. A server that exits or misses the start-up
+deadline is reported with the tail of its log (an out-of-memory start shows SGLang's message there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from draftgen.serve.config import ServeConfig
+from draftgen.serve.launch import LaunchSpec, server_specs
+from draftgen.serve.probe import Stage, probe
+from draftgen.serve.process import log_tail, spawn, stop_group
+from draftgen.tune.config import Candidate, TuneConfig
+
+POLL_INTERVAL_S = 0.25
+PROBE_TIMEOUT_S = 30.0
+STOP_GRACE_S = 20.0
+LOG_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Started:
+    spec: LaunchSpec
+    process: asyncio.subprocess.Process
+    log_path: Path
+    seconds: float  # process start → ready
+
+
+@dataclass(frozen=True)
+class FailedStart:
+    reason: str  # "exited with code 1" / "not ready after 1800 s"
+    log_tail: tuple[str, ...]
+    log_path: Path
+
+
+def launch_spec(config: TuneConfig, candidate: Candidate, group_index: int, run_name: str) -> LaunchSpec:
+    """The one server command for ``candidate`` on GPU group ``group_index`` (serve's own command line)."""
+    serve = ServeConfig(
+        model=config.model,
+        gpus=config.groups[group_index],
+        tp=config.tp,
+        base_port=config.base_port + group_index,
+        host=config.host,
+        python=config.python or sys.executable,
+        engine=config.engine,
+        extra_args=tuple(config.extra_args) if config.engine == "sglang" else (),
+        settings=candidate.settings,
+        sim_profile=config.sim_profile if config.engine == "sim" else None,
+        sim_speed=config.sim_speed,
+        out_dir=Path(config.out_dir) / "servers",
+        run_name=run_name,
+    )
+    return server_specs(serve)[0]
+
+
+async def start(spec: LaunchSpec, log_path: Path, timeout_s: float) -> Started | FailedStart:
+    """Spawn and probe until ``/health_generate`` answers 200; on exit or timeout stop it and say why.
+
+    Each job has a log of its own, so the whole log is this attempt's."""
+    began = time.monotonic()
+    process = await spawn(spec, log_path)
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if process.returncode is not None:
+                await stop_group(process, STOP_GRACE_S)  # its children, if any
+                return FailedStart(
+                    f"exited with code {process.returncode} during start-up",
+                    tuple(log_tail(log_path, LOG_TAIL_LINES, since=0)),
+                    log_path,
+                )
+            result = await probe(session, spec.url + spec.health_path, PROBE_TIMEOUT_S)
+            if result.stage is Stage.READY:
+                return Started(spec, process, log_path, time.monotonic() - began)
+            if time.monotonic() - began > timeout_s:
+                await stop_group(process, STOP_GRACE_S)
+                return FailedStart(
+                    f"not ready after {timeout_s:g} s (last stage: {result.stage.value})",
+                    tuple(log_tail(log_path, LOG_TAIL_LINES, since=0)),
+                    log_path,
+                )
+            try:
+                await asyncio.wait_for(process.wait(), POLL_INTERVAL_S)
+            except TimeoutError:
+                pass
+
+
+async def stop(started: Started) -> None:
+    await stop_group(started.process, STOP_GRACE_S)

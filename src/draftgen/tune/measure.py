@@ -1,0 +1,136 @@
+"""One job: start a candidate on a GPU group, measure one level with benchmark's code, stop it.
+
+The level is benchmark's ``run_level``: ``concurrency`` streaming requests kept in flight until the job's prompts
+are sent. Its steady throughput comes from the requests that finished while every slot was still busy (before
+the last request was sent): in a closed loop of ``c`` requests, tokens/s = c × Σ tokens / Σ request seconds
+(Little's law), which leaves out the drain at the end, when the batch empties and each step serves fewer requests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftgen.bench.config import BenchmarkConfig
+from draftgen.bench.run import BenchmarkError, read_server_facts, run_level, warm_up
+from draftgen.bench.stats import level_acceptance, resolve_request_tokens
+from draftgen.client import ServerClient
+from draftgen.prompts import PromptRow
+from draftgen.tune.config import Candidate, TuneConfig
+from draftgen.tune.launch import FailedStart, launch_spec, start, stop
+
+
+@dataclass(frozen=True)
+class JobResult:
+    candidate: Candidate
+    round: int
+    group: int
+    started_at: float
+    finished_at: float
+    ok: bool  # started and measured
+    failure: str | None = None  # why not: "failed to start: exited with code 1 ..." or a measurement error
+    log_tail: tuple[str, ...] = ()
+    startup_s: float | None = None
+    requests: int = 0
+    failed_requests: int = 0
+    steady_tokens: tuple[float, ...] = ()  # per request finished while every slot was busy
+    steady_seconds: tuple[float, ...] = ()  # those requests' send → last byte
+    steady_verify: tuple[int | None, ...] = ()  # their verify steps (sglext), None when not reported
+    accept_length: float | None = None  # the level's acceptance, benchmark's first available source
+    accept_source: str = ""
+
+    @property
+    def start_failed(self) -> bool:
+        return not self.ok and (self.failure or "").startswith("failed to start")
+
+
+def steady_requests(
+    tokens: Sequence[float | None], started: Sequence[float], e2e: Sequence[float], ok: Sequence[bool]
+) -> list[int]:
+    """Indices of the successful requests that finished before the last request was sent."""
+    last_send = max(started) if started else 0.0
+    chosen = [
+        i for i in range(len(ok)) if ok[i] and tokens[i] is not None and started[i] + e2e[i] <= last_send
+    ]
+    if not chosen:  # too few requests for a steady phase: every successful one (the report says so)
+        chosen = [i for i in range(len(ok)) if ok[i] and tokens[i] is not None]
+    return chosen
+
+
+def _bench_config(
+    config: TuneConfig, url: str, candidate: Candidate, rows: int, out_dir: Path
+) -> BenchmarkConfig:
+    return BenchmarkConfig(
+        servers=[url],
+        model=config.model,
+        api_key_env=config.api_key_env,
+        request_timeout_s=config.request_timeout_s,
+        prompts=config.prompts,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        min_p=config.min_p,
+        enable_thinking=config.enable_thinking,
+        concurrencies=[candidate.concurrency],
+        num_prompts=rows,
+        warmup_requests=config.warmup_requests,
+        out_dir=str(out_dir),
+    )
+
+
+async def run_job(
+    config: TuneConfig, candidate: Candidate, round_index: int, group: int, rows: Sequence[PromptRow]
+) -> JobResult:
+    began = time.time()
+    run_name = f"r{round_index}-{candidate.slug}-g{group}" if candidate.index >= 0 else f"baseline-g{group}"
+    spec = launch_spec(config, candidate, group, run_name)
+    run_dir = Path(config.out_dir) / "servers" / run_name
+    started = await start(spec, run_dir / f"{spec.name}.log", config.startup_timeout_s)
+    base = {"candidate": candidate, "round": round_index, "group": group, "started_at": began}
+    if isinstance(started, FailedStart):
+        return JobResult(
+            **base,
+            finished_at=time.time(),
+            ok=False,
+            failure=f"failed to start: {started.reason} (log {started.log_path})",
+            log_tail=started.log_tail,
+        )
+    bench = _bench_config(config, spec.url, candidate, len(rows), run_dir)
+    client = ServerClient(spec.url, api_key=bench.api_key(), timeout_s=config.request_timeout_s)
+    try:
+        facts = await read_server_facts(group, client, bench)
+        if config.warmup_requests:
+            await warm_up(client, bench)
+        level = await run_level(client, facts, bench, candidate.concurrency, rows)
+    except BenchmarkError as exc:
+        return JobResult(**base, finished_at=time.time(), ok=False, failure=f"measurement failed: {exc}")
+    finally:
+        await client.close()
+        await stop(started)
+    tokens = resolve_request_tokens(level)
+    records = level.requests
+    chosen = steady_requests(
+        [t.tokens for t in tokens],
+        [r.started_at for r in records],
+        [r.e2e_s for r in records],
+        [r.ok for r in records],
+    )
+    accept, source = level_acceptance(level, tokens, facts)
+    failed = sum(not r.ok for r in records)
+    return JobResult(
+        **base,
+        finished_at=time.time(),
+        ok=failed < len(records),
+        failure=None if failed < len(records) else f"every one of {len(records)} requests failed",
+        startup_s=started.seconds,
+        requests=len(records),
+        failed_requests=failed,
+        steady_tokens=tuple(float(tokens[i].tokens or 0.0) for i in chosen),
+        steady_seconds=tuple(records[i].e2e_s for i in chosen),
+        steady_verify=tuple(records[i].spec_verify_ct for i in chosen),
+        accept_length=accept,
+        accept_source=source,
+    )

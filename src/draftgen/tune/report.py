@@ -1,0 +1,198 @@
+"""A tune run → the candidate table, plots with intervals, tune.json, and the settings file serve launches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+from matplotlib.figure import Figure
+
+from draftgen.bench.report import SavedFigure, new_figure, save_figure
+from draftgen.server_settings import save_settings
+from draftgen.tune.estimate import estimate
+from draftgen.tune.run import TuneRun
+
+CANDIDATES_FILE = "candidates.parquet"
+JOBS_FILE = "jobs.parquet"
+SUMMARY_FILE = "tune.json"
+
+__all__ = [
+    "SavedFigure",
+    "candidate_table",
+    "plot_acceptance",
+    "plot_throughput",
+    "save_figure",
+    "save_report",
+]
+
+
+def _status(run: TuneRun, index: int) -> str:
+    jobs = [j for j in run.jobs if j.candidate.index == index]
+    failed = next((j for j in jobs if not j.ok), None)
+    if failed is not None:
+        return "failed to start" if failed.start_failed else "failed"
+    if run.chosen is not None and run.chosen.index == index:
+        return "chosen"
+    if index in run.eliminated_in:
+        return f"dropped after round {run.eliminated_in[index]}"
+    return "finalist"
+
+
+def candidate_table(run: TuneRun) -> pl.DataFrame:
+    """One row per candidate, best tok/s per GPU first; failed candidates last with the reason and log tail."""
+    rows = []
+    for cand in run.candidates:
+        s = cand.settings
+        est = run.estimates.get(cand.index)
+        jobs = [j for j in run.jobs if j.candidate.index == cand.index]
+        failed = next((j for j in jobs if not j.ok), None)
+        rows.append(
+            {
+                "candidate": cand.label,
+                "status": _status(run, cand.index),
+                "speculative_algorithm": s.speculative_algorithm,
+                "num_steps": s.speculative_num_steps,
+                "eagle_topk": s.speculative_eagle_topk,
+                "num_draft_tokens": s.speculative_num_draft_tokens,
+                "max_running_requests": s.max_running_requests,
+                "concurrency": cand.concurrency,
+                "tok_s_per_gpu": est.tok_s_per_gpu if est else None,
+                "tok_s_per_gpu_low": est.tok_s_low if est else None,
+                "tok_s_per_gpu_high": est.tok_s_high if est else None,
+                "accept_length": est.accept_length if est else None,
+                "accept_length_low": est.accept_low if est else None,
+                "accept_length_high": est.accept_high if est else None,
+                "accept_length_source": est.accept_source if est else None,
+                "jobs": len(jobs),
+                "steady_requests": est.steady_requests if est else 0,
+                "failure": failed.failure if failed else None,
+                "log_tail": "\n".join(failed.log_tail) if failed else None,
+            }
+        )
+    table = pl.DataFrame(rows, infer_schema_length=None)
+    return table.sort("tok_s_per_gpu", descending=True, nulls_last=True)
+
+
+def jobs_table(run: TuneRun) -> pl.DataFrame:
+    return pl.DataFrame(
+        [
+            {
+                "candidate": j.candidate.label,
+                "round": j.round,
+                "gpu_group": j.group,
+                "ok": j.ok,
+                "failure": j.failure,
+                "startup_s": j.startup_s,
+                "seconds": j.finished_at - j.started_at,
+                "requests": j.requests,
+                "failed_requests": j.failed_requests,
+                "steady_requests": len(j.steady_tokens),
+                "accept_length": j.accept_length,
+            }
+            for j in [*run.jobs, *([run.baseline] if run.baseline else [])]
+        ],
+        infer_schema_length=None,
+    )
+
+
+def summary(run: TuneRun) -> dict:
+    chosen = run.chosen
+    est = run.estimates.get(chosen.index) if chosen else None
+    base = run.baseline
+    base_est = estimate([base], run.config) if base is not None and base.ok else None
+    return {
+        "chosen": chosen.settings.model_dump(mode="json") if chosen else None,
+        "chosen_label": chosen.label if chosen else None,
+        "concurrency": chosen.concurrency if chosen else None,
+        "tok_s_per_gpu": est.tok_s_per_gpu if est else None,
+        "tok_s_per_gpu_interval": [est.tok_s_low, est.tok_s_high] if est else None,
+        "accept_length": est.accept_length if est else None,
+        "baseline_label": base.candidate.label if base else None,
+        "baseline_tok_s_per_gpu": base_est.tok_s_per_gpu if base_est else None,
+        "baseline_failure": base.failure if base is not None and not base.ok else None,
+        "gain_vs_baseline": (est.tok_s_per_gpu / base_est.tok_s_per_gpu - 1) if est and base_est else None,
+        "candidates": len(run.candidates),
+        "jobs": len(run.jobs),
+        "failed_to_start": sorted({j.candidate.label for j in run.jobs if j.start_failed}),
+        "wall_time_s": run.finished_at - run.started_at,
+        "gpu_groups": len(run.config.groups),
+        "engine": run.config.engine,
+        "settings_file": str(run.config.settings_path) if chosen else None,
+        "config": run.config.public_dict(),
+    }
+
+
+def save_report(run: TuneRun) -> dict:
+    """Write candidates.parquet, jobs.parquet, tune.json and (when a candidate won) the settings file."""
+    out = Path(run.config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    candidate_table(run).write_parquet(out / CANDIDATES_FILE)
+    jobs_table(run).write_parquet(out / JOBS_FILE)
+    info = summary(run)
+    if run.chosen is not None:
+        provenance = {
+            k: info[k]
+            for k in (
+                "chosen_label",
+                "concurrency",
+                "tok_s_per_gpu",
+                "tok_s_per_gpu_interval",
+                "accept_length",
+            )
+        }
+        provenance |= {"engine": run.config.engine, "model": run.config.model, "tune_dir": str(out)}
+        save_settings(run.config.settings_path, run.chosen.settings, provenance)
+    (out / SUMMARY_FILE).write_text(json.dumps(info, indent=2, default=str))
+    return info
+
+
+def _errorbar(ax, table: pl.DataFrame, value: str, low: str, high: str) -> None:  # type: ignore[no-untyped-def]
+    rows = table.filter(pl.col(value).is_not_null())
+    labels = rows["candidate"].to_list()
+    values = rows[value].to_list()
+    lows = [v - (lo if lo is not None else v) for v, lo in zip(values, rows[low].to_list(), strict=True)]
+    highs = [(hi if hi is not None else v) - v for v, hi in zip(values, rows[high].to_list(), strict=True)]
+    colors = ["tab:green" if s == "chosen" else "tab:blue" for s in rows["status"].to_list()]
+    positions = list(range(len(labels)))
+    ax.barh(positions, values, color=colors, alpha=0.6)
+    ax.errorbar(values, positions, xerr=[lows, highs], fmt="none", ecolor="black", capsize=3)
+    ax.set_yticks(positions)
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+
+
+def plot_throughput(table: pl.DataFrame, interval: float) -> Figure:
+    measured = table.filter(pl.col("tok_s_per_gpu").is_not_null())
+    fig, ax = new_figure((8, 0.45 * max(4, measured.height) + 1))
+    _errorbar(ax, measured, "tok_s_per_gpu", "tok_s_per_gpu_low", "tok_s_per_gpu_high")
+    ax.set_xlabel(f"output tok/s per GPU at the candidate's concurrency ({interval:.0%} interval)")
+    ax.set_title("Throughput per candidate (green: chosen)")
+    return fig
+
+
+def plot_acceptance(table: pl.DataFrame, interval: float) -> Figure:
+    measured = table.filter(pl.col("accept_length").is_not_null())
+    fig, ax = new_figure((8, 0.45 * max(4, measured.height) + 1))
+    _errorbar(ax, measured, "accept_length", "accept_length_low", "accept_length_high")
+    ax.set_xlabel(f"acceptance length, tokens per verify step ({interval:.0%} interval)")
+    ax.set_title("Speculative acceptance per candidate")
+    return fig
+
+
+def format_table(table: pl.DataFrame) -> str:
+    """The candidate table as plain text lines (for the command line)."""
+    lines = [f"{'candidate':<34} {'status':<24} {'tok/s per GPU':>24} {'acceptance':>20}"]
+    for row in table.iter_rows(named=True):
+        if row["tok_s_per_gpu"] is None:
+            rate, accept = "-", "-"
+        else:
+            rate = f"{row['tok_s_per_gpu']:,.0f} [{row['tok_s_per_gpu_low']:,.0f}-{row['tok_s_per_gpu_high']:,.0f}]"
+            accept = f"{row['accept_length']:.2f}" if row["accept_length"] is not None else "-"
+            if row["accept_length_low"] is not None:
+                accept += f" [{row['accept_length_low']:.2f}-{row['accept_length_high']:.2f}]"
+        lines.append(f"{row['candidate']:<34} {row['status']:<24} {rate:>24} {accept:>20}")
+        if row["failure"]:
+            lines.append(f"    {row['failure']}")
+            lines += [f"    | {line}" for line in (row["log_tail"] or "").splitlines()[-5:]]
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""Successive halving over the candidates, one job per GPU group at a time.
+
+Round 0 measures every candidate once. Each later round keeps the best 1/eta (by tok/s per GPU so far) and
+measures each survivor on as many groups as fill the GPUs, so the contenders get more requests while no GPU idles;
+a candidate's estimate pools every job it had. A candidate that fails to start is marked with its log tail and
+leaves the race; the others go on. The run ends after ``max_rounds`` rounds or with one candidate left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from draftgen.bench.sample import PromptSample, sample_prompts
+from draftgen.tune.config import Candidate, TuneConfig
+from draftgen.tune.estimate import Estimate, estimate
+from draftgen.tune.measure import JobResult, run_job
+
+
+@dataclass(frozen=True)
+class Job:
+    candidate: Candidate
+    round: int
+    replica: int
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    config: TuneConfig
+    candidates: tuple[Candidate, ...]
+    jobs: tuple[JobResult, ...]
+    estimates: dict[int, Estimate]  # candidate index → pooled estimate (measured candidates only)
+    eliminated_in: dict[int, int]  # candidate index → round after which it was dropped
+    chosen: Candidate | None
+    baseline: JobResult | None
+    started_at: float
+    finished_at: float
+
+
+def _rows(sample: PromptSample, config: TuneConfig, job: Job, groups: int):  # type: ignore[no-untyped-def]
+    """The same prompts for every candidate of a round (a paired comparison); new ones for each round/replica."""
+    n = config.job_requests(job.candidate.concurrency)
+    return sample.slice((job.round * groups + job.replica) * n, n)
+
+
+async def run_jobs(
+    config: TuneConfig,
+    jobs: Sequence[Job],
+    groups: Sequence[int],
+    sample: PromptSample,
+    report: Callable[[JobResult], None],
+) -> list[JobResult]:
+    """Run ``jobs`` on the given GPU groups, one job per group at a time, in order of the list."""
+    queue: asyncio.Queue[Job] = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+    results: list[JobResult] = []
+
+    async def worker(group: int) -> None:
+        while not queue.empty():
+            job = queue.get_nowait()
+            result = await run_job(
+                config, job.candidate, job.round, group, _rows(sample, config, job, len(config.groups))
+            )
+            results.append(result)
+            report(result)
+
+    async with asyncio.TaskGroup() as tasks:
+        for group in groups:
+            tasks.create_task(worker(group))
+    return results
+
+
+def _line(result: JobResult, estimates: dict[int, Estimate]) -> str:
+    head = f"  round {result.round} GPU group {result.group} {result.candidate.label} c={result.candidate.concurrency}"
+    if not result.ok:
+        tail = "\n      | ".join(result.log_tail[-8:])
+        return f"{head}: {result.failure}" + (f"\n      | {tail}" if tail else "")
+    est = estimates.get(result.candidate.index)
+    pooled = f", pooled {est.tok_s_per_gpu:,.0f} tok/s per GPU" if est else ""
+    seconds = result.finished_at - result.started_at
+    return (
+        f"{head}: {result.requests - result.failed_requests}/{result.requests} ok in {seconds:.1f}s, "
+        f"acceptance {result.accept_length or float('nan'):.2f}{pooled}"
+    )
+
+
+async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> TuneRun:
+    candidates = config.candidates()
+    groups = list(range(len(config.groups)))
+    started_at = time.time()
+    most = max(config.job_requests(c.concurrency) for c in candidates)
+    sample = await asyncio.to_thread(
+        sample_prompts, config.prompt_path, max(config.sample_size, most), config.seed
+    )
+    log(
+        f"tune: {len(candidates)} candidates on {len(groups)} GPU group(s), engine {config.engine}; "
+        f"{len(sample.rows)} prompts sampled from {sample.path}"
+    )
+    jobs: list[JobResult] = []
+    estimates: dict[int, Estimate] = {}
+    eliminated: dict[int, int] = {}
+
+    def refresh(result: JobResult) -> None:
+        jobs.append(result)
+        index = result.candidate.index
+        pooled = [j for j in jobs if j.candidate.index == index and j.ok]
+        if pooled and not any(j.start_failed for j in jobs if j.candidate.index == index):
+            estimates[index] = estimate(pooled, config)
+        log(_line(result, estimates))
+
+    alive = list(candidates)
+    for round_index in range(config.max_rounds):
+        replicas = 1 if round_index == 0 else max(1, math.ceil(len(groups) / len(alive)))
+        round_jobs = [Job(c, round_index, r) for r in range(replicas) for c in alive]
+        log(f"tune: round {round_index}: {len(alive)} candidate(s) x {replicas} job(s)")
+        await run_jobs(config, round_jobs, groups, sample, refresh)
+        failed = {j.candidate.index for j in jobs if not j.ok}
+        for index in failed:
+            estimates.pop(index, None)
+        alive = sorted(
+            (c for c in alive if c.index in estimates),
+            key=lambda c: estimates[c.index].tok_s_per_gpu,
+            reverse=True,
+        )
+        if len(alive) <= 1 or round_index == config.max_rounds - 1:
+            break
+        keep = math.ceil(len(alive) / config.eta)
+        for dropped in alive[keep:]:
+            eliminated[dropped.index] = round_index
+        alive = alive[:keep]
+    chosen = alive[0] if alive else None
+    baseline = None
+    if config.baseline and chosen is not None:
+        seeds = config.baseline_candidate(chosen.concurrency)
+        log(f"tune: baseline {seeds.label} at concurrency {chosen.concurrency}")
+        baseline = (
+            await run_jobs(
+                config, [Job(seeds, config.max_rounds, 0)], groups[:1], sample, lambda r: log(_line(r, {}))
+            )
+        )[0]
+    return TuneRun(
+        config=config,
+        candidates=tuple(candidates),
+        jobs=tuple(jobs),
+        estimates=estimates,
+        eliminated_in=eliminated,
+        chosen=chosen,
+        baseline=baseline,
+        started_at=started_at,
+        finished_at=time.time(),
+    )

@@ -1,0 +1,182 @@
+"""draftgen tune on the simulator, where each candidate's tok/s per GPU is known from the profile (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from draftgen.params import ParameterError, build_config
+from draftgen.server_settings import ServerSettings, load_settings, sglang_problems
+from draftgen.sim.fleet import find_free_base_port, http_status
+from draftgen.sim.profiles import get_profile
+from draftgen.sim.speculative import SimSettings, StartupError, apply_settings
+from draftgen.tune import report
+from draftgen.tune.config import TuneConfig
+from draftgen.tune.run import run_tune
+
+SPEED = 2.0
+CONCURRENCY = 8
+MAX_TOKENS = 128
+
+
+def truth_tok_s(settings: ServerSettings, concurrency: int) -> float | None:
+    """The simulated GPU's steady tok/s at ``concurrency`` for these settings, or None if it cannot start."""
+    flags = SimSettings(
+        speculative_algorithm=settings.speculative_algorithm or "none",
+        speculative_num_steps=settings.speculative_num_steps,
+        speculative_eagle_topk=settings.speculative_eagle_topk,
+        speculative_num_draft_tokens=settings.speculative_num_draft_tokens,
+        max_running_requests=settings.max_running_requests,
+    )
+    try:
+        return apply_settings(get_profile("b200-mtp"), flags).tokens_per_second(concurrency)
+    except StartupError:
+        return None
+
+
+def sim_config(tmp_path, **values: object) -> TuneConfig:
+    base = {
+        "engine": "sim",
+        "model": "Qwen/Qwen3.6-27B",
+        "gpus": "0-2",
+        "base_port": find_free_base_port(3),
+        "sim_speed": SPEED,
+        "max_tokens": MAX_TOKENS,
+        "sample_size": 64,
+        "warmup_requests": 1,
+        "out_dir": str(tmp_path / "tune"),
+    }
+    return build_config(TuneConfig, {**base, **values})
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One tune run on a space whose truth is known: 3 simulated GPUs, 8 candidates, 2 of them out of memory."""
+    tmp_path = tmp_path_factory.mktemp("tune")
+    config = sim_config(
+        tmp_path,
+        spec_candidates=[[1, 1, 2], [3, 1, 4], [5, 1, 6]],
+        max_running_requests=[CONCURRENCY, 160],  # 160 does not fit with 3/1/4 or 5/1/6: they fail to start
+        concurrency=CONCURRENCY,
+        max_rounds=2,
+    )
+    lines: list[str] = []
+    run = asyncio.run(run_tune(config, log=lines.append))
+    return config, run, report.save_report(run), lines
+
+
+def test_tune_picks_within_two_percent_of_the_best_and_never_a_failed_start(tuned):
+    config, run, info, lines = tuned
+    truths = {c.index: truth_tok_s(c.settings, c.concurrency) for c in run.candidates}
+    best = max(t for t in truths.values() if t is not None)
+    assert run.chosen is not None
+    assert truths[run.chosen.index] >= 0.98 * best, (run.chosen.label, truths, lines)
+    failed = {j.candidate.index for j in run.jobs if j.start_failed}
+    assert failed == {i for i, t in truths.items() if t is None}  # exactly the out-of-memory ones
+    assert run.chosen.index not in failed
+    # The failures are marked with their log tail, and the rest went on.
+    table = report.candidate_table(run)
+    marked = table.filter(table["status"] == "failed to start")
+    assert marked.height == 2
+    assert all("Not enough memory" in tail for tail in marked["log_tail"].to_list())
+    assert any("Not enough memory" in line for line in lines)
+    measured = table.filter(table["tok_s_per_gpu"].is_not_null())
+    assert measured.height == len(run.candidates) - 2
+    assert (measured["tok_s_per_gpu_low"] <= measured["tok_s_per_gpu"]).all()
+    assert (measured["tok_s_per_gpu"] <= measured["tok_s_per_gpu_high"]).all()
+    # Acceptance follows the settings (1 + p for one draft position, 3.6 for the seeds' 3/1/4).
+    by_label = dict(zip(measured["candidate"], measured["accept_length"], strict=True))
+    assert by_label[f"MTP 3/1/4, {CONCURRENCY} running"] == pytest.approx(3.6, abs=0.15)
+    assert by_label[f"MTP off, {CONCURRENCY} running"] == pytest.approx(1.0)
+    # Successive halving: the losers of round 0 got one job, the finalists more.
+    jobs = {c: table.filter(table["candidate"] == c)["jobs"][0] for c in measured["candidate"]}
+    assert jobs[run.chosen.label] > min(jobs.values())
+    assert info["tok_s_per_gpu"] > 0 and info["baseline_tok_s_per_gpu"] > 0
+
+
+def test_the_settings_file_launches_with_draftgen_serve(tuned, tmp_path):
+    config, run, info, _ = tuned
+    settings = load_settings(config.settings_path)
+    assert settings == run.chosen.settings
+    recorded = yaml.safe_load(config.settings_path.read_text())["tuned"]
+    assert recorded["chosen_label"] == run.chosen.label
+    port = find_free_base_port(1)
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "draftgen",
+            "serve",
+            "--engine",
+            "sim",
+            "--gpus",
+            "0",
+            "--base-port",
+            str(port),
+        ]
+        + ["--settings", str(config.settings_path), "--plain", "--out", str(tmp_path), "--run", "s"]
+        + ["--poll-interval", "0.2", "--grace", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while http_status(f"http://127.0.0.1:{port}/health") != 200:
+            assert serve.poll() is None and time.monotonic() < deadline, (
+                serve.stdout.read() if serve.stdout else ""
+            )
+            time.sleep(0.2)
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as response:
+            served = json.load(response)
+        assert served["max_running_requests"] == settings.max_running_requests
+        assert served["speculative_num_steps"] == settings.speculative_num_steps
+        assert served["speculative_num_draft_tokens"] == settings.speculative_num_draft_tokens
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+
+
+def test_invalid_candidates_are_refused_before_anything_starts(tmp_path):
+    port = find_free_base_port(3)
+    with pytest.raises(ParameterError) as caught:
+        sim_config(
+            tmp_path,
+            base_port=port,
+            spec_candidates=[[3, 1, 4], [3, 1, 6], [2, 4, 8]],
+            attention_backend="trtllm_mha",
+        )
+    text = str(caught.value)
+    assert re.search(
+        r"spec_candidates\[1\] \[3, 1, 6\]: with eagle_topk 1 SGLang changes num_draft_tokens 6", text
+    )
+    assert "spec_candidates[2] [2, 4, 8]: eagle_topk 4 > 1: SGLang's trtllm_mha attention backend" in text
+    assert "spec_candidates[0]" not in text
+    assert not (tmp_path / "tune").exists()  # nothing ran, nothing written
+    assert sglang_problems(
+        ServerSettings(speculative_num_steps=2, speculative_eagle_topk=2, speculative_num_draft_tokens=8),
+        spec_v2=True,
+    )
+    with pytest.raises(ParameterError, match="spec_candidates"):
+        sim_config(tmp_path, spec_candidates=[[3, 1]])
+
+
+def test_draftgen_tune_command_refuses_a_bad_space(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "draftgen", "tune", "-p", "engine", "sim", "-p", "model", "m"]
+        + ["-p", "spec_candidates", "[[2, 1, 5]]", "--out", str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "num_draft_tokens 5 to num_steps + 1 = 3" in done.stderr
