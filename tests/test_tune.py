@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -72,7 +74,7 @@ def tuned(tmp_path_factory):
 
 
 def test_tune_picks_within_two_percent_of_the_best_and_never_a_failed_start(tuned):
-    config, run, info, lines = tuned
+    _config, run, info, lines = tuned
     truths = {c.index: truth_tok_s(c.settings, c.concurrency) for c in run.candidates}
     best = max(t for t in truths.values() if t is not None)
     assert run.chosen is not None
@@ -101,7 +103,7 @@ def test_tune_picks_within_two_percent_of_the_best_and_never_a_failed_start(tune
 
 
 def test_the_settings_file_launches_with_draftgen_serve(tuned, tmp_path):
-    config, run, info, _ = tuned
+    config, run, _info, _ = tuned
     settings = load_settings(config.settings_path)
     assert settings == run.chosen.settings
     recorded = yaml.safe_load(config.settings_path.read_text())["tuned"]
@@ -119,9 +121,18 @@ def test_the_settings_file_launches_with_draftgen_serve(tuned, tmp_path):
             "0",
             "--base-port",
             str(port),
-        ]
-        + ["--settings", str(config.settings_path), "--plain", "--out", str(tmp_path), "--run", "s"]
-        + ["--poll-interval", "0.2", "--grace", "2"],
+            "--settings",
+            str(config.settings_path),
+            "--plain",
+            "--out",
+            str(tmp_path),
+            "--run",
+            "s",
+            "--poll-interval",
+            "0.2",
+            "--grace",
+            "2",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -133,9 +144,6 @@ def test_the_settings_file_launches_with_draftgen_serve(tuned, tmp_path):
                 serve.stdout.read() if serve.stdout else ""
             )
             time.sleep(0.2)
-        import json
-        import urllib.request
-
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as response:
             served = json.load(response)
         assert served["max_running_requests"] == settings.max_running_requests
@@ -172,11 +180,82 @@ def test_invalid_candidates_are_refused_before_anything_starts(tmp_path):
 
 def test_draftgen_tune_command_refuses_a_bad_space(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "draftgen", "tune", "-p", "engine", "sim", "-p", "model", "m"]
-        + ["-p", "spec_candidates", "[[2, 1, 5]]", "--out", str(tmp_path / "t")],
+        [
+            sys.executable,
+            "-m",
+            "draftgen",
+            "tune",
+            "-p",
+            "engine",
+            "sim",
+            "-p",
+            "model",
+            "m",
+            "-p",
+            "spec_candidates",
+            "[[2, 1, 5]]",
+            "--out",
+            str(tmp_path / "t"),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
     assert "num_draft_tokens 5 to num_steps + 1 = 3" in done.stderr
+
+
+def test_benchmark_and_estimate_record_the_settings_file(tmp_path):
+    from draftgen.bench.config import BenchmarkConfig
+    from draftgen.estimate.config import EstimateConfig
+    from draftgen.server_settings import save_settings, settings_record
+
+    path = save_settings(tmp_path / "s.yaml", ServerSettings(max_running_requests=96), {"chosen_label": "x"})
+    bench = build_config(
+        BenchmarkConfig, {"servers": ["http://127.0.0.1:1"], "model": "m", "settings": str(path)}
+    )
+    record = settings_record(bench.settings)
+    assert record["settings"]["max_running_requests"] == 96
+    assert "--speculative-num-draft-tokens" in record["sglang_args"]
+    (tmp_path / "bad.yaml").write_text("settings: {speculative_num_steps: 0}\n")
+    with pytest.raises(ParameterError, match="settings"):
+        build_config(EstimateConfig, {"settings": str(tmp_path / "bad.yaml")})
+
+
+def test_serve_dry_run_puts_the_settings_on_every_server(tmp_path):
+    from draftgen.server_settings import save_settings
+
+    off = save_settings(
+        tmp_path / "off.yaml",
+        ServerSettings(
+            speculative_algorithm=None,
+            speculative_num_steps=None,
+            speculative_eagle_topk=None,
+            speculative_num_draft_tokens=None,
+            max_running_requests=128,
+        ),
+        {},
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "draftgen",
+            "serve",
+            "--model",
+            "m",
+            "--gpus",
+            "0-1",
+            "--settings",
+            str(off),
+            "--dry-run",
+            "--python",
+            sys.executable,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done.stderr
+    assert all("--max-running-requests 128" in line and "--speculative" not in line for line in lines)

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from draftgen.bench.occupancy import occupancy_frame
 from draftgen.bench.records import BenchmarkRun, ServerFacts
 from draftgen.bench.stats import level_row, request_rows, worker_rows
+from draftgen.server_settings import settings_record
 
 RESULTS_FILE = "results.parquet"
 REQUESTS_FILE = "requests.parquet"
@@ -221,6 +222,7 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
         },
         "started_at": run.started_at,
         "finished_at": run.finished_at,
+        "server_settings": settings_record(run.config.settings),
     }
     return BenchmarkReport(
         results=results,

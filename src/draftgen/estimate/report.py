@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from draftgen.bench.report import save_figure as save_figure  # re-exported: notebooks save plots through it
 from draftgen.estimate.plan import Estimate, ScenarioResult
 from draftgen.humanize import duration, duration_unit
+from draftgen.server_settings import settings_record
 
 ESTIMATE_FILE = "estimate.json"
 
@@ -90,6 +91,7 @@ def estimate_json(estimate: Estimate) -> dict:
         "benchmark_servers": data.servers,
         "benchmark_max_tokens": data.max_tokens,
         "notes": list(estimate.notes),
+        "server_settings": settings_record(estimate.config.settings),
         "config": estimate.config.public_dict(),
         "created_at": estimate.created_at,
     }

@@ -1,0 +1,82 @@
+"""Tune's wall time with 7 simulated GPUs vs measuring the same jobs one after another on one GPU, and the chosen
+candidate's tok/s per GPU vs the seeds' 3/1/4 (cap 48) at the same concurrency.
+
+    PYTHONPATH=src python benchmarks/tune_speedup.py [--speed 2] [--max-tokens 64]
+
+Both runs use the simulator (b200-mtp) at the same --speed, in this process, one after another: first
+``draftgen tune`` on GPU groups 0-6, then exactly the jobs it ran (same candidates, rounds, prompts) replayed on
+group 0 alone. Tok/s are --speed times the simulated GPU's; the ratios are what to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+
+from draftgen.bench.sample import sample_prompts
+from draftgen.params import build_config
+from draftgen.sim.fleet import find_free_base_port
+from draftgen.tune import report
+from draftgen.tune.config import TuneConfig
+from draftgen.tune.run import Job, run_jobs, run_tune
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--speed", type=float, default=2.0)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tune-speedup-") as tmp:
+        config = build_config(
+            TuneConfig,
+            {
+                "engine": "sim",
+                "model": "Qwen/Qwen3.6-27B",
+                "gpus": "0-6",
+                "base_port": find_free_base_port(7),
+                "sim_speed": args.speed,
+                "max_tokens": args.max_tokens,
+                "sample_size": 256,
+                "spec_candidates": [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]],
+                "max_running_requests": [32, 64],
+                "max_rounds": 2,
+                "warmup_requests": 1,
+                "baseline": True,
+                "out_dir": f"{tmp}/parallel",
+            },
+        )
+        began = time.monotonic()
+        run = asyncio.run(run_tune(config, log=lambda line: None))
+        parallel_s = time.monotonic() - began
+        info = report.save_report(run)
+        jobs = [Job(j.candidate, j.round, 0) for j in run.jobs]
+        replicas: dict[tuple[int, int], int] = {}
+        for i, j in enumerate(run.jobs):  # keep each job's prompt slice: same replica number as it had
+            key = (j.candidate.index, j.round)
+            jobs[i] = Job(j.candidate, j.round, replicas.get(key, 0))
+            replicas[key] = replicas.get(key, 0) + 1
+        serial = config.model_copy(update={"out_dir": f"{tmp}/serial"})
+        sample = sample_prompts(serial.prompt_path, serial.sample_size, serial.seed)
+        began = time.monotonic()
+        asyncio.run(run_jobs(serial, jobs, [0], sample, lambda result: None))
+        serial_s = time.monotonic() - began
+    print(
+        f"candidates {len(run.candidates)}, jobs {len(run.jobs)}, sim speed {args.speed:g}, max_tokens {args.max_tokens}"
+    )
+    print(f"tune on 7 GPU groups: {parallel_s:.1f} s (successive halving, baseline job included)")
+    print(f"same jobs one after another on 1 GPU group: {serial_s:.1f} s (baseline job not included)")
+    print(f"speed-up: {serial_s / parallel_s:.1f}x")
+    gain = info["gain_vs_baseline"]
+    print(
+        f"chosen {info['chosen_label']} at concurrency {info['concurrency']}: {info['tok_s_per_gpu']:,.0f} tok/s per GPU; "
+        f"seeds' {info['baseline_label']}: {info['baseline_tok_s_per_gpu']:,.0f}; "
+        f"ratio {1 + gain:.2f}x"
+        if gain is not None
+        else "no baseline measured"
+    )
+
+
+if __name__ == "__main__":
+    main()
