@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 import time
 
 from draftgen.bench.sample import sample_prompts
 from draftgen.params import build_config
+from draftgen.server_settings import ServerSettings
 from draftgen.sim.fleet import find_free_base_port
+from draftgen.sim.profiles import get_profile
+from draftgen.sim.speculative import SimSettings, apply_settings
 from draftgen.tune import report
 from draftgen.tune.config import TuneConfig
 from draftgen.tune.run import Job, run_jobs, run_tune
@@ -25,8 +29,8 @@ from draftgen.tune.run import Job, run_jobs, run_tune
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--speed", type=float, default=2.0)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--speed", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=256)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tune-speedup-") as tmp:
         config = build_config(
@@ -39,8 +43,8 @@ def main() -> None:
                 "sim_speed": args.speed,
                 "max_tokens": args.max_tokens,
                 "sample_size": 256,
-                "spec_candidates": [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]],
-                "max_running_requests": [32, 64],
+                "spec_candidates": [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6], [3, 2, 6]],
+                "max_running_requests": [8, 16],
                 "max_rounds": 2,
                 "warmup_requests": 1,
                 "baseline": True,
@@ -51,11 +55,11 @@ def main() -> None:
         run = asyncio.run(run_tune(config, log=lambda line: None))
         parallel_s = time.monotonic() - began
         info = report.save_report(run)
-        jobs = [Job(j.candidate, j.round, 0) for j in run.jobs]
-        replicas: dict[tuple[int, int], int] = {}
-        for i, j in enumerate(run.jobs):  # keep each job's prompt slice: same replica number as it had
+        done = [*run.jobs, *(j for j in (run.confirm, run.baseline) if j is not None)]
+        jobs, replicas = [], {}
+        for j in done:  # the same jobs with the same prompt slices (replica numbers as they had)
             key = (j.candidate.index, j.round)
-            jobs[i] = Job(j.candidate, j.round, replicas.get(key, 0))
+            jobs.append(Job(j.candidate, j.round, replicas.get(key, 0)))
             replicas[key] = replicas.get(key, 0) + 1
         serial = config.model_copy(update={"out_dir": f"{tmp}/serial"})
         sample = sample_prompts(serial.prompt_path, serial.sample_size, serial.seed)
@@ -65,17 +69,43 @@ def main() -> None:
     print(
         f"candidates {len(run.candidates)}, jobs {len(run.jobs)}, sim speed {args.speed:g}, max_tokens {args.max_tokens}"
     )
-    print(f"tune on 7 GPU groups: {parallel_s:.1f} s (successive halving, baseline job included)")
-    print(f"same jobs one after another on 1 GPU group: {serial_s:.1f} s (baseline job not included)")
-    print(f"speed-up: {serial_s / parallel_s:.1f}x")
+    print(
+        f"tune on 7 GPU groups: {parallel_s:.1f} s (successive halving + the chosen beside the seeds' 3/1/4)"
+    )
+    print(f"the same {len(jobs)} jobs one after another on 1 GPU group: {serial_s:.1f} s")
+    print(
+        f"speed-up: {serial_s / parallel_s:.1f}x (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
     gain = info["gain_vs_baseline"]
     print(
-        f"chosen {info['chosen_label']} at concurrency {info['concurrency']}: {info['tok_s_per_gpu']:,.0f} tok/s per GPU; "
-        f"seeds' {info['baseline_label']}: {info['baseline_tok_s_per_gpu']:,.0f}; "
+        f"chosen {info['chosen_label']} at concurrency {info['concurrency']} (rounds: {info['tok_s_per_gpu']:,.0f} tok/s "
+        "per GPU); "
+        f"beside the seeds' {info['baseline_label']}: {info['chosen_beside_baseline_tok_s_per_gpu']:,.0f} vs "
+        f"{info['baseline_tok_s_per_gpu']:,.0f}; "
         f"ratio {1 + gain:.2f}x"
         if gain is not None
         else "no baseline measured"
     )
+    if run.chosen is not None:
+        c = run.chosen.concurrency
+        chosen_truth = truth(run.chosen.settings, c) * args.speed
+        seeds_truth = truth(config.baseline_candidate(c).settings, c) * args.speed
+        print(
+            f"simulator truth at concurrency {c} (x speed): chosen {chosen_truth:,.0f}, seeds' 3/1/4 "
+            f"{seeds_truth:,.0f} tok/s per GPU, ratio {chosen_truth / seeds_truth:.2f}x"
+        )
+
+
+def truth(settings: ServerSettings, concurrency: int) -> float:
+    """The simulated GPU's steady tok/s (prefill excluded) for these settings at this concurrency."""
+    flags = SimSettings(
+        speculative_algorithm=settings.speculative_algorithm or "none",
+        speculative_num_steps=settings.speculative_num_steps,
+        speculative_eagle_topk=settings.speculative_eagle_topk,
+        speculative_num_draft_tokens=settings.speculative_num_draft_tokens,
+        max_running_requests=settings.max_running_requests,
+    )
+    return apply_settings(get_profile("b200-mtp"), flags).tokens_per_second(concurrency)
 
 
 if __name__ == "__main__":

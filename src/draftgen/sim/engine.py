@@ -53,6 +53,11 @@ class SimRequest:
         return self.step_index
 
 
+def _kv_need(request: SimRequest) -> int:
+    """KV tokens a request holds at its longest: its prompt and its whole completion (known to the simulator)."""
+    return request.prompt_tokens + request.plan.completion_tokens
+
+
 @dataclass
 class EngineStats:
     """Counters a real server exposes, cumulative since start (warm-up included, like SGLang)."""
@@ -126,12 +131,18 @@ class Engine:
         room = self.profile.max_running_requests - len(self.running)
         admitted: list[SimRequest] = []
         skipped: deque[SimRequest] = deque()
+        reserved = sum(_kv_need(r) for r in self.running) if self.profile.kv_admission else 0
         while self.waiting and len(admitted) < room:
             request = self.waiting.popleft()
-            if self.ready.is_set() or request.kind == "warmup":
-                admitted.append(request)
-            else:
+            if not (self.ready.is_set() or request.kind == "warmup"):
                 skipped.append(request)
+                continue
+            if self.profile.kv_admission and (self.running or admitted):
+                if reserved + _kv_need(request) > self.profile.kv_capacity_tokens:
+                    self.waiting.appendleft(request)  # first in line waits for KV to free (FIFO)
+                    break
+            reserved += _kv_need(request)
+            admitted.append(request)
         self.waiting.extendleft(reversed(skipped))
         return admitted
 

@@ -74,6 +74,7 @@ class Profile:
     spec_costs: SpecCosts | None = None  # None: the profile takes no speculative flags
     memory: MemoryModel | None = None  # None: no memory limit at start
     mem_fraction_static: float | None = None  # as launched, when the memory model applies
+    kv_admission: bool = False  # admit a request only while the KV cache can hold it to the end
 
     def position_probabilities(self) -> tuple[float, ...]:
         """Conditional acceptance of draft positions 1..draft_tokens-1 (each only if the previous was accepted)."""

@@ -252,6 +252,7 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
         max_running_requests=running,
         kv_capacity_tokens=kv_tokens,
         mem_fraction_static=fraction,
+        kv_admission=True,
     )
 
 

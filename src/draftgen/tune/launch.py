@@ -17,6 +17,7 @@ import aiohttp
 
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.launch import LaunchSpec, server_specs
+from draftgen.serve.preflight import check_engine, check_ports
 from draftgen.serve.probe import Stage, probe
 from draftgen.serve.process import log_tail, spawn, stop_group
 from draftgen.tune.config import Candidate, TuneConfig
@@ -42,9 +43,8 @@ class FailedStart:
     log_path: Path
 
 
-def launch_spec(config: TuneConfig, candidate: Candidate, group_index: int, run_name: str) -> LaunchSpec:
-    """The one server command for ``candidate`` on GPU group ``group_index`` (serve's own command line)."""
-    serve = ServeConfig(
+def _serve_config(config: TuneConfig, candidate: Candidate, group_index: int, run_name: str) -> ServeConfig:
+    return ServeConfig(
         model=config.model,
         gpus=config.groups[group_index],
         tp=config.tp,
@@ -59,7 +59,17 @@ def launch_spec(config: TuneConfig, candidate: Candidate, group_index: int, run_
         out_dir=Path(config.out_dir) / "servers",
         run_name=run_name,
     )
-    return server_specs(serve)[0]
+
+
+def launch_spec(config: TuneConfig, candidate: Candidate, group_index: int, run_name: str) -> LaunchSpec:
+    """The one server command for ``candidate`` on GPU group ``group_index`` (serve's own command line)."""
+    return server_specs(_serve_config(config, candidate, group_index, run_name))[0]
+
+
+def preflight(config: TuneConfig, candidate: Candidate) -> None:
+    """Serve's own checks before anything starts: SGLang importable, the model path there, every port free."""
+    check_engine(_serve_config(config, candidate, 0, "preflight"))
+    check_ports(config.host, [config.base_port + i for i in range(len(config.groups))])
 
 
 async def start(spec: LaunchSpec, log_path: Path, timeout_s: float) -> Started | FailedStart:

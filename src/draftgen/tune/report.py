@@ -90,7 +90,7 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
                 "steady_requests": len(j.steady_tokens),
                 "accept_length": j.accept_length,
             }
-            for j in [*run.jobs, *([run.baseline] if run.baseline else [])]
+            for j in [*run.jobs, *(j for j in (run.confirm, run.baseline) if j is not None)]
         ],
         infer_schema_length=None,
     )
@@ -99,8 +99,9 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
 def summary(run: TuneRun) -> dict:
     chosen = run.chosen
     est = run.estimates.get(chosen.index) if chosen else None
-    base = run.baseline
+    base, confirm = run.baseline, run.confirm
     base_est = estimate([base], run.config) if base is not None and base.ok else None
+    confirm_est = estimate([confirm], run.config) if confirm is not None and confirm.ok else None
     return {
         "chosen": chosen.settings.model_dump(mode="json") if chosen else None,
         "chosen_label": chosen.label if chosen else None,
@@ -110,8 +111,12 @@ def summary(run: TuneRun) -> dict:
         "accept_length": est.accept_length if est else None,
         "baseline_label": base.candidate.label if base else None,
         "baseline_tok_s_per_gpu": base_est.tok_s_per_gpu if base_est else None,
+        "baseline_accept_length": base_est.accept_length if base_est else None,
         "baseline_failure": base.failure if base is not None and not base.ok else None,
-        "gain_vs_baseline": (est.tok_s_per_gpu / base_est.tok_s_per_gpu - 1) if est and base_est else None,
+        "chosen_beside_baseline_tok_s_per_gpu": confirm_est.tok_s_per_gpu if confirm_est else None,
+        "gain_vs_baseline": (
+            confirm_est.tok_s_per_gpu / base_est.tok_s_per_gpu - 1 if confirm_est and base_est else None
+        ),
         "candidates": len(run.candidates),
         "jobs": len(run.jobs),
         "failed_to_start": sorted({j.candidate.label for j in run.jobs if j.start_failed}),

@@ -2,7 +2,8 @@
 
 Round 0 measures every candidate once. Each later round keeps the best 1/eta (by tok/s per GPU so far) and
 measures each survivor on as many groups as fill the GPUs, so the contenders get more requests while no GPU idles;
-a candidate's estimate pools every job it had. A candidate that fails to start is marked with its log tail and
+a candidate's estimate pools every job it had. Finally the chosen candidate runs again beside the seeds' 3/1/4
+at the same concurrency, same prompts, same moment, for the gain over the seeds. A candidate that fails to start is marked with its log tail and
 leaves the race; the others go on. The run ends after ``max_rounds`` rounds or with one candidate left.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.tune.config import Candidate, TuneConfig
 from draftgen.tune.estimate import Estimate, estimate
+from draftgen.tune.launch import preflight
 from draftgen.tune.measure import JobResult, run_job
 
 
@@ -35,7 +37,8 @@ class TuneRun:
     estimates: dict[int, Estimate]  # candidate index → pooled estimate (measured candidates only)
     eliminated_in: dict[int, int]  # candidate index → round after which it was dropped
     chosen: Candidate | None
-    baseline: JobResult | None
+    baseline: JobResult | None  # the seeds' 3/1/4 at the chosen's concurrency
+    confirm: JobResult | None  # the chosen candidate measured beside it
     started_at: float
     finished_at: float
 
@@ -74,6 +77,25 @@ async def run_jobs(
     return results
 
 
+def longest_first(candidates: Sequence[Candidate], done: Sequence[JobResult]) -> list[Candidate]:
+    """Longest jobs first, so a round does not end waiting on one slow job started last (GPUs stay busy).
+
+    Measured candidates by their jobs' mean duration so far; unmeasured ones by a guess: fewer tokens per step
+    (MTP off, fewer draft tokens) and more requests in flight take longer.
+    """
+
+    def seconds(c: Candidate) -> float | None:
+        own = [j.finished_at - j.started_at for j in done if j.candidate.index == c.index and j.ok]
+        return sum(own) / len(own) if own else None
+
+    def guess(c: Candidate) -> tuple[float, int]:
+        return (c.settings.speculative_num_draft_tokens or 1, -c.concurrency)
+
+    if all(seconds(c) is not None for c in candidates):
+        return sorted(candidates, key=lambda c: -(seconds(c) or 0.0))
+    return sorted(candidates, key=guess)
+
+
 def _line(result: JobResult, estimates: dict[int, Estimate]) -> str:
     head = f"  round {result.round} GPU group {result.group} {result.candidate.label} c={result.candidate.concurrency}"
     if not result.ok:
@@ -91,6 +113,7 @@ def _line(result: JobResult, estimates: dict[int, Estimate]) -> str:
 async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> TuneRun:
     candidates = config.candidates()
     groups = list(range(len(config.groups)))
+    preflight(config, candidates[0])
     started_at = time.time()
     most = max(config.job_requests(c.concurrency) for c in candidates)
     sample = await asyncio.to_thread(
@@ -115,7 +138,7 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
     alive = list(candidates)
     for round_index in range(config.max_rounds):
         replicas = 1 if round_index == 0 else max(1, math.ceil(len(groups) / len(alive)))
-        round_jobs = [Job(c, round_index, r) for r in range(replicas) for c in alive]
+        round_jobs = [Job(c, round_index, r) for r in range(replicas) for c in longest_first(alive, jobs)]
         log(f"tune: round {round_index}: {len(alive)} candidate(s) x {replicas} job(s)")
         await run_jobs(config, round_jobs, groups, sample, refresh)
         failed = {j.candidate.index for j in jobs if not j.ok}
@@ -133,15 +156,16 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
             eliminated[dropped.index] = round_index
         alive = alive[:keep]
     chosen = alive[0] if alive else None
-    baseline = None
+    baseline = confirm = None
     if config.baseline and chosen is not None:
+        # The chosen candidate again, beside the seeds' 3/1/4 at the same concurrency, at the same time and on the
+        # same prompts: a like-for-like gain (the rounds' figures come from other moments and other prompts).
         seeds = config.baseline_candidate(chosen.concurrency)
-        log(f"tune: baseline {seeds.label} at concurrency {chosen.concurrency}")
-        baseline = (
-            await run_jobs(
-                config, [Job(seeds, config.max_rounds, 0)], groups[:1], sample, lambda r: log(_line(r, {}))
-            )
-        )[0]
+        log(f"tune: {chosen.label} beside the seeds' {seeds.label}, concurrency {chosen.concurrency}")
+        pair = [Job(chosen, config.max_rounds, 0), Job(seeds, config.max_rounds, 0)]
+        side = await run_jobs(config, pair, groups[:2], sample, lambda r: log(_line(r, {})))
+        confirm = next(r for r in side if r.candidate.index == chosen.index)
+        baseline = next(r for r in side if r.candidate.index != chosen.index)
     return TuneRun(
         config=config,
         candidates=tuple(candidates),
@@ -150,6 +174,7 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
         eliminated_in=eliminated,
         chosen=chosen,
         baseline=baseline,
+        confirm=confirm,
         started_at=started_at,
         finished_at=time.time(),
     )
