@@ -95,6 +95,21 @@ def test_the_six_token_sample_is_tiny_and_spikes_in_the_histogram(tmp_path, toke
     assert six["mask_sum"].n_unique() == 1
 
 
+def _trained_conversation(source: dict) -> list[dict]:
+    """What the export must hold for a clean helper row: turns: all rows get the target's answer in place of
+    the source's assistant turn; single-turn rows the prompt plus the answer."""
+
+    def answer(content: str, reasoning: str) -> dict:
+        return {"role": "assistant", "content": content, "reasoning_content": reasoning}
+
+    final = answer(source["content"], source["reasoning_content"])
+    if source.get("turns_mode") == "all":
+        first_user, _source_answer, second_user = source["messages"]
+        first = answer(source["turn_content"][0], source["turn_reasoning"][0])
+        return [first_user, first, second_user, final]
+    return [*source["messages"], final]
+
+
 def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_dir, tokenizer):
     clean, planted = _planted_corpus(tmp_path / "gen")
     config = _config(
@@ -110,13 +125,8 @@ def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_di
     for entry in exported:
         source = by_id[entry["id"]]
         assert set(entry) == {"id", "conversations"}
-        *prompt, answer = entry["conversations"]
-        assert prompt == source["messages"]
-        assert answer == {
-            "role": "assistant",
-            "content": source["content"],
-            "reasoning_content": source["reasoning_content"],
-        }
+        assert entry["conversations"] == _trained_conversation(source)
+        assert "Source model's answer" not in json.dumps(entry), "only the target's own answers are exported"
     tokens = pl.read_parquet(export / "tokens" / "*.parquet")
     assert tokens.columns == ["id", "input_ids", "loss_mask"]
     assert tokens["id"].to_list() == [r["id"] for r in clean]

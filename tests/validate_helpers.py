@@ -24,6 +24,7 @@ SCHEMA = {
     for name in (
         *("id", "messages", "reasoning_content", "content", "finish_reason", "prompt_tokens"),
         *("completion_tokens", "spec_accept_length", "spec_verify_ct", "server", "latency_s", "attempts"),
+        *("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode"),
     )
 }
 
@@ -63,22 +64,32 @@ def clean_rows(count: int, seed: int = 0, prefix: str = "clean") -> list[dict]:
         messages = [{"role": "user", "content": f"Task {i}: {_text(rng, 12)}"}]
         if i % 4 == 1:
             messages.insert(0, {"role": "system", "content": "You answer concisely and precisely."})
-        if i % 4 == 2:  # multi-turn history: an earlier assistant turn inside the prompt
+        if i % 4 == 2:  # multi-turn: the source's assistant turn is replaced by the target's own (turns: all)
             messages = [
                 {"role": "user", "content": f"First {i}: {_text(rng, 6)}"},
-                {"role": "assistant", "content": _text(rng, 10)},
+                {"role": "assistant", "content": "Source model's answer: " + _text(rng, 10)},
                 {"role": "user", "content": f"Then {i}: {_text(rng, 8)}"},
             ]
         answer = f"Answer {i}: {_text(rng, rng.randint(8, 30))}"
-        rows.append(
-            row(
-                f"{prefix}-{i:04d}",
-                reasoning=_text(rng, rng.randint(20, 60)),
-                content=answer,
-                messages=messages,
-            )
+        sample = row(
+            f"{prefix}-{i:04d}", reasoning=_text(rng, rng.randint(20, 60)), content=answer, messages=messages
         )
+        if i % 4 == 2:
+            first = (f"First answer {i}: {_text(rng, 9)}", _text(rng, 25))
+            sample.update(turns(sample, [(0, *first), (2, answer, sample["reasoning_content"])], "all"))
+        rows.append(sample)
     return rows
+
+
+def turns(sample: dict, answers: list[tuple[int, str | None, str | None]], mode: str) -> dict:
+    """The multi-turn columns of a row: per generated turn (turn_after, content, reasoning), all finished."""
+    return {
+        "turn_after": [after for after, _, _ in answers],
+        "turn_content": [content for _, content, _ in answers],
+        "turn_reasoning": [reasoning for _, _, reasoning in answers],
+        "turn_finish_reason": ["stop"] * len(answers),
+        "turns_mode": mode,
+    }
 
 
 def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[dict, str]]:
@@ -152,6 +163,14 @@ def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[di
             "template_mismatch",
         ),
     ]
+    history = [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "Another model wrote this answer: four."},
+        {"role": "user", "content": "And times three?"},
+    ]
+    foreign = row("bad-foreign", reasoning=think, content="Twelve, " + _text(rng, 12), messages=history)
+    foreign.update(turns(foreign, [(2, foreign["content"], think)], "last"))
+    planted.append((foreign, "foreign_assistant_turn"))
     for i in range(duplicate_prompts):
         planted.append(
             (

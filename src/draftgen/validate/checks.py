@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.masks import MaskBatch
 from draftgen.validate.config import FLAGS, ValidateConfig
 from draftgen.validate.reader import GenerationOutput, read_shard
@@ -83,11 +84,51 @@ def _invalid(expr: pl.Expr) -> pl.Expr:
     return text.str.contains(INVALID_CHARS) | lone
 
 
-def text_flags(frame: pl.DataFrame, config: ValidateConfig, index: CorpusIndex) -> pl.DataFrame:
-    """The flags that need only the text: one boolean column per flag, one row per sample."""
+def _answer_flags(enable_thinking: bool) -> list[pl.Expr]:
+    """Flags of one generated answer (columns content, reasoning_content, finish_reason)."""
     content = pl.col("content").fill_null("")
     opens = content.str.count_matches(THINK_OPEN, literal=True)
     closes = content.str.count_matches(THINK_CLOSE, literal=True)
+    return [
+        _blank("content").alias("empty_answer"),
+        (_blank("reasoning_content") & pl.lit(enable_thinking)).alias("empty_reasoning"),
+        (
+            (
+                _blank("content") & ~_blank("reasoning_content") & (pl.col("finish_reason") == "length")
+            ).fill_null(False)
+            | (opens > closes)
+        ).alias("unclosed_think"),
+        (pl.col("finish_reason").is_null() | (pl.col("finish_reason") != "stop")).alias("truncated"),
+        ((opens + closes) > 0).alias("think_markers_in_answer"),
+        (_invalid(pl.col("content")) | _invalid(pl.col("reasoning_content"))).alias("invalid_text"),
+    ]
+
+
+def _per_turn(turn_column: str, column: str) -> pl.Expr:
+    """A sample's generated turns' values of ``column``; rows without turn columns hold one turn (the scalar)."""
+    single = pl.concat_list(pl.col(column))
+    return pl.when(pl.col("turn_after").is_null()).then(single).otherwise(pl.col(turn_column)).alias(column)
+
+
+TURN_TEXT = ("turn_content", "turn_reasoning", "turn_finish_reason")
+
+
+def answer_flags(frame: pl.DataFrame, enable_thinking: bool) -> pl.DataFrame:
+    """The answer flags of every generated turn, combined per sample: a sample carries a flag when any of its
+    turns does (the trainer supervises every answer of a multi-turn conversation)."""
+    columns = ("content", "reasoning_content", "finish_reason")
+    turns = frame.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("sample"),
+        *(_per_turn(t, c) for t, c in zip(TURN_TEXT, columns, strict=True)),
+    ).explode(list(columns))
+    flags = turns.select("sample", *_answer_flags(enable_thinking))
+    return flags.group_by("sample").agg(pl.exclude("sample").any()).sort("sample").drop("sample")
+
+
+def text_flags(
+    frame: pl.DataFrame, config: ValidateConfig, index: CorpusIndex, foreign: np.ndarray | None = None
+) -> pl.DataFrame:
+    """The flags that need only the text: one boolean column per flag, one row per sample."""
     prompt_invalid = (
         pl.col("messages")
         .list.eval(_invalid(pl.element().struct.field("content").cast(pl.String)))
@@ -103,33 +144,38 @@ def text_flags(frame: pl.DataFrame, config: ValidateConfig, index: CorpusIndex) 
         else [False] * frame.height,
         dtype=pl.Boolean,
     )
-    return frame.select(
-        _blank("content").alias("empty_answer"),
-        (_blank("reasoning_content") & pl.lit(config.enable_thinking)).alias("empty_reasoning"),
-        (
-            (
-                _blank("content") & ~_blank("reasoning_content") & (pl.col("finish_reason") == "length")
-            ).fill_null(False)
-            | (opens > closes)
-        ).alias("unclosed_think"),
-        (pl.col("finish_reason").is_null() | (pl.col("finish_reason") != "stop")).alias("truncated"),
-        ((opens + closes) > 0).alias("think_markers_in_answer"),
+    absent = [c for c in ("turn_after", *TURN_TEXT) if c not in frame.columns]
+    if absent:  # a frame not read by iter_batches: single-turn rows
+        frame = frame.with_columns(pl.lit(None, dtype=OUTPUT_SCHEMA[c]).alias(c) for c in absent)
+    answers = answer_flags(frame, config.enable_thinking)
+    sample = frame.select(
         (
             ~_blank("content")
             & _answer_key(pl.col("content")).hash(HASH_SEED).is_in(index.duplicate_answers.implode())
         ).alias("duplicate_answer"),
-        (_invalid(pl.col("content")) | _invalid(pl.col("reasoning_content")) | prompt_invalid).alias(
-            "invalid_text"
-        ),
+        prompt_invalid.alias("prompt_invalid"),
         pl.lit(repeated).alias("duplicate_id"),
+        pl.Series(
+            "foreign_assistant_turn", foreign if foreign is not None else np.zeros(frame.height, dtype=bool)
+        ),
+    )
+    return (
+        pl.concat([answers, sample], how="horizontal")
+        .with_columns((pl.col("invalid_text") | pl.col("prompt_invalid")).alias("invalid_text"))
+        .drop("prompt_invalid")
     )
 
 
 def flag_batch(
-    frame: pl.DataFrame, masks: MaskBatch, config: ValidateConfig, index: CorpusIndex
+    frame: pl.DataFrame,
+    masks: MaskBatch,
+    config: ValidateConfig,
+    index: CorpusIndex,
+    foreign: np.ndarray | None = None,
 ) -> pl.DataFrame:
-    """All flags for one batch, plus the mask figures: the per-sample record the report is built from."""
-    flags = text_flags(frame, config, index).with_columns(
+    """All flags for one batch, plus the mask figures: the per-sample record the report is built from.
+    ``foreign``: per sample, whether its conversation holds assistant text the target did not write."""
+    flags = text_flags(frame, config, index, foreign).with_columns(
         pl.Series("tiny_mask", masks.mask_sum <= config.min_assistant_tokens),
         pl.Series("over_max_length", masks.n_tokens > config.max_length),
         pl.Series("template_mismatch", np.array([m is not None for m in masks.mismatch], dtype=bool)),

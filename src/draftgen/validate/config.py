@@ -27,6 +27,8 @@ FLAGS: dict[str, str] = {
     "of the full conversation's, the conversation is cut, no assistant span or end-of-turn (reason in mismatch)",
     "invalid_text": "U+FFFD replacement characters, NULs, non-characters or escaped lone surrogates",
     "duplicate_id": "an id already seen in an earlier row (the export keeps the first)",
+    "foreign_assistant_turn": "an assistant turn in the history the target model did not write (turns: last); "
+    "the trainer would supervise it",
 }
 FlagName = Literal[
     "empty_answer",
@@ -40,6 +42,7 @@ FlagName = Literal[
     "template_mismatch",
     "invalid_text",
     "duplicate_id",
+    "foreign_assistant_turn",
 ]
 # Flags that mean "the length budget ran out", not "the model produced garbage": a thinking model at
 # max_tokens 4096 truncates a predictable share of samples. They are dropped from the export like any flag, but

@@ -3,8 +3,10 @@
 Written while validating, into ``out_dir/export.partial/``; ``finalize`` renames it to ``out_dir/export/`` once
 the gate has passed, so a corpus that failed the gate never leaves an export that looks finished.
 
-  export/train.jsonl           {"id", "conversations": [...prompt turns..., {"role": "assistant",
-                                 "content", "reasoning_content"}]}
+  export/train.jsonl           {"id", "conversations": [...turns...]}: system / user / tool turns as given, every
+                                 assistant turn the target model's own answer {"role": "assistant", "content",
+                                 "reasoning_content"} (validate.turns; a source assistant turn appears only in a
+                                 turns: last row kept despite foreign_assistant_turn, as {"role", "content"})
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
   export/counts.json           samples in, out, dropped, and dropped per flag
 """
@@ -25,12 +27,6 @@ STAGING = "export.partial"
 FINAL = "export"
 
 
-def conversation(messages: list[dict[str, Any]], reasoning: str | None, content: str | None) -> list[dict]:
-    turns = [{k: v for k, v in turn.items() if v is not None} for turn in messages]
-    turns.append({"role": "assistant", "content": content or "", "reasoning_content": reasoning or ""})
-    return turns
-
-
 class ExportWriter:
     """Appends the kept rows of each batch to the staging folder."""
 
@@ -45,21 +41,21 @@ class ExportWriter:
         self._parts = 0
         self._handle = (self.staging / "train.jsonl").open("w", encoding="utf-8") if jsonl else None
 
-    def write(self, frame: pl.DataFrame, masks: MaskBatch, keep: np.ndarray) -> int:
-        """Write rows where ``keep`` is true; returns how many."""
+    def write(
+        self,
+        frame: pl.DataFrame,
+        conversations: list[list[dict[str, Any]]],
+        masks: MaskBatch,
+        keep: np.ndarray,
+    ) -> int:
+        """Write rows where ``keep`` is true (``conversations``: each row's assembled turns); returns how many."""
         rows = np.flatnonzero(keep)
         if rows.size == 0:
             return 0
         if self._handle is not None:
             ids = frame["id"].to_list()
-            messages = frame["messages"].to_list()
-            reasoning = frame["reasoning_content"].to_list()
-            content = frame["content"].to_list()
             lines = [
-                json.dumps(
-                    {"id": ids[i], "conversations": conversation(messages[i], reasoning[i], content[i])},
-                    ensure_ascii=False,
-                )
+                json.dumps({"id": ids[i], "conversations": conversations[i]}, ensure_ascii=False)
                 for i in rows
             ]
             self._handle.write("\n".join(lines) + "\n")

@@ -23,6 +23,7 @@ from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
 from draftgen.validate.coverage import Coverage, check_coverage
 from draftgen.validate.folders import GenerationSet, open_generations
 from draftgen.validate.reader import iter_batches
+from draftgen.validate.turns import assemble_batch
 
 RECORDS_FILE = "samples.parquet"
 SUMMARY_FILE = "summary.json"
@@ -116,16 +117,18 @@ def validate_generation(
     try:
         for batch in iter_batches(output.outputs, config.batch_size):
             frame = batch.frame
+            assembled = assemble_batch(frame)  # what the trainer sees: the target's own answers in place
+            conversations = assembled.conversations
             masks = build_masks(
                 tokenizer,
-                frame["messages"].to_list(),
-                frame["reasoning_content"].to_list(),
-                frame["content"].to_list(),
+                [turns[:-1] for turns in conversations],
+                [turns[-1]["reasoning_content"] for turns in conversations],
+                [turns[-1]["content"] for turns in conversations],
                 spec,
                 keep_ids=config.export_tokens,
             )
-            records = flag_batch(frame, masks, config, index)
-            writer.write(frame, masks, (~records["dropped"]).to_numpy())
+            records = flag_batch(frame, masks, config, index, assembled.foreign)
+            writer.write(frame, conversations, masks, (~records["dropped"]).to_numpy())
             parts.append(records)
             if bar is not None:
                 bar.update(frame.height)

@@ -14,10 +14,15 @@ from typing import Any
 
 import polars as pl
 
+from draftgen.generate.store import OUTPUT_SCHEMA
+
 # What validate needs from each shard; the other contract columns are carried along when present.
 REQUIRED_COLUMNS = ("id", "messages", "reasoning_content", "content", "finish_reason")
 OPTIONAL_COLUMNS = ("prompt_tokens", "completion_tokens", "server", "attempts")
 TEXT_COLUMNS = ("id", "reasoning_content", "content", "finish_reason")
+# Multi-turn rows (draftgen.conversation): every generated turn's text. Shards written before these columns
+# existed lack them; they are read as null there (single-turn rows: the answer is content/reasoning_content).
+TURN_COLUMNS = ("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode")
 
 
 class GenerationDataError(ValueError):
@@ -121,11 +126,15 @@ def open_generation(path: str | Path) -> GenerationOutput:
     )
 
 
-def read_shard(path: Path, columns: list[str]) -> pl.DataFrame:
+def read_shard(path: Path, columns: list[str], lenient: tuple[str, ...] = ()) -> pl.DataFrame:
+    """``columns`` of one shard; the ``lenient`` ones (generate's OUTPUT_SCHEMA names) are null where absent."""
     try:
-        return pl.read_parquet(path, columns=columns)
+        present = pl.read_parquet_schema(path) if lenient else {}
+        frame = pl.read_parquet(path, columns=[*columns, *(c for c in lenient if c in present)])
     except Exception as exc:
         raise _unreadable(path, exc) from None
+    missing = [pl.lit(None, dtype=OUTPUT_SCHEMA[c]).alias(c) for c in lenient if c not in present]
+    return frame.with_columns(missing).select(*columns, *lenient) if lenient else frame
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,7 @@ def iter_batches(outputs: Sequence[GenerationOutput], batch_size: int) -> Iterat
     emitted = 0
     for output in outputs:
         for shard in output.shards:
-            frame = read_shard(shard, columns).with_columns(
+            frame = read_shard(shard, columns, TURN_COLUMNS).with_columns(
                 pl.lit(str(output.directory)).alias("folder"),
                 pl.lit(shard.name).alias("shard"),
                 pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
