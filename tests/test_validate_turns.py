@@ -1,8 +1,10 @@
 """Multi-turn rows in validate: the export holds only assistant text the target model wrote (turns: all), and
-assistant turns it did not write (turns: last, or older single-turn shards) are flagged foreign_assistant_turn."""
+assistant turns it did not write (turns: last, or older single-turn shards) are flagged foreign_assistant_turn.
+Planted rows for each case, then real runs of generate on the simulator with turns all and last."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -10,9 +12,12 @@ import polars as pl
 import pytest
 from validate_helpers import SCHEMA, clean_rows, row, turns, write_generation
 
+from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.local_tokenizer import build_tiny_tokenizer
 from draftgen.masks import load_tokenizer
 from draftgen.params import build_config
+from draftgen.prompts import PromptRow, iter_prompts
+from draftgen.synthetic import write_synthetic
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import ValidationGateError, require_fit_to_train, validate_generation
 from draftgen.validate.reader import GenerationDataError
@@ -163,3 +168,65 @@ def test_turn_columns_that_do_not_fit_the_messages_name_the_row(tmp_path, tokeni
             _config(tokenizer_dir, tmp_path / "gen", tmp_path / "out"), tokenizer=tokenizer, progress=False
         )
     assert "source assistant message" in str(error.value)
+
+
+def _sim_run(tmp_path: Path, prompts: Path, turns_mode: str, fleet) -> Path:
+    """generate over the simulated fleet with ``turns`` (all: every assistant turn by the target)."""
+    config = build_config(
+        GenerateConfig,
+        {
+            "servers": fleet.urls,
+            "model": "Qwen/Qwen3.6-27B",
+            "prompts": str(prompts),
+            "out_dir": str(tmp_path / f"gen-{turns_mode}"),
+            "max_tokens": 2048,
+            "concurrency_per_server": 8,
+            "canary": False,
+            "turns": turns_mode,
+        },
+    )
+
+    async def run() -> None:
+        result = await generate(config, await preflight(config), progress=False)
+        assert result.status == "complete", result
+
+    asyncio.run(run())
+    return Path(config.out_dir)
+
+
+def test_a_simulated_multi_turn_run_exports_only_what_the_target_wrote(
+    sim_fleet, tmp_path, tokenizer_dir, tokenizer
+):
+    prompts = tmp_path / "prompts.jsonl"
+    write_synthetic(prompts, 300, seed=5)
+    sources = {r.id: r.messages for r in iter_prompts(prompts) if isinstance(r, PromptRow)}
+    with_history = {i for i, m in sources.items() if any(t["role"] == "assistant" for t in m)}
+    source_answers = {t["content"] for m in sources.values() for t in m if t["role"] == "assistant"}
+    assert len(with_history) >= 10, "the synthetic set should hold multi-turn conversations"
+    fleet = sim_fleet(servers=2, profile="instant")
+    folder = _sim_run(tmp_path, prompts, "all", fleet)
+
+    result = validate_generation(
+        _config(tokenizer_dir, folder, tmp_path / "out-all"), tokenizer=tokenizer, progress=False
+    )
+    assert result.counts["in"] == len(sources) and not result.records["foreign_assistant_turn"].any()
+    stored = pl.read_parquet(folder / "shards" / "*.parquet")
+    turn_content = dict(zip(stored["id"], stored["turn_content"].to_list(), strict=True))
+    exported = _export(tmp_path / "out-all", staged=True)
+    assert set(exported) == set(result.records.filter(~pl.col("dropped"))["id"].to_list())
+    for sample_id, conversation in exported.items():
+        answers = [t for t in conversation if t["role"] == "assistant"]
+        assert [t["content"] for t in answers] == turn_content[sample_id]
+        assert all("reasoning_content" in t for t in answers)
+        assert not {t["content"] for t in answers} & source_answers
+    multi = [i for i in with_history if i in exported]
+    assert multi and all(len(turn_content[i]) >= 2 for i in multi)
+
+    last = _sim_run(tmp_path, prompts, "last", fleet)
+    flagged = validate_generation(
+        _config(tokenizer_dir, last, tmp_path / "out-last", max_degenerate_share=1.0),
+        tokenizer=tokenizer,
+        progress=False,
+    )
+    foreign = set(flagged.records.filter(pl.col("foreign_assistant_turn"))["id"].to_list())
+    assert foreign == with_history

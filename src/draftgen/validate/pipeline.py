@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from draftgen.masks import build_masks, load_tokenizer
+from draftgen.masks import build_conversation_masks, load_tokenizer
 from draftgen.validate import export
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
 from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
@@ -119,14 +119,7 @@ def validate_generation(
             frame = batch.frame
             assembled = assemble_batch(frame)  # what the trainer sees: the target's own answers in place
             conversations = assembled.conversations
-            masks = build_masks(
-                tokenizer,
-                [turns[:-1] for turns in conversations],
-                [turns[-1]["reasoning_content"] for turns in conversations],
-                [turns[-1]["content"] for turns in conversations],
-                spec,
-                keep_ids=config.export_tokens,
-            )
+            masks = build_conversation_masks(tokenizer, conversations, spec, keep_ids=config.export_tokens)
             records = flag_batch(frame, masks, config, index, assembled.foreign)
             writer.write(frame, conversations, masks, (~records["dropped"]).to_numpy())
             parts.append(records)
