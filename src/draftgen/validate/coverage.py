@@ -179,9 +179,8 @@ def check_coverage(generation: GenerationSet) -> Coverage:
     for _, index in missing:
         key = f"{index}/{count}" if count and count > 1 else "all"
         by_shard[key] = by_shard.get(key, 0) + 1
-    selection = (
-        "every valid row" if not any(per_index.values()) else "the first `limit` valid rows of each shard"
-    )
+    selection = "every valid row" if not any(per_index.values()) else "the first `limit` valid rows"
+    selection += " of each shard" if count and count > 1 else ""
     return Coverage(
         checked=True,
         note=f"{selection} of {generation.prompt_file}",
