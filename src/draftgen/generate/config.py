@@ -90,6 +90,8 @@ class GenerateConfig(FleetParams, SamplingParams):
     progress_interval_s: NonNegativeFloat = 1.0  # seconds between progress-bar refreshes
     acceptance_interval_s: NonNegativeFloat = 60.0  # scrape each worker's /metrics this often (0: never)
     status_interval_s: PositiveFloat = 5.0  # seconds between progress.json writes (draftgen status, monitor)
+    hedge_slow_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.7  # at the tail, copy requests running on a
+    # server whose median per-request rate is below this x the fleet's to an idle server (0: never)
 
     @field_validator("shard")
     @classmethod

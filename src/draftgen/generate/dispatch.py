@@ -13,12 +13,16 @@ attempt fails goes to failed.parquet with its error; nothing is dropped.
 The queue holds conversations (``turns``): a prompt with k answer points is k requests in order, one at a time.
 When a turn's answer arrives the conversation goes back to the queue for its next turn, which any server may
 take; retries, deadlines and benching apply to each turn's request, and the row is stored after the last turn.
+
+Once nothing is left to send, requests still running on a slow server are also sent to idle ones (``hedge``):
+the first answer to a turn is kept, the other request is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
 from collections import deque
@@ -29,6 +33,7 @@ from draftgen.client import Capabilities, ChatResult, RequestError, ServerClient
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.guard import Guard, GuardTripped
+from draftgen.generate.hedge import HedgePolicy, RateBook, Running, plan_hedges
 from draftgen.generate.progress import Progress, ServerView, short_label
 from draftgen.generate.retry import RetryPolicy, counts_against_server
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot, StatusWriter
@@ -40,6 +45,7 @@ MAIN_POLL_S = 0.2
 SILENCE_POLL_S = 5.0  # how often the silence watch looks (at most; a quarter of server_silence_s if shorter)
 SILENCE_HEALTH_TIMEOUT_S = 30.0  # SGLang's /health_generate itself gives up after 20 s
 READER_YIELD_EVERY = 512
+HEDGE_POLL_S = 0.5  # how often the tail is checked for requests to hedge
 EVENT_LOG_LIMIT = 1000
 RECENT_EVENTS = 20  # the last events, for progress.json
 
@@ -66,6 +72,8 @@ class ServerStats:
     down_s: float = 0.0
     accept_sum: float = 0.0  # spec_accept_length summed over the requests that reported it
     accept_n: int = 0
+    hedges: int = 0  # copies of another server's running requests sent here
+    hedge_wins: int = 0  # of those, answered here first (the answer kept is this server's)
 
 
 @dataclass
@@ -80,6 +88,8 @@ class DispatchOutcome:
     error: BaseException | None = None
     in_flight_at_stop: int = 0
     turns: int = 0  # turn requests answered (a conversation of k answers is k turns)
+    hedged: int = 0  # requests copied to an idle server at the tail
+    hedge_wins: int = 0  # turns whose kept answer came from the copy
 
     @property
     def wall_s(self) -> float:
@@ -95,13 +105,33 @@ class _Item:
     holds_slot: bool = True  # holds a reader slot until a worker takes it the first time
     last_server: str | None = None
     presumed_hung: int = 0  # times a learned deadline cut this turn's request short
+    answered: int = 0  # turns answered so far: a request sent for an earlier turn lost its race
+    racing: set[_Flight] = field(default_factory=set)  # this turn's requests in flight (two while hedged)
+    hedged: bool = False  # this turn has a copy on another server
 
 
-@dataclass
+@dataclass(eq=False)
 class _Flight:
     item: _Item
+    turn: int  # item.answered when sent: the turn it answers
     scope: asyncio.Timeout | None = None
     evicted: bool = False
+    lost: bool = False  # cut short because the other copy of its turn answered first
+    hedge: bool = False  # the copy, not the original
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def stale(self) -> bool:
+        """Its turn was answered already (by the other copy)."""
+        return self.turn != self.item.answered
+
+
+def _cut_short(flight: _Flight, now: float) -> None:
+    """End a request's wait now (its timeout fires; the connection is closed, so the server aborts it)."""
+    # A scope already expiring (its deadline fired, the worker has not resumed yet) ends on its own.
+    if flight.scope is not None and not flight.scope.expired():
+        with contextlib.suppress(RuntimeError):
+            flight.scope.reschedule(now)
 
 
 @dataclass
@@ -161,6 +191,11 @@ class Dispatcher:
         self._slots: asyncio.Semaphore | None = None
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._all_down_since: float | None = None
+        self.hedge_policy = HedgePolicy(config.hedge_slow_ratio)
+        self.rates = RateBook()
+        self.hedged = 0
+        self.hedge_wins = 0
+        self._hedge_keys = itertools.count(-1, -1)  # in_flight keys of hedge copies (slots are >= 0)
 
     # ----- public -----------------------------------------------------------------------------------------
     async def run(self, prompts: Iterator[PromptRow | RejectedRow], stop: asyncio.Event) -> DispatchOutcome:
@@ -199,6 +234,8 @@ class Dispatcher:
                         tasks.append(group.create_task(self._worker(server, slot)))
                 if self.progress is not None or self.status is not None:
                     tasks.append(group.create_task(self._ticker()))
+                if self.hedge_policy.enabled and len(self.servers) > 1:
+                    tasks.append(group.create_task(self._hedger()))
                 status = await self._wait_for_end(stop)
                 in_flight = sum(len(s.in_flight) for s in self.servers)
                 for task in tasks:
@@ -230,6 +267,8 @@ class Dispatcher:
             events=self.events,
             error=self.halt,
             in_flight_at_stop=in_flight,
+            hedged=self.hedged,
+            hedge_wins=self.hedge_wins,
         )
 
     # ----- the end of a session -----------------------------------------------------------------------------
@@ -283,7 +322,6 @@ class Dispatcher:
     # ----- workers ------------------------------------------------------------------------------------------
     async def _worker(self, server: _Server, slot: int) -> None:
         assert self._queue is not None and self._slots is not None
-        config = self.config
         queue = self._queue
         while True:
             if not server.up:
@@ -297,45 +335,74 @@ class Dispatcher:
                 continue
             item.attempts += 1
             item.last_server = server.url
-            flight = _Flight(item)
-            if not server.in_flight:
-                server.last_answer = time.monotonic()  # an idle spell is not silence
-            server.in_flight[slot] = flight
-            result: ChatResult | None = None
-            error: RequestError | None = None
-            timeout_s = server.deadline.timeout_s(item.presumed_hung)
-            try:
-                async with asyncio.timeout(timeout_s) as scope:
-                    flight.scope = scope
-                    result = await server.client.chat(
-                        item.conversation.request(),
-                        self.sampling,
-                        config.model,
-                        stream=config.stream,
-                        timeout_s=config.request_timeout_s + 30.0,
-                    )
-            except TimeoutError:
-                if not flight.evicted:
-                    error = self._timeout_error(server, item, timeout_s)
-            except RequestError as exc:
-                error = exc
-            finally:
-                del server.in_flight[slot]
-            if result is not None or (error is not None and error.kind in ("http", "protocol")):
-                server.last_answer = time.monotonic()  # it answered, if only with an error
+            flight = _Flight(item, turn=item.answered)
+            result, error = await self._send(server, slot, flight)
+            if flight.stale:  # its hedge copy answered this turn first; this request was cancelled
+                continue
             if (
                 result is None and flight.evicted
             ):  # its server was marked down under it: not the prompt's fault
                 item.attempts -= 1
-                queue.put_nowait(item)
+                if not item.racing:  # else the hedge copy carries on
+                    queue.put_nowait(item)
                 continue
-            if result is not None and result.finish_reason == "abort":
-                error = RequestError("protocol", "the server aborted the request (finish_reason 'abort')")
-            if error is not None:
-                self._on_failure(server, item, error)
-            else:
-                assert result is not None
-                self._on_success(server, item, result)
+            self._settle(server, item, result, error)
+
+    async def _send(
+        self, server: _Server, key: int, flight: _Flight
+    ) -> tuple[ChatResult | None, RequestError | None]:
+        """One request for ``flight``'s turn to ``server``, registered in its in-flight table under ``key``."""
+        config = self.config
+        item = flight.item
+        if not server.in_flight:
+            server.last_answer = time.monotonic()  # an idle spell is not silence
+        server.in_flight[key] = flight
+        item.racing.add(flight)
+        result: ChatResult | None = None
+        error: RequestError | None = None
+        timeout_s = server.deadline.timeout_s(item.presumed_hung)
+        try:
+            async with asyncio.timeout(timeout_s) as scope:
+                flight.scope = scope
+                result = await server.client.chat(
+                    item.conversation.request(),
+                    self.sampling,
+                    config.model,
+                    stream=config.stream,
+                    timeout_s=config.request_timeout_s + 30.0,
+                )
+        except TimeoutError:
+            if not flight.evicted and not flight.lost:
+                error = self._timeout_error(server, item, timeout_s)
+        except RequestError as exc:
+            error = exc
+        finally:
+            del server.in_flight[key]
+            item.racing.discard(flight)
+        if result is not None or (error is not None and error.kind in ("http", "protocol")):
+            server.last_answer = time.monotonic()  # it answered, if only with an error
+        return result, error
+
+    def _settle(
+        self,
+        server: _Server,
+        item: _Item,
+        result: ChatResult | None,
+        error: RequestError | None,
+        *,
+        hedge: bool = False,
+    ) -> None:
+        """Keep an answer, or handle a failure (unless the turn's other copy still runs: that one decides)."""
+        if result is not None and result.finish_reason == "abort":
+            error = RequestError("protocol", "the server aborted the request (finish_reason 'abort')")
+        if error is not None:
+            if item.racing:
+                self._count_failure(server, error)
+                return
+            self._on_failure(server, item, error)
+        else:
+            assert result is not None
+            self._on_success(server, item, result, hedge=hedge)
 
     def _timeout_error(self, server: _Server, item: _Item, timeout_s: float) -> RequestError:
         if timeout_s >= self.config.request_timeout_s:
@@ -350,7 +417,17 @@ class Dispatcher:
             f"the next try gets twice as long",
         )
 
-    def _on_success(self, server: _Server, item: _Item, result: ChatResult) -> None:
+    def _on_success(self, server: _Server, item: _Item, result: ChatResult, *, hedge: bool = False) -> None:
+        item.answered += 1  # any copy of this turn still running is now stale
+        item.hedged = False
+        now = asyncio.get_running_loop().time()
+        for other in item.racing:  # cancelled: its server sees the connection close and aborts it
+            other.lost = True
+            _cut_short(other, now)
+        if hedge:
+            self.hedge_wins += 1
+            server.stats.hedge_wins += 1
+        self.rates.observe(server.url, result.completion_tokens, result.latency_s)
         if server.deadline.observe(result.completion_tokens, result.latency_s):
             deadline = server.deadline
             self._event(
@@ -392,12 +469,15 @@ class Dispatcher:
         except GuardTripped as tripped:
             self._stop_with(tripped)
 
-    def _on_failure(self, server: _Server, item: _Item, error: RequestError) -> None:
+    def _count_failure(self, server: _Server, error: RequestError) -> None:
         server.stats.errors += 1
         if counts_against_server(error):
             server.consecutive_failures += 1
             if server.up and server.consecutive_failures >= self.config.server_down_after:
                 self._mark_down(server, f"{server.consecutive_failures} consecutive failures (last: {error})")
+
+    def _on_failure(self, server: _Server, item: _Item, error: RequestError) -> None:
+        self._count_failure(server, error)
         if self.policy.should_retry(error, item.attempts):
             delay = self.policy.delay(item.attempts, error, self.rng)
             key = id(item)
@@ -426,6 +506,57 @@ class Dispatcher:
             if self._all_done is not None:
                 self._all_done.set()  # wake the main loop now
 
+    # ----- hedging the tail ----------------------------------------------------------------------------------
+    def _hedge_plan(self) -> list[tuple[_Item, _Server]]:
+        """Copies to send now: only when nothing is left to send (reader done, queue empty, no retry pending)."""
+        assert self._queue is not None
+        if not (self._reader_done and self._queue.empty() and not self._timers):
+            return []
+        up = [s for s in self.servers if s.up]
+        slow = self.rates.slow_servers([s.url for s in up], self.hedge_policy)
+        if not slow:
+            return []
+        flights = {(s.index, key): flight for s in up for key, flight in s.in_flight.items()}
+        running = [
+            Running(key=key, server=self.servers[key[0]].url, started=f.started, hedged=f.item.hedged)
+            for key, f in flights.items()
+            if not f.stale and not f.evicted and not f.lost
+        ]
+        idle = {s.url: self.config.concurrency_per_server - len(s.in_flight) for s in up}
+        by_url = {s.url: s for s in up}
+        return [(flights[key].item, by_url[target]) for key, target in plan_hedges(running, slow, idle)]
+
+    async def _hedger(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            while True:
+                await asyncio.sleep(HEDGE_POLL_S)
+                plan = self._hedge_plan()
+                for item, target in plan:
+                    item.hedged = True
+                    self.hedged += 1
+                    target.stats.hedges += 1
+                    group.create_task(self._hedge(target, item))
+                if plan:
+                    sources = sorted({item.last_server or "?" for item, _ in plan})
+                    self._event(
+                        "fleet",
+                        f"hedged {len(plan)} request(s) still running on slow {', '.join(sources)} "
+                        f"(median per-request rate below {self.hedge_policy.slow_ratio:g} x the fleet's): "
+                        "copies sent to idle servers, the first answer is kept",
+                    )
+
+    async def _hedge(self, server: _Server, item: _Item) -> None:
+        """The copy: same turn, another server; whichever answers first is kept, the other is cancelled."""
+        flight = _Flight(item, turn=item.answered, hedge=True)
+        result, error = await self._send(server, next(self._hedge_keys), flight)
+        if flight.stale or (result is None and flight.evicted and item.racing):
+            return
+        if result is None and flight.evicted:  # both copies' servers went down: back to the queue
+            assert self._queue is not None
+            self._queue.put_nowait(item)
+            return
+        self._settle(server, item, result, error, hedge=True)
+
     # ----- server health ------------------------------------------------------------------------------------
     def _mark_down(self, server: _Server, why: str) -> None:
         server.up = False
@@ -437,9 +568,8 @@ class Dispatcher:
         evicted = 0
         for flight in server.in_flight.values():
             flight.evicted = True
-            # A scope already expiring (its deadline fired, the worker has not resumed yet) ends on its own.
-            if flight.scope is not None and not flight.scope.expired():
-                flight.scope.reschedule(now)
+            if flight.scope is not None:
+                _cut_short(flight, now)
                 evicted += 1
         self._event(
             server.url, f"marked down after {why}; {evicted} in-flight request(s) handed to other servers"

@@ -107,6 +107,8 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(round(wall, 1)).alias("wall_s"),
         pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
         pl.lit(len(sessions)).alias("sessions"),
+        pl.lit(sum(s.get("hedged", 0) for s in sessions)).alias("hedged"),
+        pl.lit(sum(s.get("hedge_wins", 0) for s in sessions)).alias("hedge_wins"),
     )
     return frame.with_columns(pl.lit(len(folders)).alias("folders")) if len(folders) > 1 else frame
 

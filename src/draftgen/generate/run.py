@@ -52,6 +52,7 @@ class RunResult:
             f"{self.status}: {self.completed:,} rows stored this session{self._turns()} ({self.stored:,} in "
             f"{self.out_dir}), "
             f"{self.failed:,} failed, {self.outcome.wall_s:,.1f} s"
+            + (f", {self.outcome.hedged:,} hedged at the tail" if self.outcome.hedged else "")
         )
 
 
@@ -156,6 +157,7 @@ async def generate(
                 outcome = await _with_sampler(
                     sampler, dispatcher.run(prompt_source(config), stop), config.out_dir
                 )
+            store.session.hedged, store.session.hedge_wins = outcome.hedged, outcome.hedge_wins
         except BaseException as exc:
             state = "failed" if isinstance(exc, Exception) else "interrupted"
             detail = f"{type(exc).__name__}: {exc}"

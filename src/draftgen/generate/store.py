@@ -169,6 +169,8 @@ class SessionCounts:
     turns: int = 0
     completion_tokens: int = 0
     failed: int = 0
+    hedged: int = 0  # requests copied to an idle server at the tail (dispatch's hedge)
+    hedge_wins: int = 0  # prompts whose stored answer came from the copy
 
 
 class RunStore:
@@ -330,6 +332,8 @@ class RunStore:
                 "turns": self.session.turns,
                 "completion_tokens": self.session.completion_tokens,
                 "failed": self.session.failed,
+                "hedged": self.session.hedged,
+                "hedge_wins": self.session.hedge_wins,
                 "status": status,
                 "detail": detail[:2000],
             }
