@@ -109,6 +109,11 @@ class _Item:
     racing: set[_Flight] = field(default_factory=set)  # this turn's requests in flight (two while hedged)
     hedged: bool = False  # this turn has a copy on another server
 
+    @property
+    def copy_running(self) -> bool:
+        """Another request for this same turn is still in flight (a hedge, or the original of one)."""
+        return any(f.turn == self.answered for f in self.racing)
+
 
 @dataclass(eq=False)
 class _Flight:
@@ -343,7 +348,7 @@ class Dispatcher:
                 result is None and flight.evicted
             ):  # its server was marked down under it: not the prompt's fault
                 item.attempts -= 1
-                if not item.racing:  # else the hedge copy carries on
+                if not item.copy_running:  # else the hedge copy carries on
                     queue.put_nowait(item)
                 continue
             self._settle(server, item, result, error)
@@ -396,7 +401,7 @@ class Dispatcher:
         if result is not None and result.finish_reason == "abort":
             error = RequestError("protocol", "the server aborted the request (finish_reason 'abort')")
         if error is not None:
-            if item.racing:
+            if item.copy_running:
                 self._count_failure(server, error)
                 return
             self._on_failure(server, item, error)
@@ -549,7 +554,7 @@ class Dispatcher:
         """The copy: same turn, another server; whichever answers first is kept, the other is cancelled."""
         flight = _Flight(item, turn=item.answered, hedge=True)
         result, error = await self._send(server, next(self._hedge_keys), flight)
-        if flight.stale or (result is None and flight.evicted and item.racing):
+        if flight.stale or (result is None and flight.evicted and item.copy_running):
             return
         if result is None and flight.evicted:  # both copies' servers went down: back to the queue
             assert self._queue is not None
