@@ -264,3 +264,25 @@ def test_busy_seconds_counts_side_by_side_sessions_once():
     assert generate_report.busy_seconds([(0, 10), (20, 25)]) == 15  # one folder's sessions, one after another
     assert generate_report.busy_seconds([(0, 10), (5, 12), (11, 13), (20, 21)]) == 14  # nodes side by side
     assert generate_report.busy_seconds([(0, 10), (2, 3)]) == 10
+
+
+def test_a_manifest_from_before_turns_counts_as_turns_last(runs, tokenizer, tmp_path):
+    old, new = tmp_path / "old-0", tmp_path / "new-1"
+    shutil.copytree(runs.shard0, old)
+    shutil.copytree(runs.shard1, new)
+
+    def edit(folder: Path, change) -> None:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest["fingerprint_fields"])
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+    edit(old, lambda fields: fields.pop("turns"))  # written before turns joined the fingerprint: turns last
+    assert read_manifest(new)["fingerprint_fields"]["turns"] == "all"
+    with pytest.raises(GenerationDataError, match=r"disagree on turns") as error:
+        validate_generation(_config(runs, [old, new], tmp_path / "a"), tokenizer=tokenizer)
+    assert f"{old}: 'last'" in str(error.value) and f"{new}: 'all'" in str(error.value)
+    edit(new, lambda fields: fields.update(turns="last"))
+    result = validate_generation(
+        _config(runs, [old, new], tmp_path / "b"), tokenizer=tokenizer, progress=False
+    )
+    assert result.coverage.complete

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftgen.generate.config import FINGERPRINT_FIELDS, parse_shard
+from draftgen.generate.config import FINGERPRINT_FIELDS, FINGERPRINT_SINCE, parse_shard
 from draftgen.validate.reader import GenerationDataError, GenerationOutput, open_generation
 
 
@@ -92,7 +92,10 @@ def folder_info(output: GenerationOutput) -> FolderInfo:
         shard=shard,
         limit=limit if isinstance(limit, int) and limit > 0 else 0,
         prompt_file=str(prompt_file) if prompt_file else None,
-        generation={k: v for k, v in fields.items() if k != "shard"} if fields else None,
+        # a field added to the fingerprint later (turns) is absent from older manifests: its value then was the default
+        generation={**FINGERPRINT_SINCE, **{k: v for k, v in fields.items() if k != "shard"}}
+        if fields
+        else None,
     )
 
 
