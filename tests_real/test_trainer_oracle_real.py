@@ -268,6 +268,58 @@ def _planted_rows() -> list[dict]:
                     "finish_reason": finish,
                 }
             )
+    for row in rows:  # one generated turn after the last message (turns: last)
+        row.update(
+            turn_after=[len(row["messages"]) - 1],
+            turn_content=[row["content"]],
+            turn_reasoning=[row["reasoning_content"]],
+            turn_finish_reason=[row["finish_reason"]],
+            turns_mode="last",
+        )
+    return rows + _all_turn_rows()
+
+
+def _all_turn_rows() -> list[dict]:
+    """turns: all — every source assistant turn replaced by a generated answer with its own reasoning."""
+    conversations = {
+        "all-two-turns": (
+            [
+                {"role": "user", "content": "Name a prime."},
+                {"role": "assistant", "content": "SOURCE TEXT, replaced"},
+                {"role": "user", "content": "And one above 100?"},
+            ],
+            [0, 2],
+            ["Small primes: 2, 3, 5, 7.", "101 has no divisor up to 10."],
+            ["7 is prime.", "101"],
+        ),
+        "all-tool-loop": (
+            [
+                {"role": "system", "content": "Use the tools."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "SOURCE TEXT, replaced"},
+                {"role": "tool", "content": '{"city": "Paris", "temp_c": 21}'},
+            ],
+            [1, 3],
+            ["I need the weather tool.", "The tool says 21."],
+            ["Calling the weather tool.", "It is 21 °C in Paris."],
+        ),
+    }
+    rows = []
+    for name, (messages, after, reasoning, content) in conversations.items():
+        rows.append(
+            {
+                "id": f"{name}-0",
+                "messages": messages,
+                "reasoning_content": reasoning[-1],
+                "content": content[-1],
+                "finish_reason": "stop",
+                "turn_after": after,
+                "turn_content": content,
+                "turn_reasoning": reasoning,
+                "turn_finish_reason": ["stop"] * len(after),
+                "turns_mode": "all",
+            }
+        )
     return rows
 
 
@@ -303,7 +355,7 @@ def test_planted_corpus_masks_equal_specforge(
         key: sum(1 for a, b in zip([0, *mask], mask, strict=False) if b and not a)
         for key, (_, mask) in ours.items()
     }
-    assert spans["tool-0"] >= 2 and spans["single-0"] == 1
+    assert spans["tool-0"] >= 2 and spans["single-0"] == 1 and spans["all-tool-loop-0"] == 2
     assert (
         spans["quoted-header-0"] == 2
     )  # the quoted header opens a span in the user turn, as SpecForge reads it
