@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +168,27 @@ def test_a_span_without_end_of_turn_ends_where_the_text_ends_before_a_final_newl
 def test_a_header_inside_a_span_does_not_start_another():
     text = f"{H}quote {H} inside{E}"
     assert [text[s:e] for s, e, _ in find_spans(text, QWEN35)] == [f"quote {H} inside{E}"]
+
+
+@pytest.mark.parametrize("spec", [QWEN35, QWEN3_THINKING], ids=["qwen3.5", "qwen3-thinking"])
+def test_spans_match_a_lazy_regex_up_to_end_of_turn_or_end_of_text(spec):
+    """The rule as a regular expression (lazy match up to the end-of-turn string or ``$``), on random texts."""
+    rule = re.compile(f"{re.escape(spec.assistant_header)}(.*?(?:{re.escape(spec.end_of_turn)}|$))", re.S)
+    pieces = [
+        spec.assistant_header,
+        spec.end_of_turn,
+        "<|im_end|>",
+        "<|im_start|>",
+        "assistant\n",
+        "a",
+        "\n",
+        "\n\n",
+    ]
+    rng = random.Random(3)
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
+        expected = [(m.start(1), m.end(1)) for m in rule.finditer(text)]
+        assert [(s, e) for s, e, _ in find_spans(text, spec)] == expected, repr(text)
 
 
 def test_ignore_strings_every_occurrence():
