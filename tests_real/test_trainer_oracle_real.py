@@ -356,6 +356,11 @@ def test_planted_corpus_masks_equal_specforge(
         for key, (_, mask) in ours.items()
     }
     assert spans["tool-0"] >= 2 and spans["single-0"] == 1 and spans["all-tool-loop-0"] == 2
+    # turns: all — the trainer reads the target's own answers, each with its reasoning, never the source's text
+    by_id = {r["id"]: r["conversations"] for r in checked["rows"]}
+    for key in ("all-two-turns-0", "all-tool-loop-0"):
+        assert "SOURCE TEXT" not in json.dumps(by_id[key])
+        assert all(t.get("reasoning_content") for t in by_id[key] if t["role"] == "assistant")
     assert (
         spans["quoted-header-0"] == 2
     )  # the quoted header opens a span in the user turn, as SpecForge reads it
