@@ -137,3 +137,4 @@ def test_status_and_monitor_on_a_killed_run(sim_fleet, tmp_path):
     )
     text = monitor(run_dir, tmp_path / "out", "killed")
     assert "GONE" in text and "killed or crashed" in text
+    assert "when will it end? (gone)" in text  # no ETA projected for a dead run

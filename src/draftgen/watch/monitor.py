@@ -24,7 +24,7 @@ from pydantic import Field
 from draftgen.params import Params
 from draftgen.paths import ProjectPath, root_note
 from draftgen.watch.progress_file import read_history, read_progress
-from draftgen.watch.status import Verdict, run_status
+from draftgen.watch.status import RUNNING, Verdict, judge, run_status
 
 SHARD_GLOB = "shards/part-*.parquet"
 # The columns the plots need, and their types. Multi-turn rows carry one element per generated turn in the
@@ -286,7 +286,8 @@ def plot_progress(run_dir: str | Path) -> Plot:
     done = history.group_by("t").agg(pl.col("done").first()).sort("t")
     t0 = float(done["t"][0])
     total = int(progress.get("conversations", {}).get("total", 0))
-    eta_at = progress.get("eta_at") if progress.get("state") == "running" else None
+    verdict = judge(progress) if progress else None
+    eta_at = progress.get("eta_at") if verdict is not None and verdict.code == RUNNING else None
     end = float(eta_at) if eta_at else float(done["t"][-1])
     scale, unit = _time_axis(end - t0)
     axes.plot((done["t"].to_numpy() - t0) / scale, done["done"].to_numpy(), color="#4c72b0", label="done")
@@ -302,8 +303,8 @@ def plot_progress(run_dir: str | Path) -> Plot:
             linestyle="--",
             label=f"at the current rate: ends {time.strftime('%a %H:%M', time.localtime(end))}",
         )
-    elif progress.get("state"):
-        title += f" ({progress['state']})"
+    elif verdict is not None:
+        title += f" ({verdict.word.lower()})"
     axes.set_title(title)
     axes.set_xlabel(f"time since the history began ({unit})")
     axes.set_ylabel("conversations done")
