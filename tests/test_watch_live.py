@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
 import psutil
 from test_generate_notebook import RUN_TIMEOUT_S, _kernel_of, base_params, start_run, wait_for_shards
 
@@ -107,8 +108,16 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
     assert all(s["mean_accept"] and s["mean_accept"] > 1 for s in progress["servers"])  # sglext acceptance
     history = read_history(run_dir)
     assert history[-1]["done"] == 1000 and len({line["session"] for line in history}) == 1
+    turns = (  # multi-turn prompts: one completion per generated turn
+        pl.scan_parquet(sorted((run_dir / "shards").glob("*.parquet")))
+        .select(pl.col("turn_finish_reason").list.len().sum())
+        .collect()
+        .item()
+    )
+    assert turns > 1000 and progress["turns"]["session_done"] == turns
     text = monitor(run_dir, tmp_path / "out", "finished")
-    assert "FINISHED" in text and "'1,000 completions read from the shards'" in text
+    assert "FINISHED" in text and f"'{turns:,} completions read from the shards'" in text
+    assert f"{turns:,} assistant turns" in done.stdout
 
 
 def test_status_and_monitor_on_a_killed_run(sim_fleet, tmp_path):

@@ -82,6 +82,7 @@ def test_writer_rates_eta_servers_and_interval(tmp_path):
     }
     assert data["events"][-1]["what"].startswith("marked down") and data["events"][-1]["server"] == ":30001"
     assert data["retrying"] == 2
+    assert "turns" not in data  # single-turn dispatch reports no turn count
     lines = read_history(tmp_path)
     assert len(lines) == 2  # one line per write, not per update
     assert lines[-1]["servers"][A] == [50, 4000, 120.0, 40, 8, 1] and lines[-1]["servers"][B][-1] == 0
@@ -328,3 +329,12 @@ def test_status_imports_only_its_own_command(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr
+
+
+def test_multi_turn_runs_report_turns(tmp_path, capsys):
+    writer = StatusWriter(tmp_path, interval_s=5.0, total=10, done_at_start=0)
+    base = snap(4, 10, 10)
+    writer.update(FleetSnapshot(**{**base.__dict__, "turns_completed": 9}))
+    assert read_progress(tmp_path)["turns"] == {"session_done": 9, "done": None, "total": None}
+    assert main(["status", str(tmp_path)]) == RUNNING
+    assert "9 assistant turns answered this session" in capsys.readouterr().out

@@ -216,10 +216,13 @@ class StatusWriter:
                 for at, server, what in snapshot.events[-EVENTS_SHOWN:]
             ],
         }
-        if self.turns_total is not None and snapshot.turns_completed is not None:
+        if snapshot.turns_completed is not None:  # multi-turn: one request per assistant turn
             document["turns"] = {
+                "session_done": snapshot.turns_completed,
+                "done": None
+                if self.turns_done_at_start is None
+                else self.turns_done_at_start + snapshot.turns_completed,
                 "total": self.turns_total,
-                "done": (self.turns_done_at_start or 0) + snapshot.turns_completed,
             }
         if state != "running":
             document["ended_at"] = now

@@ -127,7 +127,13 @@ def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *
     )
     turns = progress.get("turns")
     if turns:
-        lines.append(f"turns     {turns.get('done', 0):,} / {turns.get('total', 0):,}")
+        done_turns, total_turns = turns.get("done"), turns.get("total")
+        text = f"{turns.get('session_done', 0):,} assistant turns answered this session"
+        if done_turns is not None and total_turns:
+            text = f"{done_turns:,} / {total_turns:,} assistant turns; " + text.replace(
+                " assistant turns", ""
+            )
+        lines.append(f"turns     {text}")
     rate = progress.get("rate", {})
     window = rate.get("window_s") or 0.0
     lines.append(
