@@ -163,7 +163,7 @@ def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *
             "server",
             "state",
             "in flight",
-            "done",
+            "answered",  # requests answered this session (a multi-turn conversation asks once per turn)
             "tok/s",
             "accept (window)",
             "accept (session)",
