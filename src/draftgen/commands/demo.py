@@ -92,7 +92,7 @@ def _summary(out: Path) -> list[str]:
         data = json.loads(estimate.read_text())
         lines.append(
             f"estimate : {data.get('aggregate_output_tok_s', 0):,.0f} tok/s fleet-wide, "
-            f"{data.get('wall_time_s', 0):,.0f} s simulated for {data.get('num_prompts', 0):,} prompts"
+            f"{data.get('wall_time_s', 0):,.0f} s simulated for {data.get('num_prompts', 0):,} requests"
         )
     manifest = out / "generate" / "manifest.json"
     if manifest.exists():
