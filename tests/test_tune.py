@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,6 +23,7 @@ from draftgen.tune import report
 from draftgen.tune.config import TuneConfig
 from draftgen.tune.run import run_tune
 
+REPO = Path(__file__).resolve().parents[1]
 SPEED = 2.0
 CONCURRENCY = 8
 MAX_TOKENS = 128
@@ -259,3 +261,31 @@ def test_serve_dry_run_puts_the_settings_on_every_server(tmp_path):
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and len(lines) == 2, done.stderr
     assert all("--max-running-requests 128" in line and "--speculative" not in line for line in lines)
+
+
+def test_tune_notebook_runs_under_papermill_with_the_params_file(tmp_path):
+    overrides = {
+        "engine": "sim",
+        "gpus": "0-1",
+        "base_port": find_free_base_port(2),
+        "sim_speed": 4.0,
+        "max_tokens": 64,
+        "sample_size": 32,
+        "spec_candidates": [[1, 1, 2], [3, 1, 4]],
+        "max_running_requests": [4],
+        "mtp_off": False,
+        "max_rounds": 1,
+        "warmup_requests": 0,
+        "baseline": False,
+    }
+    command = [sys.executable, "-m", "draftgen", "run", "tune", "-f", "params/tune.yaml", "--name", "nb"]
+    command += ["--out-root", str(tmp_path), "--no-html"]
+    for key, value in overrides.items():
+        command += ["-p", key, value if isinstance(value, str) else json.dumps(value)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    run_dir = tmp_path / "tune" / "nb"
+    info = json.loads((run_dir / "tune.json").read_text())
+    assert info["chosen_label"] == "MTP 3/1/4, 4 running"  # 1.5x the tok/s of 1/1/2 at batch 4
+    assert load_settings(run_dir / "settings.yaml").speculative_num_steps == 3
+    assert (run_dir / "tok_s_per_gpu.png").exists() and (run_dir / "acceptance.png").exists()
