@@ -45,7 +45,7 @@ def main() -> None:
                 "sample_size": 256,
                 "spec_candidates": [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6], [3, 2, 6]],
                 "max_running_requests": [8, 16],
-                "max_rounds": 2,
+                "max_rounds": 3,
                 "warmup_requests": 1,
                 "baseline": True,
                 "out_dir": f"{tmp}/parallel",
@@ -55,22 +55,18 @@ def main() -> None:
         run = asyncio.run(run_tune(config, log=lambda line: None))
         parallel_s = time.monotonic() - began
         info = report.save_report(run)
-        done = [*run.jobs, *(j for j in (run.confirm, run.baseline) if j is not None)]
-        jobs, replicas = [], {}
-        for j in done:  # the same jobs with the same prompt slices (replica numbers as they had)
-            key = (j.candidate.index, j.round)
-            jobs.append(Job(j.candidate, j.round, replicas.get(key, 0)))
-            replicas[key] = replicas.get(key, 0) + 1
+        # The same jobs with the same prompt slices (round, replica), the seeds' 3/1/4 included.
+        jobs = [Job(j.candidate, j.round, j.replica) for j in [*run.jobs, *run.seeds_jobs]]
         serial = config.model_copy(update={"out_dir": f"{tmp}/serial"})
         sample = sample_prompts(serial.prompt_path, serial.sample_size, serial.seed)
         began = time.monotonic()
         asyncio.run(run_jobs(serial, jobs, [0], sample, lambda result: None))
         serial_s = time.monotonic() - began
     print(
-        f"candidates {len(run.candidates)}, jobs {len(run.jobs)}, sim speed {args.speed:g}, max_tokens {args.max_tokens}"
+        f"candidates {len(run.candidates)}, jobs {len(jobs)}, sim speed {args.speed:g}, max_tokens {args.max_tokens}"
     )
     print(
-        f"tune on 7 GPU groups: {parallel_s:.1f} s (successive halving + the chosen beside the seeds' 3/1/4)"
+        f"tune on 7 GPU groups: {parallel_s:.1f} s (successive halving, the seeds' 3/1/4 beside the last round)"
     )
     print(f"the same {len(jobs)} jobs one after another on 1 GPU group: {serial_s:.1f} s")
     print(

@@ -26,6 +26,7 @@ from draftgen.tune.launch import FailedStart, launch_spec, start, stop
 class JobResult:
     candidate: Candidate
     round: int
+    replica: int  # which of the round's jobs of this candidate (replica 0 shares the round's prompts)
     group: int
     started_at: float
     finished_at: float
@@ -82,14 +83,26 @@ def _bench_config(
 
 
 async def run_job(
-    config: TuneConfig, candidate: Candidate, round_index: int, group: int, rows: Sequence[PromptRow]
+    config: TuneConfig,
+    candidate: Candidate,
+    round_index: int,
+    group: int,
+    rows: Sequence[PromptRow],
+    replica: int = 0,
 ) -> JobResult:
     began = time.time()
-    run_name = f"r{round_index}-{candidate.slug}-g{group}" if candidate.index >= 0 else f"baseline-g{group}"
+    who = candidate.slug if candidate.index >= 0 else f"seeds-c{candidate.concurrency}"
+    run_name = f"r{round_index}-{who}-g{group}"
     spec = launch_spec(config, candidate, group, run_name)
     run_dir = Path(config.out_dir) / "servers" / run_name
     started = await start(spec, run_dir / f"{spec.name}.log", config.startup_timeout_s)
-    base = {"candidate": candidate, "round": round_index, "group": group, "started_at": began}
+    base = {
+        "candidate": candidate,
+        "round": round_index,
+        "replica": replica,
+        "group": group,
+        "started_at": began,
+    }
     if isinstance(started, FailedStart):
         return JobResult(
             **base,

@@ -80,6 +80,7 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
             {
                 "candidate": j.candidate.label,
                 "round": j.round,
+                "replica": j.replica,
                 "gpu_group": j.group,
                 "ok": j.ok,
                 "failure": j.failure,
@@ -90,7 +91,7 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
                 "steady_requests": len(j.steady_tokens),
                 "accept_length": j.accept_length,
             }
-            for j in [*run.jobs, *(j for j in (run.confirm, run.baseline) if j is not None)]
+            for j in [*run.jobs, *run.seeds_jobs]
         ],
         infer_schema_length=None,
     )

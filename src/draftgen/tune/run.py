@@ -2,8 +2,8 @@
 
 Round 0 measures every candidate once. Each later round keeps the best 1/eta (by tok/s per GPU so far) and
 measures each survivor on as many groups as fill the GPUs, so the contenders get more requests while no GPU idles;
-a candidate's estimate pools every job it had. Finally the chosen candidate runs again beside the seeds' 3/1/4
-at the same concurrency, same prompts, same moment, for the gain over the seeds. A candidate that fails to start is marked with its log tail and
+a candidate's estimate pools every job it had. In the last round the seeds' 3/1/4 runs beside the finalists at
+their concurrencies, on the same prompts at the same time, for a like-for-like gain over the seeds. A candidate that fails to start is marked with its log tail and
 leaves the race; the others go on. The run ends after ``max_rounds`` rounds or with one candidate left.
 """
 
@@ -39,6 +39,7 @@ class TuneRun:
     chosen: Candidate | None
     baseline: JobResult | None  # the seeds' 3/1/4 at the chosen's concurrency
     confirm: JobResult | None  # the chosen candidate measured beside it
+    seeds_jobs: tuple[JobResult, ...]  # every job of the seeds' 3/1/4 (one per finalist concurrency)
     started_at: float
     finished_at: float
 
@@ -65,9 +66,8 @@ async def run_jobs(
     async def worker(group: int) -> None:
         while not queue.empty():
             job = queue.get_nowait()
-            result = await run_job(
-                config, job.candidate, job.round, group, _rows(sample, config, job, len(config.groups))
-            )
+            rows = _rows(sample, config, job, len(config.groups))
+            result = await run_job(config, job.candidate, job.round, group, rows, replica=job.replica)
             results.append(result)
             report(result)
 
@@ -135,12 +135,42 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
             estimates[index] = estimate(pooled, config)
         log(_line(result, estimates))
 
+    baselines: list[JobResult] = []
+
+    def route(result: JobResult) -> None:
+        if result.candidate.index < 0:  # the seeds' 3/1/4, measured beside the final round
+            baselines.append(result)
+            log(_line(result, {}))
+        else:
+            refresh(result)
+
     alive = list(candidates)
+    final_round = 0
     for round_index in range(config.max_rounds):
-        replicas = 1 if round_index == 0 else max(1, math.ceil(len(groups) / len(alive)))
+        final_round = round_index
+        last = round_index == config.max_rounds - 1 or len(alive) == 1
+        # In the last round the seeds' 3/1/4 runs beside the finalists, at each of their concurrencies, on the same
+        # prompts at the same time: the chosen one's job of that round and it make a like-for-like pair.
+        extra = []
+        if last and config.baseline:
+            levels = sorted({c.concurrency for c in alive}, reverse=True)
+            extra = [Job(config.baseline_candidate(c), round_index, 0) for c in levels]
+        if round_index == 0:
+            replicas = 1
+        elif last:
+            replicas = max(1, (len(groups) - len(extra)) // len(alive))
+        else:
+            replicas = max(1, math.ceil(len(groups) / len(alive)))
         round_jobs = [Job(c, round_index, r) for r in range(replicas) for c in longest_first(alive, jobs)]
-        log(f"tune: round {round_index}: {len(alive)} candidate(s) x {replicas} job(s)")
-        await run_jobs(config, round_jobs, groups, sample, refresh)
+        log(
+            f"tune: round {round_index}: {len(alive)} candidate(s) x {replicas} job(s)"
+            + (
+                f", the seeds' 3/1/4 beside them at concurrency {', '.join(str(j.candidate.concurrency) for j in extra)}"
+                if extra
+                else ""
+            )
+        )
+        await run_jobs(config, [*round_jobs, *extra], groups, sample, route)
         failed = {j.candidate.index for j in jobs if not j.ok}
         for index in failed:
             estimates.pop(index, None)
@@ -158,14 +188,25 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
     chosen = alive[0] if alive else None
     baseline = confirm = None
     if config.baseline and chosen is not None:
-        # The chosen candidate again, beside the seeds' 3/1/4 at the same concurrency, at the same time and on the
-        # same prompts: a like-for-like gain (the rounds' figures come from other moments and other prompts).
-        seeds = config.baseline_candidate(chosen.concurrency)
-        log(f"tune: {chosen.label} beside the seeds' {seeds.label}, concurrency {chosen.concurrency}")
-        pair = [Job(chosen, config.max_rounds, 0), Job(seeds, config.max_rounds, 0)]
-        side = await run_jobs(config, pair, groups[:2], sample, lambda r: log(_line(r, {})))
-        confirm = next(r for r in side if r.candidate.index == chosen.index)
-        baseline = next(r for r in side if r.candidate.index != chosen.index)
+        baseline = next((b for b in baselines if b.candidate.concurrency == chosen.concurrency), None)
+        confirm = next(
+            (
+                j
+                for j in jobs
+                if j.candidate.index == chosen.index and j.round == final_round and j.replica == 0
+            ),
+            None,
+        )
+        if (
+            baseline is None or confirm is None
+        ):  # the race ended early (the others failed): measure the pair now
+            seeds = config.baseline_candidate(chosen.concurrency)
+            log(f"tune: {chosen.label} beside the seeds' {seeds.label}, concurrency {chosen.concurrency}")
+            pair = [Job(chosen, config.max_rounds, 0), Job(seeds, config.max_rounds, 0)]
+            side = await run_jobs(config, pair, groups[:2], sample, lambda r: log(_line(r, {})))
+            confirm = next(r for r in side if r.candidate.index == chosen.index)
+            baseline = next(r for r in side if r.candidate.index != chosen.index)
+            baselines.append(baseline)
     return TuneRun(
         config=config,
         candidates=tuple(candidates),
@@ -175,6 +216,7 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
         chosen=chosen,
         baseline=baseline,
         confirm=confirm,
+        seeds_jobs=tuple(baselines),
         started_at=started_at,
         finished_at=time.time(),
     )
