@@ -1,7 +1,7 @@
 """Tune's wall time with 7 simulated GPUs vs measuring the same jobs one after another on one GPU, and the chosen
 candidate's tok/s per GPU vs the seeds' 3/1/4 (cap 48) at the same concurrency.
 
-    PYTHONPATH=src python benchmarks/tune_speedup.py [--speed 2] [--max-tokens 64]
+    PYTHONPATH=src python benchmarks/tune_speedup.py [--speed 1] [--max-tokens 256]   # ~3 minutes
 
 Both runs use the simulator (b200-mtp) at the same --speed, in this process, one after another: first
 ``draftgen tune`` on GPU groups 0-6, then exactly the jobs it ran (same candidates, rounds, prompts) replayed on
@@ -44,8 +44,8 @@ def main() -> None:
                 "max_tokens": args.max_tokens,
                 "sample_size": 256,
                 "spec_candidates": [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6], [3, 2, 6]],
-                "max_running_requests": [8, 16],
-                "max_rounds": 3,
+                "max_running_requests": [16],
+                "max_rounds": 2,
                 "warmup_requests": 1,
                 "baseline": True,
                 "out_dir": f"{tmp}/parallel",
