@@ -87,6 +87,7 @@ def config_for(fleet, prompts: Path, out_dir: Path, **changes: object) -> Genera
         "backoff_base_s": 0.05,
         "backoff_max_s": 0.2,
         "canary": False,
+        "hedge_slow_ratio": 0.0,  # requests are counted on the servers: no tail copies
     }
     values.update(changes)
     return build_config(GenerateConfig, values)
