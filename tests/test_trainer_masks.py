@@ -136,6 +136,17 @@ def test_reply_with_ok_mask_sum_under_each_trainer(qwen3, trainer):
     assert (batch.mismatch[0] or "").startswith("boundary") == boundary
 
 
+def test_thinking_off_the_empty_think_block_is_expected_not_a_mismatch(qwen3):
+    prompt = [{"role": "user", "content": "Reply with OK."}]
+    spec = MaskSpec(enable_thinking=False)
+    batch = build_masks(qwen3, [prompt], [None], ["OK, here it is."], spec, keep_ids=True)
+    assert batch.mismatch == [None]
+    # the same trainer mask as with thinking on: from </think> (the "\n\n" straddles "<think>\n")
+    assert _supervised_tokens(qwen3, batch, 0)[:2] == ["</think>", "ĊĊ"]
+    on = build_masks(qwen3, [prompt], [None], ["OK, here it is."], MaskSpec(), keep_ids=True)
+    assert on.loss_mask(0).tolist() == batch.loss_mask(0).tolist() and on.mismatch[0].startswith("boundary")
+
+
 def test_with_reasoning_specforge_qwen35_is_the_old_default_plus_the_newline(qwen3):
     prompt = [{"role": "user", "content": "Reply with OK."}]
     spec35, old = MaskSpec(), MaskSpec(trainer="draftgen-think-in-prompt")

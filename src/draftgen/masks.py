@@ -292,7 +292,7 @@ def _span_batch(
 ) -> MaskBatch:
     texts, errors = render_conversations(tokenizer, conversations, rules)
     max_length = spec.max_length if spec.max_length is not None else 1 << 62
-    result = span_masks(tokenizer, texts, errors, rules, max_length)
+    result = span_masks(tokenizer, texts, errors, rules, max_length, flag_boundaries=spec.enable_thinking)
     size = len(texts)
     n_prompt = np.zeros(size, dtype=np.int64)
     mask_end = np.zeros(size, dtype=np.int64)

@@ -132,12 +132,20 @@ class _Boundary:
 
 
 def span_masks(
-    tokenizer: Any, texts: Sequence[str], errors: Sequence[str | None], spec: SpanTrainer, max_length: int
+    tokenizer: Any,
+    texts: Sequence[str],
+    errors: Sequence[str | None],
+    spec: SpanTrainer,
+    max_length: int,
+    *,
+    flag_boundaries: bool = True,
 ) -> SpanMasks:
     """The trainer's input_ids and loss_mask for a batch of rendered conversations.
 
     ``errors``: what is already known to be wrong per sample (a template error renders as ""); it stays the
-    sample's first problem, and the mask is still the trainer's.
+    sample's first problem, and the mask is still the trainer's. ``flag_boundaries`` False: a boundary the full
+    text merges across is not reported (a corpus generated with thinking off has the template's empty think block
+    in every sample: the trainer starts one token later, on text the server sent, which is expected).
     """
     backend = tokenizer.backend_tokenizer
     index = AddedTokenIndex(tokenizer)
@@ -146,9 +154,8 @@ def span_masks(
     spans: list[list[tuple[int, int, bool]]] = []
     ignored: list[list[tuple[int, int]]] = []
     boundaries: list[_Boundary] = []
-    literal: list[
-        _Boundary
-    ] = []  # samples whose added tokens did not line up: counted by encoding the prefix
+    # boundaries of samples whose added tokens did not line up with the ids: counted by encoding the prefix
+    literal: list[_Boundary] = []
     for i, text in enumerate(texts):
         sample_spans = find_spans(text, spec)  # "" when the template raised: no spans
         sample_ignored = find_ignored(text, spec)
@@ -163,9 +170,8 @@ def span_masks(
         for char in chars:
             if located is not None:
                 starts, ends, positions = located
-                before = int(
-                    np.searchsorted(ends, char, side="right")
-                )  # added tokens ending at or before char
+                # added tokens ending at or before char
+                before = int(np.searchsorted(ends, char, side="right"))
                 straddles = before < starts.size and starts[before] < char
                 if not straddles:
                     base = int(positions[before - 1]) + 1 if before else 0
@@ -177,7 +183,8 @@ def span_masks(
     for boundary, ids in zip(boundaries, fragment_ids, strict=True):
         boundary.count = boundary.base + len(ids)
         full = full_ids[boundary.sample]
-        if full[boundary.base : boundary.count] != ids and problems[boundary.sample] is None:
+        merged = full[boundary.base : boundary.count] != ids
+        if merged and flag_boundaries and problems[boundary.sample] is None:
             problems[boundary.sample] = (
                 f"boundary: the text before character {boundary.char} tokenizes differently on its own "
                 "(the full conversation merges characters across it)"
