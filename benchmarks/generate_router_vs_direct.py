@@ -60,6 +60,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=2000, help="per run")
     parser.add_argument("--speed", type=float, default=1.0, help="simulated clock speed-up")
+    parser.add_argument(
+        "--turns",
+        choices=("last", "all"),
+        default="last",
+        help="last: one request per prompt (the issue's setup)",
+    )
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=64, help="in flight per worker")
     parser.add_argument("--ramp", type=float, default=5.0, help="seconds excluded at the start")
@@ -104,6 +110,7 @@ def main() -> None:
                         tmp / f"run-{seed}",
                         servers=servers,
                         max_tokens=args.max_tokens,
+                        turns=args.turns,
                         concurrency_per_server=concurrency,
                         acceptance_interval_s=0,
                     )

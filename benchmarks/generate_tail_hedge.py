@@ -6,7 +6,7 @@ tokens would take at the fleet's summed capacity (each server's tokens/s at its 
 and ``slow`` included): no schedule can beat it. The figure is ideal ÷ wall (1.0 = no time lost to ramp, tail or
 imbalance). The same run on seven equal servers is printed as the reference of what ramp and drain alone cost.
 
-    .venv/bin/python benchmarks/generate_tail_hedge.py [--prompts 1400] [--speed 8] [--max-tokens 1024]
+    .venv/bin/python benchmarks/generate_tail_hedge.py [--prompts 1400] [--speed 2] [--max-tokens 1024] [--turns last]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def one_run(args: argparse.Namespace, tmp: Path, name: str, slow: bool, hedge: f
             prompts,
             tmp / f"run-{name}",
             max_tokens=args.max_tokens,
+            turns=args.turns,
             concurrency_per_server=args.concurrency,
             hedge_slow_ratio=hedge,
         )
@@ -77,7 +78,13 @@ def one_run(args: argparse.Namespace, tmp: Path, name: str, slow: bool, hedge: f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=1400)
-    parser.add_argument("--speed", type=float, default=8.0, help="simulated clock speed-up")
+    parser.add_argument("--speed", type=float, default=2.0, help="simulated clock speed-up")
+    parser.add_argument(
+        "--turns",
+        choices=("last", "all"),
+        default="last",
+        help="last: one request per prompt (the issue's setup)",
+    )
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--skip-reference", action="store_true", help="skip the seven-equal-servers run")
