@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
@@ -21,7 +22,7 @@ from draftgen.generate.store import FAILED, read_done_ids, read_manifest
 from draftgen.generate.turns import Conversation
 from draftgen.params import ParameterError, build_config
 from draftgen.prompts import PromptRow, RejectedRow, iter_prompts, normalize_record
-from draftgen.sim.textgen import count_text_tokens, render_chat_prompt
+from draftgen.sim.textgen import count_text_tokens, render_chat_prompt, request_seed
 from draftgen.synthetic import synthetic_rows
 
 MODEL = "Qwen/Qwen3.6-27B"
@@ -101,12 +102,16 @@ def run(config: GenerateConfig):
     return asyncio.run(go())
 
 
-def expected_prompt_tokens(row: dict, turn: int) -> int:
-    """What the server must have counted for ``turn`` if it was sent the target's own earlier answers."""
+def sent_messages(row: dict, turn: int) -> tuple[dict[str, str], ...]:
+    """The messages of ``turn``'s request if it carried the target's own earlier answers."""
     points = row["turn_after"]
     earlier = list(zip(points[:turn], row["turn_content"][:turn], strict=True))
-    sent = request_messages(row["messages"], points[turn], earlier, row["turns_mode"])
-    return count_text_tokens(render_chat_prompt(sent, True))
+    return request_messages(row["messages"], points[turn], earlier, row["turns_mode"])
+
+
+def expected_prompt_tokens(row: dict, turn: int) -> int:
+    """What the server must have counted for ``turn`` if it was sent the target's own earlier answers."""
+    return count_text_tokens(render_chat_prompt(sent_messages(row, turn), True))
 
 
 def source_history_tokens(row: dict, turn: int) -> int:
@@ -287,6 +292,12 @@ def test_every_turn_stored_once_each_request_carrying_the_models_own_answers(sim
     assert outcome.outcome.turns == total_turns
     # The servers answered each turn exactly once: no request was sent twice, none is missing.
     assert len(chat_records(fleet)) - before == total_turns + 2  # + one preflight probe per server
+    # ... each turn's own request exactly once (the simulator records a hash of the messages it was sent)
+    seeds = Counter(r["seed"] for r in chat_records(fleet))
+    for row in stored:
+        for turn in range(len(row["turn_after"])):
+            seed = request_seed({"messages": list(sent_messages(row, turn)), "thinking": True}, None)
+            assert seeds[seed] == 1, (row["id"], turn, seeds[seed])
     summary = read_manifest(tmp_path / "run")["sessions"][-1]
     assert (summary["completed"], summary["turns"]) == (len(rows), total_turns)
 
@@ -349,29 +360,37 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
         assert len(row["turn_content"]) == len(answer_points(row["messages"], "all")) >= 2
         for turn in range(len(row["turn_after"])):
             assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(row, turn), (row["id"], turn)
-    # The kill really came mid-conversation: some conversation stored only after the resume had an earlier
-    # turn answered well before the kill and its last turn not answered before it. The simulator answers the
-    # same request the same way, so a turn's request is recognised by its prompt size in the truth.
-    turn_of: dict[int, list[tuple[str, int]]] = {}
+    # The kill really came mid-conversation: some conversation stored only after the resume had a later turn's
+    # request sent before the kill (so its earlier answers were in the dead client's memory) and its last turn
+    # not answered before the kill. The simulator records each request's seed, a hash of the messages it got.
+    turn_of: dict[int, tuple[str, int]] = {}
     last_turn = {row["id"]: len(row["turn_after"]) - 1 for row in final}
     for row in final:
-        for turn, tokens in enumerate(row["turn_prompt_tokens"]):
-            turn_of.setdefault(tokens, []).append((row["id"], turn))
+        for turn in range(len(row["turn_after"])):
+            turn_of[request_seed({"messages": list(sent_messages(row, turn)), "thinking": True}, None)] = (
+                row["id"],
+                turn,
+            )
+    sent: dict[str, dict[int, float]] = {}
     answered: dict[str, dict[int, float]] = {}
-    for record in chat_records(fleet):
-        matches = turn_of.get(record["prompt_tokens"], [])
-        if len(matches) == 1:  # a prompt size shared by two turns proves nothing: skipped
-            prompt_id, turn = matches[0]
-            turns = answered.setdefault(prompt_id, {})
-            turns[turn] = min(record["finished"], turns.get(turn, float("inf")))
+    for record in fleet.truth():
+        if record.get("kind") != "chat" or record.get("seed") not in turn_of:
+            continue
+        prompt_id, turn = turn_of[record["seed"]]
+        times = sent.setdefault(prompt_id, {})
+        times[turn] = min(record["arrival"], times.get(turn, float("inf")))
+        if record["outcome"] == "ok":
+            done = answered.setdefault(prompt_id, {})
+            done[turn] = min(record["finished"], done.get(turn, float("inf")))
+    assert sum(len(t) for t in sent.values()) == sum(len(r["turn_after"]) for r in final)  # every turn seen
     mid = [
         prompt_id
-        for prompt_id, turns in answered.items()
+        for prompt_id, turns in sent.items()
         if prompt_id not in stored
-        and any(t < last_turn[prompt_id] and at < killed_at - 0.5 for t, at in turns.items())
-        and turns.get(last_turn[prompt_id], float("inf")) >= killed_at
+        and any(t >= 1 and at < killed_at for t, at in turns.items())
+        and answered.get(prompt_id, {}).get(last_turn[prompt_id], float("inf")) >= killed_at
     ]
-    assert mid, "the kill came between conversations: no conversation was half answered"
+    assert mid, "the kill came between conversations: no conversation was part-way"
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete"
     assert manifest["sessions"][-1]["completed"] == len(rows) - len(stored)
@@ -387,3 +406,22 @@ def test_the_estimate_counts_one_request_per_answer_with_turns_all(tmp_path):
     assert requests == 22 and "x 2.200 answers each (turns: all)" in source
     assert dataset_size(0, prompts, 3, "all")[0] == 6  # the first three prompts: 1 + 2 + 3 answers
     assert dataset_size(1000, prompts, 0, "all")[0] == 2200  # a given size scaled by the file's mean
+
+
+def test_work_under_way_is_served_before_fresh_prompts():
+    from draftgen.generate.dispatch import _Item, _WorkQueue
+
+    def item(name: str, fresh: bool) -> _Item:
+        made = _Item(Conversation(PromptRow(name, (u("q"),), 1), "all"))
+        made.holds_slot = fresh
+        return made
+
+    async def order() -> list[str]:
+        queue = _WorkQueue()
+        assert queue.empty()
+        for name, fresh in (("new-1", True), ("new-2", True), ("next-turn", False), ("retry", False)):
+            queue.put_nowait(item(name, fresh))
+        assert queue.qsize() == 4 and not queue.empty()
+        return [(await queue.get()).conversation.id for _ in range(4)]
+
+    assert asyncio.run(order()) == ["next-turn", "retry", "new-1", "new-2"]

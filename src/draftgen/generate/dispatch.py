@@ -115,6 +115,28 @@ class _Item:
         return any(f.turn == self.answered for f in self.racing)
 
 
+class _WorkQueue(asyncio.Queue):  # type: ignore[type-arg]
+    """The shared queue, in two lanes: work already under way (a conversation's next turn, a retry, a request
+    handed back by a benched server) goes before fresh prompts, so conversations finish soon after they start
+    and few are part-way at once. Each lane is FIFO. Uses asyncio.Queue's subclass hooks, as PriorityQueue does."""
+
+    def _init(self, maxsize: int) -> None:
+        self._queue: deque[_Item] = deque()  # under way
+        self._fresh: deque[_Item] = deque()  # from the reader, not taken yet
+
+    def _put(self, item: _Item) -> None:
+        (self._fresh if item.holds_slot else self._queue).append(item)
+
+    def _get(self) -> _Item:
+        return self._queue.popleft() if self._queue else self._fresh.popleft()
+
+    def qsize(self) -> int:
+        return len(self._queue) + len(self._fresh)
+
+    def empty(self) -> bool:
+        return not self._queue and not self._fresh
+
+
 @dataclass(eq=False)
 class _Flight:
     item: _Item
@@ -206,7 +228,7 @@ class Dispatcher:
     async def run(self, prompts: Iterator[PromptRow | RejectedRow], stop: asyncio.Event) -> DispatchOutcome:
         config = self.config
         started = time.time()
-        self._queue = asyncio.Queue()
+        self._queue = _WorkQueue()
         total_slots = config.concurrency_per_server * len(self._plans)
         self._slots = asyncio.Semaphore(max(64, 2 * total_slots))
         self._all_done = asyncio.Event()

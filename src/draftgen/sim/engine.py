@@ -29,6 +29,7 @@ class SimRequest:
     plan: CompletionPlan
     draws: list[int]  # tokens gained per verify step; sums to len(plan.tokens) + EOS
     stream: bool
+    seed: int | None = None  # what the completion was drawn from (a hash of the messages and sampling seed)
     arrival: float = field(default_factory=time.time)
     admitted: float | None = None
     first_token: float | None = None

@@ -109,6 +109,7 @@ class SimServer:
                 "prompt_tokens": request.prompt_tokens,
                 "completion_tokens": request.emitted,
                 "verify_steps": request.verify_steps,
+                "seed": request.seed,
                 "emit_times": request.emit_times if request.stream else None,
                 "emit_counts": request.emit_counts if request.stream else None,
             }
@@ -203,7 +204,7 @@ class SimServer:
         else:
             draws = plan_acceptance_by_position(seed, total, self.accept_probs, self.profile.draft_tokens)
         return SimRequest(
-            rid=rid, kind=kind, prompt_tokens=prompt_tokens, plan=plan, draws=draws, stream=stream
+            rid=rid, kind=kind, prompt_tokens=prompt_tokens, plan=plan, draws=draws, stream=stream, seed=seed
         )
 
     def max_tokens(self, value: object, prompt_tokens: int, name: str) -> int:
