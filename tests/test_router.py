@@ -240,6 +240,8 @@ def test_generate_through_the_router_records_acceptance_per_worker_from_metrics(
         assert row["windows"] >= 2  # over time, not one number
         assert row["generated_tokens"] == pytest.approx(tokens, rel=0.02)
         assert row["accept_length"] == pytest.approx(tokens / verifies, rel=0.02)
+    plot = report.plot_acceptance(config.out_dir)  # acceptance over time: one line per worker
+    assert plot.path.exists() and len(plot.figure.axes[0].lines) == 2
 
 
 def test_router_sees_each_workers_load_and_model_info(routed: Setup) -> None:

@@ -255,6 +255,37 @@ def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> Save
     return _save(figure, home, "throughput")
 
 
+def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
+    """MTP acceptance length over time, one line per worker, from its /metrics windows (acceptance.parquet)."""
+    home = plots_home(out_dir, save_to)
+    folders = run_dirs(out_dir)
+    frames = [
+        read_samples(folder).with_columns(pl.lit(str(folder) if len(folders) > 1 else "").alias("folder"))
+        for folder in folders
+    ]
+    samples = pl.concat(frames).filter(pl.col("accept_length").is_not_null())
+    figure = Figure(figsize=(9, 3.5))
+    axes = figure.subplots()
+    if samples.is_empty():
+        axes.text(0.5, 0.5, "no acceptance windows (acceptance_interval_s 0, or no /metrics)", ha="center")
+        return _save(figure, home, "acceptance")
+    t0 = samples["started_at"].min()
+    span = samples["ended_at"].max() - t0
+    scale, unit = (3600.0, "h") if span > 7200 else (60.0, "min") if span > 600 else (1.0, "s")
+    for (folder, worker), group in samples.sort("ended_at").group_by("folder", "worker", maintain_order=True):
+        middle = ((group["started_at"] + group["ended_at"]) / 2 - t0) / scale
+        label = f"{folder} {short_label(worker)}" if folder else short_label(worker)
+        axes.plot(
+            middle.to_numpy(), group["accept_length"].to_numpy(), marker=".", linewidth=1.0, label=label
+        )
+    axes.set_title("Did MTP acceptance hold up on every worker over the run?")
+    axes.set_xlabel(f"time since the first window ({unit})")
+    axes.set_ylabel("acceptance length (tokens per verify)")
+    axes.legend(fontsize=7, ncols=2)
+    axes.grid(alpha=0.3)
+    return _save(figure, home, "acceptance")
+
+
 def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
     home = plots_home(out_dir, save_to)
     frame = finish_reasons(out_dir)
