@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from sim_helpers import USER, post_json, wait_for
 
 from draftgen.cli import main
-from draftgen.sim.fleet import find_free_base_port, http_status, port_is_free
+from draftgen.sim.fleet import ephemeral_port_range, find_free_base_port, http_status, port_is_free
 
 
 def answer(url: str, messages=USER) -> tuple[str, str]:
@@ -187,3 +188,28 @@ def test_a_server_whose_fleet_died_during_its_start_up_exits_at_once():
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_free_ports_are_chosen_below_the_ephemeral_range():
+    # A port in the ephemeral range with no listener yet can self-connect (source port = destination port) and
+    # read its own request back; fleets therefore pick their ports below the range.
+    ephemeral_low, _ = ephemeral_port_range()
+    bases = {find_free_base_port(7) for _ in range(50)}
+    assert all(base + 6 < ephemeral_low for base in bases)
+
+
+def test_http_status_is_none_for_a_peer_that_does_not_speak_http():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+
+        def echo() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(conn.recv(1024))  # the request line comes back where a status line belongs
+
+        thread = threading.Thread(target=echo)
+        thread.start()
+        assert http_status(f"http://127.0.0.1:{port}/health", timeout=2.0) is None
+        thread.join(timeout=5)

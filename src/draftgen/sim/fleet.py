@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -39,8 +40,27 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux default 32768-60999)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32_768, 60_999
+
+
 def find_free_base_port(count: int, low: int = 20_000, high: int = 60_000, attempts: int = 200) -> int:
-    """A base port P such that P..P+count-1 are all free now."""
+    """A base port P such that P..P+count-1 are all free now.
+
+    Ports in the kernel's ephemeral range are avoided when the range leaves room: a health poll to a port there
+    that nobody listens on yet can be given that same port as its source and connect to itself (TCP simultaneous
+    open), reading its own request back as the answer ("BadStatusLine: GET /health HTTP/1.1").
+    """
+    ephemeral_low, ephemeral_high = ephemeral_port_range()
+    if ephemeral_low - low > count * 50:
+        high = min(high, ephemeral_low)
+    elif ephemeral_high + 1 < high and high - (ephemeral_high + 1) > count * 50:
+        low = max(low, ephemeral_high + 1)
     rng = random.Random()
     for _ in range(attempts):
         base = rng.randrange(low, high - count)
@@ -56,7 +76,7 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+    except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError, OSError):
         return None
 
 
