@@ -22,7 +22,14 @@ from draftgen.prompts import PromptRow
 
 FORMAT_VERSION = 1
 LEVELS_DIR = "levels"  # under out_dir
-SERVER_IDENTITY = ("url", "engine", "version", "max_running_requests", "speculative_algorithm")
+SERVER_IDENTITY = (
+    "url",
+    "engine",
+    "version",
+    "max_running_requests",
+    "speculative_algorithm",
+    "clock_factor",  # a simulator restarted at another --speed measures other wall-clock numbers
+)
 
 
 def level_identity(

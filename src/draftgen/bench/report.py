@@ -1,4 +1,9 @@
-"""Benchmark records → tables (results.parquet, requests.parquet, occupancy.parquet), the knee, and plots."""
+"""Benchmark records → tables (results.parquet, requests.parquet, occupancy.parquet), the knee, and plots.
+
+The parquet files hold raw wall-clock measurements, with the clock factor beside them (``clock_factor`` column,
+``benchmark.json`` ``clock``). What a person reads — the fleet table, the recommendation, the plots — is on the
+hardware's clock (``draftgen.clock``): against ``draftgen sim --speed 5``, tok/s per simulated B200, not 5× that.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from matplotlib.figure import Figure
 from draftgen.bench.occupancy import occupancy_frame
 from draftgen.bench.records import BenchmarkRun, ServerFacts
 from draftgen.bench.stats import level_row, request_rows, worker_rows
+from draftgen.clock import WALL, HardwareClock, fleet_clock, on_clock
 from draftgen.server_settings import settings_record
 
 RESULTS_FILE = "results.parquet"
@@ -36,9 +42,9 @@ WORKER_SCHEMA = {
 class Recommendation:
     concurrency_per_server: int
     knee: int
-    knee_tok_s: float  # mean per-server output tok/s at the knee
+    knee_tok_s: float  # mean per-server output tok/s at the knee, on the hardware's clock
     best_concurrency: int
-    best_tok_s: float
+    best_tok_s: float  # on the hardware's clock
     max_running_requests: int | None
     knee_fraction: float
     reason: str
@@ -46,10 +52,10 @@ class Recommendation:
 
 @dataclass(frozen=True)
 class BenchmarkReport:
-    results: pl.DataFrame  # one row per server × level
-    requests: pl.DataFrame  # one row per request
-    occupancy: pl.DataFrame  # seconds and tokens per in-flight count, per server × level
-    fleet: pl.DataFrame  # one row per level, all servers together
+    results: pl.DataFrame  # one row per server × level, raw wall-clock figures (results.parquet)
+    requests: pl.DataFrame  # one row per request, raw (requests.parquet)
+    occupancy: pl.DataFrame  # seconds and tokens per in-flight count, per server × level, raw
+    fleet: pl.DataFrame  # one row per level, all servers together, on the hardware's clock
     servers: tuple[ServerFacts, ...]
     recommendation: Recommendation
     missing: tuple[str, ...]  # what the servers did not send, fleet-wide, in plain words
@@ -58,6 +64,12 @@ class BenchmarkReport:
     ]  # measurements to doubt (a busy client, failed requests, too few requests per slot)
     summary: dict  # what benchmark.json holds
     workers: pl.DataFrame = field(default_factory=pl.DataFrame)  # behind a router: one row per worker × level
+    clock: HardwareClock = WALL  # the servers' clock: what the fleet table, recommendation and plots are on
+
+    @property
+    def results_on_clock(self) -> pl.DataFrame:
+        """``results`` with its tok/s and seconds on the hardware's clock (what the notebook shows)."""
+        return on_clock(self.results, self.clock)
 
 
 def _facts_by_url(run: BenchmarkRun) -> dict[str, ServerFacts]:
@@ -99,14 +111,16 @@ def find_knee(concurrency: list[int], tok_s: list[float], fraction: float) -> tu
     return best_c, best, best_c, best
 
 
-def recommend(fleet: pl.DataFrame, servers: tuple[ServerFacts, ...], fraction: float) -> Recommendation:
+def recommend(
+    fleet: pl.DataFrame, servers: tuple[ServerFacts, ...], fraction: float, clock: HardwareClock = WALL
+) -> Recommendation:
     levels = fleet["concurrency"].to_list()
     knee, knee_tok, best_c, best = find_knee(levels, fleet["per_server_tok_s_mean"].to_list(), fraction)
     caps = [f.max_running_requests for f in servers if f.max_running_requests]
     cap = min(caps) if caps else None
     reason = (
         f"{knee} is the least measured concurrency reaching {fraction:.0%} of the best mean per-server throughput "
-        f"({best:,.0f} tok/s at {best_c})"
+        f"({best:,.0f} tok/s at {best_c}{', ' + clock.short if clock.simulated else ''})"
     )
     if cap is None:
         reason += "; the servers do not report max_running_requests, so the batch cap is unknown"
@@ -183,8 +197,21 @@ def measurement_warnings(results: pl.DataFrame) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def servers_clock(servers: tuple[ServerFacts, ...]) -> tuple[HardwareClock, str]:
+    """The fleet's clock from each server's facts, and a warning when they differ."""
+    return fleet_clock(
+        [
+            HardwareClock(
+                f.clock_factor, f.hardware, "draftgen sim /sim/info" if f.hardware else "wall clock"
+            )
+            for f in servers
+        ]
+    )
+
+
 def build_report(run: BenchmarkRun) -> BenchmarkReport:
     facts = _facts_by_url(run)
+    clock, clock_warning = servers_clock(run.servers)
     max_tokens = run.config.max_tokens
     request_dicts: list[dict] = []
     level_dicts: list[dict] = []
@@ -196,14 +223,23 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
     workers = pl.DataFrame(
         [row for level in run.levels for row in worker_rows(level)], schema=WORKER_SCHEMA
     ).sort(["gpu", "concurrency", "worker"])
-    results = pl.DataFrame(level_dicts, infer_schema_length=None).sort(["gpu", "concurrency"])
-    fleet = fleet_table(results)
-    recommendation = recommend(fleet, run.servers, run.config.knee_fraction)
+    results = (
+        pl.DataFrame(level_dicts, infer_schema_length=None)
+        .with_columns(
+            pl.col("server")
+            .replace_strict({f.url: f.clock_factor for f in run.servers}, return_dtype=pl.Float64)
+            .alias("clock_factor")
+        )
+        .sort(["gpu", "concurrency"])
+    )
+    fleet = fleet_table(on_clock(results, clock))
+    recommendation = recommend(fleet, run.servers, run.config.knee_fraction, clock)
     missing = fleet_missing(results, run.servers)
-    warnings = measurement_warnings(results)
+    warnings = measurement_warnings(results) + ((clock_warning,) if clock_warning else ())
     ok = requests.filter(pl.col("ok"))
     summary = {
         "config": run.config.public_dict(),
+        "clock": clock.as_dict(),  # results/requests/occupancy.parquet are wall-clock; the recommendation is on this
         "servers": [asdict(f) for f in run.servers],
         "recommendation": asdict(recommendation),
         "missing": list(missing),
@@ -235,6 +271,7 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
         warnings=warnings,
         summary=summary,
         workers=workers,
+        clock=clock,
     )
 
 
@@ -258,6 +295,14 @@ def new_figure(figsize: tuple[float, float], ncols: int = 1):  # type: ignore[no
     return fig, fig.subplots(1, ncols)
 
 
+def _clock_line(clock: HardwareClock) -> str:
+    """A second title line naming the simulated clock; "" on real servers."""
+    if not clock.simulated:
+        return ""
+    x = f"{clock.factor:g}"
+    return f"\n(simulated {clock.hardware}: sim clock ×{x} — wall-clock tok/s ÷{x}, seconds ×{x})"
+
+
 def _levels_axis(ax, levels: list[int]) -> None:  # type: ignore[no-untyped-def]
     ax.set_xscale("log", base=2)
     ax.set_xticks(levels)
@@ -269,8 +314,9 @@ def _levels_axis(ax, levels: list[int]) -> None:  # type: ignore[no-untyped-def]
 def plot_throughput(report: BenchmarkReport) -> Figure:
     fig, ax = new_figure((8, 4.5))
     levels = report.fleet["concurrency"].to_list()
+    results = report.results_on_clock
     for facts in report.servers:
-        rows = report.results.filter(pl.col("server") == facts.url).sort("concurrency")
+        rows = results.filter(pl.col("server") == facts.url).sort("concurrency")
         ax.plot(
             rows["concurrency"], rows["output_tok_s"], marker="o", lw=1, alpha=0.6, label=f"GPU {facts.index}"
         )
@@ -295,9 +341,9 @@ def plot_throughput(report: BenchmarkReport) -> Figure:
             fontsize=8,
         )
     _levels_axis(ax, levels)
-    ax.set_ylabel("output tokens/s per server")
+    ax.set_ylabel(f"output tokens/s {report.clock.per_gpu if report.clock.simulated else 'per server'}")
     ax.set_ylim(bottom=0)
-    ax.set_title("Output tokens/s per server vs concurrency: where is the knee?")
+    ax.set_title("Output tokens/s per server vs concurrency: where is the knee?" + _clock_line(report.clock))
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     return fig
@@ -306,6 +352,7 @@ def plot_throughput(report: BenchmarkReport) -> Figure:
 def plot_latency(report: BenchmarkReport) -> Figure:
     fig, axes = new_figure((13, 4), 3)
     levels = report.fleet["concurrency"].to_list()
+    results = report.results_on_clock
     for ax, name, label in zip(
         axes,
         ("ttft_s", "itl_s", "e2e_s"),
@@ -313,7 +360,7 @@ def plot_latency(report: BenchmarkReport) -> Figure:
         strict=True,
     ):
         for facts in report.servers:
-            rows = report.results.filter(pl.col("server") == facts.url).sort("concurrency")
+            rows = results.filter(pl.col("server") == facts.url).sort("concurrency")
             ax.plot(rows["concurrency"], rows[f"{name}_p50"], lw=1, alpha=0.5, color="tab:blue", marker="o")
             ax.plot(
                 rows["concurrency"],
@@ -327,11 +374,11 @@ def plot_latency(report: BenchmarkReport) -> Figure:
         ax.plot([], [], color="tab:blue", label="p50 (one line per server)")
         ax.plot([], [], color="tab:orange", ls="--", label="p90")
         _levels_axis(ax, levels)
-        ax.set_ylabel("seconds")
+        ax.set_ylabel(f"seconds ({report.clock.short})" if report.clock.simulated else "seconds")
         ax.set_title(label, fontsize=10)
         ax.set_ylim(bottom=0)
     axes[0].legend(fontsize=8)
-    fig.suptitle("How do latencies grow with concurrency?")
+    fig.suptitle("How do latencies grow with concurrency?" + _clock_line(report.clock))
     fig.tight_layout()
     return fig
 
@@ -376,8 +423,9 @@ def plot_per_gpu(report: BenchmarkReport) -> Figure:
     rec = report.recommendation.concurrency_per_server
     low = min(report.fleet["concurrency"].to_list())
     names, alone, busy = [], [], []
+    results = report.results_on_clock
     for facts in report.servers:
-        rows = report.results.filter(pl.col("server") == facts.url)
+        rows = results.filter(pl.col("server") == facts.url)
         names.append(f"GPU {facts.index}")
         alone.append(rows.filter(pl.col("concurrency") == low)["output_tok_s"].sum())
         busy.append(rows.filter(pl.col("concurrency") == rec)["output_tok_s"].sum())
@@ -386,8 +434,10 @@ def plot_per_gpu(report: BenchmarkReport) -> Figure:
     ax.bar(x + 0.2, busy, 0.4, label=f"concurrency {rec} (recommended)")
     ax.set_xticks(x)
     ax.set_xticklabels(names)
-    ax.set_ylabel("output tokens/s")
-    ax.set_title(f"How many tokens/s does each GPU deliver at concurrency {low} vs {rec}?")
+    ax.set_ylabel(f"output tokens/s {report.clock.per_gpu if report.clock.simulated else ''}".strip())
+    ax.set_title(
+        f"How many tokens/s does each GPU deliver at concurrency {low} vs {rec}?" + _clock_line(report.clock)
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -21,6 +21,7 @@ from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.client import Capabilities, RequestError, ServerClient
+from draftgen.clock import read_clock
 from draftgen.metrics import MetricsParseError, MetricsSnapshot, counter_window, merge_windows, parse_metrics
 from draftgen.prompts import PromptRow
 
@@ -78,6 +79,7 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
     speculation = (
         (algorithm is not None) if isinstance(info, dict) and "speculative_algorithm" in info else None
     )
+    clock = await read_clock(client)
     return ServerFacts(
         index=index,
         url=client.url,
@@ -91,6 +93,8 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
         speculative_algorithm=str(algorithm) if algorithm is not None else None,
         speculation=speculation,
         workers=caps.workers,
+        clock_factor=clock.factor,
+        hardware=clock.hardware,
     )
 
 
@@ -391,7 +395,8 @@ async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
         for f in facts:
             print(
                 f"server {f.index} {f.url}: {f.engine} {f.version or ''}, max_running_requests "
-                f"{f.max_running_requests or 'unknown'}, speculative {f.speculative_algorithm or 'off/unknown'}",
+                f"{f.max_running_requests or 'unknown'}, speculative {f.speculative_algorithm or 'off/unknown'}"
+                + (f", simulated {f.hardware} at sim clock ×{f.clock_factor:g}" if f.hardware else ""),
                 flush=True,
             )
         levels: list[LevelRun] = []

@@ -29,6 +29,7 @@ class ScenarioSpec(Params):
     max_running_requests: PositiveInt | None = (
         None  # batch cap of an assumed fleet (default: the benchmark's)
     )
+    num_prompts: PositiveInt | None = None  # requests this scenario prices (default: the estimate's set)
 
     @model_validator(mode="after")
     def _one_source(self) -> ScenarioSpec:

@@ -1,4 +1,9 @@
-"""What the estimate reads: a benchmark run folder, and the size of the prompt set."""
+"""What the estimate reads: a benchmark run folder, and the size of the prompt set.
+
+A benchmark's parquet files are raw wall-clock measurements; ``load_benchmark`` puts them on the hardware's clock
+once, with the factor the benchmark recorded (``benchmark.json`` ``clock``: ``draftgen sim --speed X`` → seconds × X),
+so everything the estimate computes — rates, days, dollars — is the simulated GPU's, never the sped-up clock's.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from draftgen.bench.report import OCCUPANCY_FILE, REQUESTS_FILE, RESULTS_FILE, SUMMARY_FILE
+from draftgen.clock import WALL, HardwareClock, on_clock
 from draftgen.conversation import answer_points
 from draftgen.paths import resolve_path
 from draftgen.prompts import PromptRow, count_rows, iter_prompts
@@ -19,10 +25,11 @@ BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftg
 @dataclass(frozen=True)
 class BenchmarkData:
     path: Path
-    results: pl.DataFrame
-    requests: pl.DataFrame
-    occupancy: pl.DataFrame
+    results: pl.DataFrame  # seconds and tok/s on ``clock`` (converted once, at load)
+    requests: pl.DataFrame  # lengths and finish reasons (no times are read from it)
+    occupancy: pl.DataFrame  # seconds on ``clock``
     summary: dict
+    clock: HardwareClock = WALL
 
     @property
     def servers(self) -> int:
@@ -77,12 +84,19 @@ def load_benchmark(path: str | Path) -> BenchmarkData:
         raise FileNotFoundError(
             f"benchmark folder {folder} lacks {', '.join(missing)}: point benchmark_dir at a finished benchmark run"
         )
+    summary = json.loads((folder / SUMMARY_FILE).read_text())
+    try:
+        clock = HardwareClock.from_dict(summary.get("clock"))
+    except ValueError as exc:
+        raise ValueError(f"{folder / SUMMARY_FILE}: {exc}") from exc
+    occupancy = pl.read_parquet(folder / OCCUPANCY_FILE)
     return BenchmarkData(
         path=folder,
-        results=pl.read_parquet(folder / RESULTS_FILE),
+        results=on_clock(pl.read_parquet(folder / RESULTS_FILE), clock),
         requests=pl.read_parquet(folder / REQUESTS_FILE),
-        occupancy=pl.read_parquet(folder / OCCUPANCY_FILE),
-        summary=json.loads((folder / SUMMARY_FILE).read_text()),
+        occupancy=occupancy.with_columns(pl.col("seconds") * clock.factor),
+        summary=summary,
+        clock=clock,
     )
 
 

@@ -1,4 +1,8 @@
-"""Benchmark + prompt count → wall time, days, GPU-hours and dollars per scenario, with an interval and sweeps."""
+"""Benchmark + prompt count → wall time, days, GPU-hours and dollars per scenario, with an interval and sweeps.
+
+Every time, rate and dollar is on the benchmarked hardware's clock (``BenchmarkData.clock``): a benchmark of
+``draftgen sim --speed 5`` is priced in simulated-B200 hours, not in the sped-up wall clock's.
+"""
 
 from __future__ import annotations
 
@@ -74,6 +78,7 @@ class ScenarioResult:
         hours = 3600.0 / self.gpus  # seconds per GPU-hour at this fleet size
         return {
             "scenario": self.name,
+            "requests": self.num_prompts,
             "gpus": self.gpus,
             "concurrency_per_server": self.concurrency_per_server,
             "max_tokens": self.max_tokens,
@@ -172,7 +177,7 @@ def _scenario(
         "gpus": spec.gpus,
         "concurrency": concurrency,
         "max_tokens": config.max_tokens,
-        "num_prompts": num_prompts,
+        "num_prompts": spec.num_prompts or num_prompts,
         "gpu_hour_usd": usd,
         "interval": config.interval,
         "rng": rng,
@@ -268,6 +273,8 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     )
     gpus = config.gpus or main.data.servers
     notes = []
+    if main.data.clock.simulated:
+        notes.append(f"{main.data.clock.note}; the benchmark's parquet files keep the raw wall-clock figures")
     if main.fit.note:
         notes.append(f"rate fit: {main.fit.note}")
     if main.fit.max_abs_rel_error > 0.05:

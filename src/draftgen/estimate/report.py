@@ -44,6 +44,8 @@ def estimate_json(estimate: Estimate) -> dict:
     data = estimate.benchmark.data
     accept, accept_source = data.accept_length()
     return {
+        # which clock every time and rate below is on (draftgen sim: the simulated GPU's, not the wall clock's)
+        "clock": data.clock.as_dict(),
         # the keys the generate notebook reads
         "aggregate_output_tok_s": p.aggregate_output_tok_s,
         "wall_time_s": p.wall_time_s,
@@ -132,12 +134,28 @@ def plot_scenarios(estimate: Estimate) -> Figure:
             fontsize=8,
         )
     ax.set_yticks(y)
+    sizes = {r.num_prompts for r in results}
     ax.set_yticklabels(
-        [f"{r.name}\n{r.gpus} GPU × {r.concurrency_per_server} in flight" for r in results], fontsize=8
+        [
+            f"{r.name}\n{r.gpus} GPU × {r.concurrency_per_server} in flight"
+            + (f", {r.num_prompts:,} prompts" if len(sizes) > 1 else "")
+            for r in results
+        ],
+        fontsize=8,
     )
-    ax.set_xlabel(f"{unit} for {estimate.num_prompts:,} requests ({estimate.config.interval:.0%} interval)")
+    clock = estimate.benchmark.data.clock
+    what = f"{estimate.num_prompts:,} requests" if len(sizes) == 1 else "each scenario's requests"
+    ax.set_xlabel(
+        f"{unit} for {what} ({estimate.config.interval:.0%} interval)"
+        + (f", on the {clock.short}" if clock.simulated else "")
+    )
     ax.set_title("How many days and dollars does the whole set take?")
-    ax.set_xlim(right=max(r.wall_time_high_s / unit_s for r in results) * 1.35)
+    top = max(r.wall_time_high_s / unit_s for r in results)
+    if top > 50 * min(r.wall_time_s / unit_s for r in results):  # a dry run beside the real job: log axis
+        ax.set_xscale("log")
+        ax.set_xlim(right=top * 20)
+    else:
+        ax.set_xlim(right=top * 1.35)
     fig.tight_layout()
     return fig
 

@@ -3,7 +3,12 @@ estimate's planned figures beside the actual ones. Reads only the columns it nee
 
 Every function takes one run folder or several (a list: the ``shard: "i/n"`` folders of client nodes, which
 are summarised as one run; per-server figures are then kept apart per folder, since every node may reach its
-servers by the same URL)."""
+servers by the same URL).
+
+Shards and manifest sessions hold wall-clock times; the manifest records the servers' clock (``clock``, and each
+session's ``clock_factor``). Everything here states times and rates on that clock — against ``draftgen sim
+--speed 5``, simulated-B200 seconds and tok/s — and says so in a ``clock`` column; real servers: the wall clock.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
+from draftgen.clock import HardwareClock, fleet_clock, on_clock
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.preflight import load_estimate
@@ -79,12 +85,22 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def run_clock(out_dir: RunDirs) -> HardwareClock:
+    """The clock the run's servers ran on, as the manifests recorded it (older run folders, or folders whose
+    servers ran on different clocks: the wall clock)."""
+    clocks = [HardwareClock.from_dict((read_manifest(f) or {}).get("clock")) for f in run_dirs(out_dir)]
+    return fleet_clock(clocks)[0]
+
+
 def summary(out_dir: RunDirs) -> pl.DataFrame:
-    """One row of run-level figures (several folders: one row for them together, wall time their union)."""
+    """One row of run-level figures (several folders: one row for them together, wall time their union), times
+    and rates on the servers' clock (``clock`` and the raw ``wall_clock_s`` columns when simulated)."""
     folders = run_dirs(out_dir)
+    clock = run_clock(folders)
     rows = scan_results(folders)
     sessions = [s for folder in folders for s in (read_manifest(folder) or {}).get("sessions", [])]
-    wall = busy_seconds([(s["started_at"], s["ended_at"]) for s in sessions])
+    wall_clock = busy_seconds([(s["started_at"], s["ended_at"]) for s in sessions])
+    wall = clock.seconds(wall_clock)
     session_tokens = sum(s["completion_tokens"] for s in sessions)
     frame = rows.select(
         pl.len().alias("rows"),
@@ -101,7 +117,8 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
         (pl.col("attempts") > pl.col("turns")).sum().alias("retried"),
     ).collect()
-    frame = frame.with_columns(
+    frame = on_clock(frame, clock).with_columns(
+        pl.col("median_latency_s", "p99_latency_s").round(2),
         pl.lit(sum(_count(folder / FAILED) for folder in folders)).alias("failed"),
         pl.lit(sum(_count(folder / REJECTED) for folder in folders)).alias("rejected"),
         pl.lit(round(wall, 1)).alias("wall_s"),
@@ -110,29 +127,36 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(sum(s.get("hedged", 0) for s in sessions)).alias("hedged"),
         pl.lit(sum(s.get("hedge_wins", 0) for s in sessions)).alias("hedge_wins"),
     )
+    if clock.simulated:
+        frame = frame.with_columns(
+            pl.lit(round(wall_clock, 1)).alias("wall_clock_s"), pl.lit(clock.short).alias("clock")
+        )
     return frame.with_columns(pl.lit(len(folders)).alias("folders")) if len(folders) > 1 else frame
 
 
 def per_server(out_dir: RunDirs) -> pl.DataFrame:
     """Rows, tokens and speed per server (tok/s over the span the server was finishing requests); with several
-    folders, per folder and server."""
+    folders, per folder and server. On the servers' clock."""
     keys = ["folder", "server"] if len(run_dirs(out_dir)) > 1 else ["server"]
     rows = scan_results(out_dir).with_columns(
         (pl.col("started_at") + pl.col("latency_s")).alias("finished_at")
     )
-    return (
+    frame = (
         rows.group_by(keys)
         .agg(
             pl.len().alias("rows"),
             pl.col("completion_tokens").sum().alias("completion_tokens"),
             (pl.col("finished_at").max() - pl.col("started_at").min()).alias("span_s"),
-            pl.col("latency_s").median().round(2).alias("median_latency_s"),
+            pl.col("latency_s").median().alias("median_latency_s"),
             pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
             (pl.col("attempts") > pl.col("turns")).sum().alias("retried"),
         )
-        .with_columns((pl.col("completion_tokens") / pl.col("span_s")).round(1).alias("tok_s"))
+        .with_columns((pl.col("completion_tokens") / pl.col("span_s")).alias("tok_s"))
         .sort(keys)
         .collect()
+    )
+    return on_clock(frame, run_clock(out_dir)).with_columns(
+        pl.col("tok_s").round(1), pl.col("span_s", "median_latency_s").round(2)
     )
 
 
@@ -218,8 +242,10 @@ def spread_rate(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray, edges:
 
 
 def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
-    """Completion tokens per second over time, one line per server (each request spread over its lifetime)."""
+    """Completion tokens per second over time, one line per server (each request spread over its lifetime), on
+    the servers' clock."""
     home = plots_home(out_dir, save_to)
+    clock = run_clock(out_dir)
     several = len(run_dirs(out_dir)) > 1
     rows = (
         scan_results(out_dir)
@@ -234,21 +260,24 @@ def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> Save
         .collect()
     )
     t0, t1 = rows["start"].min(), rows["end"].max()
-    span = max(1e-6, t1 - t0)
+    span = clock.seconds(max(1e-6, t1 - t0))
     edges = np.linspace(t0, t1, 61)
     figure = Figure(figsize=(9, 4))
     axes = figure.subplots()
     scale, unit = (3600.0, "h") if span > 7200 else (60.0, "min") if span > 600 else (1.0, "s")
-    centers = ((edges[:-1] + edges[1:]) / 2 - t0) / scale
+    centers = clock.seconds((edges[:-1] + edges[1:]) / 2 - t0) / scale
     for (server,), group in rows.group_by("server", maintain_order=True):
         rate = spread_rate(
             group["start"].to_numpy(), group["end"].to_numpy(), group["completion_tokens"].to_numpy(), edges
         )
         label = server if several else short_label(server)
-        axes.plot(centers, rate, label=label, linewidth=1.2)
-    axes.set_title("How fast did each server produce tokens over the run?")
-    axes.set_xlabel(f"time since the first request ({unit})")
-    axes.set_ylabel("completion tok/s")
+        axes.plot(centers, clock.rate(rate), label=label, linewidth=1.2)
+    axes.set_title(
+        "How fast did each server produce tokens over the run?"
+        + (f"\n({clock.note})" if clock.simulated else "")
+    )
+    axes.set_xlabel(f"time since the first request ({unit}{', ' + clock.short if clock.simulated else ''})")
+    axes.set_ylabel(f"completion tok/s {clock.per_gpu}" if clock.simulated else "completion tok/s")
     axes.set_ylim(bottom=0)
     axes.legend(fontsize=7, ncols=2)
     axes.grid(alpha=0.3)
@@ -326,9 +355,12 @@ def compare_estimate(
 
     The set is the estimate's ``num_prompts`` (requests: one per answer of a conversation with ``turns: all``)
     unless ``total_prompts`` is given (in the same unit); actual wall time for it is projected from this run's
-    mean completion length per request and aggregate speed.
+    mean completion length per request and aggregate speed. Both sides are on their hardware's clock (the
+    estimate's from its benchmark, the run's from its servers), so a simulated run compares in simulated-GPU
+    units on both sides, each converted once.
     """
     estimate: dict[str, Any] = load_estimate(estimate_path)
+    clock = run_clock(out_dir)
     run = summary(out_dir).row(0, named=True)
     prompts = int(total_prompts or estimate["num_prompts"])
     planned_tok_s = float(estimate["aggregate_output_tok_s"])
@@ -343,7 +375,7 @@ def compare_estimate(
         ("aggregate output tok/s", planned_tok_s, actual_tok_s),
         ("mean completion tokens per request", float(estimate["mean_completion_tokens"]), mean_tokens),
         (
-            f"wall time for the set ({unit})",
+            f"wall time for the set ({unit}{', ' + clock.short if clock.simulated else ''})",
             planned_wall / unit_s,
             actual_wall / unit_s if actual_wall else None,
         ),
@@ -369,4 +401,11 @@ def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any
     for key in ("concurrency_per_server", "max_tokens"):
         if estimate[key] != config_values[key]:
             notes.append(f"estimate assumed {key}={estimate[key]}, this run used {config_values[key]}")
+    planned = HardwareClock.from_dict(estimate.get("clock"))
+    out_dir = config_values.get("out_dir")
+    actual = run_clock(out_dir) if out_dir else planned
+    if (planned.hardware, planned.simulated) != (actual.hardware, actual.simulated):
+        notes.append(
+            f"the estimate is on the {planned.short}, this run on the {actual.short}: not like for like"
+        )
     return notes
