@@ -1,8 +1,9 @@
 """Closing the loop: benchmark.ipynb → estimate.ipynb → generate.ipynb on one simulated B200+MTP fleet.
 
-The estimate made from the benchmark must predict the generate run's wall time within 5%. Same fleet, same clock
-(speed 3), same prompt population: the benchmark samples the prompt file the generate run then processes whole,
-as a user samples their own set. The 5% covers what the estimate cannot see: the generate session's own start-up
+The estimate made from the benchmark must predict the generate run's wall time within 5%, both stated on the
+simulated B200's clock (speed 3: wall-clock seconds × 3, each side converted once). Same fleet, same clock, same
+prompt population: the benchmark samples the prompt file the generate run then processes whole, as a user samples
+their own set. The 5% covers what the estimate cannot see: the generate session's own start-up
 and per-request client work, which are a larger share of a 10-second run than of a real one.
 """
 
@@ -61,7 +62,10 @@ def test_estimate_from_a_benchmark_predicts_the_generate_run(sim_fleet, tmp_path
         },
     )
     manifest = json.loads((gen / "manifest.json").read_text())
-    wall = sum(s["ended_at"] - s["started_at"] for s in manifest["sessions"])
+    # Both sides on the simulated B200's clock, each converted once from its own wall-clock measurements.
+    assert estimate["clock"]["factor"] == manifest["clock"]["factor"] == 3.0
+    assert estimate["clock"]["hardware"] == manifest["clock"]["hardware"] == "B200"
+    wall = sum((s["ended_at"] - s["started_at"]) * s["clock_factor"] for s in manifest["sessions"])
     rows = pl.read_parquet(gen / "shards" / "*.parquet")
     assert rows.height == PROMPTS
 

@@ -10,6 +10,7 @@ import ast
 import difflib
 import importlib
 import json
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from draftgen.diskspace import is_disk_full
 from draftgen.params import SHARED_PARAMETERS, ParameterError, build_config
 from draftgen.paths import project_root
 
@@ -197,8 +199,17 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
                 cwd=str(project_root()),
                 config=local_kernel_config(Path(sockets)),
             )
-    finally:
-        if html and plan.executed_path.exists():
-            write_html(plan.executed_path, plan.html_path)
+    except BaseException as exc:
+        if html and plan.executed_path.exists() and not is_disk_full(exc):
+            try:  # the report of a failed run is a courtesy: it never hides the notebook's own error
+                write_html(plan.executed_path, plan.html_path)
+            except Exception as exc:
+                print(
+                    f"draftgen run: report.html not written ({type(exc).__name__}: {exc})"[:300],
+                    file=sys.stderr,
+                )
+        raise
+    if html and plan.executed_path.exists():
+        write_html(plan.executed_path, plan.html_path)
     (plan.run_dir / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     return plan

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from draftgen.diskspace import free_bytes, human_bytes, is_disk_full
 from draftgen.params import load_params_files
 from draftgen.paths import resolve_path
 from draftgen.runner import (
@@ -63,6 +64,17 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def _disk_full_line(step: str, run_dir: Path, exc: Exception) -> str:
+    """One line for a run stopped by a full disk (the kernel's own message when it got to say it)."""
+    lines = str(exc).strip().splitlines()
+    said = getattr(exc, "evalue", None) or (lines[-1] if lines else type(exc).__name__)
+    return (
+        f"draftgen run: {step} stopped: disk full on the filesystem holding {run_dir} "
+        f"({human_bytes(free_bytes(run_dir))} free) — {said[:400]} — finished work is kept (generate: whole shards, "
+        "manifest.json 'disk full'); free space and rerun the same command with --resume"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     notebook = resolve_notebook(args.notebook)
     parameters = load_params_files(args.parameters_file)
@@ -85,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         execute(plan, kernel=args.kernel, html=not args.no_html)
     except Exception as exc:  # papermill's PapermillExecutionError carries the cell's error
+        if is_disk_full(exc):
+            print(_disk_full_line(notebook.stem, plan.run_dir, exc), file=sys.stderr)
+            return 1
         name = type(exc).__name__
         summary = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [name]
         if isinstance(summary, list):

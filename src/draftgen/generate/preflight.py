@@ -1,6 +1,7 @@
 """Preflight: everything that can be checked before long work, reported as one table.
 
-Rows: the environment (API key variable, estimate file), the run folder (lock, fingerprint, stored rows), the
+Rows: the environment (API key variable, estimate file), the run folder (lock, fingerprint, stored rows, room on
+its filesystem for the projected output), the
 prompt file (readable, malformed rows set aside in rejected.parquet, abort above ``max_rejected_rate``), and per
 server: reachable, healthy (/health, /health_generate), serving ``model`` (/v1/models), engine and capabilities
 (``ServerClient.probe``), batch cap, and one canary request that must come back with reasoning AND an answer.
@@ -22,8 +23,10 @@ from typing import Any, TypeVar
 import polars as pl
 
 from draftgen.client import Capabilities, RequestError, ServerClient
+from draftgen.clock import WALL, HardwareClock, fleet_clock, read_clock
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
+from draftgen.generate.disk import prompt_bytes_per_row, space_need
 from draftgen.generate.dispatch import ServerPlan
 from draftgen.generate.guard import classify
 from draftgen.generate.source import prompt_source
@@ -96,6 +99,7 @@ class Plan:
     checks: list[Check]
     scan: PromptScan
     fingerprint: str
+    clock: HardwareClock = WALL  # the servers' clock (draftgen sim: the simulated GPU's), for reports
 
     @property
     def todo(self) -> int:
@@ -222,6 +226,24 @@ def scan_prompts(config: GenerateConfig, stored: set[str]) -> tuple[PromptScan, 
             if item.id in stored:
                 scan.stored += 1
     return scan, rejected
+
+
+def disk_check(config: GenerateConfig, scan: PromptScan) -> Check:
+    """Room on out_dir's filesystem for the rows still to do (sized from the estimate, else max_tokens)."""
+    mean = None
+    if config.estimate:
+        try:
+            mean = float(load_estimate(config.estimate)["mean_completion_tokens"])
+        except (ValueError, TypeError):
+            mean = None  # the estimate row already says what is wrong with it
+    need = space_need(
+        config.out_dir,
+        scan.todo,
+        config.max_tokens,
+        mean,
+        prompt_bytes_per_row(config.prompt_path, scan.rows),
+    )
+    return Check("disk space", config.out_dir, "ok" if need.fits else "fail", need.detail())
 
 
 def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path | None) -> list[Check]:
@@ -471,14 +493,37 @@ async def preflight(config: GenerateConfig) -> Plan:
                 store.prompt_stats = scan.as_dict()
                 rejected_path = store.write_rejected(rejected, scan.as_dict())
             checks.extend(prompt_checks(config, scan, rejected_path))
+            if scan.todo > 0:
+                checks.append(disk_check(config, scan))
         plans = []
         for url, server_checks, caps in servers:
             checks.extend(server_checks)
             if caps is not None:
                 plans.append(ServerPlan(url, caps))
+        clock, clock_check = await servers_clock([p.url for p in plans], api_key)
+        if clock_check is not None:
+            checks.append(clock_check)
     finally:
         if store is not None:
             store.release()
     if any(c.status == "fail" for c in checks):
         raise PreflightError(checks)
-    return Plan(servers=plans, checks=checks, scan=scan, fingerprint=config.fingerprint())
+    return Plan(servers=plans, checks=checks, scan=scan, fingerprint=config.fingerprint(), clock=clock)
+
+
+async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:
+    """The fleet's clock (``/sim/info`` on draftgen sim, else the wall clock) and a row saying so when simulated."""
+
+    async def one(url: str) -> HardwareClock:
+        async with ServerClient(url, api_key=api_key) as client:
+            return await read_clock(client)
+
+    clocks = list(await asyncio.gather(*(one(url) for url in urls)))
+    clock, warning = fleet_clock(clocks)
+    if warning:
+        return clock, Check("clock", f"{len(urls)} servers", "warn", warning)
+    if clock.simulated:
+        return clock, Check(
+            "clock", f"{len(urls)} servers", "info", f"draftgen sim: {clock.note} in the reports"
+        )
+    return clock, None

@@ -2,7 +2,9 @@
 
 Ctrl-C (SIGINT, also a notebook's interrupt) and SIGTERM stop the session gracefully: requests in flight are
 abandoned (they are redone on resume), every finished row is written, the manifest records the session, and
-the error raised says how to resume. Anything else that ends the session early flushes the same way.
+the error raised says how to resume. Anything else that ends the session early flushes the same way. A full
+disk stops it the same way (``DiskFullStop``: finished shards kept, manifest ``disk full`` with the path, one line
+in a notebook instead of a traceback); ``--resume`` continues once space is freed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from draftgen.diskspace import free_bytes, human_bytes
 from draftgen.generate.acceptance import AcceptanceSampler, metrics_targets, write_samples
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
@@ -25,13 +28,40 @@ from draftgen.generate.preflight import Plan
 from draftgen.generate.progress import Progress
 from draftgen.generate.source import prompt_source
 from draftgen.generate.status_file import StatusWriter
-from draftgen.generate.store import RunStore
+from draftgen.generate.store import DiskFull, RunStore
+from draftgen.watch.progress_file import set_state
 
 T = TypeVar("T")
 
 
 class RunInterrupted(RuntimeError):
     """Stopped by a signal; finished work is on disk."""
+
+
+class DiskFullStop(RunInterrupted):
+    """The run folder's filesystem filled up: stopped as on an interrupt, finished shards kept."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
+
+    def _render_traceback_(self) -> list[str]:  # IPython/Jupyter: the one line, not a traceback
+        return [f"DiskFullStop: {self}"]
+
+
+def _disk_full(config: GenerateConfig, store: RunStore, error: DiskFull) -> DiskFullStop:
+    """Record the stop in the manifest (as far as space allows) and say what is kept and what to do."""
+    recorded = store.close_disk_full(error)
+    with contextlib.suppress(OSError):  # progress.json is rewritten in place when no temporary file fits
+        set_state(config.out_dir, "interrupted", f"disk full: {error.path}")
+    shards = len(store.manifest.get("shards", []))
+    message = (
+        f"disk full: {error}. {store.stored_rows:,} rows are safe in {shards:,} shards in {config.out_dir}"
+        + ("" if recorded else " (manifest.json could not be updated: no space even for it)")
+        + f"; {human_bytes(free_bytes(config.out_dir))} free now. Free space, then run again with the same out_dir "
+        "(draftgen run generate --name RUN --resume) to continue."
+    )
+    return DiskFullStop(message, error.path)
 
 
 @dataclass(frozen=True)
@@ -126,6 +156,7 @@ async def generate(
     """Run (or resume) the generation described by ``config`` on the servers preflight approved."""
     store = RunStore.open(config)
     try:
+        store.clock = plan.clock
         store.prompt_stats = plan.scan.as_dict()
         store.rejected_count = plan.scan.rejected
         store.flush()
@@ -159,6 +190,8 @@ async def generate(
                 )
             store.session.hedged, store.session.hedge_wins = outcome.hedged, outcome.hedge_wins
         except BaseException as exc:
+            if isinstance(exc, DiskFull):
+                raise  # nothing more can be written: recorded below
             state = "failed" if isinstance(exc, Exception) else "interrupted"
             detail = f"{type(exc).__name__}: {exc}"
             status.finish(state, detail)
@@ -194,5 +227,10 @@ async def generate(
             stored=store.stored_rows,
             outcome=outcome,
         )
+    except DiskFull as full:
+        disk_full = _disk_full(config, store, full)
     finally:
         store.release()
+    # Raised outside the handler: no chained context, so a notebook shows DiskFullStop's one line (IPython prints
+    # a native traceback for anything whose context holds the dispatcher's exception group).
+    raise disk_full

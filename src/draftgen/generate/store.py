@@ -10,6 +10,10 @@ Layout of ``out_dir``::
 
 Every file is written to a temporary name, fsynced and renamed, so a crash (even SIGKILL) leaves either the
 old file or the new one, never half of one. The shard files are the truth; the manifest is a summary of them.
+
+A full disk (ENOSPC, however polars or the OS report it) while writing any of them raises ``DiskFull`` naming the
+file: the half-written temporary file is removed at once (its space is needed for the manifest), the shards
+already renamed stay, and ``close_disk_full`` records ``disk full`` in the manifest as far as space allows.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from draftgen.clock import WALL, HardwareClock
+from draftgen.diskspace import free_bytes, is_disk_full
 from draftgen.generate.config import FINGERPRINT_SINCE, GenerateConfig
 
 MANIFEST = "manifest.json"
@@ -93,6 +99,36 @@ class FingerprintMismatch(StoreError):
     pass
 
 
+class DiskFull(StoreError):
+    """The run folder's filesystem is full. Finished shards are on disk; free space and resume."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        self.path = path
+        reason = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
+        super().__init__(
+            f"no space left on the filesystem holding {path.parent} while writing {path.name} ({reason})"
+        )
+
+    def _render_traceback_(self) -> list[str]:  # IPython/Jupyter: one line, not a traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+@contextlib.contextmanager
+def _removing_tmp_on_failure(tmp: Path, path: Path) -> Iterator[None]:
+    """A full disk while writing: remove ``tmp`` at once (its space is needed) and raise ``DiskFull`` (no chained
+    traceback). Other failures propagate as they are (a leftover ``tmp`` is removed on resume)."""
+    try:
+        yield
+    except BaseException as exc:
+        if not isinstance(exc, DiskFull) and not is_disk_full(exc):
+            raise
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, DiskFull):
+            raise
+        raise DiskFull(path, exc) from None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -103,21 +139,23 @@ def _fsync_dir(path: Path) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    with _removing_tmp_on_failure(tmp, path):
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
     _fsync_dir(path.parent)
 
 
 def atomic_write_parquet(frame: pl.DataFrame, path: Path) -> None:
     """Write ``frame`` to ``path`` so that a crash leaves the old file or the complete new one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    frame.write_parquet(tmp, compression="zstd", statistics=False)
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    with _removing_tmp_on_failure(tmp, path):
+        frame.write_parquet(tmp, compression="zstd", statistics=False)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
     _fsync_dir(path.parent)
 
 
@@ -189,6 +227,7 @@ class RunStore:
         self._next_seq = self._last_seq() + 1
         self._lock_handle: Any = None
         self.session = SessionCounts()
+        self.clock: HardwareClock = WALL  # the servers' clock; times stored stay wall-clock, reports convert
         self.rejected_count = int(self.manifest.get("counts", {}).get("rejected", 0))
         self.prompt_stats: dict[str, Any] = dict(self.manifest.get("prompts", {}))
 
@@ -323,6 +362,35 @@ class RunStore:
     def close(self, status: str, detail: str = "") -> None:
         """Flush everything and record how this session ended (complete, interrupted, halted, failed)."""
         self.flush()
+        self._end_session(status, detail)
+
+    def close_disk_full(self, error: DiskFull) -> bool:
+        """The disk filled: drop what could not be written (those prompts are generated again on resume) and
+        record ``disk full`` with the path in the manifest. False if even the manifest could not be written."""
+        unwritten = len(self._buffer)
+        self._buffer = []  # not in any shard: resume regenerates them
+        self.session.completed -= unwritten
+        self.manifest["disk_full"] = {
+            "path": str(error.path),
+            "filesystem_free_bytes": free_bytes(self.out_dir),
+            "at": time.time(),
+            "rows_not_written": unwritten,
+        }
+        try:
+            if self._failures_dirty:
+                atomic_write_parquet(
+                    pl.DataFrame(list(self._failures.values()), schema=FAILED_SCHEMA), self.out_dir / FAILED
+                )
+                self._failures_dirty = False
+        except DiskFull:
+            pass  # failed prompts are retried on resume anyway (they are not in any shard)
+        try:
+            self._end_session("disk full", f"disk full: {error.path}: {error}")
+        except DiskFull:
+            return False
+        return True
+
+    def _end_session(self, status: str, detail: str) -> None:
         sessions = self.manifest.setdefault("sessions", [])
         sessions.append(
             {
@@ -334,6 +402,7 @@ class RunStore:
                 "failed": self.session.failed,
                 "hedged": self.session.hedged,
                 "hedge_wins": self.session.hedge_wins,
+                "clock_factor": self.clock.factor,  # started_at/ended_at are wall clock; × this = hardware seconds
                 "status": status,
                 "detail": detail[:2000],
             }
@@ -355,6 +424,9 @@ class RunStore:
             "rejected": self.rejected_count,
         }
         manifest["status"] = status
+        if status != "disk full":
+            manifest.pop("disk_full", None)
+        manifest["clock"] = self.clock.as_dict()
         manifest["updated_at"] = time.time()
         manifest.setdefault("shards", [])
         atomic_write_bytes(self.out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
