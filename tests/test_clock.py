@@ -197,6 +197,7 @@ def test_a_scenario_prices_its_own_number_of_prompts(tmp_path):
         EstimateConfig(
             benchmark_dir=str(folder),
             dataset_size=2000,
+            turns="last",  # one request per prompt: the set is 2,000 requests
             gpus=7,
             concurrency_per_server=4,
             max_tokens=256,

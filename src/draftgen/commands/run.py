@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -64,6 +65,18 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def _record_disk_full(out_dir: Path, executed: Path, exc: Exception) -> None:
+    """Papermill could not save the executed notebook and stopped the kernel before generate could record the
+    full disk: record it (manifest 'disk full', progress.json) from here."""
+    from draftgen.generate.store import record_disk_full
+    from draftgen.watch.progress_file import set_state
+
+    detail = f"{type(exc).__name__}: {exc}"
+    if record_disk_full(out_dir, executed, detail):
+        with contextlib.suppress(OSError, ValueError):
+            set_state(out_dir, "interrupted", f"disk full: {executed}")
+
+
 def _disk_full_line(step: str, run_dir: Path, exc: Exception) -> str:
     """One line for a run stopped by a full disk (the kernel's own message when it got to say it)."""
     lines = str(exc).strip().splitlines()
@@ -98,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
         execute(plan, kernel=args.kernel, html=not args.no_html)
     except Exception as exc:  # papermill's PapermillExecutionError carries the cell's error
         if is_disk_full(exc):
+            if notebook.stem == "generate":
+                _record_disk_full(
+                    Path(plan.parameters.get("out_dir") or plan.run_dir), plan.executed_path, exc
+                )
             print(_disk_full_line(notebook.stem, plan.run_dir, exc), file=sys.stderr)
             return 1
         name = type(exc).__name__

@@ -49,6 +49,23 @@ class DiskFullStop(RunInterrupted):
         return [f"DiskFullStop: {self}"]
 
 
+def _disk_full_in(exc: BaseException | None) -> DiskFull | None:
+    """The DiskFull behind ``exc``: itself, inside an exception group (several workers failed), or what a later
+    error (e.g. acceptance.parquet failing on the same full disk) was raised while handling."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFull):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                found = _disk_full_in(inner)
+                if found is not None:
+                    return found
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _disk_full(config: GenerateConfig, store: RunStore, error: DiskFull) -> DiskFullStop:
     """Record the stop in the manifest (as far as space allows) and say what is kept and what to do."""
     recorded = store.close_disk_full(error)
@@ -190,8 +207,9 @@ async def generate(
                 )
             store.session.hedged, store.session.hedge_wins = outcome.hedged, outcome.hedge_wins
         except BaseException as exc:
-            if isinstance(exc, DiskFull):
-                raise  # nothing more can be written: recorded below
+            full = _disk_full_in(exc)
+            if full is not None:
+                raise full from None  # nothing more can be written: recorded below
             state = "failed" if isinstance(exc, Exception) else "interrupted"
             detail = f"{type(exc).__name__}: {exc}"
             status.finish(state, detail)

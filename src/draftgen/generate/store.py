@@ -387,8 +387,11 @@ class RunStore:
         try:
             self._end_session("disk full", f"disk full: {error.path}: {error}")
         except DiskFull:
-            return False
+            return self._write_manifest_in_place()
         return True
+
+    def _write_manifest_in_place(self) -> bool:
+        return write_manifest_in_place(self.out_dir, self.manifest)
 
     def _end_session(self, status: str, detail: str) -> None:
         sessions = self.manifest.setdefault("sessions", [])
@@ -430,6 +433,60 @@ class RunStore:
         manifest["updated_at"] = time.time()
         manifest.setdefault("shards", [])
         atomic_write_bytes(self.out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
+
+
+def write_manifest_in_place(out_dir: Path, manifest: dict[str, Any]) -> bool:
+    """No room even for a temporary manifest: rewrite the old one in its own blocks, compact, when the new text
+    is no longer than the old (nothing to allocate, so nothing can fail half-way). False otherwise."""
+    path = out_dir / MANIFEST
+    body = json.dumps(manifest, separators=(",", ":")).encode()
+    try:
+        if not path.exists() or len(body) > path.stat().st_size:
+            return False
+        with open(path, "r+b") as handle:
+            handle.write(body)
+            handle.truncate()
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError:
+        return False
+    return True
+
+
+def record_disk_full(out_dir: str | Path, path: str | Path, detail: str) -> bool:
+    """After the writing process was stopped by a full disk before it could say so (papermill failing to save
+    the executed notebook kills the kernel): mark a run folder still ``running`` as ``disk full``. Only when no
+    process holds the folder's lock; never writes anything but the manifest. True if it was recorded."""
+    out_dir = Path(out_dir)
+    try:
+        handle = open(out_dir / LOCK)  # an existing file: opening it allocates nothing
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # still being written by someone: they record their own ending
+        try:
+            manifest = read_manifest(out_dir)
+        except StoreError:
+            return False
+        if not manifest or manifest.get("status") != "running":
+            return False
+        manifest["status"] = "disk full"
+        manifest["disk_full"] = {
+            "path": str(path),
+            "filesystem_free_bytes": free_bytes(out_dir),
+            "at": time.time(),
+            "detail": detail[:500],
+            "recorded_by": "draftgen run (the run was stopped before it could record it)",
+        }
+        manifest["updated_at"] = time.time()
+        try:
+            atomic_write_bytes(out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
+        except DiskFull:
+            return write_manifest_in_place(out_dir, manifest)
+        return True
 
 
 def _lock(out_dir: Path) -> Any:
