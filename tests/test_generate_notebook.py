@@ -170,6 +170,14 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
     for plot in ("throughput", "finish_reasons", "completion_lengths"):
         assert (run_dir / "plots" / f"{plot}.png").stat().st_size > 1000
     assert "image/png" in (run_dir / "generate.ipynb").read_text()  # plots shown inline
+    streams = [
+        output
+        for cell in json.loads((run_dir / "generate.ipynb").read_text())["cells"]
+        for output in cell.get("outputs", [])
+        if output["output_type"] == "stream"
+    ]
+    bars = [o["name"] for o in streams if "2000/2000" in "".join(o["text"])]
+    assert bars and set(bars) == {"stdout"}  # the bar is output, not an error (JupyterLab paints stderr red)
     text = notebook_text(run_dir)
     assert "wall time for the set (h)" in text and "900000" in text  # planned vs actual, from the estimate
     assert "estimate assumed concurrency_per_server=64, this run used 8" in text

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftgen.progressbar import tqdm
+from draftgen.progressbar import bar_stream, tqdm
 
 RATE_WINDOW_S = 30.0
 
@@ -49,7 +49,7 @@ class Progress:
             dynamic_ncols=True,
             smoothing=0.05,
             disable=not enabled,
-            file=file if file is not None else sys.stderr,
+            file=file if file is not None else bar_stream(),
             mininterval=0.5,
         )
 

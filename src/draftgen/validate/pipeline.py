@@ -94,9 +94,9 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
 
 
 def _progress(total: int):
-    from draftgen.progressbar import tqdm
+    from draftgen.progressbar import bar_stream, tqdm
 
-    return tqdm(total=total, unit="sample", desc="validate", mininterval=1.0)
+    return tqdm(total=total, unit="sample", desc="validate", mininterval=1.0, file=bar_stream())
 
 
 def validate_generation(
