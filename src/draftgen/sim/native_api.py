@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -14,7 +13,7 @@ from aiohttp import web
 
 from draftgen.sim.engine import SimRequest
 from draftgen.sim.textgen import EOS_TOKEN_ID, THINK_END, count_text_tokens, request_seed
-from draftgen.sim.wire import BadRequest, error_response, sse
+from draftgen.sim.wire import BadRequest, sse
 
 if TYPE_CHECKING:
     from draftgen.sim.server import SimServer
@@ -141,34 +140,10 @@ class NativeApi:
         )
 
     async def generate(self, http: web.Request) -> web.StreamResponse:
-        try:
-            body = await http.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(400, "Request body is not valid JSON.", "BadRequestError")
-        try:
-            parsed = self._parse_generate(body)
-        except BadRequest as exc:
-            return error_response(400, str(exc), "BadRequestError")
-        rid = parsed["rid"]
-        refused = self.sim.admission_fault(rid, "generate")
-        if refused is not None:
-            return refused
-        if self.sim.draw(self.sim.faults.hang_rate):
-            return await self.sim.hang(rid, "generate")
-        request = self.sim.new_request(
-            rid,
-            "generate",
-            prompt_tokens=parsed["prompt_tokens"],
-            seed=parsed["seed"],
-            max_tokens=parsed["max_tokens"],
-            enable_thinking=parsed["thinking"],
-            ignore_eos=parsed["ignore_eos"],
-            stream=parsed["stream"],
-            empty_answer=self.sim.draw(self.sim.faults.empty_answer_rate),
-        )
-        self.sim.engine.submit(request)
-        if self.sim.draw(self.sim.faults.abort_rate):
-            self.sim.engine.abort(request, "aborted")
+        accepted = await self.sim.accept(http, self._parse_generate, "generate")
+        if isinstance(accepted, web.Response):
+            return accepted
+        parsed, request = accepted
         if not parsed["stream"]:
             await self.sim.wait_for(request)
             return web.json_response(self._generate_body(request))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from typing import TYPE_CHECKING
 
@@ -11,7 +10,7 @@ from aiohttp import web
 
 from draftgen.sim.engine import SimRequest
 from draftgen.sim.textgen import EOS_TOKEN_ID, count_text_tokens, render_chat_prompt, request_seed
-from draftgen.sim.wire import BadRequest, error_response, sse
+from draftgen.sim.wire import BadRequest, sse
 
 if TYPE_CHECKING:
     from draftgen.sim.server import SimServer
@@ -47,34 +46,10 @@ class OpenAIApi:
         )
 
     async def chat_completions(self, http: web.Request) -> web.StreamResponse:
-        try:
-            body = await http.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error_response(400, "Request body is not valid JSON.", "BadRequestError")
-        try:
-            parsed = self._parse_chat(body)
-        except BadRequest as exc:
-            return error_response(400, str(exc), "BadRequestError")
-        rid = parsed["rid"]
-        refused = self.sim.admission_fault(rid, "chat")
-        if refused is not None:
-            return refused
-        if self.sim.draw(self.sim.faults.hang_rate):
-            return await self.sim.hang(rid, "chat")
-        request = self.sim.new_request(
-            rid,
-            "chat",
-            prompt_tokens=parsed["prompt_tokens"],
-            seed=parsed["seed"],
-            max_tokens=parsed["max_tokens"],
-            enable_thinking=parsed["thinking"],
-            ignore_eos=parsed["ignore_eos"],
-            stream=parsed["stream"],
-            empty_answer=self.sim.draw(self.sim.faults.empty_answer_rate),
-        )
-        self.sim.engine.submit(request)
-        if self.sim.draw(self.sim.faults.abort_rate):
-            self.sim.engine.abort(request, "aborted")
+        accepted = await self.sim.accept(http, self._parse_chat, "chat")
+        if isinstance(accepted, web.Response):
+            return accepted
+        parsed, request = accepted
         if parsed["stream"]:
             return await self._stream_chat(http, request, parsed)
         await self.sim.wait_for(request)

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,6 +244,43 @@ class SimServer:
                 500, "Internal server error (injected by draftgen sim).", "InternalServerError"
             )
         return None
+
+    async def accept(
+        self, http: web.Request, parse: Callable[[object], dict], kind: str
+    ) -> tuple[dict, SimRequest] | web.Response:
+        """A generation request's arrival, shared by ``/generate`` and ``/v1/chat/completions``: reads the JSON
+        body, ``parse`` turns it into the request's fields (``rid``, ``prompt_tokens``, ``seed``, ``max_tokens``,
+        ``thinking``, ``ignore_eos``, ``stream``) or raises BadRequest, then the injected arrival faults, then it
+        is queued. Returns the parsed fields and the queued request, or the response to send instead."""
+        try:
+            body = await http.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error_response(400, "Request body is not valid JSON.", "BadRequestError")
+        try:
+            parsed = parse(body)
+        except BadRequest as exc:
+            return error_response(400, str(exc), "BadRequestError")
+        rid = parsed["rid"]
+        refused = self.admission_fault(rid, kind)
+        if refused is not None:
+            return refused
+        if self.draw(self.faults.hang_rate):
+            return await self.hang(rid, kind)
+        request = self.new_request(
+            rid,
+            kind,
+            prompt_tokens=parsed["prompt_tokens"],
+            seed=parsed["seed"],
+            max_tokens=parsed["max_tokens"],
+            enable_thinking=parsed["thinking"],
+            ignore_eos=parsed["ignore_eos"],
+            stream=parsed["stream"],
+            empty_answer=self.draw(self.faults.empty_answer_rate),
+        )
+        self.engine.submit(request)
+        if self.draw(self.faults.abort_rate):
+            self.engine.abort(request, "aborted")
+        return parsed, request
 
     def draw(self, rate: float) -> bool:
         return bool(rate) and self.fault_rng.random() < rate
