@@ -138,7 +138,7 @@ def plot_scenarios(estimate: Estimate) -> Figure:
     ax.set_yticklabels(
         [
             f"{r.name}\n{r.gpus} GPU × {r.concurrency_per_server} in flight"
-            + (f", {r.num_prompts:,} prompts" if len(sizes) > 1 else "")
+            + (f", {r.num_prompts:,} requests" if len(sizes) > 1 else "")
             for r in results
         ],
         fontsize=8,
