@@ -125,6 +125,11 @@ class SamplingParams(Params):
 
     _extras_unset = field_validator("top_k", "min_p", mode="before")(_unset_if_empty)
 
+    @property
+    def sampling(self) -> SamplingParams:
+        """Only the sampling fields, as a plain SamplingParams (a config extending this class passes it on)."""
+        return SamplingParams(**{name: getattr(self, name) for name in SamplingParams.model_fields})
+
 
 def _describe(value: Any) -> str:
     text = repr(value)

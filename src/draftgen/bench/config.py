@@ -58,17 +58,6 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     def prompt_path(self) -> Path:
         return prompt_source_path(self.prompts)
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            enable_thinking=self.enable_thinking,
-        )
-
     def level_requests(self, concurrency: int) -> int:
         """Requests sent at one level: ``num_prompts``, or ``rounds`` waves of the level's concurrency.
 

@@ -136,10 +136,6 @@ class GenerateConfig(FleetParams, SamplingParams):
     def shard_spec(self) -> tuple[int, int] | None:
         return parse_shard(self.shard)
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(**{name: getattr(self, name) for name in SamplingParams.model_fields})
-
     def fingerprint_fields(self) -> dict[str, Any]:
         fields = {name: getattr(self, name) for name in FINGERPRINT_FIELDS}
         shard = self.shard_spec

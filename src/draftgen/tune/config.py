@@ -147,17 +147,6 @@ class TuneConfig(SamplingParams):
     def settings_path(self) -> Path:
         return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / "settings.yaml"
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            enable_thinking=self.enable_thinking,
-        )
-
     def candidates(self) -> list[Candidate]:
         specs: list[ServerSettings] = []
         if self.mtp_off:
