@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")
 SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang resets max_running_requests to 48 with EAGLE/NEXTN unless given
@@ -169,6 +169,17 @@ def load_settings(path: str | Path) -> ServerSettings:
     except ValidationError as exc:
         details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"settings file {path}: {details}") from None
+
+
+def check_settings_file(path: str) -> str:
+    """A settings-file parameter: "" (none given) or a file :func:`load_settings` reads (else its clear error)."""
+    if path:
+        load_settings(path)
+    return path
+
+
+# A config field naming the settings file the servers were launched with (benchmark, estimate).
+SettingsFile = Annotated[str, AfterValidator(check_settings_file)]
 
 
 def settings_record(path: str | Path | None) -> dict[str, Any] | None:

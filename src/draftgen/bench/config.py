@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from draftgen.params import FleetParams, PositiveInt, SamplingParams
 from draftgen.paths import ProjectPath
 from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
-from draftgen.server_settings import load_settings
+from draftgen.server_settings import SettingsFile
 
 DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]
 MIN_LEVEL_REQUESTS = 8  # fewest requests a level sends when sized by rounds
@@ -36,7 +36,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     out_dir: ProjectPath = Field(
         "outputs/benchmark/interactive", validate_default=True
     )  # results.parquet, requests.parquet and plots go here
-    settings: str = ""  # settings file (draftgen tune) the servers were launched with; recorded in the JSON
+    settings: SettingsFile = ""  # settings file (draftgen tune) the servers ran with; recorded in the JSON
     resume: bool = (
         False  # reuse levels an interrupted run left in out_dir/levels/ (same servers, prompts, sampling)
     )
@@ -71,10 +71,3 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     def prompts_needed(self) -> int:
         """Distinct prompts wanted: every server × level gets its own slice while the sample lasts."""
         return len(self.servers) * sum(self.level_requests(c) for c in self.concurrencies)
-
-    @field_validator("settings")
-    @classmethod
-    def _settings_file(cls, path: str) -> str:
-        if path:
-            load_settings(path)  # a clear error naming the file and the bad key
-        return path

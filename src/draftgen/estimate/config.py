@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from draftgen.params import NonNegativeFloat, Params, PositiveFloat, PositiveInt
 from draftgen.paths import ProjectPath
 from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
-from draftgen.server_settings import load_settings
+from draftgen.server_settings import SettingsFile
 
 
 class ScenarioSpec(Params):
@@ -62,7 +62,7 @@ class EstimateConfig(Params):
     interval: Annotated[float, Field(gt=0, lt=1)] = 0.9  # coverage of the wall-time interval
     bootstrap: Annotated[int, Field(ge=10)] = 200  # resamples behind the interval
     seed: int = 0  # random draws of the simulation and the bootstrap
-    settings: str = ""  # settings file (draftgen tune) the servers were launched with; recorded in the JSON
+    settings: SettingsFile = ""  # settings file (draftgen tune) the servers ran with; recorded in the JSON
     out_dir: ProjectPath = Field(
         "outputs/estimate/interactive", validate_default=True
     )  # estimate.json and plots go here
@@ -99,10 +99,3 @@ class EstimateConfig(Params):
     @property
     def prompt_path(self) -> Path:
         return prompt_source_path(self.prompts)
-
-    @field_validator("settings")
-    @classmethod
-    def _settings_file(cls, path: str) -> str:
-        if path:
-            load_settings(path)  # a clear error naming the file and the bad key
-        return path
