@@ -6,6 +6,7 @@ so a typo or a wrong type costs a second, not a GPU-hour. A finished run is neve
 
 from __future__ import annotations
 
+import argparse
 import ast
 import difflib
 import importlib
@@ -21,7 +22,7 @@ from typing import Any
 import yaml
 
 from draftgen.diskspace import is_disk_full
-from draftgen.params import SHARED_PARAMETERS, ParameterError, build_config
+from draftgen.params import SHARED_PARAMETERS, ParameterError, build_config, load_params_files
 from draftgen.paths import project_root
 
 COMPLETE_MARKER = ".complete"
@@ -127,6 +128,36 @@ def parse_cli_value(text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+
+
+def add_parameter_options(parser: argparse.ArgumentParser) -> None:
+    """``-f YAML`` (repeatable) and ``-p KEY VALUE``: how ``draftgen run`` and ``draftgen tune`` take parameters."""
+    parser.add_argument(
+        "-f",
+        "--parameters-file",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="YAML",
+        help="parameter file; repeat to merge left to right",
+    )
+    parser.add_argument(
+        "-p",
+        "--parameter",
+        action="append",
+        nargs=2,
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="one parameter (VALUE parsed as YAML: 64, true, [a, b])",
+    )
+
+
+def cli_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``-f`` files merged left to right, then each ``-p KEY VALUE`` over them."""
+    values = load_params_files(args.parameters_file)
+    for key, value in args.parameter:
+        values[key] = parse_cli_value(value)
+    return values
 
 
 def plan_run(

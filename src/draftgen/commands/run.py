@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 
 from draftgen.diskspace import free_bytes, human_bytes, is_disk_full
-from draftgen.params import load_params_files
 from draftgen.paths import resolve_path
 from draftgen.runner import (
+    add_parameter_options,
     applicable_parameters,
     check_parameters,
+    cli_parameters,
     execute,
-    parse_cli_value,
     plan_run,
     resolve_notebook,
 )
@@ -30,24 +30,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "notebook", help="notebook name (generate, benchmark, estimate, validate) or .ipynb path"
     )
-    parser.add_argument(
-        "-f",
-        "--parameters-file",
-        action="append",
-        default=[],
-        type=Path,
-        metavar="YAML",
-        help="parameter file; repeat to merge left to right",
-    )
-    parser.add_argument(
-        "-p",
-        "--parameter",
-        action="append",
-        nargs=2,
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="one parameter (VALUE parsed as YAML: 64, true, [a, b])",
-    )
+    add_parameter_options(parser)
     parser.add_argument("--name", help="run folder name (default: <params-file>-<timestamp>)")
     parser.add_argument(
         "--out-root",
@@ -90,9 +73,7 @@ def _disk_full_line(step: str, run_dir: Path, exc: Exception) -> str:
 
 def run(args: argparse.Namespace) -> int:
     notebook = resolve_notebook(args.notebook)
-    parameters = load_params_files(args.parameters_file)
-    for key, value in args.parameter:
-        parameters[key] = parse_cli_value(value)
+    parameters = cli_parameters(args)
     parameters, ignored = applicable_parameters(notebook, parameters)
     if ignored:
         print(f"draftgen run: {notebook.stem} does not use shared parameter(s) {', '.join(ignored)}: ignored")

@@ -12,8 +12,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from draftgen.params import SHARED_PARAMETERS, build_config, load_params_files
-from draftgen.runner import parse_cli_value
+from draftgen.params import SHARED_PARAMETERS, build_config
+from draftgen.runner import add_parameter_options, cli_parameters
 from draftgen.tune import report
 from draftgen.tune.config import TuneConfig
 from draftgen.tune.run import run_tune
@@ -27,16 +27,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "with serve's launcher, measure it with the benchmark on a sample of your prompts, keep the best half each "
         "round, and write the winner to a settings file for draftgen serve --settings. Details: docs/tune.md.",
     )
-    parser.add_argument("-f", "--parameters-file", action="append", default=[], type=Path, metavar="YAML")
-    parser.add_argument(
-        "-p",
-        "--parameter",
-        action="append",
-        nargs=2,
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="one parameter",
-    )
+    add_parameter_options(parser)
     parser.add_argument(
         "--out", type=Path, default=None, help="run folder (default outputs/tune/<timestamp>)"
     )
@@ -44,9 +35,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    values = load_params_files(args.parameters_file)
-    for key, value in args.parameter:
-        values[key] = parse_cli_value(value)
+    values = cli_parameters(args)
     values = {k: v for k, v in values.items() if k in TuneConfig.model_fields or k not in SHARED_PARAMETERS}
     values["out_dir"] = str(
         args.out or values.get("out_dir") or Path("outputs/tune") / time.strftime("%Y%m%d-%H%M%S")
