@@ -13,12 +13,12 @@ import errno
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import polars as pl
 import pytest
+from generate_helpers import row, run_command
 
 from draftgen.diskspace import is_disk_full
 from draftgen.generate import DiskFullStop, GenerateConfig, PreflightError, generate, preflight
@@ -54,28 +54,6 @@ def config_for(urls: list[str], prompts: Path, out_dir: Path, **changes: object)
     }
     values.update(changes)
     return build_config(GenerateConfig, values)
-
-
-def row(prompt_id: str) -> dict:
-    return {
-        "id": prompt_id,
-        "messages": [{"role": "user", "content": "q " + prompt_id}],
-        "reasoning_content": "thought",
-        "content": "answer",
-        "finish_reason": "stop",
-        "prompt_tokens": 3,
-        "completion_tokens": 5,
-        "spec_accept_length": None,
-        "spec_verify_ct": None,
-        "server": "http://127.0.0.1:1",
-        "latency_s": 0.1,
-        "attempts": 1,
-        "response_id": "r",
-        "started_at": 1.0,
-        "usage_reported": True,
-        "ttft_s": None,
-        "source_row": 0,
-    }
 
 
 def fill_disk_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> list[str]:
@@ -231,21 +209,11 @@ def tiny_fs(tmp_path):  # type: ignore[no-untyped-def]
 
 
 def draftgen_run(out_root: Path, name: str, params: dict, *extra: str) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-m",
-        "draftgen",
-        "run",
-        "generate",
-        "--name",
-        name,
-        "--out-root",
-        str(out_root),
-    ]
-    for key, value in params.items():
-        command += ["-p", key, value if isinstance(value, str) else json.dumps(value)]
     return subprocess.Popen(
-        [*command, "--no-html", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        run_command(out_root, name, params, "--no-html", *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

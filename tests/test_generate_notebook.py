@@ -10,37 +10,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import polars as pl
 import psutil
 import pytest
+from generate_helpers import run_command
 
 from draftgen.generate.store import read_done_ids, read_manifest
 from draftgen.prompts import PromptRow, iter_prompts
 from draftgen.synthetic import write_synthetic
 
 RUN_TIMEOUT_S = 240
-
-
-def run_command(out_root: Path, name: str, params: dict, *extra: str) -> list[str]:
-    """``python -m draftgen run generate --name NAME --out-root ROOT -p KEY VALUE ...`` as an argv list."""
-    command = [
-        sys.executable,
-        "-m",
-        "draftgen",
-        "run",
-        "generate",
-        "--name",
-        name,
-        "--out-root",
-        str(out_root),
-    ]
-    for key, value in params.items():
-        command += ["-p", key, json.dumps(value) if not isinstance(value, str) else value]
-    return [*command, *extra]
 
 
 def draftgen_run(out_root: Path, name: str, params: dict, *extra: str) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from generate_helpers import URL, row
 
 from draftgen.client import RequestError
 from draftgen.generate import report
@@ -30,8 +31,6 @@ from draftgen.params import ParameterError, build_config
 from draftgen.prompts import PromptRow
 from draftgen.synthetic import write_synthetic
 
-URL = "http://127.0.0.1:9"
-
 
 def make_config(tmp_path: Path, **changes: object) -> GenerateConfig:
     values: dict[str, object] = {
@@ -43,28 +42,6 @@ def make_config(tmp_path: Path, **changes: object) -> GenerateConfig:
     }
     values.update(changes)
     return build_config(GenerateConfig, values)
-
-
-def row(prompt_id: str, tokens: int = 5) -> dict:
-    return {
-        "id": prompt_id,
-        "messages": [{"role": "user", "content": "q " + prompt_id}],
-        "reasoning_content": "thought",
-        "content": "answer",
-        "finish_reason": "stop",
-        "prompt_tokens": 3,
-        "completion_tokens": tokens,
-        "spec_accept_length": None,
-        "spec_verify_ct": None,
-        "server": URL,
-        "latency_s": 0.1,
-        "attempts": 1,
-        "response_id": "r-" + prompt_id,
-        "started_at": 1.0,
-        "usage_reported": True,
-        "ttft_s": None,
-        "source_row": 1,
-    }
 
 
 # ----- config -----------------------------------------------------------------------------------------------
