@@ -1,4 +1,5 @@
-"""Raw-HTTP helpers for the simulator tests (stdlib urllib, so they read exactly what goes over the wire)."""
+"""Raw-HTTP helpers for the simulator tests (stdlib urllib, so they read exactly what goes over the wire), and
+``serve`` for tests that stand a small aiohttp app in for a server."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 USER = [{"role": "user", "content": "What is 17 times 23? Show the steps."}]
@@ -127,3 +129,20 @@ def max_overlap(records: list[dict]) -> int:
         running += change
         peak = max(peak, running)
     return peak
+
+
+def serve(app: web.Application, work: Callable[[str], Awaitable[object]]) -> object:
+    """Run ``app`` on a free local port, return ``await work(its base URL)``, then stop it (pass or fail)."""
+
+    async def go() -> object:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            return await work(f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(go())

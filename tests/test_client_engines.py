@@ -7,12 +7,12 @@ behaviour against the real engines. Here it runs in milliseconds inside ``make t
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
+from sim_helpers import serve
 
 from draftgen.client import RequestError, ServerClient
 from draftgen.params import SamplingParams
@@ -109,21 +109,6 @@ def transformers_like(seen: list[dict], template_kwargs: bool = True) -> web.App
     app.router.add_get("/v1/models", fixed(lambda: web.Response(status=500, text="Internal Server Error")))
     app.router.add_post("/v1/chat/completions", chat)
     return app
-
-
-def serve(app: web.Application, work: Callable[[str], Awaitable[object]]) -> object:
-    async def go() -> object:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            return await work(f"http://127.0.0.1:{port}")
-        finally:
-            await runner.cleanup()
-
-    return asyncio.run(go())
 
 
 def probe(url: str, sampling: SamplingParams):

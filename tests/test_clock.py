@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 from aiohttp import web
 from bench_helpers import URL, facts, record, truth_by_level
+from sim_helpers import serve
 
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun
@@ -281,18 +282,11 @@ def test_benchmarks_at_two_speeds_report_the_same_simulated_b200(sim_fleet, tmp_
 
 
 def test_a_server_that_is_not_the_simulator_is_on_the_wall_clock():
-    async def check() -> HardwareClock:
-        app = web.Application()
-        app.router.add_get("/health", lambda _: web.Response(text="ok"))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            async with ServerClient(f"http://127.0.0.1:{port}") as client:
-                return await read_clock(client)  # /sim/info: 404
-        finally:
-            await runner.cleanup()
+    app = web.Application()
+    app.router.add_get("/health", lambda _: web.Response(text="ok"))
 
-    assert asyncio.run(check()) == WALL
+    async def clock_of(url: str) -> HardwareClock:
+        async with ServerClient(url) as client:
+            return await read_clock(client)  # /sim/info: 404
+
+    assert serve(app, clock_of) == WALL
