@@ -32,3 +32,11 @@ def test_sampling_is_the_configs_own_sampling_values(model, required, tmp_path):
     sampling = config.sampling
     assert type(sampling) is SamplingParams
     assert sampling.model_dump() == SAMPLING
+
+
+def test_tunes_benchmark_jobs_sample_as_the_tune_config_says(tmp_path):
+    from draftgen.tune.measure import _bench_config
+
+    config = build_config(TuneConfig, {"model": "m", "out_dir": str(tmp_path / "tune"), **SAMPLING})
+    job = _bench_config(config, "http://127.0.0.1:1", config.candidates()[0], 16, tmp_path / "job")
+    assert job.sampling.model_dump() == SAMPLING
