@@ -147,23 +147,13 @@ class NativeApi:
         if not parsed["stream"]:
             await self.sim.wait_for(request)
             return web.json_response(self._generate_body(request))
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        try:
-            await response.prepare(http)
+        async with self.sim.event_stream(http, request) as response:
             while True:
                 await request.progress.wait()
                 request.progress.clear()
                 await response.write(sse(self._generate_body(request)))
                 if request.done.is_set():
                     break
-            if not self.sim.faults.omit_done:
-                await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.sim.engine.abort(request, "client_disconnected")
-            raise
         return response
 
     def _parse_generate(self, body: object) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import TYPE_CHECKING
 
@@ -175,11 +174,7 @@ class OpenAIApi:
         }
 
     async def _stream_chat(self, http: web.Request, request: SimRequest, parsed: dict) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        try:
-            await response.prepare(http)
+        async with self.sim.event_stream(http, request) as response:
             await response.write(
                 sse(self._chunk(request, parsed, {"role": "assistant", "content": ""}, (None, None)))
             )
@@ -213,10 +208,4 @@ class OpenAIApi:
                 ext_chunk["choices"] = []
                 ext_chunk["sglext"] = sglext
                 await response.write(sse(ext_chunk))
-            if not self.sim.faults.omit_done:
-                await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.sim.engine.abort(request, "client_disconnected")
-            raise
         return response

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -291,6 +291,23 @@ class SimServer:
         finally:
             self._record_rejected(rid, kind, "hung", 0)
         raise AssertionError("unreachable")
+
+    @contextlib.asynccontextmanager
+    async def event_stream(self, http: web.Request, request: SimRequest) -> AsyncIterator[web.StreamResponse]:
+        """An SSE response for ``request``: the caller writes its events inside; ``data: [DONE]`` (unless the
+        omit_done fault) and the end follow. A client that goes away aborts the request."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        try:
+            await response.prepare(http)
+            yield response
+            if not self.faults.omit_done:
+                await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.engine.abort(request, "client_disconnected")
+            raise
 
     async def wait_for(self, request: SimRequest) -> None:
         try:
