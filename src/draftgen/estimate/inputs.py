@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from draftgen.bench.report import OCCUPANCY_FILE, REQUESTS_FILE, RESULTS_FILE, SUMMARY_FILE
@@ -115,14 +116,22 @@ def dataset_size(dataset: int, prompt_path: Path, limit: int, turns: str = "last
         size, source = limit, f"limit {limit} (of {size:,} {source})"
     if turns == "last":
         return size, source
-    prompts = points = 0
+    answers = answers_per_prompt(prompt_path, limit)
+    if answers is None:
+        return size, source
+    mean = float(answers.mean())
+    return round(size * mean), f"{size:,} prompts ({source}) x {mean:.3f} answers each (turns: all)"
+
+
+def answers_per_prompt(prompt_path: Path, limit: int) -> np.ndarray | None:
+    """Answer points (requests with ``turns: all``) of each of the first ``limit`` valid prompts (all when 0);
+    None when every prompt has one (nothing to model) or the file has no valid prompt."""
+    counts = []
     for row in iter_prompts(prompt_path):
         if isinstance(row, PromptRow):
-            prompts += 1
-            points += len(answer_points(row.messages, turns))
-            if limit and prompts >= limit:
+            counts.append(len(answer_points(row.messages, "all")))
+            if limit and len(counts) >= limit:
                 break
-    if prompts == 0 or points == prompts:
-        return size, source
-    requests = round(size * points / prompts)
-    return requests, f"{size:,} prompts ({source}) x {points / prompts:.3f} answers each (turns: all)"
+    if not counts or max(counts) == 1:
+        return None
+    return np.asarray(counts, dtype=np.int64)

@@ -244,12 +244,15 @@ def estimate_wall(
     rate: RateModel,
     rng: np.random.Generator,
     repeats: int = 3,
+    turns: np.ndarray | None = None,
 ) -> WallTime:
-    """Expected wall time for ``num_prompts`` prompts whose lengths follow ``per_prompt``.
+    """Expected wall time for ``num_prompts`` requests whose lengths follow ``per_prompt``.
 
     wall = all tokens at the steady full-batch rate + the tail (ramp and drain) measured in the simulation of
     the first ``exact`` requests, as the simulation's wall time minus its own tokens at the steady rate. Taking
-    the tail this way keeps the random draw of lengths from moving the steady part.
+    the tail this way keeps the random draw of lengths from moving the steady part. With ``turns`` (answers per
+    conversation, sampled from the prompt file; generate's ``turns: all``) the simulated jobs are conversations:
+    one slot runs a conversation's requests one after another, so their lengths add up.
     """
     if num_prompts < 1:
         raise ValueError("num_prompts must be >= 1")
@@ -259,8 +262,13 @@ def estimate_wall(
     exact = min(num_prompts, servers * min(per_server, max(EXACT_ROUNDS * concurrency, EXACT_MIN_PER_SERVER)))
     tails = []
     for _ in range(repeats):
-        lengths = rng.choice(per_prompt, size=exact, replace=True)
-        tails.append(simulate_fleet(lengths, servers, concurrency, rate) - float(lengths.sum()) / fleet_rate)
+        if turns is None:
+            lengths = jobs = rng.choice(per_prompt, size=exact, replace=True)
+        else:
+            counts = rng.choice(turns, size=max(1, round(exact / float(turns.mean()))), replace=True)
+            lengths = rng.choice(per_prompt, size=int(counts.sum()), replace=True)
+            jobs = np.add.reduceat(lengths, np.concatenate([[0], np.cumsum(counts)[:-1]]))
+        tails.append(simulate_fleet(jobs, servers, concurrency, rate) - float(lengths.sum()) / fleet_rate)
     total = num_prompts * mean
     steady = total / fleet_rate
     return WallTime(
@@ -275,12 +283,14 @@ def bootstrap_walls(
     servers: int,
     concurrency: int,
     rng: np.random.Generator,
+    turns: np.ndarray | None = None,
 ) -> np.ndarray:
     """One wall time per resample: prompts resampled with replacement, each paired with one resampled rate."""
     out = []
     for rate in rates:
         resample = rng.choice(per_prompt, size=per_prompt.size, replace=True)
-        out.append(estimate_wall(resample, num_prompts, servers, concurrency, rate, rng, repeats=1).wall_s)
+        wall = estimate_wall(resample, num_prompts, servers, concurrency, rate, rng, repeats=1, turns=turns)
+        out.append(wall.wall_s)
     return np.asarray(out)
 
 

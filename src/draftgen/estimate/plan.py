@@ -14,7 +14,13 @@ import numpy as np
 import polars as pl
 
 from draftgen.estimate.config import EstimateConfig, ScenarioSpec
-from draftgen.estimate.inputs import BenchmarkData, dataset_size, find_latest_benchmark, load_benchmark
+from draftgen.estimate.inputs import (
+    BenchmarkData,
+    answers_per_prompt,
+    dataset_size,
+    find_latest_benchmark,
+    load_benchmark,
+)
 from draftgen.estimate.model import (
     LengthSample,
     RateFit,
@@ -140,10 +146,11 @@ def evaluate(
     source: str,
     interval_note: str,
     rng: np.random.Generator,
+    turns: np.ndarray | None = None,
 ) -> ScenarioResult:
     per_prompt = measured.lengths.per_prompt(max_tokens)
-    point = estimate_wall(per_prompt, num_prompts, gpus, concurrency, rate, rng)
-    walls = bootstrap_walls(per_prompt, boot_rates, num_prompts, gpus, concurrency, rng)
+    point = estimate_wall(per_prompt, num_prompts, gpus, concurrency, rate, rng, turns=turns)
+    walls = bootstrap_walls(per_prompt, boot_rates, num_prompts, gpus, concurrency, rng, turns=turns)
     low, high = np.quantile(walls, [(1 - interval) / 2, (1 + interval) / 2])
     return ScenarioResult(
         name=name,
@@ -169,7 +176,12 @@ def evaluate(
 
 
 def _scenario(
-    spec: ScenarioSpec, config: EstimateConfig, main: Measured, num_prompts: int, rng: np.random.Generator
+    spec: ScenarioSpec,
+    config: EstimateConfig,
+    main: Measured,
+    num_prompts: int,
+    rng: np.random.Generator,
+    turns: np.ndarray | None = None,
 ) -> ScenarioResult:
     concurrency = spec.concurrency_per_server or config.concurrency_per_server
     usd = config.gpu_hour_usd if spec.gpu_hour_usd is None else spec.gpu_hour_usd
@@ -181,6 +193,7 @@ def _scenario(
         "gpu_hour_usd": usd,
         "interval": config.interval,
         "rng": rng,
+        "turns": turns,
     }
     if spec.tok_s_per_gpu:
         cap = spec.max_running_requests or main.fit.model.max_running
@@ -219,7 +232,13 @@ def _boot_note(measured: Measured) -> str:
 
 
 def sweeps(
-    main: Measured, num_prompts: int, gpus: int, concurrency: int, max_tokens: int, seed: int
+    main: Measured,
+    num_prompts: int,
+    gpus: int,
+    concurrency: int,
+    max_tokens: int,
+    seed: int,
+    turns: np.ndarray | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Point estimates (days) when one parameter moves and the others stay at production values.
 
@@ -232,7 +251,7 @@ def sweeps(
 
     def days(pp: np.ndarray, g: int, c: int) -> float:
         draw = np.random.default_rng(seed)
-        return estimate_wall(pp, num_prompts, g, c, rate, draw, repeats=3).wall_s / DAY_S
+        return estimate_wall(pp, num_prompts, g, c, rate, draw, repeats=3, turns=turns).wall_s / DAY_S
 
     levels = sorted({*SWEEP_CONCURRENCY, concurrency, *main.data.levels})
     by_concurrency = pl.DataFrame(
@@ -271,6 +290,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     num_prompts, size_source = dataset_size(
         config.dataset_size, config.prompt_path, config.limit, config.turns
     )
+    turns = answers_per_prompt(config.prompt_path, config.limit) if config.turns == "all" else None
     gpus = config.gpus or main.data.servers
     notes = []
     if main.data.clock.simulated:
@@ -304,6 +324,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         "num_prompts": num_prompts,
         "interval": config.interval,
         "rng": rng,
+        "turns": turns,
     }
     production = evaluate(
         "production (this benchmark)",
@@ -329,7 +350,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         interval_note=_boot_note(main),
         **common,
     )
-    scenarios = tuple(_scenario(spec, config, main, num_prompts, rng) for spec in config.scenarios)
+    scenarios = tuple(_scenario(spec, config, main, num_prompts, rng, turns) for spec in config.scenarios)
     return Estimate(
         config=config,
         benchmark=main,
@@ -338,7 +359,9 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         production=production,
         concurrency_1=concurrency_1,
         scenarios=scenarios,
-        sweeps=sweeps(main, num_prompts, gpus, config.concurrency_per_server, config.max_tokens, config.seed),
+        sweeps=sweeps(
+            main, num_prompts, gpus, config.concurrency_per_server, config.max_tokens, config.seed, turns
+        ),
         notes=tuple(notes),
         prefill_s_per_request=_prefill_per_request(main.data),
     )
