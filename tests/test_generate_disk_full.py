@@ -87,6 +87,9 @@ def test_a_full_disk_is_recognised_however_it_is_reported():
             raise RuntimeError("flush failed") from inner
     except RuntimeError as outer:
         assert is_disk_full(outer)
+    notebook_error = RuntimeError("the kernel's error")
+    notebook_error.ename = "DiskFullStop"  # type: ignore[attr-defined]  # as papermill reports a cell's error
+    assert is_disk_full(notebook_error)
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
     assert not is_disk_full(ValueError("bad row"))
     assert not is_disk_full(None)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 DISK_FULL_TEXT = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122")
+DISK_FULL_NAMES = ("DiskFull", "DiskFullStop")  # generate's own, as a notebook error names them (papermill's ename)
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
@@ -16,6 +17,8 @@ def is_disk_full(exc: BaseException | None) -> bool:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        if type(exc).__name__ in DISK_FULL_NAMES or getattr(exc, "ename", None) in DISK_FULL_NAMES:
             return True
         if any(text in str(exc).lower() for text in DISK_FULL_TEXT):
             return True
