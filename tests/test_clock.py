@@ -222,7 +222,7 @@ def _measure(url: str, out_dir) -> pl.DataFrame:  # type: ignore[no-untyped-def]
         servers=[url],
         model="Qwen/Qwen3.6-27B",
         concurrencies=[1, 4],
-        num_prompts=8,
+        rounds=4.0,  # 8 requests alone (the least a level sends), 16 at 4 in flight: a window of seconds
         max_tokens=512,  # requests of seconds: the client's own per-request wall-clock overhead stays small
         warmup_requests=1,
         out_dir=str(out_dir),
@@ -233,8 +233,8 @@ def _measure(url: str, out_dir) -> pl.DataFrame:  # type: ignore[no-untyped-def]
 
 
 def test_benchmarks_at_two_speeds_report_the_same_simulated_b200(sim_fleet, tmp_path):
-    """Each report shows the simulator's own (wall-clock) truth ÷ its speed (within 5%: short levels, busy client),
-    so both read as one B200, and the raw file keeps the wall clock's figure.
+    """Each report shows the simulator's own (wall-clock) truth ÷ its speed (within 10%: levels of a few seconds,
+    timed by a busy client), so both read as one B200, and the raw file keeps the wall clock's figure exactly.
 
     Across speeds 2 and 8 the figures agree within 30% (12% measured at load 10 on two shared cores): a sped-up
     simulator on a busy machine runs late, never early, more so the faster it goes; a conversion missed or applied
@@ -254,7 +254,7 @@ def test_benchmarks_at_two_speeds_report_the_same_simulated_b200(sim_fleet, tmp_
         for row in report.fleet.iter_rows(named=True):
             c = row["concurrency"]
             real_wall = truth[(fleet.urls[0], c)]["output_tok_s"]
-            assert row["per_server_tok_s_mean"] == pytest.approx(real_wall / speed, rel=0.05), (speed, c)
+            assert row["per_server_tok_s_mean"] == pytest.approx(real_wall / speed, rel=0.10), (speed, c)
             raw = report.results.filter(pl.col("concurrency") == c)["output_tok_s"].item()
             assert raw == pytest.approx(speed * row["per_server_tok_s_mean"])
             shown[speed][c] = row["per_server_tok_s_mean"]
