@@ -8,7 +8,8 @@ from pathlib import Path
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 DISK_FULL_TEXT = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122")
-DISK_FULL_NAMES = ("DiskFull", "DiskFullStop")  # generate's own, as a notebook error names them (papermill's ename)
+# generate's own errors, as a notebook error names them (papermill's ename)
+DISK_FULL_NAMES = ("DiskFull", "DiskFullStop")
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
