@@ -282,8 +282,11 @@ def test_benchmarks_at_two_speeds_report_the_same_simulated_b200(sim_fleet, tmp_
 
 
 def test_a_server_that_is_not_the_simulator_is_on_the_wall_clock():
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     app = web.Application()
-    app.router.add_get("/health", lambda _: web.Response(text="ok"))
+    app.router.add_get("/health", health)
 
     async def clock_of(url: str) -> HardwareClock:
         async with ServerClient(url) as client:
