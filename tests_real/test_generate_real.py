@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import polars as pl
 from conftest import GenerateRun
 from notebook_runs import notebook_text
 from recording_proxy import Exchange
 from transformers import AutoTokenizer
+
+from draftgen.conversation import request_messages
 
 SAMPLING_EXTRAS = ("top_k", "min_p", "return_spec_tokens_details")
 
@@ -71,13 +74,23 @@ def test_stored_token_counts_equal_each_servers_own_usage(generate_run: Generate
         answer(e) for proxy in generate_run.proxies.values() for e in proxy.chats() if e.status == 200
     )
     assert rows["usage_reported"].all()
+    sent = Counter(
+        (usage["prompt_tokens"], usage["completion_tokens"])
+        for usage in usage_by_id.values()
+        if usage is not None
+    )
+    stored: Counter = Counter()
     for row in rows.iter_rows(named=True):
-        usage = usage_by_id[row["response_id"]]
+        usage = usage_by_id[row["response_id"]]  # the row's last turn
         assert usage is not None, f"{row['server']} sent no usage for {row['id']}"
-        assert (row["prompt_tokens"], row["completion_tokens"]) == (
-            usage["prompt_tokens"],
-            usage["completion_tokens"],
-        ), row["id"]
+        turns = list(zip(row["turn_prompt_tokens"], row["turn_completion_tokens"], strict=True))
+        assert turns[-1] == (usage["prompt_tokens"], usage["completion_tokens"]), row["id"]
+        assert row["prompt_tokens"] == turns[-1][0], row["id"]
+        assert row["completion_tokens"] == sum(c for _, c in turns), row["id"]  # a conversation's total
+        stored.update(turns)
+    assert rows["turn_after"].list.len().max() > 1, "the real tier's prompts hold no multi-turn conversation"
+    # every stored turn's counts are those of an answer a server really sent (earlier turns included)
+    assert not stored - sent, f"turn counts no server sent: {stored - sent}"
     # vLLM's own counters agree with the usage of every answer it sent (preflight's probe and canary included).
     vllm_answers = [answer(e)[1] for e in generate_run.proxies["vllm"].chats() if e.status == 200]
     before, after = generate_run.vllm_metrics_before, generate_run.vllm_metrics_after
@@ -90,18 +103,27 @@ def test_stored_token_counts_equal_each_servers_own_usage(generate_run: Generate
 
 
 def test_both_servers_rendered_our_template_with_thinking_off(generate_run: GenerateRun):
-    """Each server's prompt_tokens equal our template's tokens with enable_thinking=false: the switch reached both."""
+    """Each server's prompt_tokens equal our template's tokens with enable_thinking=false: the switch reached both.
+
+    For every turn: the request of a later turn carries the target's own earlier answers, rendered as history.
+    """
     tokenizer = AutoTokenizer.from_pretrained(generate_run.params["model"])
     rows = stored_rows(generate_run)
     for row in rows.iter_rows(named=True):
-        rendered = tokenizer.apply_chat_template(
-            row["messages"],
-            add_generation_prompt=True,
-            enable_thinking=False,
-            tokenize=True,
-            return_dict=True,
-        )
-        assert row["prompt_tokens"] == len(rendered["input_ids"]), (row["id"], row["server"])
+        earlier: list[tuple[int, str | None]] = []
+        for after, content, prompt_tokens in zip(
+            row["turn_after"], row["turn_content"], row["turn_prompt_tokens"], strict=True
+        ):
+            messages = request_messages(row["messages"], after, earlier, row["turns_mode"])
+            rendered = tokenizer.apply_chat_template(
+                list(messages),
+                add_generation_prompt=True,
+                enable_thinking=False,
+                tokenize=True,
+                return_dict=True,
+            )
+            assert prompt_tokens == len(rendered["input_ids"]), (row["id"], after, row["server"])
+            earlier.append((after, content))
 
 
 def test_engine_extras_go_only_where_the_probe_found_them_accepted(generate_run: GenerateRun):
