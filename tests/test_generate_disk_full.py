@@ -23,6 +23,7 @@ from generate_helpers import row, run_command
 from draftgen.diskspace import is_disk_full
 from draftgen.generate import DiskFullStop, GenerateConfig, PreflightError, generate, preflight
 from draftgen.generate.disk import BYTES_PER_TOKEN, ROW_OVERHEAD_BYTES, space_need
+from draftgen.generate.run import _disk_full_in
 from draftgen.generate.store import (
     MANIFEST,
     DiskFull,
@@ -282,3 +283,16 @@ def test_a_real_full_filesystem(sim_fleet, tmp_path, tiny_fs):
     # killed the kernel first (then draftgen run recorded the disk full, without the session's counts).
     assert manifest["status"] == "complete" and manifest["sessions"][-1]["status"] == "complete"
     assert [s["status"] for s in manifest["sessions"][:-1]] in ([], ["disk full"])
+
+
+def test_disk_full_is_found_behind_an_exception_chain_that_loops_back_to_its_group():
+    # Seen in a full run: a worker's DiskFull inside the dispatcher's group, acceptance.parquet failing on the same
+    # disk while that was handled, and a group member whose context leads back to the group. The search must end.
+    disk_full = DiskFull(Path("/runs/x/shards/part-000004.parquet"), OSError(errno.ENOSPC, "No space left"))
+    sibling = RuntimeError("worker stopped")
+    group = ExceptionGroup("workers", [sibling, disk_full])
+    sibling.__context__ = group  # the loop
+    later = OSError(errno.ENOSPC, "acceptance.parquet")
+    later.__context__ = group
+    assert _disk_full_in(later) is disk_full
+    assert _disk_full_in(ExceptionGroup("only", [RuntimeError("a worker bug")])) is None

@@ -49,17 +49,20 @@ class DiskFullStop(RunInterrupted):
         return [f"DiskFullStop: {self}"]
 
 
-def _disk_full_in(exc: BaseException | None) -> DiskFull | None:
+def _disk_full_in(exc: BaseException | None, seen: set[int] | None = None) -> DiskFull | None:
     """The DiskFull behind ``exc``: itself, inside an exception group (several workers failed), or what a later
-    error (e.g. acceptance.parquet failing on the same full disk) was raised while handling."""
-    seen: set[int] = set()
+    error (e.g. acceptance.parquet failing on the same full disk) was raised while handling.
+
+    ``seen`` is shared by the whole search: a group member's context can lead back to the group itself.
+    """
+    seen = set() if seen is None else seen
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, DiskFull):
             return exc
         if isinstance(exc, BaseExceptionGroup):
             for inner in exc.exceptions:
-                found = _disk_full_in(inner)
+                found = _disk_full_in(inner, seen)
                 if found is not None:
                     return found
         exc = exc.__cause__ or exc.__context__
