@@ -83,6 +83,8 @@ class LevelRun:
     ]  # event-loop lateness samples: high values mean the client was the bottleneck
     reused: bool = False  # read from levels/ by a resumed run, not measured by this one
     worker_windows: tuple[WorkerWindow, ...] = ()  # a router's level: each worker's own counters
+    last_sent_at: float | None = None  # time.time() of the level's last request sent (None: not recorded)
+    cancelled: int = 0  # requests in flight after the last send, cancelled instead of drained (tune's jobs)
 
 
 @dataclass(frozen=True)

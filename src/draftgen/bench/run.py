@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftgen.bench.checkpoint import LEVELS_DIR, LevelStore, level_identity
@@ -218,21 +219,38 @@ async def _watch_lag(samples: list[float], stop: asyncio.Event) -> None:
         samples.append(max(0.0, loop.time() - expected) * 1000.0)
 
 
+@dataclass(frozen=True)
+class SendLimit:
+    """How a level may end before every row is sent, and what happens to the requests still in flight.
+
+    Benchmark's own levels send every row and drain. Tune's jobs stop sending when ``stop_sending(elapsed_s,
+    finished_ok)`` says so (asked before each new request; it must stay true once true), and since only requests
+    that finish before the last send count as steady, the ones still in flight then can never count: with
+    ``cancel_in_flight`` they are cancelled (the server aborts them) instead of drained, which saves about one
+    request's duration of GPU time per job. ``on_last_send(elapsed_s)`` is told when the last row was sent.
+    """
+
+    stop_sending: Callable[[float, int], bool] | None = None
+    cancel_in_flight: bool = False
+    on_last_send: Callable[[float], None] | None = None
+
+
 async def run_level(
     client: ServerClient,
     facts: ServerFacts,
     config: BenchmarkConfig,
     concurrency: int,
     rows: Sequence[PromptRow],
+    limit: SendLimit | None = None,
 ) -> LevelRun:
-    """Keep ``concurrency`` requests in flight on one server until every row has been sent once.
+    """Keep ``concurrency`` requests in flight on one server until every row has been sent once (or ``limit``).
 
     For a router, each worker's /metrics is read before and after instead: the level's window is their sum, and
     each worker's own window is kept (acceptance per worker).
     """
     workers = [ServerClient(url, api_key=config.api_key()) for url in facts.workers]
     try:
-        return await _run_level(client, facts, config, concurrency, rows, workers)
+        return await _run_level(client, facts, config, concurrency, rows, workers, limit or SendLimit())
     finally:
         for worker in workers:
             await worker.close()
@@ -245,6 +263,7 @@ async def _run_level(
     concurrency: int,
     rows: Sequence[PromptRow],
     workers: Sequence[ServerClient],
+    limit: SendLimit,
 ) -> LevelRun:
     before, note = await _snapshot(client, facts)
     workers_before = await _worker_snapshots(workers)
@@ -252,18 +271,48 @@ async def _run_level(
     records: list[RequestRecord] = []
     lag: list[float] = []
     stop = asyncio.Event()
+    sending_over = asyncio.Event()
+    finished_ok = in_flight = cancelled = 0
+    last_sent_at: float | None = None
+    began = time.perf_counter()
+
+    def next_row() -> tuple[int, PromptRow] | None:
+        if limit.stop_sending is not None and limit.stop_sending(time.perf_counter() - began, finished_ok):
+            return None
+        return next(pending, None)  # the shared iterator hands each row to exactly one worker
 
     async def worker() -> None:
-        for seq, row in pending:  # the shared iterator hands each row to exactly one worker
-            records.append(await _one_request(client, facts, config, concurrency, seq, row))
+        nonlocal finished_ok, in_flight, last_sent_at
+        while (item := next_row()) is not None:
+            seq, row = item
+            last_sent_at = time.time()
+            in_flight += 1
+            try:
+                record = await _one_request(client, facts, config, concurrency, seq, row)
+            finally:
+                in_flight -= 1
+            records.append(record)
+            finished_ok += record.ok
+        if not sending_over.is_set():
+            sending_over.set()
+            if limit.on_last_send is not None:
+                limit.on_last_send(time.perf_counter() - began)
+
+    async def cancel_after_last_send(tasks: list[asyncio.Task[None]]) -> None:
+        nonlocal cancelled
+        await sending_over.wait()
+        cancelled = in_flight
+        for task in tasks:
+            task.cancel()
 
     started_at = time.time()
     async with asyncio.TaskGroup() as outer:
         outer.create_task(_watch_lag(lag, stop))
         try:
             async with asyncio.TaskGroup() as group:
-                for _ in range(min(concurrency, len(rows))):
-                    group.create_task(worker())
+                tasks = [group.create_task(worker()) for _ in range(min(concurrency, len(rows)))]
+                if limit.cancel_in_flight and tasks:
+                    group.create_task(cancel_after_last_send(tasks))
         finally:
             stop.set()
     finished_at = time.time()
@@ -291,6 +340,8 @@ async def _run_level(
         cumulative_accept_length=_cumulative_accept(info),
         client_lag_ms=tuple(lag),
         worker_windows=worker_windows,
+        last_sent_at=last_sent_at,
+        cancelled=cancelled,
     )
 
 
