@@ -31,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--no-equal-time", action="store_true", help="every job sends all its requests")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tune-speedup-") as tmp:
         config = build_config(
@@ -48,6 +49,7 @@ def main() -> None:
                 "max_rounds": 2,
                 "warmup_requests": 1,
                 "baseline": True,
+                "equal_time": not args.no_equal_time,
                 "out_dir": f"{tmp}/parallel",
             },
         )
@@ -56,12 +58,20 @@ def main() -> None:
         parallel_s = time.monotonic() - began
         info = report.save_report(run)
         # The same jobs with the same prompt slices (round, replica), the seeds' 3/1/4 included.
-        jobs = [Job(j.candidate, j.round, j.replica) for j in [*run.jobs, *run.seeds_jobs]]
+        # Each replayed job sends exactly the requests its original sent (the round's clock may have stopped it).
+        done = [*run.jobs, *run.seeds_jobs]
+        jobs = [Job(j.candidate, j.round, j.replica, limit=j.requests) for j in done]
         serial = config.model_copy(update={"out_dir": f"{tmp}/serial"})
         sample = sample_prompts(serial.prompt_path, serial.sample_size, serial.seed)
         began = time.monotonic()
-        asyncio.run(run_jobs(serial, jobs, [0], sample, lambda result: None))
+        replayed = asyncio.run(run_jobs(serial, jobs, [0], sample, lambda result: None))
         serial_s = time.monotonic() - began
+    by_round: dict[int, list[float]] = {}
+    for result in replayed:
+        by_round.setdefault(result.round, []).append(result.finished_at - result.started_at)
+    # With no contention, a round on 7 groups takes at least its longest job (and its total / 7).
+    bound = serial_s / sum(max(max(d), sum(d) / 7) for d in by_round.values())
+    stopped = sum(j.stopped_by_clock for j in done)
     print(
         f"candidates {len(run.candidates)}, jobs {len(jobs)}, sim speed {args.speed:g}, max_tokens {args.max_tokens}"
     )
@@ -69,6 +79,10 @@ def main() -> None:
         f"tune on 7 GPU groups: {parallel_s:.1f} s (successive halving, the seeds' 3/1/4 beside the last round)"
     )
     print(f"the same {len(jobs)} jobs one after another on 1 GPU group: {serial_s:.1f} s")
+    print(
+        f"jobs stopped at their round's time (equal_time): {stopped} of {len(done)}; schedule bound (each round "
+        f"as long as its longest replayed job): {bound:.1f}x"
+    )
     print(
         f"speed-up: {serial_s / parallel_s:.1f}x (load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
     )

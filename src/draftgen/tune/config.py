@@ -75,6 +75,9 @@ class TuneConfig(SamplingParams):
     prompts: str = SYNTHETIC  # a sample of YOUR prompts (.jsonl/.parquet), or "synthetic"
     sample_size: PositiveInt = 512  # prompts sampled once; every job sends a slice of them
     rounds_per_job: PositiveFloat = 3.0  # a job sends ceil(this x concurrency) requests (at least 8)
+    equal_time: bool = (
+        True  # a round's jobs measure as long as its first to send all its requests, not longer
+    )
     eta: Annotated[int, Field(ge=2)] = 2  # successive halving keeps the best 1/eta each round
     max_rounds: PositiveInt = 3  # rounds of halving at most
     warmup_requests: Annotated[int, Field(ge=0)] = 2  # short requests before a job's measurement

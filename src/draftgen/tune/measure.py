@@ -4,22 +4,43 @@ The level is benchmark's ``run_level``: ``concurrency`` streaming requests kept 
 are sent. Its steady throughput comes from the requests that finished while every slot was still busy (before
 the last request was sent): in a closed loop of ``c`` requests, tokens/s = c × Σ tokens / Σ request seconds
 (Little's law), which leaves out the drain at the end, when the batch empties and each step serves fewer requests.
+Since nothing finishing after the last send can count, the requests still in flight then are cancelled, not
+drained. With a ``RoundClock`` a job also stops sending once it has measured as long as the round's first job to
+send all its prompts (and has at least ``concurrency`` finished requests): every candidate of a round gets about
+the same GPU time, instead of the slowest candidates getting the most, and a round's jobs end together.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftgen.bench.config import BenchmarkConfig
-from draftgen.bench.run import BenchmarkError, read_server_facts, run_level, warm_up
+from draftgen.bench.run import BenchmarkError, SendLimit, read_server_facts, run_level, warm_up
 from draftgen.bench.stats import level_acceptance, resolve_request_tokens
 from draftgen.client import ServerClient
 from draftgen.prompts import PromptRow
-from draftgen.tune.config import Candidate, TuneConfig
+from draftgen.tune.config import MIN_JOB_REQUESTS, Candidate, TuneConfig
 from draftgen.tune.launch import FailedStart, launch_spec, start, stop
+
+
+class RoundClock:
+    """The measuring time a round allows its jobs: set by the first job of the round that sends all its prompts."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+
+    def offer(self, seconds: float) -> None:
+        if self.seconds is None:
+            self.seconds = seconds
+
+    def limit(self, min_finished: int) -> Callable[[float, int], bool]:
+        def over(elapsed_s: float, finished_ok: int) -> bool:
+            return self.seconds is not None and elapsed_s >= self.seconds and finished_ok >= min_finished
+
+        return over
 
 
 @dataclass(frozen=True)
@@ -34,8 +55,10 @@ class JobResult:
     failure: str | None = None  # why not: "failed to start: exited with code 1 ..." or a measurement error
     log_tail: tuple[str, ...] = ()
     startup_s: float | None = None
-    requests: int = 0
+    requests: int = 0  # sent (finished + cancelled)
     failed_requests: int = 0
+    cancelled_requests: int = 0  # in flight at the last send: cancelled, as they could not count
+    stopped_by_clock: bool = False  # stopped sending at the round's time, before its last prompt
     steady_tokens: tuple[float, ...] = ()  # per request finished while every slot was busy
     steady_seconds: tuple[float, ...] = ()  # those requests' send → last byte
     steady_verify: tuple[int | None, ...] = ()  # their verify steps (sglext), None when not reported
@@ -48,10 +71,15 @@ class JobResult:
 
 
 def steady_requests(
-    tokens: Sequence[float | None], started: Sequence[float], e2e: Sequence[float], ok: Sequence[bool]
+    tokens: Sequence[float | None],
+    started: Sequence[float],
+    e2e: Sequence[float],
+    ok: Sequence[bool],
+    last_send: float | None = None,
 ) -> list[int]:
     """Indices of the successful requests that finished before the last request was sent."""
-    last_send = max(started) if started else 0.0
+    if last_send is None:
+        last_send = max(started) if started else 0.0
     chosen = [
         i for i in range(len(ok)) if ok[i] and tokens[i] is not None and started[i] + e2e[i] <= last_send
     ]
@@ -84,6 +112,7 @@ async def run_job(
     group: int,
     rows: Sequence[PromptRow],
     replica: int = 0,
+    clock: RoundClock | None = None,
 ) -> JobResult:
     began = time.time()
     who = candidate.slug if candidate.index >= 0 else f"seeds-c{candidate.concurrency}"
@@ -112,7 +141,12 @@ async def run_job(
         facts = await read_server_facts(group, client, bench)
         if config.warmup_requests:
             await warm_up(client, bench)
-        level = await run_level(client, facts, bench, candidate.concurrency, rows)
+        limit = SendLimit(
+            stop_sending=clock.limit(max(MIN_JOB_REQUESTS, candidate.concurrency)) if clock else None,
+            cancel_in_flight=True,
+            on_last_send=clock.offer if clock else None,
+        )
+        level = await run_level(client, facts, bench, candidate.concurrency, rows, limit)
     except BenchmarkError as exc:
         return JobResult(**base, finished_at=time.time(), ok=False, failure=f"measurement failed: {exc}")
     finally:
@@ -125,17 +159,21 @@ async def run_job(
         [r.started_at for r in records],
         [r.e2e_s for r in records],
         [r.ok for r in records],
+        level.last_sent_at,
     )
     accept, source = level_acceptance(level, tokens, facts)
     failed = sum(not r.ok for r in records)
+    sent = len(records) + level.cancelled
     return JobResult(
         **base,
         finished_at=time.time(),
         ok=failed < len(records),
-        failure=None if failed < len(records) else f"every one of {len(records)} requests failed",
+        failure=None if failed < len(records) else f"every one of {len(records)} finished requests failed",
         startup_s=started.seconds,
-        requests=len(records),
+        requests=sent,
         failed_requests=failed,
+        cancelled_requests=level.cancelled,
+        stopped_by_clock=sent < len(rows),
         steady_tokens=tuple(float(tokens[i].tokens or 0.0) for i in chosen),
         steady_seconds=tuple(records[i].e2e_s for i in chosen),
         steady_verify=tuple(records[i].spec_verify_ct for i in chosen),

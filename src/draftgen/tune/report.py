@@ -88,6 +88,8 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
                 "seconds": j.finished_at - j.started_at,
                 "requests": j.requests,
                 "failed_requests": j.failed_requests,
+                "cancelled_requests": j.cancelled_requests,
+                "stopped_by_clock": j.stopped_by_clock,
                 "steady_requests": len(j.steady_tokens),
                 "accept_length": j.accept_length,
             }

@@ -1,8 +1,10 @@
 """Successive halving over the candidates, one job per GPU group at a time.
 
 Round 0 measures every candidate once. Each later round keeps the best 1/eta (by tok/s per GPU so far) and
-measures each survivor on as many groups as fill the GPUs, so the contenders get more requests while no GPU idles;
-a candidate's estimate pools every job it had. In the last round the seeds' 3/1/4 runs beside the finalists at
+fills every GPU group of the round's waves: each survivor gets the same number of jobs, and the groups left over
+go to the leaders, so the contenders get more requests while no GPU idles; a candidate's estimate pools every job
+it had. With ``equal_time`` a round's jobs measure for about the same time (see ``measure.RoundClock``), so a wave
+does not wait on its slowest candidate. In the last round the seeds' 3/1/4 runs beside the finalists at
 their concurrencies, on the same prompts at the same time, for a like-for-like gain over the seeds. A candidate that fails to start is marked with its log tail and
 leaves the race; the others go on. The run ends after ``max_rounds`` rounds or with one candidate left.
 """
@@ -19,7 +21,7 @@ from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.tune.config import Candidate, TuneConfig
 from draftgen.tune.estimate import Estimate, estimate
 from draftgen.tune.launch import preflight
-from draftgen.tune.measure import JobResult, run_job
+from draftgen.tune.measure import JobResult, RoundClock, run_job
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class Job:
     candidate: Candidate
     round: int
     replica: int
+    limit: int | None = None  # send at most this many of its prompts (a replay of a job the clock stopped)
 
 
 @dataclass(frozen=True)
@@ -56,18 +59,22 @@ async def run_jobs(
     groups: Sequence[int],
     sample: PromptSample,
     report: Callable[[JobResult], None],
+    equal_time: bool = False,
 ) -> list[JobResult]:
-    """Run ``jobs`` on the given GPU groups, one job per group at a time, in order of the list."""
+    """Run ``jobs`` (one round) on the given GPU groups, one job per group at a time, in order of the list."""
     queue: asyncio.Queue[Job] = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
     results: list[JobResult] = []
+    clock = RoundClock() if equal_time else None
 
     async def worker(group: int) -> None:
         while not queue.empty():
             job = queue.get_nowait()
-            rows = _rows(sample, config, job, len(config.groups))
-            result = await run_job(config, job.candidate, job.round, group, rows, replica=job.replica)
+            rows = _rows(sample, config, job, len(config.groups))[: job.limit]
+            result = await run_job(
+                config, job.candidate, job.round, group, rows, replica=job.replica, clock=clock
+            )
             results.append(result)
             report(result)
 
@@ -104,10 +111,23 @@ def _line(result: JobResult, estimates: dict[int, Estimate]) -> str:
     est = estimates.get(result.candidate.index)
     pooled = f", pooled {est.tok_s_per_gpu:,.0f} tok/s per GPU" if est else ""
     seconds = result.finished_at - result.started_at
+    finished = result.requests - result.cancelled_requests
+    clock = ", stopped at the round's time" if result.stopped_by_clock else ""
     return (
-        f"{head}: {result.requests - result.failed_requests}/{result.requests} ok in {seconds:.1f}s, "
-        f"acceptance {result.accept_length or float('nan'):.2f}{pooled}"
+        f"{head}: {finished - result.failed_requests}/{finished} ok in {seconds:.1f}s{clock}, "
+        f"{len(result.steady_tokens)} steady, acceptance {result.accept_length or float('nan'):.2f}{pooled}"
     )
+
+
+def jobs_per_candidate(ranked: Sequence[Candidate], groups: int, extra: int) -> dict[int, int]:
+    """Jobs per candidate for a round after the first: whole waves of ``groups`` jobs, ``extra`` of them taken
+    by the seeds' jobs; every candidate gets the same number and the groups left over go to the best-ranked."""
+    if not ranked:
+        return {}
+    waves = max(1, math.ceil((len(ranked) + extra) / groups))
+    slots = max(len(ranked), waves * groups - extra)
+    each, spare = divmod(slots, len(ranked))
+    return {c.index: each + (rank < spare) for rank, c in enumerate(ranked)}
 
 
 async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> TuneRun:
@@ -156,21 +176,25 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
             levels = sorted({c.concurrency for c in alive}, reverse=True)
             extra = [Job(config.baseline_candidate(c), round_index, 0) for c in levels]
         if round_index == 0:
-            replicas = 1
-        elif last:
-            replicas = max(1, (len(groups) - len(extra)) // len(alive))
-        else:
-            replicas = max(1, math.ceil(len(groups) / len(alive)))
-        round_jobs = [Job(c, round_index, r) for r in range(replicas) for c in longest_first(alive, jobs)]
+            counts = {c.index: 1 for c in alive}
+        else:  # ``alive`` is ranked best first
+            counts = jobs_per_candidate(alive, len(groups), len(extra))
+        replicas = max(counts.values())
+        round_jobs = [
+            Job(c, round_index, r)
+            for r in range(replicas)
+            for c in longest_first(alive, jobs)
+            if r < counts[c.index]
+        ]
         log(
-            f"tune: round {round_index}: {len(alive)} candidate(s) x {replicas} job(s)"
+            f"tune: round {round_index}: {len(alive)} candidate(s), {len(round_jobs)} job(s)"
             + (
                 f", the seeds' 3/1/4 beside them at concurrency {', '.join(str(j.candidate.concurrency) for j in extra)}"
                 if extra
                 else ""
             )
         )
-        await run_jobs(config, [*round_jobs, *extra], groups, sample, route)
+        await run_jobs(config, [*round_jobs, *extra], groups, sample, route, config.equal_time)
         failed = {j.candidate.index for j in jobs if not j.ok}
         for index in failed:
             estimates.pop(index, None)
@@ -203,7 +227,9 @@ async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> Tu
             seeds = config.baseline_candidate(chosen.concurrency)
             log(f"tune: {chosen.label} beside the seeds' {seeds.label}, concurrency {chosen.concurrency}")
             pair = [Job(chosen, config.max_rounds, 0), Job(seeds, config.max_rounds, 0)]
-            side = await run_jobs(config, pair, groups[:2], sample, lambda r: log(_line(r, {})))
+            side = await run_jobs(
+                config, pair, groups[:2], sample, lambda r: log(_line(r, {})), config.equal_time
+            )
             confirm = next(r for r in side if r.candidate.index == chosen.index)
             baseline = next(r for r in side if r.candidate.index != chosen.index)
             baselines.append(baseline)
