@@ -55,7 +55,9 @@ def test_round_clock_stops_sending_only_after_the_round_time_and_enough_finished
 
 
 def bench_config(url: str) -> BenchmarkConfig:
-    return BenchmarkConfig(servers=[url], model="Qwen/Qwen3.6-27B", max_tokens=256, concurrencies=[4], warmup_requests=0)
+    return BenchmarkConfig(
+        servers=[url], model="Qwen/Qwen3.6-27B", max_tokens=256, concurrencies=[4], warmup_requests=0
+    )
 
 
 def level_on(url: str, rows: int, limit: SendLimit):  # type: ignore[no-untyped-def]
@@ -104,11 +106,15 @@ def test_a_level_stops_sending_when_told_and_reports_the_last_send(sim_fleet):
         fleet.urls[0],
         40,
         SendLimit(
-            stop_sending=lambda elapsed, finished: finished >= 6, cancel_in_flight=True, on_last_send=told.append
+            stop_sending=lambda elapsed, finished: finished >= 6,
+            cancel_in_flight=True,
+            on_last_send=told.append,
         ),
     )
     sent = len(level.requests) + level.cancelled
-    assert 6 + 1 <= sent <= 6 + 4  # the 6th finish frees one slot, which is not refilled; at most 4 were in flight
+    assert (
+        6 + 1 <= sent <= 6 + 4
+    )  # the 6th finish frees one slot, which is not refilled; at most 4 were in flight
     assert sum(r.ok for r in level.requests) >= 6
     assert len(told) == 1 and told[0] > 0  # told once, with the seconds since the level began
 
