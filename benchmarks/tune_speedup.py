@@ -1,7 +1,7 @@
 """Tune's wall time with 7 simulated GPUs vs measuring the same jobs one after another on one GPU, and the chosen
 candidate's tok/s per GPU vs the seeds' 3/1/4 (cap 48) at the same concurrency.
 
-    PYTHONPATH=src python benchmarks/tune_speedup.py [--speed 1] [--max-tokens 256]   # ~3 minutes
+    PYTHONPATH=src python benchmarks/tune_speedup.py [--speed 1] [--max-tokens 256] [--caps 16]   # ~3 minutes
 
 Both runs use the simulator (b200-mtp) at the same --speed, in this process, one after another: first
 ``draftgen tune`` on GPU groups 0-6, then exactly the jobs it ran (same candidates, rounds, prompts) replayed on
@@ -32,6 +32,11 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--no-equal-time", action="store_true", help="every job sends all its requests")
+    parser.add_argument(
+        "--caps",
+        default="16",
+        help="max_running_requests values, comma-separated (each candidate at its own cap)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tune-speedup-") as tmp:
         config = build_config(
@@ -45,7 +50,7 @@ def main() -> None:
                 "max_tokens": args.max_tokens,
                 "sample_size": 256,
                 "spec_candidates": [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6], [3, 2, 6]],
-                "max_running_requests": [16],
+                "max_running_requests": [int(cap) for cap in args.caps.split(",")],
                 "max_rounds": 2,
                 "warmup_requests": 1,
                 "baseline": True,
@@ -58,9 +63,9 @@ def main() -> None:
         parallel_s = time.monotonic() - began
         info = report.save_report(run)
         # The same jobs with the same prompt slices (round, replica), the seeds' 3/1/4 included.
-        # Each replayed job sends exactly the requests its original sent (the round's clock may have stopped it).
+        # Each replayed job is its original: at most the requests it sent, within the round's time it saw.
         done = [*run.jobs, *run.seeds_jobs]
-        jobs = [Job(j.candidate, j.round, j.replica, limit=j.requests) for j in done]
+        jobs = [Job(j.candidate, j.round, j.replica, limit=j.requests, seconds=j.clock_s) for j in done]
         serial = config.model_copy(update={"out_dir": f"{tmp}/serial"})
         sample = sample_prompts(serial.prompt_path, serial.sample_size, serial.seed)
         began = time.monotonic()

@@ -79,10 +79,12 @@ def test_a_level_cancels_what_is_in_flight_at_the_last_send_and_the_server_abort
     fleet = sim_fleet(profile="b200-mtp", speed=20)
     level = level_on(fleet.urls[0], 12, SendLimit(cancel_in_flight=True))
     assert level.cancelled >= 1
-    assert len(level.requests) + level.cancelled == 12  # every row sent once: finished or cancelled
+    # Every row but the last sent once (finished or cancelled); the last only marks the end: a request sent when
+    # it came up could never finish before the window closed.
+    assert len(level.requests) + level.cancelled == 11
     assert all(r.ok for r in level.requests)
-    assert level.last_sent_at is not None
-    assert max(r.started_at for r in level.requests) <= level.last_sent_at
+    assert level.sending_ended_at is not None
+    assert max(r.started_at for r in level.requests) <= level.sending_ended_at
     # The server saw exactly that many requests end by the client's disconnect, each before its last token.
     deadline = asyncio.run(_wait_for_aborts(fleet, level.cancelled))
     aborted = [r for r in fleet.truth(0) if r["outcome"] == "client_disconnected"]
@@ -106,17 +108,29 @@ def test_a_level_stops_sending_when_told_and_reports_the_last_send(sim_fleet):
         fleet.urls[0],
         40,
         SendLimit(
-            stop_sending=lambda elapsed, finished: finished >= 6,
-            cancel_in_flight=True,
-            on_last_send=told.append,
+            stop_sending=lambda elapsed, finished: finished >= 6, cancel_in_flight=True, on_end=told.append
         ),
     )
     sent = len(level.requests) + level.cancelled
-    assert (
-        6 + 1 <= sent <= 6 + 4
-    )  # the 6th finish frees one slot, which is not refilled; at most 4 were in flight
+    assert sent == 4 + 5  # 4 at once, then each of the first 5 finished refilled; the 6th's slot stays empty
     assert sum(r.ok for r in level.requests) >= 6
     assert len(told) == 1 and told[0] > 0  # told once, with the seconds since the level began
+
+
+def test_a_time_limit_ends_the_level_between_finishes(sim_fleet):
+    """At speed 1 a 256-token answer takes about a second: a 0.3 s limit must end the level before any finishes."""
+    fleet = sim_fleet(profile="b200-mtp", speed=1)
+    level = level_on(
+        fleet.urls[0],
+        12,
+        SendLimit(stop_sending=lambda elapsed, finished: elapsed >= 0.3, cancel_in_flight=True),
+    )
+    assert level.requests == () and level.cancelled == 4
+    asyncio.run(_wait_for_aborts(fleet, 4))
+    measured = [r for r in fleet.truth(0) if r["kind"] != "warmup"]
+    aborted = [r for r in measured if r["outcome"] == "client_disconnected"]
+    assert len(aborted) == 4 and all(r["completion_tokens"] < 256 for r in aborted)
+    assert len(measured) == 4 + 1  # + the facts probe: nothing else was sent
 
 
 def test_equal_time_stops_the_slow_candidate_at_the_fast_ones_time_and_a_replay_sends_the_same(tmp_path):
@@ -157,7 +171,12 @@ def test_equal_time_stops_the_slow_candidate_at_the_fast_ones_time_and_a_replay_
     # A replay with the job's own count sends exactly as many requests (what benchmarks/tune_speedup.py compares).
     sample = sample_prompts(timed.prompt_path, timed.sample_size, timed.seed)
     replay_config = timed.model_copy(update={"out_dir": str(tmp_path / "replay")})
-    [replayed] = asyncio.run(
-        run_jobs(replay_config, [Job(off.candidate, 0, 0, limit=off.requests)], [0], sample, lambda r: None)
+    assert off.clock_s is not None and off.clock_s == mtp.clock_s  # one clock for the round
+    replay = Job(off.candidate, 0, 0, limit=off.requests, seconds=off.clock_s)
+    [replayed] = asyncio.run(run_jobs(replay_config, [replay], [0], sample, lambda r: None))
+    assert replayed.clock_s == off.clock_s
+    assert len(replayed.steady_tokens) >= CONCURRENCY and replayed.requests <= off.requests
+    [unlimited] = asyncio.run(
+        run_jobs(replay_config, [Job(off.candidate, 0, 0)], [0], sample, lambda r: None)
     )
-    assert replayed.requests == off.requests and not replayed.stopped_by_clock
+    assert unlimited.requests == budget and not unlimited.stopped_by_clock  # without them: the whole job

@@ -83,7 +83,9 @@ class LevelRun:
     ]  # event-loop lateness samples: high values mean the client was the bottleneck
     reused: bool = False  # read from levels/ by a resumed run, not measured by this one
     worker_windows: tuple[WorkerWindow, ...] = ()  # a router's level: each worker's own counters
-    last_sent_at: float | None = None  # time.time() of the level's last request sent (None: not recorded)
+    sending_ended_at: float | None = (
+        None  # time.time() the steady window ended: the last send, or (tune) the first freed slot not refilled
+    )
     cancelled: int = 0  # requests in flight after the last send, cancelled instead of drained (tune's jobs)
 
 

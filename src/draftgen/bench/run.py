@@ -27,6 +27,7 @@ from draftgen.metrics import MetricsParseError, MetricsSnapshot, counter_window,
 from draftgen.prompts import PromptRow
 
 LAG_PROBE_INTERVAL_S = 0.05
+STOP_POLL_INTERVAL_S = 0.05  # how often a level asks SendLimit.stop_sending between finishes
 
 
 class BenchmarkError(RuntimeError):
@@ -223,16 +224,17 @@ async def _watch_lag(samples: list[float], stop: asyncio.Event) -> None:
 class SendLimit:
     """How a level may end before every row is sent, and what happens to the requests still in flight.
 
-    Benchmark's own levels send every row and drain. Tune's jobs stop sending when ``stop_sending(elapsed_s,
-    finished_ok)`` says so (asked before each new request; it must stay true once true), and since only requests
-    that finish before the last send count as steady, the ones still in flight then can never count: with
-    ``cancel_in_flight`` they are cancelled (the server aborts them) instead of drained, which saves about one
-    request's duration of GPU time per job. ``on_last_send(elapsed_s)`` is told when the last row was sent.
+    Benchmark's own levels send every row and drain. Tune's jobs also stop when ``stop_sending(elapsed_s,
+    finished_ok)`` says so (asked at each finish and every 50 ms; it must stay true once true). Only requests
+    that finish while every slot is busy count as steady, so with ``cancel_in_flight`` the level ends the moment
+    it stops refilling (the clock said stop, or only the last row is left: a request sent then could never
+    count, so it is not sent), and the requests in flight are cancelled (the server aborts them) instead of
+    drained: up to one request's duration of GPU time saved per job. ``on_end(elapsed_s)`` is told then.
     """
 
     stop_sending: Callable[[float, int], bool] | None = None
     cancel_in_flight: bool = False
-    on_last_send: Callable[[float], None] | None = None
+    on_end: Callable[[float], None] | None = None
 
 
 async def run_level(
@@ -267,25 +269,41 @@ async def _run_level(
 ) -> LevelRun:
     before, note = await _snapshot(client, facts)
     workers_before = await _worker_snapshots(workers)
-    pending = iter(enumerate(rows))
+    # With cancel_in_flight the last row only marks the end (a request sent then could never count).
+    sendable = len(rows) - 1 if limit.cancel_in_flight else len(rows)
     records: list[RequestRecord] = []
     lag: list[float] = []
     stop = asyncio.Event()
     sending_over = asyncio.Event()
-    finished_ok = in_flight = cancelled = 0
-    last_sent_at: float | None = None
+    sent = finished_ok = in_flight = cancelled = 0
+    sending_ended_at: float | None = None
     began = time.perf_counter()
 
     def next_row() -> tuple[int, PromptRow] | None:
+        nonlocal sent
+        if sent >= sendable or sending_over.is_set():
+            return None
         if limit.stop_sending is not None and limit.stop_sending(time.perf_counter() - began, finished_ok):
             return None
-        return next(pending, None)  # the shared iterator hands each row to exactly one worker
+        sent += 1  # one counter hands each row to exactly one worker
+        return sent - 1, rows[sent - 1]
+
+    def end_sending() -> None:
+        nonlocal sending_ended_at
+        if sending_over.is_set():
+            return
+        sending_over.set()
+        if limit.cancel_in_flight:
+            sending_ended_at = time.time()
+        if limit.on_end is not None:
+            limit.on_end(time.perf_counter() - began)
 
     async def worker() -> None:
-        nonlocal finished_ok, in_flight, last_sent_at
+        nonlocal finished_ok, in_flight, sending_ended_at
         while (item := next_row()) is not None:
             seq, row = item
-            last_sent_at = time.time()
+            if not limit.cancel_in_flight:
+                sending_ended_at = time.time()  # draining: the window ends at the last send
             in_flight += 1
             try:
                 record = await _one_request(client, facts, config, concurrency, seq, row)
@@ -293,10 +311,19 @@ async def _run_level(
                 in_flight -= 1
             records.append(record)
             finished_ok += record.ok
-        if not sending_over.is_set():
-            sending_over.set()
-            if limit.on_last_send is not None:
-                limit.on_last_send(time.perf_counter() - began)
+        end_sending()
+
+    async def watch_stop() -> None:
+        """Ask ``stop_sending`` between finishes too, so a time limit ends the level on time."""
+        assert limit.stop_sending is not None
+        while not sending_over.is_set():
+            if limit.stop_sending(time.perf_counter() - began, finished_ok):
+                end_sending()
+                return
+            try:
+                await asyncio.wait_for(sending_over.wait(), STOP_POLL_INTERVAL_S)
+            except TimeoutError:
+                pass
 
     async def cancel_after_last_send(tasks: list[asyncio.Task[None]]) -> None:
         nonlocal cancelled
@@ -310,9 +337,11 @@ async def _run_level(
         outer.create_task(_watch_lag(lag, stop))
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(worker()) for _ in range(min(concurrency, len(rows)))]
+                tasks = [group.create_task(worker()) for _ in range(min(concurrency, sendable))]
                 if limit.cancel_in_flight and tasks:
                     group.create_task(cancel_after_last_send(tasks))
+                if limit.stop_sending is not None and tasks:
+                    group.create_task(watch_stop())
         finally:
             stop.set()
     finished_at = time.time()
@@ -340,7 +369,7 @@ async def _run_level(
         cumulative_accept_length=_cumulative_accept(info),
         client_lag_ms=tuple(lag),
         worker_windows=worker_windows,
-        last_sent_at=last_sent_at,
+        sending_ended_at=sending_ended_at,
         cancelled=cancelled,
     )
 

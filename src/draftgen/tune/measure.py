@@ -27,10 +27,11 @@ from draftgen.tune.launch import FailedStart, launch_spec, start, stop
 
 
 class RoundClock:
-    """The measuring time a round allows its jobs: set by the first job of the round that sends all its prompts."""
+    """The measuring time a round allows its jobs: set by the first job of the round that sends all its prompts
+    (or given, to replay a job as it ran)."""
 
-    def __init__(self) -> None:
-        self.seconds: float | None = None
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = seconds
 
     def offer(self, seconds: float) -> None:
         if self.seconds is None:
@@ -59,6 +60,9 @@ class JobResult:
     failed_requests: int = 0
     cancelled_requests: int = 0  # in flight at the last send: cancelled, as they could not count
     stopped_by_clock: bool = False  # stopped sending at the round's time, before its last prompt
+    clock_s: float | None = (
+        None  # the round's measuring time when this job ended (None: not set yet, or no clock)
+    )
     steady_tokens: tuple[float, ...] = ()  # per request finished while every slot was busy
     steady_seconds: tuple[float, ...] = ()  # those requests' send → last byte
     steady_verify: tuple[int | None, ...] = ()  # their verify steps (sglext), None when not reported
@@ -144,7 +148,7 @@ async def run_job(
         limit = SendLimit(
             stop_sending=clock.limit(max(MIN_JOB_REQUESTS, candidate.concurrency)) if clock else None,
             cancel_in_flight=True,
-            on_last_send=clock.offer if clock else None,
+            on_end=clock.offer if clock else None,
         )
         level = await run_level(client, facts, bench, candidate.concurrency, rows, limit)
     except BenchmarkError as exc:
@@ -159,7 +163,7 @@ async def run_job(
         [r.started_at for r in records],
         [r.e2e_s for r in records],
         [r.ok for r in records],
-        level.last_sent_at,
+        level.sending_ended_at,
     )
     accept, source = level_acceptance(level, tokens, facts)
     failed = sum(not r.ok for r in records)
@@ -173,7 +177,8 @@ async def run_job(
         requests=sent,
         failed_requests=failed,
         cancelled_requests=level.cancelled,
-        stopped_by_clock=sent < len(rows),
+        stopped_by_clock=sent < len(rows) - 1,  # the last row only marks the end of a full job
+        clock_s=clock.seconds if clock else None,
         steady_tokens=tuple(float(tokens[i].tokens or 0.0) for i in chosen),
         steady_seconds=tuple(records[i].e2e_s for i in chosen),
         steady_verify=tuple(records[i].spec_verify_ct for i in chosen),

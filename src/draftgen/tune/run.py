@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from draftgen.bench.sample import PromptSample, sample_prompts
+from draftgen.prompts import PromptRow
 from draftgen.tune.config import Candidate, TuneConfig
 from draftgen.tune.estimate import Estimate, estimate
 from draftgen.tune.launch import preflight
@@ -29,7 +30,9 @@ class Job:
     candidate: Candidate
     round: int
     replica: int
-    limit: int | None = None  # send at most this many of its prompts (a replay of a job the clock stopped)
+    # A replay of a job as it ran: at most this many requests, and the round's measuring time it saw.
+    limit: int | None = None
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,13 @@ class TuneRun:
     finished_at: float
 
 
-def _rows(sample: PromptSample, config: TuneConfig, job: Job, groups: int):  # type: ignore[no-untyped-def]
-    """The same prompts for every candidate of a round (a paired comparison); new ones for each round/replica."""
+def _rows(sample: PromptSample, config: TuneConfig, job: Job, groups: int) -> list[PromptRow]:
+    """The same prompts for every candidate of a round (a paired comparison); new ones for each round/replica.
+
+    One row more than the job sends: the last only marks where its measurement ends (``SendLimit``)."""
     n = config.job_requests(job.candidate.concurrency)
-    return sample.slice((job.round * groups + job.replica) * n, n)
+    count = n if job.limit is None else min(job.limit, n)
+    return sample.slice((job.round * groups + job.replica) * n, count + 1)
 
 
 async def run_jobs(
@@ -71,9 +77,10 @@ async def run_jobs(
     async def worker(group: int) -> None:
         while not queue.empty():
             job = queue.get_nowait()
-            rows = _rows(sample, config, job, len(config.groups))[: job.limit]
+            rows = _rows(sample, config, job, len(config.groups))
+            own = RoundClock(job.seconds) if job.seconds is not None else clock
             result = await run_job(
-                config, job.candidate, job.round, group, rows, replica=job.replica, clock=clock
+                config, job.candidate, job.round, group, rows, replica=job.replica, clock=own
             )
             results.append(result)
             report(result)
