@@ -4,8 +4,10 @@ candidate's tok/s per GPU vs the seeds' 3/1/4 (cap 48) at the same concurrency.
     PYTHONPATH=src python benchmarks/tune_speedup.py [--speed 1] [--max-tokens 256] [--caps 16]   # ~3 minutes
 
 Both runs use the simulator (b200-mtp) at the same --speed, in this process, one after another: first
-``draftgen tune`` on GPU groups 0-6, then exactly the jobs it ran (same candidates, rounds, prompts) replayed on
-group 0 alone. Tok/s are --speed times the simulated GPU's; the ratios are what to read.
+``draftgen tune`` on GPU groups 0-6, then exactly the jobs it ran replayed on group 0 alone: same candidates,
+rounds and prompts, each job with its own request count and its round's measuring time (``equal_time``), so
+both runs do the same work. Tok/s are --speed times the simulated GPU's; the ratios are what to read.
+The schedule bound is the speed-up with no contention at all: each round as long as its longest replayed job.
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
                 "failed_requests": j.failed_requests,
                 "cancelled_requests": j.cancelled_requests,
                 "stopped_by_clock": j.stopped_by_clock,
+                "round_clock_s": j.clock_s,
                 "steady_requests": len(j.steady_tokens),
                 "accept_length": j.accept_length,
             }
