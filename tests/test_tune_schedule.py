@@ -13,6 +13,7 @@ from draftgen.bench.sample import sample_prompts
 from draftgen.client import ServerClient
 from draftgen.prompts import SYNTHETIC, prompt_source_path
 from draftgen.server_settings import ServerSettings
+from draftgen.sim.fleet import find_free_base_port
 from draftgen.tune.config import Candidate
 from draftgen.tune.measure import RoundClock
 from draftgen.tune.run import Job, jobs_per_candidate, run_jobs, run_tune
@@ -145,8 +146,6 @@ def test_equal_time_stops_the_slow_candidate_at_the_fast_ones_time_and_a_replay_
         "baseline": False,
         "rounds_per_job": 4.0,
     }
-    from draftgen.sim.fleet import find_free_base_port
-
     timed = sim_config(tmp_path / "timed", **space, base_port=find_free_base_port(2))
     run = asyncio.run(run_tune(timed, log=lambda line: None))
     by_label = {j.candidate.label: j for j in run.jobs}
