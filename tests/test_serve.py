@@ -594,7 +594,14 @@ def test_real_router_started_generate_through_it_exactly_once_with_a_worker_kill
     router_url = f"http://127.0.0.1:{router_port}"
     run.wait_for(rf"wrote .*servers\.yaml: router {router_url}$")
     assert servers_yaml(run.run_dir)["servers"] == [router_url]
-    assert healthy_workers(router_url) == dict.fromkeys(run.urls, True)  # the router's own worker list
+    # The router's own worker list: ready (/readiness) means at least one worker registered and healthy; the
+    # rest of the initial list may still be registering in the background.
+    expected = dict.fromkeys(run.urls, True)
+    for _ in range(100):
+        if healthy_workers(router_url) == expected:
+            break
+        time.sleep(0.1)
+    assert healthy_workers(router_url) == expected
     assert (
         http_status(f"http://127.0.0.1:{router_port + 1}/metrics") == 200
     )  # its metrics port, not the API's

@@ -164,7 +164,9 @@ def router_spec(config: ServeConfig) -> LaunchSpec:
         gpus=(),
         argv=tuple(argv),
         env=(("PYTHONUNBUFFERED", "1"),),
-        health_path="/health",
+        # /health answers 200 as soon as the router listens, while its workers may still be registering in the
+        # background; /readiness answers 503 until at least one worker is registered and healthy.
+        health_path="/readiness",
     )
 
 
