@@ -279,11 +279,12 @@ async def _run_level(
     sending_ended_at: float | None = None
     began = time.perf_counter()
 
+    def told_to_stop() -> bool:
+        return limit.stop_sending is not None and limit.stop_sending(time.perf_counter() - began, finished_ok)
+
     def next_row() -> tuple[int, PromptRow] | None:
         nonlocal sent
-        if sent >= sendable or sending_over.is_set():
-            return None
-        if limit.stop_sending is not None and limit.stop_sending(time.perf_counter() - began, finished_ok):
+        if sent >= sendable or sending_over.is_set() or told_to_stop():
             return None
         sent += 1  # one counter hands each row to exactly one worker
         return sent - 1, rows[sent - 1]
@@ -315,9 +316,8 @@ async def _run_level(
 
     async def watch_stop() -> None:
         """Ask ``stop_sending`` between finishes too, so a time limit ends the level on time."""
-        assert limit.stop_sending is not None
         while not sending_over.is_set():
-            if limit.stop_sending(time.perf_counter() - began, finished_ok):
+            if told_to_stop():
                 end_sending()
                 return
             try:

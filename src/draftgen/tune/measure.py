@@ -2,9 +2,9 @@
 
 The level is benchmark's ``run_level``: ``concurrency`` streaming requests kept in flight until the job's prompts
 are sent. Its steady throughput comes from the requests that finished while every slot was still busy (before
-the last request was sent): in a closed loop of ``c`` requests, tokens/s = c × Σ tokens / Σ request seconds
+the job's window ended): in a closed loop of ``c`` requests, tokens/s = c × Σ tokens / Σ request seconds
 (Little's law), which leaves out the drain at the end, when the batch empties and each step serves fewer requests.
-Since nothing finishing after the last send can count, the requests still in flight then are cancelled, not
+Since nothing finishing after the window ends can count, the requests still in flight then are cancelled, not
 drained. With a ``RoundClock`` a job also stops sending once it has measured as long as the round's first job to
 send all its prompts (and has at least ``concurrency`` finished requests): every candidate of a round gets about
 the same GPU time, instead of the slowest candidates getting the most, and a round's jobs end together.
@@ -58,11 +58,10 @@ class JobResult:
     startup_s: float | None = None
     requests: int = 0  # sent (finished + cancelled)
     failed_requests: int = 0
-    cancelled_requests: int = 0  # in flight at the last send: cancelled, as they could not count
+    cancelled_requests: int = 0  # in flight when the window ended: cancelled, as they could not count
     stopped_by_clock: bool = False  # stopped sending at the round's time, before its last prompt
-    clock_s: float | None = (
-        None  # the round's measuring time when this job ended (None: not set yet, or no clock)
-    )
+    # The round's measuring time when this job ended (None: not set yet, or no clock).
+    clock_s: float | None = None
     steady_tokens: tuple[float, ...] = ()  # per request finished while every slot was busy
     steady_seconds: tuple[float, ...] = ()  # those requests' send → last byte
     steady_verify: tuple[int | None, ...] = ()  # their verify steps (sglext), None when not reported
@@ -79,11 +78,10 @@ def steady_requests(
     started: Sequence[float],
     e2e: Sequence[float],
     ok: Sequence[bool],
-    last_send: float | None = None,
+    window_end: float | None = None,
 ) -> list[int]:
-    """Indices of the successful requests that finished before the last request was sent."""
-    if last_send is None:
-        last_send = max(started) if started else 0.0
+    """Indices of the successful requests that finished before the window ended (default: the last send)."""
+    last_send = window_end if window_end is not None else (max(started) if started else 0.0)
     chosen = [
         i for i in range(len(ok)) if ok[i] and tokens[i] is not None and started[i] + e2e[i] <= last_send
     ]
