@@ -22,12 +22,12 @@ from pathlib import Path
 import aiohttp
 from sim_generate import MODEL, sim_generate_config
 
-from draftgen.client import ServerClient
+from draftgen.client.server import ServerClient
 from draftgen.generate import generate, preflight
 from draftgen.params import SamplingParams
-from draftgen.prompts import PromptRow, iter_prompts
+from draftgen.prompts.rows import PromptRow, iter_prompts
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim import SimFleet
-from draftgen.synthetic import write_synthetic
 
 
 def cpu_seconds() -> float:

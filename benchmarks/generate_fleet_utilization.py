@@ -22,8 +22,8 @@ from pathlib import Path
 
 from sim_generate import run_generate, sim_generate_config
 
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim import SimFleet
-from draftgen.synthetic import write_synthetic
 
 
 def tokens_in(record: dict, t0: float, t1: float) -> float:

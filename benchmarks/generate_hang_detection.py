@@ -21,8 +21,8 @@ from pathlib import Path
 
 from sim_generate import run_generate, sim_generate_config
 
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim import SimFleet
-from draftgen.synthetic import write_synthetic
 
 PRODUCTION_TIMEOUT_S = 1800.0
 PRODUCTION_HANG_MIN_S = 300.0

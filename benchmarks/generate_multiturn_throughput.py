@@ -29,8 +29,8 @@ from pathlib import Path
 from generate_fleet_utilization import tokens_in
 from sim_generate import run_generate, sim_generate_config
 
+from draftgen.prompts.synthetic import synthetic_rows
 from draftgen.sim import SimFleet
-from draftgen.synthetic import synthetic_rows
 
 
 def question(index: int, row: dict) -> str:

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim import SimFleet
-from draftgen.synthetic import write_synthetic
 
 CHILD = r"""
 import asyncio, json, sys, threading, time

@@ -24,9 +24,9 @@ from generate_fleet_utilization import tokens_in
 from generate_tail_hedge import capacity
 from sim_generate import run_generate, sim_generate_config
 
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.serve.router import RouterProcess
 from draftgen.sim import SimFleet
-from draftgen.synthetic import write_synthetic
 
 WORKERS = 14
 SLOW = 6

@@ -19,8 +19,8 @@ from pathlib import Path
 from sim_generate import run_generate, sim_generate_config
 
 from draftgen.generate.report import summary
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim import SimFleet
-from draftgen.synthetic import write_synthetic
 
 
 def capacity(fleet: SimFleet, concurrency: int) -> float:

@@ -4,7 +4,7 @@ Builds samples of about --tokens tokens each (prompt, reasoning, answer in the c
 interleaved rounds on the same texts:
 
   baseline  the fast tokenizer's parallel batch encoder on the full rendered conversations (ids collected)
-  masks     draftgen.masks.build_masks for --trainer (default specforge-qwen3.5: render the conversation, batch-encode
+  masks     draftgen.training.masks.build_masks for --trainer (default specforge-qwen3.5: render the conversation, batch-encode
             it, find every assistant span, place its boundaries as the trainer does, cut at max_length; the
             draftgen-* conventions: render prompt + full conversation, batch-encode both, check the prompt is a
             token prefix, place the span) — everything validate needs per sample
@@ -28,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftgen.local_tokenizer import build_qwen3_tokenizer, build_tiny_tokenizer
-from draftgen.masks import MaskSpec, build_masks, load_tokenizer, render_batch, render_conversations
-from draftgen.trainers import GeneratedTurnTrainer, Trainer, generated_turn_conversation
+from draftgen.training.local_tokenizer import build_qwen3_tokenizer, build_tiny_tokenizer
+from draftgen.training.masks import MaskSpec, build_masks, load_tokenizer, render_batch, render_conversations
+from draftgen.training.trainers import GeneratedTurnTrainer, Trainer, generated_turn_conversation
 
 WORDS = (
     "so we need the sum of each term then check the value again because the list is sorted and the loop runs "

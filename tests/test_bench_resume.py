@@ -17,8 +17,8 @@ from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
 from draftgen.bench.report import build_report
 from draftgen.bench.run import run_benchmark
-from draftgen.metrics import CounterWindow
-from draftgen.prompts import PromptRow
+from draftgen.client.metrics import CounterWindow
+from draftgen.prompts.rows import PromptRow
 from draftgen.runner import plan_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from draftgen.bench.records import LevelRun
 from draftgen.bench.report import find_knee, measurement_warnings, recommend
 from draftgen.bench.sample import sample_prompts
 from draftgen.bench.stats import level_acceptance, level_row, request_rows, resolve_request_tokens
-from draftgen.metrics import CounterWindow
+from draftgen.client.metrics import CounterWindow
 from draftgen.params import ParameterError, build_config
 
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from sim_helpers import serve
 
-from draftgen.client import RequestError, ServerClient
+from draftgen.client.server import RequestError, ServerClient
 from draftgen.params import SamplingParams
 
 OPENAI_FIELDS = {"model", "messages", "max_tokens", "temperature", "top_p", "stream", "stream_options"}

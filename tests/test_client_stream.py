@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from draftgen.client import RequestError, ServerClient
+from draftgen.client.server import RequestError, ServerClient
 from draftgen.params import SamplingParams
 
 MODEL = "Qwen/Qwen3.6-27B"

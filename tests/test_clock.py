@@ -16,8 +16,8 @@ from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun
 from draftgen.bench.report import build_report, save_report
 from draftgen.bench.run import run_benchmark
-from draftgen.client import ServerClient
-from draftgen.clock import WALL, HardwareClock, clock_from_sim_info, fleet_clock, on_clock, read_clock
+from draftgen.client.clock import WALL, HardwareClock, clock_from_sim_info, fleet_clock, on_clock, read_clock
+from draftgen.client.server import ServerClient
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.inputs import load_benchmark
 from draftgen.estimate.plan import run_estimate

@@ -1,15 +1,15 @@
-"""draftgen.conversation: answer points, per-turn request histories and assembled rows (the multi-turn contract)."""
+"""draftgen.training.conversation: answer points, per-turn request histories and assembled rows (the multi-turn contract)."""
 
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
-from draftgen.client import ChatResult
-from draftgen.conversation import Turn, answer_points, assemble, request_messages
+from draftgen.client.server import ChatResult
 from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.generate.turns import Conversation
-from draftgen.prompts import PromptRow
+from draftgen.prompts.rows import PromptRow
+from draftgen.training.conversation import Turn, answer_points, assemble, request_messages
 
 
 def msg(role: str, content: str) -> dict[str, str]:

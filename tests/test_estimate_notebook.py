@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from bench_helpers import run_notebook
 
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 
 PROMPTS = 96
 CONCURRENCY = 8

@@ -230,7 +230,7 @@ def test_config_names_bad_scenarios_and_a_missing_benchmark(tmp_path):
 
 
 def test_durations_read_in_the_unit_a_person_would_use():
-    from draftgen.humanize import duration, duration_unit
+    from draftgen.display.humanize import duration, duration_unit
 
     assert duration(16.5 * 86_400) == "16.5 days"
     assert duration(5 * 3_600) == "5.0 h"

@@ -33,7 +33,7 @@ from draftgen.generate.store import (
     record_disk_full,
 )
 from draftgen.params import build_config
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.watch.progress_file import read_progress
 
 ENOSPC_POLARS = (

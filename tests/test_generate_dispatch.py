@@ -15,7 +15,7 @@ import polars as pl
 from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.generate.store import read_done_ids, read_manifest
 from draftgen.params import build_config
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.synthetic import write_synthetic
 
 
 def config_for(fleet, prompts: Path, out_dir: Path, **changes: object) -> GenerateConfig:

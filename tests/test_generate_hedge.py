@@ -12,7 +12,7 @@ import pytest
 from draftgen.generate import GenerateConfig, generate, preflight, report
 from draftgen.generate.hedge import HedgePolicy, RateBook, Running, plan_hedges
 from draftgen.params import build_config
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.synthetic import write_synthetic
 
 
 # ----- the planner ------------------------------------------------------------------------------------------------

@@ -15,15 +15,15 @@ import polars as pl
 import pytest
 from test_generate_notebook import _kernel_of, base_params, draftgen_run, start_run, wait_for_shards
 
-from draftgen.client import ChatResult
-from draftgen.conversation import answer_points, assemble, request_messages
+from draftgen.client.server import ChatResult
 from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.generate.store import FAILED, read_done_ids, read_manifest
 from draftgen.generate.turns import Conversation
 from draftgen.params import ParameterError, build_config
-from draftgen.prompts import PromptRow, RejectedRow, iter_prompts, normalize_record
+from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts, normalize_record
+from draftgen.prompts.synthetic import synthetic_rows
 from draftgen.sim.textgen import count_text_tokens, render_chat_prompt, request_seed
-from draftgen.synthetic import synthetic_rows
+from draftgen.training.conversation import answer_points, assemble, request_messages
 
 MODEL = "Qwen/Qwen3.6-27B"
 SOURCE_MARK = "SOURCE-ANSWER"  # every source assistant message in the test prompts carries it

@@ -19,8 +19,8 @@ import pytest
 from generate_helpers import run_command
 
 from draftgen.generate.store import read_done_ids, read_manifest
-from draftgen.prompts import PromptRow, iter_prompts
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.rows import PromptRow, iter_prompts
+from draftgen.prompts.synthetic import write_synthetic
 
 RUN_TIMEOUT_S = 240
 

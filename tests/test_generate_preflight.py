@@ -11,8 +11,8 @@ from draftgen.generate import PreflightError, generate, preflight
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.store import RunStore
 from draftgen.params import build_config
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim.fleet import find_free_base_port
-from draftgen.synthetic import write_synthetic
 
 
 def make(fleet_urls, tmp_path, **changes) -> GenerateConfig:

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from generate_helpers import URL, row
 
-from draftgen.client import RequestError
+from draftgen.client.server import RequestError
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig, parse_shard
 from draftgen.generate.deadline import MIN_SAMPLES, HangPolicy, ServerDeadline
@@ -28,8 +28,8 @@ from draftgen.generate.store import (
     read_manifest,
 )
 from draftgen.params import ParameterError, build_config
-from draftgen.prompts import PromptRow
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.rows import PromptRow
+from draftgen.prompts.synthetic import write_synthetic
 
 
 def make_config(tmp_path: Path, **changes: object) -> GenerateConfig:

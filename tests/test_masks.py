@@ -1,4 +1,4 @@
-"""Loss masks (draftgen.masks) and the local tokenizer folders (draftgen.local_tokenizer, `draftgen tokenizer`)."""
+"""Loss masks (draftgen.training.masks) and the local tokenizer folders (draftgen.training.local_tokenizer, `draftgen tokenizer`)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from draftgen.cli import main
-from draftgen.local_tokenizer import (
+from draftgen.training.local_tokenizer import (
     TokenizerBuildError,
     build_qwen3_tokenizer,
     build_tiny_tokenizer,
     qwen3_chat_template,
 )
-from draftgen.masks import MaskSpec, TokenizerLoadError, build_masks, load_tokenizer
+from draftgen.training.masks import MaskSpec, TokenizerLoadError, build_masks, load_tokenizer
 
 CONVENTIONS = ("think_in_prompt", "think_in_target")
 

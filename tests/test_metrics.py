@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftgen.metrics import (
+from draftgen.client.metrics import (
     MetricsParseError,
     acceptance_length,
     counter_window,

@@ -14,7 +14,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from draftgen.cli import build_parser
-from draftgen.synthetic import BUNDLED_COUNT, BUNDLED_PROMPTS, BUNDLED_SEED, synthetic_rows
+from draftgen.prompts.synthetic import BUNDLED_COUNT, BUNDLED_PROMPTS, BUNDLED_SEED, synthetic_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PIP_EDITABLE = "-e .[dev]"

@@ -22,10 +22,10 @@ from draftgen.bench.config import BenchmarkConfig
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.inputs import find_latest_benchmark
 from draftgen.generate.config import GenerateConfig
-from draftgen.local_tokenizer import build_tiny_tokenizer
 from draftgen.params import ParameterError, build_config
 from draftgen.paths import ROOT_ENV, project_root, resolve_path
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.synthetic import write_synthetic
+from draftgen.training.local_tokenizer import build_tiny_tokenizer
 from draftgen.validate.config import ValidateConfig
 
 CHECKOUT = Path(__file__).resolve().parents[1]

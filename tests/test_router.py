@@ -25,12 +25,12 @@ from draftgen.bench.checkpoint import _level_from_json, _level_to_json
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.report import build_report, save_report
 from draftgen.bench.run import run_benchmark
-from draftgen.client import ServerClient
+from draftgen.client.server import ServerClient
 from draftgen.generate import GenerateConfig, preflight, report
 from draftgen.generate import generate as generate_run
 from draftgen.params import SamplingParams, build_config
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.serve.router import RouterProcess
-from draftgen.synthetic import write_synthetic
 
 MODEL = "Qwen/Qwen3.6-27B"
 EXTRAS = {

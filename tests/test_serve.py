@@ -35,13 +35,13 @@ from draftgen.cli import main
 from draftgen.generate import GenerateConfig, preflight
 from draftgen.generate import generate as generate_run
 from draftgen.params import build_config
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.serve.config import ServeConfig, parse_gpus, served_model_name
 from draftgen.serve.preflight import port_in_use
 from draftgen.serve.probe import Stage
 from draftgen.serve.router import healthy_workers
 from draftgen.serve.view import StatusRow, TableView, render_table
 from draftgen.sim.fleet import find_free_base_port
-from draftgen.synthetic import write_synthetic
 
 MTP_FLAGS = {
     "--speculative-algorithm": "NEXTN",

@@ -1,4 +1,4 @@
-"""Trainer-exact loss masks (draftgen.trainers, draftgen.span_masks): each expectation below is derived by hand
+"""Trainer-exact loss masks (draftgen.training.trainers, draftgen.training.spans): each expectation below is derived by hand
 from the trainer's rules (docs/validate.md), or computed the literal, slow way the trainer does it."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from draftgen.local_tokenizer import build_qwen3_tokenizer
-from draftgen.masks import MaskSpec, build_conversation_masks, build_masks, load_tokenizer
-from draftgen.span_masks import find_ignored, find_spans, span_masks
-from draftgen.trainers import (
+from draftgen.training.local_tokenizer import build_qwen3_tokenizer
+from draftgen.training.masks import MaskSpec, build_conversation_masks, build_masks, load_tokenizer
+from draftgen.training.spans import find_ignored, find_spans, span_masks
+from draftgen.training.trainers import (
     TRAINERS,
     SpanTrainer,
     Trainer,
@@ -304,7 +304,7 @@ def test_qwen3_thinking_supervises_every_assistant_turn(qwen35):
 
 def test_turn_objects_are_read_like_message_dicts(qwen35):
     @dataclass(frozen=True)
-    class Turn:  # the shape of an assembled turn (draftgen.conversation): attributes, not keys
+    class Turn:  # the shape of an assembled turn (draftgen.training.conversation): attributes, not keys
         role: str
         content: str
         reasoning_content: str | None

@@ -10,8 +10,8 @@ from test_tune import CONCURRENCY, sim_config, truth_tok_s
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.run import SendLimit, read_server_facts, run_level
 from draftgen.bench.sample import sample_prompts
-from draftgen.client import ServerClient
-from draftgen.prompts import SYNTHETIC, prompt_source_path
+from draftgen.client.server import ServerClient
+from draftgen.prompts.rows import SYNTHETIC, prompt_source_path
 from draftgen.server_settings import ServerSettings
 from draftgen.sim.fleet import find_free_base_port
 from draftgen.tune.config import Candidate

@@ -10,10 +10,10 @@ import polars as pl
 import pytest
 from validate_helpers import clean_rows, planted_rows, row, write_generation
 
-from draftgen.local_tokenizer import build_tiny_tokenizer
-from draftgen.masks import TokenizerLoadError, load_tokenizer
 from draftgen.params import ParameterError, build_config
-from draftgen.trainers import Trainer
+from draftgen.training.local_tokenizer import build_tiny_tokenizer
+from draftgen.training.masks import TokenizerLoadError, load_tokenizer
+from draftgen.training.trainers import Trainer
 from draftgen.validate import report
 from draftgen.validate.config import FLAGS, ValidateConfig
 from draftgen.validate.pipeline import (

@@ -21,12 +21,12 @@ import pytest
 from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.generate import report as generate_report
 from draftgen.generate.store import read_manifest
-from draftgen.local_tokenizer import build_tiny_tokenizer
-from draftgen.masks import load_tokenizer
 from draftgen.params import ParameterError, build_config
-from draftgen.prompts import iter_prompts, shard_of
+from draftgen.prompts.rows import iter_prompts, shard_of
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim import SimFleet
-from draftgen.synthetic import write_synthetic
+from draftgen.training.local_tokenizer import build_tiny_tokenizer
+from draftgen.training.masks import load_tokenizer
 from draftgen.validate import report
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import (

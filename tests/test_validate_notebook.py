@@ -12,7 +12,7 @@ import papermill
 import pytest
 from validate_helpers import clean_rows, row, write_generation
 
-from draftgen.local_tokenizer import build_tiny_tokenizer
+from draftgen.training.local_tokenizer import build_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "validate.ipynb"

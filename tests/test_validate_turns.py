@@ -13,11 +13,11 @@ import pytest
 from validate_helpers import SCHEMA, clean_rows, row, turns, write_generation
 
 from draftgen.generate import GenerateConfig, generate, preflight
-from draftgen.local_tokenizer import build_tiny_tokenizer
-from draftgen.masks import load_tokenizer
 from draftgen.params import build_config
-from draftgen.prompts import PromptRow, iter_prompts
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.rows import PromptRow, iter_prompts
+from draftgen.prompts.synthetic import write_synthetic
+from draftgen.training.local_tokenizer import build_tiny_tokenizer
+from draftgen.training.masks import load_tokenizer
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import ValidationGateError, require_fit_to_train, validate_generation
 from draftgen.validate.reader import GenerationDataError

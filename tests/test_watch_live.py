@@ -16,7 +16,7 @@ import polars as pl
 import psutil
 from test_generate_notebook import RUN_TIMEOUT_S, _kernel_of, base_params, start_run, wait_for_shards
 
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.synthetic import write_synthetic
 from draftgen.watch.progress_file import read_history, read_progress
 from draftgen.watch.status import FINISHED, GONE, RUNNING
 

@@ -15,8 +15,8 @@ import pytest
 from lab import CHROMIUM, CHROMIUM_FLAGS, LabServer
 from project import CHECKOUT, make_project
 
-from draftgen.local_tokenizer import build_tiny_tokenizer
 from draftgen.sim import SimFleet
+from draftgen.training.local_tokenizer import build_tiny_tokenizer
 
 SCREENSHOTS = CHECKOUT / "outputs" / "browser"
 SIM_SPEED = 20.0  # simulated clock: fast enough for a short tier, slow enough to watch generate's progress

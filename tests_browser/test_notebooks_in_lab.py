@@ -18,8 +18,8 @@ import polars as pl
 from lab import NotebookTab, saved_errors, saved_image_count
 from project import copy_notebook
 
-from draftgen.prompts import PromptRow, iter_prompts
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.rows import PromptRow, iter_prompts
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 
 RUN_TIMEOUT_S = 240
 GENERATE_CELL = "await generate(config, plan)"

@@ -27,8 +27,8 @@ from real_servers import RealServer, ServerStartError, start_server, stop_server
 from recording_proxy import RecordingProxy
 from tiny_model import build_tiny_qwen3
 
-from draftgen.prompts import PromptRow, iter_prompts
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.rows import PromptRow, iter_prompts
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 
 # vLLM took 30-80 s to start here (loaded machine), transformers serve 7-12 s: generous limits, clear failures.
 READY_TIMEOUT_S = {"vllm": float(os.environ.get("REAL_VLLM_START_S", "600")), "transformers": 300.0}

@@ -13,7 +13,7 @@ import pytest
 from real_servers import RealServer
 from recording_proxy import Exchange
 
-from draftgen.client import RequestError, ServerClient
+from draftgen.client.server import RequestError, ServerClient
 from draftgen.params import SamplingParams
 
 MAX_TOKENS = 12

@@ -16,7 +16,7 @@ from notebook_runs import notebook_text
 from recording_proxy import Exchange
 from transformers import AutoTokenizer
 
-from draftgen.conversation import request_messages
+from draftgen.training.conversation import request_messages
 
 SAMPLING_EXTRAS = ("top_k", "min_p", "return_spec_tokens_details")
 

@@ -34,8 +34,8 @@ from specforge_oracle import (
 )
 
 from draftgen.generate.store import OUTPUT_SCHEMA
-from draftgen.local_tokenizer import build_qwen3_tokenizer
 from draftgen.params import build_config
+from draftgen.training.local_tokenizer import build_qwen3_tokenizer
 from draftgen.validate.config import FLAGS, ValidateConfig
 from draftgen.validate.pipeline import finalize_export, validate_generation
 

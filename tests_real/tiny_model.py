@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftgen.local_tokenizer import IM_END, build_tiny_tokenizer
+from draftgen.training.local_tokenizer import IM_END, build_tiny_tokenizer
 
 SEED = 0
 HIDDEN = 64

@@ -17,8 +17,8 @@ from typing import Any
 
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts, WorkerWindow
-from draftgen.metrics import CounterWindow
-from draftgen.prompts import PromptRow
+from draftgen.client.metrics import CounterWindow
+from draftgen.prompts.rows import PromptRow
 
 FORMAT_VERSION = 1
 LEVELS_DIR = "levels"  # under out_dir

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from draftgen.params import FleetParams, PositiveInt, SamplingParams
 from draftgen.paths import ProjectPath
-from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.server_settings import SettingsFile
 
 DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftgen.bench.config import BenchmarkConfig
-from draftgen.metrics import CounterWindow
+from draftgen.client.metrics import CounterWindow
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The parquet files hold raw wall-clock measurements, with the clock factor beside them (``clock_factor`` column,
 ``benchmark.json`` ``clock``). What a person reads — the fleet table, the recommendation, the plots — is on the
-hardware's clock (``draftgen.clock``): against ``draftgen sim --speed 5``, tok/s per simulated B200, not 5× that.
+hardware's clock (``draftgen.client.clock``): against ``draftgen sim --speed 5``, tok/s per simulated B200, not 5× that.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from draftgen.bench.occupancy import occupancy_frame
 from draftgen.bench.records import BenchmarkRun, ServerFacts
 from draftgen.bench.stats import level_row, request_rows, worker_rows
-from draftgen.clock import WALL, HardwareClock, fleet_clock, on_clock
+from draftgen.client.clock import WALL, HardwareClock, fleet_clock, on_clock
 from draftgen.server_settings import settings_record
 
 RESULTS_FILE = "results.parquet"

@@ -21,10 +21,16 @@ from draftgen.bench.checkpoint import LEVELS_DIR, LevelStore, level_identity
 from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.bench.sample import PromptSample, sample_prompts
-from draftgen.client import Capabilities, RequestError, ServerClient
-from draftgen.clock import read_clock
-from draftgen.metrics import MetricsParseError, MetricsSnapshot, counter_window, merge_windows, parse_metrics
-from draftgen.prompts import PromptRow
+from draftgen.client.clock import read_clock
+from draftgen.client.metrics import (
+    MetricsParseError,
+    MetricsSnapshot,
+    counter_window,
+    merge_windows,
+    parse_metrics,
+)
+from draftgen.client.server import Capabilities, RequestError, ServerClient
+from draftgen.prompts.rows import PromptRow
 
 LAG_PROBE_INTERVAL_S = 0.05
 STOP_POLL_INTERVAL_S = 0.05  # how often a level asks SendLimit.stop_sending between finishes

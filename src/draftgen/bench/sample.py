@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftgen.prompts import PromptRow, RejectedRow, iter_prompts
+from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts
 
 
 @dataclass(frozen=True)

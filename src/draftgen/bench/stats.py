@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts
-from draftgen.metrics import acceptance_length, generated_tokens
+from draftgen.client.metrics import acceptance_length, generated_tokens
 
 PERCENTILES = (50, 90, 99)
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftgen.humanize import duration
+from draftgen.display.humanize import duration
 from draftgen.paths import resolve_path
 from draftgen.runner import RunPlan, execute, resolve_notebook
 from draftgen.sim.fleet import SimFleet
@@ -134,7 +134,7 @@ def _summary(out: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftgen.local_tokenizer import build_tiny_tokenizer
+    from draftgen.training.local_tokenizer import build_tiny_tokenizer
 
     out: Path = resolve_path(args.out)  # relative: under the project root, like every run folder
     if out.exists():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from draftgen.synthetic import write_synthetic
+from draftgen.prompts.synthetic import write_synthetic
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from draftgen.local_tokenizer import build_qwen3_tokenizer, build_tiny_tokenizer
+from draftgen.training.local_tokenizer import build_qwen3_tokenizer, build_tiny_tokenizer
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import NonNegativeFloat, Params, PositiveFloat, PositiveInt
 from draftgen.paths import ProjectPath
-from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.server_settings import SettingsFile
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import polars as pl
 
 from draftgen.bench.report import OCCUPANCY_FILE, REQUESTS_FILE, RESULTS_FILE, SUMMARY_FILE
-from draftgen.clock import WALL, HardwareClock, on_clock
-from draftgen.conversation import answer_points
+from draftgen.client.clock import WALL, HardwareClock, on_clock
 from draftgen.paths import resolve_path
-from draftgen.prompts import PromptRow, count_rows, iter_prompts
+from draftgen.prompts.rows import PromptRow, count_rows, iter_prompts
+from draftgen.training.conversation import answer_points
 
 BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftgen.paths)
 
@@ -105,7 +105,7 @@ def dataset_size(dataset: int, prompt_path: Path, limit: int, turns: str = "last
     """(requests to generate, where the number came from).
 
     Prompts: ``dataset`` if given, else the rows of the prompt file; then ``limit``. With ``turns: all`` a
-    conversation is one request per answer point (``draftgen.conversation``), so the prompts are multiplied by the
+    conversation is one request per answer point (``draftgen.training.conversation``), so the prompts are multiplied by the
     mean number of answer points of the prompt file's first ``limit`` valid rows (all rows when 0).
     """
     if dataset:

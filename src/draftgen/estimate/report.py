@@ -10,8 +10,8 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.bench.report import save_figure as save_figure  # re-exported: notebooks save plots through it
+from draftgen.display.humanize import duration, duration_unit
 from draftgen.estimate.plan import Estimate, ScenarioResult
-from draftgen.humanize import duration, duration_unit
 from draftgen.server_settings import settings_record
 
 ESTIMATE_FILE = "estimate.json"

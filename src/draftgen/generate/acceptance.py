@@ -20,8 +20,7 @@ from pathlib import Path
 
 import polars as pl
 
-from draftgen.client import Capabilities, ServerClient
-from draftgen.metrics import (
+from draftgen.client.metrics import (
     MetricsParseError,
     MetricsSnapshot,
     acceptance_length,
@@ -29,6 +28,7 @@ from draftgen.metrics import (
     generated_tokens,
     parse_metrics,
 )
+from draftgen.client.server import Capabilities, ServerClient
 
 ACCEPTANCE_FILE = "acceptance.parquet"
 SCRAPE_TIMEOUT_S = 10.0

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import FleetParams, NonNegativeFloat, PositiveFloat, PositiveInt, SamplingParams
 from draftgen.paths import ProjectPath
-from draftgen.prompts import check_prompt_source, prompt_source_path
+from draftgen.prompts.rows import check_prompt_source, prompt_source_path
 
 Rate = Annotated[float, Field(ge=0, le=1)]
 

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from draftgen.client import Capabilities, ChatResult, RequestError, ServerClient
+from draftgen.client.server import Capabilities, ChatResult, RequestError, ServerClient
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.guard import Guard, GuardTripped
@@ -39,7 +39,7 @@ from draftgen.generate.retry import RetryPolicy, counts_against_server
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot, StatusWriter
 from draftgen.generate.store import RunStore
 from draftgen.generate.turns import Conversation
-from draftgen.prompts import PromptRow, RejectedRow
+from draftgen.prompts.rows import PromptRow, RejectedRow
 
 MAIN_POLL_S = 0.2
 SILENCE_POLL_S = 5.0  # how often the silence watch looks (at most; a quarter of server_silence_s if shorter)

@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import polars as pl
 
-from draftgen.client import Capabilities, RequestError, ServerClient
-from draftgen.clock import WALL, HardwareClock, fleet_clock, read_clock
+from draftgen.client.clock import WALL, HardwareClock, fleet_clock, read_clock
+from draftgen.client.server import Capabilities, RequestError, ServerClient
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
@@ -38,7 +38,7 @@ from draftgen.generate.store import (
     read_manifest,
 )
 from draftgen.params import ParameterError
-from draftgen.prompts import PromptFileError, PromptRow, RejectedRow
+from draftgen.prompts.rows import PromptFileError, PromptRow, RejectedRow
 
 ESTIMATE_KEYS = (
     "aggregate_output_tok_s",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftgen.progressbar import bar_stream, tqdm
+from draftgen.display.progressbar import bar_stream, tqdm
 
 RATE_WINDOW_S = 30.0
 

@@ -22,13 +22,13 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.clock import HardwareClock, fleet_clock, on_clock
+from draftgen.client.clock import HardwareClock, fleet_clock, on_clock
+from draftgen.display.humanize import duration_unit
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.progress import short_label
 from draftgen.generate.store import FAILED, REJECTED, read_manifest, scan_shards, shard_paths
-from draftgen.humanize import duration_unit
 
 REPORT_COLUMNS = (
     "id",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from draftgen.generate.config import GenerateConfig
-from draftgen.prompts import PromptRow, RejectedRow, iter_prompts
+from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts
 
 
 def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:

@@ -30,7 +30,7 @@ from typing import Any
 
 import polars as pl
 
-from draftgen.clock import WALL, HardwareClock
+from draftgen.client.clock import WALL, HardwareClock
 from draftgen.diskspace import free_bytes, is_disk_full
 from draftgen.generate.config import FINGERPRINT_SINCE, GenerateConfig
 
@@ -61,7 +61,7 @@ OUTPUT_SCHEMA = pl.Schema(
         "usage_reported": pl.Boolean,
         "ttft_s": pl.Float64,
         "source_row": pl.Int64,
-        # Per generated turn, in order (draftgen.conversation; single-turn rows hold one element). Shards
+        # Per generated turn, in order (draftgen.training.conversation; single-turn rows hold one element). Shards
         # written before these columns existed are read as single-turn rows by conversation.assemble.
         "turn_after": pl.List(pl.Int64),  # index in messages of the last source message before the answer
         "turn_reasoning": pl.List(pl.String),

@@ -1,6 +1,6 @@
 """One prompt's conversation while it is generated: the next turn's request, finished turns, and its stored row.
 
-A conversation with k answer points (``draftgen.conversation.answer_points``; k = 1 with ``turns: last``) is k
+A conversation with k answer points (``draftgen.training.conversation.answer_points``; k = 1 with ``turns: last``) is k
 requests in order, each sending the target's own earlier answers as history. Dispatch holds one of these per
 prompt in progress: it asks ``request()`` for what to send, ``record()``s each finished turn, and stores
 ``output_row()`` once ``finished``. Nothing here is written to disk before then: a conversation cut short by a
@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftgen.client import ChatResult, RequestError
-from draftgen.conversation import answer_points, request_messages
-from draftgen.prompts import PromptRow
+from draftgen.client.server import ChatResult, RequestError
+from draftgen.prompts.rows import PromptRow
+from draftgen.training.conversation import answer_points, request_messages
 
 
 @dataclass(frozen=True)

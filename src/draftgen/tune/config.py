@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import PositiveFloat, PositiveInt, SamplingParams, _unset_if_empty
-from draftgen.prompts import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.serve.config import parse_gpus
 from draftgen.server_settings import ServerSettings, effective_max_running, sglang_problems
 

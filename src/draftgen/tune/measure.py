@@ -20,8 +20,8 @@ from pathlib import Path
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.run import BenchmarkError, SendLimit, read_server_facts, run_level, warm_up
 from draftgen.bench.stats import level_acceptance, resolve_request_tokens
-from draftgen.client import ServerClient
-from draftgen.prompts import PromptRow
+from draftgen.client.server import ServerClient
+from draftgen.prompts.rows import PromptRow
 from draftgen.tune.config import MIN_JOB_REQUESTS, Candidate, TuneConfig
 from draftgen.tune.launch import FailedStart, launch_spec, start, stop
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from draftgen.bench.sample import PromptSample, sample_prompts
-from draftgen.prompts import PromptRow
+from draftgen.prompts.rows import PromptRow
 from draftgen.tune.config import Candidate, TuneConfig
 from draftgen.tune.estimate import Estimate, estimate
 from draftgen.tune.launch import preflight

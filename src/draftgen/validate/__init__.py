@@ -2,5 +2,5 @@
 
 Modules: ``config`` (parameters, flags), ``reader`` (generate's shards), ``checks`` (per-sample flags),
 ``export`` (training JSONL / token parquet), ``pipeline`` (one run and the gate), ``report`` (tables, plots).
-Loss masks themselves live in ``draftgen.masks``.
+Loss masks themselves live in ``draftgen.training.masks``.
 """

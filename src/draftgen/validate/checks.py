@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from draftgen.generate.store import OUTPUT_SCHEMA
-from draftgen.masks import MaskBatch
+from draftgen.training.masks import MaskBatch
 from draftgen.validate.config import FLAGS, ValidateConfig
 from draftgen.validate.reader import GenerationOutput, read_shard
 

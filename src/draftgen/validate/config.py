@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.masks import MaskSpec
 from draftgen.params import Params, PositiveInt, _unset_if_empty
 from draftgen.paths import ProjectPath
-from draftgen.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
+from draftgen.training.masks import MaskSpec
+from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
 
 # Every flag a sample can carry, with what it means (shown in the notebook's flag table).
 FLAGS: dict[str, str] = {

@@ -16,7 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from draftgen.generate.store import FAILED
-from draftgen.prompts import PromptFileError, PromptRow, iter_prompts, shard_of
+from draftgen.prompts.rows import PromptFileError, PromptRow, iter_prompts, shard_of
 from draftgen.validate.folders import FolderInfo, GenerationSet
 from draftgen.validate.reader import read_shard
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from draftgen.masks import MaskBatch
+from draftgen.training.masks import MaskBatch
 
 STAGING = "export.partial"
 FINAL = "export"

@@ -16,7 +16,7 @@ from typing import Any
 
 import polars as pl
 
-from draftgen.masks import build_conversation_masks, load_tokenizer
+from draftgen.training.masks import build_conversation_masks, load_tokenizer
 from draftgen.validate import export
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
 from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
@@ -94,7 +94,7 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
 
 
 def _progress(total: int):
-    from draftgen.progressbar import bar_stream, tqdm
+    from draftgen.display.progressbar import bar_stream, tqdm
 
     return tqdm(total=total, unit="sample", desc="validate", mininterval=1.0, file=bar_stream())
 

@@ -20,7 +20,7 @@ from draftgen.generate.store import OUTPUT_SCHEMA
 REQUIRED_COLUMNS = ("id", "messages", "reasoning_content", "content", "finish_reason")
 OPTIONAL_COLUMNS = ("prompt_tokens", "completion_tokens", "server", "attempts")
 TEXT_COLUMNS = ("id", "reasoning_content", "content", "finish_reason")
-# Multi-turn rows (draftgen.conversation): every generated turn's text. Shards written before these columns
+# Multi-turn rows (draftgen.training.conversation): every generated turn's text. Shards written before these columns
 # existed lack them; they are read as null there (single-turn rows: the answer is content/reasoning_content).
 TURN_COLUMNS = ("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode")
 

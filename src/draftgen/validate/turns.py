@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from draftgen.conversation import Turn, assemble
+from draftgen.training.conversation import Turn, assemble
 from draftgen.validate.reader import GenerationDataError
 
 ROW_COLUMNS = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftgen.humanize import duration
+from draftgen.display.humanize import duration
 from draftgen.watch.progress_file import process_start_ticks, read_progress, stale_after_s
 
 # Exit codes of ``draftgen status`` (documented in docs/generate.md).

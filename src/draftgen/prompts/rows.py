@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from draftgen.paths import resolve_path, root_note
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {

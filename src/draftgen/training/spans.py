@@ -1,6 +1,6 @@
 """Loss masks of a span trainer (SpecForge's ThinkingParser), token for token, at batch-tokenization speed.
 
-What such a trainer does per conversation (draftgen.trainers.SpanTrainer):
+What such a trainer does per conversation (draftgen.training.trainers.SpanTrainer):
 
 1. render the whole conversation through the chat template (no generation prompt, thinking on);
 2. ``input_ids`` = the text tokenized (no special tokens added), cut to ``max_length``;
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from draftgen.trainers import SpanTrainer
+from draftgen.training.trainers import SpanTrainer
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,6 @@ def write_synthetic(path: Path, n: int, seed: int = 0) -> int:
     return count
 
 
-BUNDLED_PROMPTS = Path(__file__).parent / "data" / "synthetic_prompts.jsonl"
+BUNDLED_PROMPTS = Path(__file__).parent.parent / "data" / "synthetic_prompts.jsonl"
 BUNDLED_COUNT = 2000
 BUNDLED_SEED = 0

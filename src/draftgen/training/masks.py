@@ -1,7 +1,7 @@
 """Loss masks with the target model's own tokenizer and chat template: ``input_ids`` and ``loss_mask`` per sample.
 
-Whose mask is reproduced is named by the trainer (``MaskSpec.trainer``, draftgen.trainers): a SpecForge trainer
-(every assistant span of the rendered conversation; draftgen.span_masks), or draftgen's own generated-turn
+Whose mask is reproduced is named by the trainer (``MaskSpec.trainer``, draftgen.training.trainers): a SpecForge trainer
+(every assistant span of the rendered conversation; draftgen.training.spans), or draftgen's own generated-turn
 convention, described below.
 
 A drafter learns only from the tokens its loss mask covers, so this is what has to be checked before training.
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from draftgen.span_masks import span_masks
-from draftgen.trainers import (
+from draftgen.training.spans import span_masks
+from draftgen.training.trainers import (
     DEFAULT_TRAINER,
     LEGACY_CONVENTIONS,
     GeneratedTurnTrainer,
@@ -322,7 +322,7 @@ def build_conversation_masks(
     """Masks for whole conversations ending with the generated answer.
 
     A turn is a mapping {role, content, reasoning_content, ...} or an object with those attributes (an assembled
-    turn of draftgen.conversation). Span trainers supervise every assistant turn their rules match; the generated-turn conventions only the last
+    turn of draftgen.training.conversation). Span trainers supervise every assistant turn their rules match; the generated-turn conventions only the last
     turn (the earlier ones are its prompt).
     """
     spec = spec or MaskSpec()

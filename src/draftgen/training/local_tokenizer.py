@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from draftgen.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -1,0 +1,1 @@
+"""Prompt files in, normalized prompt rows out; and the synthetic prompt set bundled with draftgen."""
