@@ -14,7 +14,9 @@ import pytest
 from aiohttp import web
 from sim_helpers import serve
 
-from draftgen.client.server import RequestError, ServerClient
+from draftgen.client import introspect
+from draftgen.client.errors import RequestError
+from draftgen.client.server import ServerClient
 from draftgen.params import SamplingParams
 
 OPENAI_FIELDS = {"model", "messages", "max_tokens", "temperature", "top_p", "stream", "stream_options"}
@@ -114,7 +116,7 @@ def transformers_like(seen: list[dict], template_kwargs: bool = True) -> web.App
 def probe(url: str, sampling: SamplingParams):
     async def go():
         async with ServerClient(url) as client:
-            return await client.probe("m", sampling), client
+            return await introspect.probe(client, "m", sampling), client
 
     return go()
 
@@ -137,7 +139,7 @@ def test_transformers_probe_keeps_enable_thinking_but_drops_sampling_extras():
     async def work(url: str):
         async with ServerClient(url) as client:
             sampling = SamplingParams(top_k=20, enable_thinking=False)
-            caps = await client.probe("m", sampling)
+            caps = await introspect.probe(client, "m", sampling)
             result = await client.chat([{"role": "user", "content": "hi"}], sampling, "m")
             return caps, result
 
@@ -164,7 +166,7 @@ def test_reasoning_usage_and_done_in_each_engines_shape(engine, mode):
     async def work(url: str):
         async with ServerClient(url) as client:
             sampling = SamplingParams(max_tokens=3)
-            await client.probe("m", sampling)
+            await introspect.probe(client, "m", sampling)
             messages = [{"role": "user", "content": "hi"}]
             if mode == "raw-stream":
                 return await client.stream_chat(messages, sampling, "m")
@@ -180,7 +182,7 @@ def test_reasoning_usage_and_done_in_each_engines_shape(engine, mode):
 def test_health_generate_falls_back_to_health_and_errors_quote_detail():
     async def work(url: str):
         async with ServerClient(url) as client:
-            health = await client.health(generate=True)
+            health = (await introspect.health(client, generate=True)).status
             with pytest.raises(RequestError) as refused:
                 await client.chat(
                     [{"role": "user", "content": "hi"}], SamplingParams(top_k=5), "m"

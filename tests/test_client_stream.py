@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
-from draftgen.client.server import RequestError, ServerClient
+from draftgen.client import introspect
+from draftgen.client.errors import RequestError
+from draftgen.client.server import ServerClient
 from draftgen.params import SamplingParams
 
 MODEL = "Qwen/Qwen3.6-27B"
@@ -16,7 +18,7 @@ SAMPLING = SamplingParams(max_tokens=200)
 
 async def _both(url: str) -> tuple:
     async with ServerClient(url) as client:
-        await client.probe(MODEL, SAMPLING)
+        await introspect.probe(client, MODEL, SAMPLING)
         raw = await client.stream_chat(MESSAGES, SAMPLING, MODEL)
         sdk = await client.chat(MESSAGES, SAMPLING, MODEL, stream=True)
         return raw, sdk

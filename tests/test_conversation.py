@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from draftgen.client.server import ChatResult
+from draftgen.client.records import ChatResult
 from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.generate.turns import Conversation
 from draftgen.prompts.rows import PromptRow

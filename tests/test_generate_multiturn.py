@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from test_generate_notebook import _kernel_of, base_params, draftgen_run, start_run, wait_for_shards
 
-from draftgen.client.server import ChatResult
+from draftgen.client.records import ChatResult
 from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.generate.store import FAILED, read_done_ids, read_manifest
 from draftgen.generate.turns import Conversation

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from generate_helpers import URL, row
 
-from draftgen.client.server import RequestError
+from draftgen.client.errors import RequestError
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig, parse_shard
 from draftgen.generate.deadline import MIN_SAMPLES, HangPolicy, ServerDeadline

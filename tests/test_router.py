@@ -25,6 +25,7 @@ from draftgen.bench.checkpoint import _level_from_json, _level_to_json
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.report import build_report, save_report
 from draftgen.bench.run import run_benchmark
+from draftgen.client import introspect
 from draftgen.client.server import ServerClient
 from draftgen.generate import GenerateConfig, preflight, report
 from draftgen.generate import generate as generate_run
@@ -188,7 +189,7 @@ def test_health_models_workers_and_metrics_endpoints(routed: Setup) -> None:
 def test_client_detects_the_router_and_its_workers(routed: Setup) -> None:
     async def detect():  # type: ignore[no-untyped-def]
         async with ServerClient(routed.router.url) as client:
-            return await client.probe(MODEL, SamplingParams(max_tokens=8, top_k=20))
+            return await introspect.probe(client, MODEL, SamplingParams(max_tokens=8, top_k=20))
 
     caps = asyncio.run(detect())
     assert caps.engine == "sglang-router"

@@ -13,7 +13,9 @@ import pytest
 from real_servers import RealServer
 from recording_proxy import Exchange
 
-from draftgen.client.server import RequestError, ServerClient
+from draftgen.client import introspect
+from draftgen.client.errors import RequestError
+from draftgen.client.server import ServerClient
 from draftgen.params import SamplingParams
 
 MAX_TOKENS = 12
@@ -36,8 +38,8 @@ def server(request, real_servers: dict[str, RealServer]) -> RealServer:
 def test_probe_detects_what_each_engine_accepts(server: RealServer):
     async def go():
         async with ServerClient(server.url, timeout_s=120) as client:
-            caps = await client.probe(server.model, SamplingParams(max_tokens=MAX_TOKENS))
-            return caps, await client.health(generate=True)
+            caps = await introspect.probe(client, server.model, SamplingParams(max_tokens=MAX_TOKENS))
+            return caps, (await introspect.health(client, generate=True)).status
 
     caps, health = asyncio.run(go())
     engine, extras, template, metrics, listed = EXPECTED[server.engine]
@@ -55,7 +57,7 @@ def test_probe_detects_what_each_engine_accepts(server: RealServer):
 def test_wrong_model_name_fails_the_probe_with_the_servers_reason(server: RealServer):
     async def go():
         async with ServerClient(server.url, timeout_s=120) as client:
-            await client.probe(server.model + "-typo", SamplingParams(max_tokens=MAX_TOKENS))
+            await introspect.probe(client, server.model + "-typo", SamplingParams(max_tokens=MAX_TOKENS))
 
     with pytest.raises(RequestError) as failure:
         asyncio.run(go())
@@ -104,7 +106,7 @@ def test_reasoning_answer_and_usage_read_as_the_server_sent_them(
 
     async def go() -> list:
         async with ServerClient(proxy.url, timeout_s=120) as client:
-            await client.probe(server.model, sampling)
+            await introspect.probe(client, server.model, sampling)
             results = []
             for _ in range(REQUESTS):
                 if mode == "raw-stream":

@@ -21,7 +21,9 @@ from draftgen.bench.checkpoint import LEVELS_DIR, LevelStore, level_identity
 from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.bench.sample import PromptSample, sample_prompts
+from draftgen.client import introspect
 from draftgen.client.clock import read_clock
+from draftgen.client.errors import RequestError
 from draftgen.client.metrics import (
     MetricsParseError,
     MetricsSnapshot,
@@ -29,7 +31,8 @@ from draftgen.client.metrics import (
     merge_windows,
     parse_metrics,
 )
-from draftgen.client.server import Capabilities, RequestError, ServerClient
+from draftgen.client.records import Capabilities
+from draftgen.client.server import ServerClient
 from draftgen.prompts.rows import PromptRow
 
 LAG_PROBE_INTERVAL_S = 0.05
@@ -41,33 +44,10 @@ class BenchmarkError(RuntimeError):
 
 
 # ----- server facts ---------------------------------------------------------------------------------------------
-def _max_running(info: dict | None) -> int | None:
-    if not isinstance(info, dict):
-        return None
-    value = info.get("max_running_requests")
-    if isinstance(value, int) and value > 0:
-        return value
-    states = info.get("internal_states")
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        per_dp = states[0].get("effective_max_running_requests_per_dp")
-        if isinstance(per_dp, int) and per_dp > 0:
-            return per_dp * max(1, len(states))
-    return None
-
-
-def _cumulative_accept(info: dict | None) -> float | None:
-    states = info.get("internal_states") if isinstance(info, dict) else None
-    if not isinstance(states, list):
-        return None
-    values = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
-    values = [float(v) for v in values if isinstance(v, (int, float))]
-    return values[0] if values else None  # rank 0, as SGLang's own tools read it: for reference only
-
-
 async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfig) -> ServerFacts:
-    ids = await client.model_ids()
+    ids = await introspect.model_ids(client)
     if not ids:
-        status = await client.health()
+        status = (await introspect.health(client)).status
         if status != 200:
             raise BenchmarkError(
                 f"server {client.url} did not answer GET /v1/models (health: {status or 'unreachable'}); "
@@ -79,14 +59,10 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
             f"server {client.url} serves {', '.join(ids)}, not {config.model!r}: fix `model` or the server list"
         )
     try:
-        caps: Capabilities = await client.probe(config.model, config.sampling)
+        caps: Capabilities = await introspect.probe(client, config.model, config.sampling)
     except RequestError as exc:
         raise BenchmarkError(f"server {client.url} failed a one-token probe request: {exc}") from exc
-    info = await client.server_info()
-    algorithm = info.get("speculative_algorithm") if isinstance(info, dict) else None
-    speculation = (
-        (algorithm is not None) if isinstance(info, dict) and "speculative_algorithm" in info else None
-    )
+    info = await introspect.server_info(client)
     clock = await read_clock(client)
     return ServerFacts(
         index=index,
@@ -97,9 +73,9 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
         extra_fields=caps.extra_fields,
         sglext=caps.spec_details,
         metrics=caps.metrics or bool(caps.workers),
-        max_running_requests=_max_running(info),
-        speculative_algorithm=str(algorithm) if algorithm is not None else None,
-        speculation=speculation,
+        max_running_requests=info.max_running_requests,
+        speculative_algorithm=info.speculative_algorithm,
+        speculation=info.speculation,
         workers=caps.workers,
         clock_factor=clock.factor,
         hardware=clock.hardware,
@@ -362,7 +338,7 @@ async def _run_level(
             window = merge_windows(measured)
         else:
             note = "; ".join(w.note or f"{w.worker}: no window" for w in worker_windows if w.note)
-    info = await client.server_info()
+    info = await introspect.server_info(client)
     return LevelRun(
         server=facts.url,
         gpu=facts.index,
@@ -372,7 +348,7 @@ async def _run_level(
         requests=tuple(sorted(records, key=lambda r: r.seq)),
         metrics_window=window,
         metrics_note=note or note_after,
-        cumulative_accept_length=_cumulative_accept(info),
+        cumulative_accept_length=info.cumulative_accept_length,
         client_lag_ms=tuple(lag),
         worker_windows=worker_windows,
         sending_ended_at=sending_ended_at,

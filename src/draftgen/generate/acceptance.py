@@ -28,7 +28,8 @@ from draftgen.client.metrics import (
     generated_tokens,
     parse_metrics,
 )
-from draftgen.client.server import Capabilities, ServerClient
+from draftgen.client.records import Capabilities
+from draftgen.client.server import ServerClient
 
 ACCEPTANCE_FILE = "acceptance.parquet"
 SCRAPE_TIMEOUT_S = 10.0

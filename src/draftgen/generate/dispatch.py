@@ -29,7 +29,10 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from draftgen.client.server import Capabilities, ChatResult, RequestError, ServerClient
+from draftgen.client import introspect
+from draftgen.client.errors import RequestError
+from draftgen.client.records import Capabilities, ChatResult
+from draftgen.client.server import ServerClient
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.guard import Guard, GuardTripped
@@ -620,9 +623,11 @@ class Dispatcher:
             delay = config.probe_interval_s
             while not server.up:
                 await asyncio.sleep(delay)
-                status = await server.client.health(
-                    generate=True, timeout_s=min(30.0, config.request_timeout_s)
-                )
+                status = (
+                    await introspect.health(
+                        server.client, generate=True, timeout_s=min(30.0, config.request_timeout_s)
+                    )
+                ).status
                 if status == 200:
                     self._mark_up(server)
                 else:
@@ -637,7 +642,9 @@ class Dispatcher:
             silent = time.monotonic() - server.last_answer
             if not server.up or not server.in_flight or silent < limit:
                 continue
-            status = await server.client.health(generate=True, timeout_s=SILENCE_HEALTH_TIMEOUT_S)
+            status = (
+                await introspect.health(server.client, generate=True, timeout_s=SILENCE_HEALTH_TIMEOUT_S)
+            ).status
             silent = time.monotonic() - server.last_answer
             if not server.up or silent < limit:  # benched by its failures, or it answered meanwhile
                 continue

@@ -22,8 +22,11 @@ from typing import Any, TypeVar
 
 import polars as pl
 
+from draftgen.client import introspect
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, read_clock
-from draftgen.client.server import Capabilities, RequestError, ServerClient
+from draftgen.client.errors import RequestError
+from draftgen.client.records import Capabilities
+from draftgen.client.server import ServerClient
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
@@ -283,7 +286,7 @@ def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path 
 async def _wait_healthy(client: ServerClient, wait_s: float) -> int | None:
     deadline = time.monotonic() + wait_s
     while True:
-        status = await client.health(timeout_s=10.0)
+        status = (await introspect.health(client, timeout_s=10.0)).status
         if status == 200 or time.monotonic() >= deadline:
             return status
         await asyncio.sleep(HEALTH_POLL_S)
@@ -317,26 +320,24 @@ async def _server_checks(
     if status != 200:
         checks.append(Check("healthy", url, "fail", f"/health answered {status} (still warming up?)"))
         return checks, None
-    generate_status, _ = await client.get("/health_generate", timeout_s=60.0)
-    healthy_note = "/health and /health_generate 200"
-    if generate_status == 404:  # vLLM, transformers serve: no such endpoint; the probe and canary generate
-        generate_status = 200
-        healthy_note = (
-            "/health 200 (no /health_generate on this engine: the probe and canary prove it generates)"
-        )
-    if generate_status != 200:
+    generating = await introspect.health(client, generate=True, timeout_s=60.0)
+    if not generating.ok:
         checks.append(
             Check(
                 "healthy",
                 url,
                 "fail",
-                f"/health answered 200 but /health_generate {generate_status}: "
-                "it cannot generate; restart it",
+                f"/health answered 200 but /health_generate {generating.status}: it cannot generate; restart it",
             )
         )
         return checks, None
+    healthy_note = (
+        "/health and /health_generate 200"
+        if generating.generates  # vLLM, transformers serve: no such endpoint; the probe and canary generate
+        else "/health 200 (no /health_generate on this engine: the probe and canary prove it generates)"
+    )
     checks.append(Check("healthy", url, "ok", healthy_note))
-    ids = await client.model_ids()
+    ids = await introspect.model_ids(client)
     if not ids:  # transformers serve answers 500 here: the probe's request names the model instead
         status, _ = await client.get("/v1/models")
         checks.append(
@@ -361,7 +362,7 @@ async def _server_checks(
     else:
         checks.append(Check("model", url, "ok", config.model))
     try:
-        caps = await _retrying(lambda: client.probe(config.model, config.sampling))
+        caps = await _retrying(lambda: introspect.probe(client, config.model, config.sampling))
     except RequestError as exc:
         checks.append(Check("probe", url, "fail", f"a tiny request failed {PREFLIGHT_ATTEMPTS} times: {exc}"))
         return checks, None
@@ -378,9 +379,8 @@ async def _server_checks(
     )
     probe_status = "warn" if dropped else "ok"
     checks.append(Check("engine", url, probe_status, "; ".join(notes)))
-    info = await client.server_info()
-    cap = info.get("max_running_requests") if isinstance(info, dict) else None
-    if isinstance(cap, int) and cap < config.concurrency_per_server:
+    cap = (await introspect.server_info(client)).max_running_requests
+    if cap is not None and cap < config.concurrency_per_server:
         checks.append(
             Check(
                 "batch cap",

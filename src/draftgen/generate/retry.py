@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from draftgen.client.server import RequestError
+from draftgen.client.errors import RequestError
 
 SERVER_FAULT_STATUS = frozenset({500, 502, 503, 504})
 

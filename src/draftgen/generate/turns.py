@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftgen.client.server import ChatResult, RequestError
+from draftgen.client.errors import RequestError
+from draftgen.client.records import ChatResult
 from draftgen.prompts.rows import PromptRow
 from draftgen.training.conversation import answer_points, request_messages
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from draftgen.client.introspect import HEALTH_GENERATE
 from draftgen.serve.config import MTP_ARGS, ServeConfig
 
 
@@ -107,7 +108,7 @@ def server_specs(config: ServeConfig) -> list[LaunchSpec]:
                 gpus=gpus,
                 argv=tuple(argv),
                 env=env,
-                health_path="/health_generate",
+                health_path=HEALTH_GENERATE,
             )
         )
     return specs

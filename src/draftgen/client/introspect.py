@@ -1,0 +1,207 @@
+"""Asking a server what it is: health (with each engine's fallbacks), models, batch cap, speculation, engine.
+
+The one place that knows which endpoint answers which question on SGLang, its router, vLLM, ``transformers serve``
+and ``draftgen sim``; benchmark, preflight, tune, generate and serve read these facts from here, never by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from draftgen.client.errors import RequestError
+from draftgen.client.records import Capabilities
+from draftgen.client.server import ServerClient
+from draftgen.params import SamplingParams
+
+PROBE_MAX_TOKENS = 8
+HEALTH_GENERATE = "/health_generate"  # SGLang: a real 1-token generation; 503 after 20 s of scheduler silence
+HEALTH = "/health"
+
+
+@dataclass(frozen=True)
+class Health:
+    status: int | None  # None: unreachable
+    endpoint: str  # what answered: /health_generate, or /health where the engine has no /health_generate
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    @property
+    def generates(self) -> bool:
+        """The answer came from a real generation (SGLang's /health_generate), not a liveness check."""
+        return self.endpoint == HEALTH_GENERATE
+
+
+async def health(client: ServerClient, *, generate: bool = False, timeout_s: float = 30.0) -> Health:
+    """/health, or SGLang's /health_generate with ``generate``.
+
+    Engines without /health_generate (vLLM, transformers serve answer 404) fall back to /health: callers that need
+    proof of generation send a request of their own (preflight's probe and canary do).
+    """
+    if generate:
+        status, _ = await client.get(HEALTH_GENERATE, timeout_s)
+        if status != 404:
+            return Health(status, HEALTH_GENERATE)
+    status, _ = await client.get(HEALTH, timeout_s)
+    return Health(status, HEALTH)
+
+
+async def model_ids(client: ServerClient) -> tuple[str, ...]:
+    """The served model names (``/v1/models``); () when the list is unavailable (transformers serve: 500)."""
+    data = await client.get_json("/v1/models")
+    return parse_model_ids(data)
+
+
+def parse_model_ids(data: Any) -> tuple[str, ...]:
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        return ()
+    return tuple(str(item.get("id")) for item in data["data"] if isinstance(item, dict))
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """SGLang's ``/server_info`` (``/get_server_info`` before 0.5): the launch arguments and per-DP-rank state.
+    ``raw`` is empty when the server has no such endpoint (vLLM, transformers serve)."""
+
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_sglang(self) -> bool:
+        return "internal_states" in self.raw or "speculative_algorithm" in self.raw
+
+    @property
+    def version(self) -> str | None:
+        value = self.raw.get("version")
+        return str(value) if value else None
+
+    @property
+    def max_running_requests(self) -> int | None:
+        """The batch cap: the launch argument, else the effective per-DP value × DP ranks (SGLang sets it when
+        left unset: 48 with speculative decoding)."""
+        value = self.raw.get("max_running_requests")
+        if isinstance(value, int) and value > 0:
+            return value
+        states = self._states()
+        if states and isinstance(states[0], dict):
+            per_dp = states[0].get("effective_max_running_requests_per_dp")
+            if isinstance(per_dp, int) and per_dp > 0:
+                return per_dp * len(states)
+        return None
+
+    @property
+    def speculative_algorithm(self) -> str | None:
+        value = self.raw.get("speculative_algorithm")
+        return str(value) if value is not None else None
+
+    @property
+    def speculation(self) -> bool | None:
+        """True/False where the server says (``speculative_algorithm`` null = off), None when it does not."""
+        if "speculative_algorithm" not in self.raw:
+            return None
+        return self.raw["speculative_algorithm"] is not None
+
+    @property
+    def cumulative_accept_length(self) -> float | None:
+        """``avg_spec_accept_length`` of DP rank 0: cumulative since start (warm-up included) and refreshed only
+        every decode-log interval, so for reference only — never a run's own acceptance."""
+        values = [s.get("avg_spec_accept_length") for s in self._states() if isinstance(s, dict)]
+        values = [float(v) for v in values if isinstance(v, (int, float))]
+        return values[0] if values else None
+
+    def _states(self) -> list[Any]:
+        states = self.raw.get("internal_states")
+        return states if isinstance(states, list) else []
+
+
+async def server_info(client: ServerClient) -> ServerInfo:
+    for path in ("/server_info", "/get_server_info"):
+        data = await client.get_json(path)
+        if isinstance(data, dict):
+            return ServerInfo(data)
+    return ServerInfo()
+
+
+def parse_workers(data: Any) -> tuple[str, ...] | None:
+    """A router's ``GET /workers`` body → worker URLs; None when it is not a router's answer."""
+    workers = data.get("workers") if isinstance(data, dict) else None
+    if not isinstance(workers, list):
+        return None
+    return tuple(str(w["url"]) for w in workers if isinstance(w, dict) and w.get("url"))
+
+
+async def router_workers(client: ServerClient) -> tuple[str, ...] | None:
+    """SGLang's router: the worker URLs of ``GET /workers``; None when this is no router."""
+    return parse_workers(await client.get_json("/workers"))
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    version: str | None
+    metrics: bool  # /metrics answers Prometheus text
+    workers: tuple[str, ...] = ()
+
+
+async def detect_engine(client: ServerClient) -> Engine:
+    """Which engine this is, from endpoints only one engine family serves."""
+    info = await server_info(client)
+    metrics = await client.metrics_text()
+    has_metrics = metrics is not None and "# TYPE" in metrics
+    if info.is_sglang:
+        return Engine("sglang", info.version, has_metrics)
+    workers = await router_workers(client)
+    if workers is not None:
+        return Engine("sglang-router", None, has_metrics, workers)
+    version = await client.get_json("/version")
+    if isinstance(version, dict) and "version" in version and (metrics is None or "vllm:" in metrics):
+        return Engine("vllm", str(version["version"]), has_metrics)
+    return Engine("openai-compatible", None, has_metrics)
+
+
+# Each step back drops what the previous one's 400/422 may have refused.
+PROBE_STEPS = (
+    {"extra_fields": True, "template_kwargs": True, "spec_details": True},
+    {"extra_fields": False, "template_kwargs": True, "spec_details": False},
+    {"extra_fields": False, "template_kwargs": False, "spec_details": False},
+)
+
+
+async def probe(client: ServerClient, model: str, sampling: SamplingParams) -> Capabilities:
+    """Detect the engine and which extras it accepts, with one tiny request per step back; sets
+    ``client.capabilities``.
+
+    The first request carries every extra; a 400/422 (transformers serve: "Unexpected fields"; vLLM with
+    speculative decoding: min_p "not yet supported") retries without the sampling extras (top_k, min_p,
+    return_spec_tokens_details) but with chat_template_kwargs (enable_thinking), then with plain OpenAI
+    fields only. Any other failure, or a 400/422 on the plain request (a wrong model name), raises.
+    """
+    engine = await detect_engine(client)
+    ids = await model_ids(client)
+    for index, step in enumerate(PROBE_STEPS):
+        client.capabilities = Capabilities(
+            engine=engine.name,
+            model_ids=ids,
+            metrics=engine.metrics,
+            version=engine.version,
+            workers=engine.workers,
+            **step,
+        )
+        try:
+            result = await client.chat(
+                [{"role": "user", "content": "Say OK."}],
+                sampling,
+                model,
+                max_tokens=PROBE_MAX_TOKENS,
+                timeout_s=min(client.timeout_s, 120.0),
+            )
+        except RequestError as exc:
+            if exc.status not in (400, 422) or index == len(PROBE_STEPS) - 1:
+                raise
+            continue
+        client.capabilities = replace(
+            client.capabilities, spec_details=step["spec_details"] and result.spec_verify_ct is not None
+        )
+        break
+    return client.capabilities

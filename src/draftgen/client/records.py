@@ -1,0 +1,42 @@
+"""What a server is (``Capabilities``) and what one chat request gave back (``ChatResult``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one server accepts and reports, detected by ``introspect.probe``."""
+
+    engine: str  # "sglang", "vllm", "sglang-router", "openai-compatible" (e.g. transformers serve)
+    model_ids: tuple[str, ...] = ()
+    # accepts the non-OpenAI sampling fields (top_k, min_p, return_spec_tokens_details)
+    extra_fields: bool = True
+    template_kwargs: bool = True  # accepts chat_template_kwargs (enable_thinking); transformers serve does
+    spec_details: bool = False  # answers return_spec_tokens_details with sglext.spec_tokens_details
+    metrics: bool = False  # GET /metrics answers Prometheus text
+    version: str | None = None
+    workers: tuple[str, ...] = ()  # a router only: the worker URLs its GET /workers lists
+
+
+@dataclass
+class ChatResult:
+    """One completed chat request, with where each number came from."""
+
+    server: str
+    response_id: str | None
+    reasoning_content: str | None
+    content: str | None
+    finish_reason: str | None
+    prompt_tokens: int | None  # from usage; None when the server sent no usage
+    completion_tokens: int | None
+    usage_reported: bool
+    spec_accept_length: float | None  # per request, from sglext when the server gives it
+    spec_verify_ct: int | None
+    started_at: float  # wall clock (time.time()) when the request was sent
+    latency_s: float  # request sent → last byte
+    ttft_s: float | None = None  # streaming only: first reasoning or answer text
+    chunk_offsets: list[float] = field(default_factory=list)  # streaming only: arrival of each text chunk (s)
+    stream: bool = False
+    done_sentinel: bool | None = None  # raw SSE streams only: the stream ended with "data: [DONE]"

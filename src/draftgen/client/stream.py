@@ -1,0 +1,153 @@
+"""One accumulator for a chat answer, whichever way its bytes arrive.
+
+An answer reaches us as a whole JSON body (non-streaming, through the openai SDK), as SSE chunks parsed by the SDK,
+or as SSE bytes read straight off the socket (``read_sse``: several times less client CPU per chunk, which matters
+when a benchmark holds hundreds of streams). Each source hands plain dicts to ``ChatAccumulator``, so the engines'
+differences — the reasoning field's name, ``choices: []`` chunks carrying usage or ``sglext``, usage on the finish
+chunk, a missing ``[DONE]`` — are read in one place and ``ChatResult`` is built once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from draftgen.client.errors import RequestError
+from draftgen.client.records import ChatResult
+
+# The separated reasoning text: SGLang and transformers serve name it reasoning_content, vLLM (0.10 and later)
+# reasoning.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def reasoning_of(message: Mapping[str, Any] | None) -> str | None:
+    """The reasoning text of a message or delta, whichever field name the engine uses."""
+    if not message:
+        return None
+    for name in REASONING_FIELDS:
+        value = message.get(name)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def spec_from_sglext(sglext: Any) -> tuple[float | None, int | None]:
+    """(accept length, verify steps) of SGLang's per-request ``sglext.spec_tokens_details`` (a list when n > 1)."""
+    if not isinstance(sglext, dict):
+        return None, None
+    details = sglext.get("spec_tokens_details")
+    if isinstance(details, list):
+        details = details[0] if details else None
+    if not isinstance(details, dict):
+        return None, None
+    length, verify = details.get("spec_accept_length"), details.get("spec_verify_ct")
+    return (float(length) if length is not None else None), (int(verify) if verify is not None else None)
+
+
+class ChatAccumulator:
+    """Folds one answer — a whole body, or its stream's chunks in order — into a ``ChatResult``."""
+
+    def __init__(self, server: str, *, stream: bool, started_at: float | None = None) -> None:
+        self.server = server
+        self.stream = stream
+        self.started_at = time.time() if started_at is None else started_at
+        self._t0 = time.perf_counter()
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+        self._offsets: list[float] = []
+        self._finish_reason: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self._sglext: Any = None
+        self._response_id: str | None = None
+        self._done: bool | None = None
+
+    def add_response(self, body: Mapping[str, Any]) -> None:
+        """A non-streaming answer: ``choices[0].message``."""
+        choices = body.get("choices") or ()
+        if not choices:
+            raise RequestError("protocol", "response has no choices")
+        choice = choices[0]
+        message = choice.get("message") or {}
+        self._note_envelope(body)
+        self._add_text(reasoning_of(message), message.get("content"), offset=False)
+        self._finish_reason = choice.get("finish_reason")
+
+    def add_chunk(self, chunk: Mapping[str, Any]) -> None:
+        """One streamed chunk; ``choices: []`` chunks (usage, sglext) included."""
+        if "error" in chunk and "choices" not in chunk:
+            raise RequestError("protocol", f"error in stream: {str(chunk['error'])[:300]}")
+        self._note_envelope(chunk)
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            self._add_text(reasoning_of(delta), delta.get("content"), offset=True)
+            if choice.get("finish_reason") is not None:
+                self._finish_reason = choice["finish_reason"]
+
+    def mark_done(self, done: bool) -> None:
+        """Whether the stream ended with ``data: [DONE]`` (known only to the raw reader)."""
+        self._done = done
+
+    def _note_envelope(self, body: Mapping[str, Any]) -> None:
+        self._response_id = self._response_id or body.get("id")
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        self._sglext = body.get("sglext") or self._sglext
+
+    def _add_text(self, reasoning: str | None, content: str | None, *, offset: bool) -> None:
+        if reasoning:
+            self._reasoning.append(reasoning)
+        if content:
+            self._content.append(content)
+        if offset and (reasoning or content):
+            self._offsets.append(time.perf_counter() - self._t0)
+
+    def result(self) -> ChatResult:
+        if self.stream and self._finish_reason is None:
+            raise RequestError("protocol", "stream ended without a finish_reason (connection closed early?)")
+        accept_length, verify_ct = spec_from_sglext(self._sglext)
+        usage = self._usage
+        return ChatResult(
+            server=self.server,
+            response_id=self._response_id,
+            reasoning_content="".join(self._reasoning) or None,
+            content="".join(self._content) or None,
+            finish_reason=self._finish_reason,
+            prompt_tokens=usage.get("prompt_tokens") if usage else None,
+            completion_tokens=usage.get("completion_tokens") if usage else None,
+            usage_reported=usage is not None,
+            spec_accept_length=accept_length,
+            spec_verify_ct=verify_ct,
+            started_at=self.started_at,
+            latency_s=time.perf_counter() - self._t0,
+            ttft_s=self._offsets[0] if self._offsets else None,
+            chunk_offsets=self._offsets if self.stream else [],
+            stream=self.stream,
+            done_sentinel=self._done,
+        )
+
+
+async def read_sse(reply: aiohttp.ClientResponse, answer: ChatAccumulator) -> ChatResult:
+    """Feed an OpenAI chat SSE stream's ``data:`` lines to ``answer``; [DONE] or not."""
+    done = False
+    buffer = b""
+    async for data in reply.content.iter_any():
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            if not raw.startswith(b"data:"):
+                continue
+            payload = raw[5:].strip()
+            if payload == b"[DONE]":
+                done = True
+                continue
+            chunk = json.loads(payload)
+            if not isinstance(chunk, dict):
+                raise RequestError("protocol", f"stream chunk is not an object: {payload[:200]!r}")
+            answer.add_chunk(chunk)
+    answer.mark_done(done)
+    return answer.result()
