@@ -53,7 +53,7 @@ def measure(args: argparse.Namespace, tmp: Path, label: str, **settings: object)
         result = run_generate(config, progress=False)
         wedged_truth = fleet.truth(1)
     healthy, wedged = fleet.urls
-    events = result.outcome.events
+    events = result.events
     learned = {server: what for _, server, what in events if what.startswith("hang deadline learned")}
     down = [(t, what) for t, server, what in events if server == wedged and "marked down" in what]
     chats = sorted(r["arrival"] for r in wedged_truth if r.get("kind") == "chat")

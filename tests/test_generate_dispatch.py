@@ -67,7 +67,7 @@ def test_every_server_down_pauses_without_spending_attempts(sim_fleet, tmp_path)
     assert result.status == "complete" and result.failed == 0
     ids = read_done_ids(tmp_path / "run")
     assert sorted(ids.to_list()) == [f"syn-11-{i:07d}" for i in range(1000)]
-    events = [what for _, _, what in result.outcome.events]
+    events = [what for _, _, what in result.events]
     assert any("every server is down" in e for e in events)
     assert sum("rejoined" in e for e in events) == 2
     assert all(stats.downs >= 1 for stats in result.outcome.servers)
@@ -143,7 +143,7 @@ def test_a_wedged_server_is_presumed_hung_long_before_request_timeout_and_its_wo
 
     result = asyncio.run(scenario())
     assert result.status == "complete" and result.failed == 0
-    events = [(server, what) for _, server, what in result.outcome.events]
+    events = [(server, what) for _, server, what in result.events]
     learned = [server for server, what in events if what.startswith("hang deadline learned")]
     assert sorted(learned) == sorted(fleet.urls)
     downs = [what for server, what in events if server == fleet.urls[1] and "marked down" in what]
@@ -179,7 +179,7 @@ def test_a_silent_server_is_benched_on_health_generate_and_a_slow_one_is_not(sim
     result = asyncio.run(scenario())
     assert result.status == "complete" and result.failed == 0
     fast, wedged, slow = fleet.urls
-    events = [(server, what) for _, server, what in result.outcome.events]
+    events = [(server, what) for _, server, what in result.events]
     downs = [(server, what) for server, what in events if "marked down" in what]
     assert len(downs) == 1 and downs[0][0] == wedged, events
     assert "without an answer with 4 in flight and /health_generate 503" in downs[0][1]

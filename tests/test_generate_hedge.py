@@ -110,5 +110,5 @@ def test_a_slow_servers_tail_is_hedged_stored_once_and_the_losing_copy_aborted(
     assert (summary["hedged"], summary["hedge_wins"]) == (hedged, result.outcome.hedge_wins)
     wins_stored_on_fast = frame.filter(pl.col("server") != slow_url).height
     assert wins_stored_on_fast >= result.outcome.hedge_wins
-    events = [what for _, _, what in result.outcome.events]
+    events = [what for _, _, what in result.events]
     assert any("hedged" in e and slow_url in e for e in events)

@@ -409,15 +409,14 @@ def test_the_estimate_counts_one_request_per_answer_with_turns_all(tmp_path):
 
 
 def test_work_under_way_is_served_before_fresh_prompts():
-    from draftgen.generate.dispatch import _Item, _WorkQueue
+    from draftgen.generate.work import TurnState, Work, WorkQueue
 
-    def item(name: str, fresh: bool) -> _Item:
-        made = _Item(Conversation(PromptRow(name, (u("q"),), 1), "all"))
-        made.holds_slot = fresh
-        return made
+    def item(name: str, fresh: bool) -> Work:
+        state = TurnState.FRESH if fresh else TurnState.QUEUED
+        return Work(Conversation(PromptRow(name, (u("q"),), 1), "all"), state=state)
 
     async def order() -> list[str]:
-        queue = _WorkQueue()
+        queue = WorkQueue()
         assert queue.empty()
         for name, fresh in (("new-1", True), ("new-2", True), ("next-turn", False), ("retry", False)):
             queue.put_nowait(item(name, fresh))

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from draftgen.client.errors import RequestError
+
 MIN_SAMPLES = 50  # completions a server must have answered before its deadline is learned
 WINDOW = 1000  # recent completions per server the rate is read from
 SLOW_PERCENTILE = 5.0
@@ -60,3 +62,21 @@ class ServerDeadline:
         if self.learned_s is None:
             return hard
         return min(hard, self.learned_s * 2.0**presumed_hung_before)
+
+    def learned_note(self) -> str:
+        """The event log's line when the deadline is first learned."""
+        return (
+            f"hang deadline learned: {self.timeout_s():.0f} s (slow rate {self.slow_rate:.1f} tok/s per request; "
+            f"request_timeout_s {self.policy.request_timeout_s:g} s stays the hard limit)"
+        )
+
+    def timeout_error(self, timeout_s: float) -> RequestError:
+        """What a request that ran out of ``timeout_s`` failed with: the hard limit, or a presumed hang."""
+        policy = self.policy
+        if timeout_s >= policy.request_timeout_s:
+            return RequestError("timeout", f"no answer within request_timeout_s={policy.request_timeout_s:g}")
+        return RequestError(
+            "timeout",
+            f"presumed hung: no answer within {timeout_s:.0f} s (hang_factor {policy.factor:g} x max_tokens at "
+            f"this server's slow rate of {self.slow_rate:.1f} tok/s per request); the next try gets twice as long",
+        )

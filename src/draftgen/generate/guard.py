@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from draftgen.generate.events import StopRun
+
 DEFECTS = ("empty_answer", "empty_reasoning", "truncated", "failed")
 
 
@@ -60,7 +62,7 @@ def classify(
     return tuple(defects)
 
 
-class GuardTripped(RuntimeError):
+class GuardTripped(StopRun):
     """The guard halted the run; ``report`` holds the numbers and examples."""
 
     def __init__(self, report: GuardReport):

@@ -13,13 +13,21 @@ This module only decides; the dispatcher sends, cancels and stores.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from draftgen.generate.work import TurnState, Work
+
+if TYPE_CHECKING:
+    from draftgen.generate.fleet_health import Server
 
 WINDOW = 200  # recent answers per server the rate is read from
 MIN_SAMPLES = 10  # answers a server needs before its rate counts
+POLL_S = 0.5  # how often the tail is checked for requests to hedge
 
 
 @dataclass(frozen=True)
@@ -88,3 +96,56 @@ def plan_hedges(
         if free[target] == 0:
             del free[target]
     return plan
+
+
+class TailHedger:
+    """Which requests to copy now: only once nothing is left to send, from slow servers onto idle slots."""
+
+    def __init__(self, policy: HedgePolicy, concurrency_per_server: int) -> None:
+        self.policy = policy
+        self.rates = RateBook()
+        self.concurrency = concurrency_per_server
+
+    def plan(self, servers: Sequence[Server]) -> list[tuple[Work, Server]]:
+        up = [s for s in servers if s.up]
+        slow = self.rates.slow_servers([s.url for s in up], self.policy)
+        if not slow:
+            return []
+        flights = {
+            (s.index, key): flight for s in up for key, flight in s.in_flight.items() if flight.running
+        }
+        running = [
+            Running(key=key, server=f.server, started=f.started, hedged=f.work.state is TurnState.HEDGED)
+            for key, f in flights.items()
+            if f.turn == f.work.conversation.turn
+        ]
+        idle = {s.url: self.concurrency - len(s.in_flight) for s in up}
+        by_url = {s.url: s for s in up}
+        return [(flights[key].work, by_url[target]) for key, target in plan_hedges(running, slow, idle)]
+
+    def describe(self, plan: Sequence[tuple[Work, Server]]) -> str:
+        sources = sorted({work.last_server or "?" for work, _ in plan})
+        return (
+            f"hedged {len(plan)} request(s) still running on slow {', '.join(sources)} (median per-request rate "
+            f"below {self.policy.slow_ratio:g} x the fleet's): copies sent to idle servers, the first answer is kept"
+        )
+
+    async def watch(
+        self,
+        servers: Sequence[Server],
+        nothing_left: Callable[[], bool],
+        send_copy: Callable[[Work, Server], Coroutine[Any, Any, None]],
+        note: Callable[[str, str], None],
+    ) -> None:
+        """Every ``POLL_S``, once ``nothing_left()``, send the planned copies (``send_copy`` marks the turn hedged
+        before it returns, so no turn is planned twice)."""
+        async with asyncio.TaskGroup() as group:
+            while True:
+                await asyncio.sleep(POLL_S)
+                if not nothing_left():
+                    continue
+                plan = self.plan(servers)
+                for work, target in plan:
+                    group.create_task(send_copy(work, target))
+                if plan:
+                    note("fleet", self.describe(plan))

@@ -490,7 +490,6 @@ async def preflight(config: GenerateConfig) -> Plan:
             scan, rejected = scanned
             rejected_path = None
             if store is not None:
-                store.prompt_stats = scan.as_dict()
                 rejected_path = store.write_rejected(rejected, scan.as_dict())
             checks.extend(prompt_checks(config, scan, rejected_path))
             if scan.todo > 0:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from draftgen.client.errors import RequestError
 
@@ -34,3 +37,29 @@ def counts_against_server(error: RequestError) -> bool:
     if error.kind in ("connection", "timeout"):
         return True
     return error.kind == "http" and error.status in SERVER_FAULT_STATUS
+
+
+T = TypeVar("T")
+
+
+class RetryTimers(Generic[T]):
+    """Retries waiting out their backoff: each calls ``due(item)`` when its time comes; cancelled at the end."""
+
+    def __init__(self, due: Callable[[T], None]) -> None:
+        self._due = due
+        self._handles: dict[int, asyncio.TimerHandle] = {}
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def schedule(self, item: T, delay_s: float) -> None:
+        self._handles[id(item)] = asyncio.get_running_loop().call_later(delay_s, self._fire, item)
+
+    def _fire(self, item: T) -> None:
+        self._handles.pop(id(item), None)
+        self._due(item)
+
+    def cancel_all(self) -> None:
+        for handle in self._handles.values():
+            handle.cancel()
+        self._handles.clear()

@@ -15,38 +15,21 @@ import random
 import signal
 import threading
 from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from draftgen.diskspace import free_bytes, human_bytes
 from draftgen.generate.acceptance import AcceptanceSampler, metrics_targets, write_samples
 from draftgen.generate.config import GenerateConfig
-from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
-from draftgen.generate.guard import Guard, GuardSettings
+from draftgen.generate.dispatch import Dispatcher, DispatchOutcome, server_clients
 from draftgen.generate.preflight import Plan
-from draftgen.generate.progress import Progress
+from draftgen.generate.session import DiskFullStop, RunInterrupted, RunSession, guard_settings
 from draftgen.generate.source import prompt_source
-from draftgen.generate.status_file import StatusWriter
-from draftgen.generate.store import DiskFull, RunStore
-from draftgen.watch.progress_file import set_state
+from draftgen.generate.store import DiskFull
+
+__all__ = ["DiskFullStop", "RunInterrupted", "RunResult", "generate", "guard_settings"]
 
 T = TypeVar("T")
-
-
-class RunInterrupted(RuntimeError):
-    """Stopped by a signal; finished work is on disk."""
-
-
-class DiskFullStop(RunInterrupted):
-    """The run folder's filesystem filled up: stopped as on an interrupt, finished shards kept."""
-
-    def __init__(self, message: str, path: Path):
-        super().__init__(message)
-        self.path = path
-
-    def _render_traceback_(self) -> list[str]:  # IPython/Jupyter: the one line, not a traceback
-        return [f"DiskFullStop: {self}"]
 
 
 def _disk_full_in(exc: BaseException | None, seen: set[int] | None = None) -> DiskFull | None:
@@ -69,21 +52,6 @@ def _disk_full_in(exc: BaseException | None, seen: set[int] | None = None) -> Di
     return None
 
 
-def _disk_full(config: GenerateConfig, store: RunStore, error: DiskFull) -> DiskFullStop:
-    """Record the stop in the manifest (as far as space allows) and say what is kept and what to do."""
-    recorded = store.close_disk_full(error)
-    with contextlib.suppress(OSError):  # progress.json is rewritten in place when no temporary file fits
-        set_state(config.out_dir, "interrupted", f"disk full: {error.path}")
-    shards = len(store.manifest.get("shards", []))
-    message = (
-        f"disk full: {error}. {store.stored_rows:,} rows are safe in {shards:,} shards in {config.out_dir}"
-        + ("" if recorded else " (manifest.json could not be updated: no space even for it)")
-        + f"; {human_bytes(free_bytes(config.out_dir))} free now. Free space, then run again with the same out_dir "
-        "(draftgen run generate --name RUN --resume) to continue."
-    )
-    return DiskFullStop(message, error.path)
-
-
 @dataclass(frozen=True)
 class RunResult:
     status: str  # "complete", "complete_with_failures"
@@ -92,6 +60,7 @@ class RunResult:
     failed: int  # prompts that went to failed.parquet in this session
     stored: int  # rows in the run folder now
     outcome: DispatchOutcome
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (time, server, what happened)
 
     def _turns(self) -> str:
         turns = self.outcome.turns
@@ -104,20 +73,6 @@ class RunResult:
             f"{self.failed:,} failed, {self.outcome.wall_s:,.1f} s"
             + (f", {self.outcome.hedged:,} hedged at the tail" if self.outcome.hedged else "")
         )
-
-
-def guard_settings(config: GenerateConfig) -> GuardSettings:
-    return GuardSettings(
-        window=config.guard_window,
-        min_results=config.guard_min_results,
-        max_rates={
-            "empty_answer": config.max_empty_answer_rate,
-            "empty_reasoning": config.max_empty_reasoning_rate,
-            "truncated": config.max_truncated_rate,
-            "failed": config.max_failed_rate,
-        },
-        thinking=config.enable_thinking,
-    )
 
 
 @contextlib.contextmanager
@@ -152,94 +107,81 @@ def _acceptance_sampler(config: GenerateConfig, plan: Plan) -> AcceptanceSampler
     targets = metrics_targets([(s.url, s.capabilities) for s in plan.servers])
     if config.acceptance_interval_s <= 0 or not targets:
         return None
-    api_key = config.api_key() if config.api_key_env else "EMPTY"
-    return AcceptanceSampler(targets, config.acceptance_interval_s, api_key=api_key)
+    return AcceptanceSampler(targets, config.acceptance_interval_s, api_key=_api_key(config))
 
 
-async def _with_sampler(sampler: AcceptanceSampler | None, work: Awaitable[T], out_dir: str) -> T:
-    """Await ``work`` while ``sampler`` scrapes the workers' /metrics; the windows go to acceptance.parquet."""
-    if sampler is None:
-        return await work
-    task = asyncio.create_task(sampler.run())
+def _api_key(config: GenerateConfig) -> str:
+    return config.api_key() if config.api_key_env else "EMPTY"
+
+
+async def _beside(work: Awaitable[T], *companions: Awaitable[object]) -> T:
+    """Await ``work`` while ``companions`` run (the status ticker, the /metrics sampler); they stop with it."""
+    tasks = [asyncio.ensure_future(c) for c in companions]
     try:
         return await work
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        write_samples(out_dir, sampler.samples)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng: random.Random | None):
+    """Dispatch every prompt still to do, with the progress display and the /metrics sampler beside it."""
+    dispatcher = Dispatcher(
+        config,
+        plan.servers,
+        session,
+        clients=server_clients(config, _api_key(config)),
+        skip=session.store.done_ids,
+        rng=rng,
+    )
+    stop = asyncio.Event()
+    received: list[str] = []
+    sampler = _acceptance_sampler(config, plan)
+    companions = [session.watch(dispatcher)] + ([sampler.run()] if sampler else [])
+    try:
+        with _stop_on_signals(stop, received):
+            outcome = await _beside(dispatcher.run(prompt_source(config), stop), *companions)
+    finally:
+        session.show(dispatcher, force=True)
+        if sampler is not None:
+            write_samples(config.out_dir, sampler.samples)
+    return outcome, (received[0] if received else "stop")
 
 
 async def generate(
     config: GenerateConfig, plan: Plan, *, progress: bool = True, rng: random.Random | None = None
 ) -> RunResult:
     """Run (or resume) the generation described by ``config`` on the servers preflight approved."""
-    store = RunStore.open(config)
+    session = RunSession(config, plan, progress=progress)
+    store = session.store
     try:
-        store.clock = plan.clock
-        store.prompt_stats = plan.scan.as_dict()
-        store.rejected_count = plan.scan.rejected
-        store.flush()
-        guard = Guard(guard_settings(config))
-        bar = Progress(plan.todo, enabled=progress)
-        status = StatusWriter(
-            config.out_dir,
-            interval_s=config.status_interval_s,
-            total=plan.scan.valid,
-            done_at_start=plan.scan.stored,
-            max_rates=guard.settings.max_rates,
-            note=bar.note,
-        )
-        stop = asyncio.Event()
-        received: list[str] = []
-        dispatcher = Dispatcher(
-            config,
-            plan.servers,
-            store,
-            guard,
-            bar,
-            api_key=config.api_key() if config.api_key_env else "EMPTY",
-            rng=rng,
-            status=status,
-        )
-        sampler = _acceptance_sampler(config, plan)
         try:
-            with _stop_on_signals(stop, received):
-                outcome = await _with_sampler(
-                    sampler, dispatcher.run(prompt_source(config), stop), config.out_dir
-                )
-            store.session.hedged, store.session.hedge_wins = outcome.hedged, outcome.hedge_wins
+            outcome, why = await _dispatch(session, config, plan, rng)
         except BaseException as exc:
             full = _disk_full_in(exc)
             if full is not None:
-                raise full from None  # nothing more can be written: recorded below
-            state = "failed" if isinstance(exc, Exception) else "interrupted"
-            detail = f"{type(exc).__name__}: {exc}"
-            status.finish(state, detail)
-            store.close(state, detail)
+                raise full from None
+            session.end(
+                "failed" if isinstance(exc, Exception) else "interrupted", f"{type(exc).__name__}: {exc}"
+            )
             raise
-        finally:
-            bar.close()
         if outcome.status == "halted":
             assert outcome.error is not None
-            status.finish("halted", str(outcome.error))
-            store.close("halted", str(outcome.error))
+            session.end("halted", str(outcome.error), outcome)
             raise outcome.error
         if outcome.status == "interrupted":
-            why = received[0] if received else "stop"
-            status.finish("interrupted", f"stopped by {why}")
-            store.close("interrupted", why)
+            session.end("interrupted", f"stopped by {why}", outcome)
             message = (
                 f"stopped by {why}: {outcome.completed:,} rows stored this session ({store.stored_rows:,} in "
                 f"{config.out_dir}); {outcome.in_flight_at_stop} in-flight requests abandoned. Run again with the "
                 "same out_dir (draftgen run generate --name RUN --resume) to continue."
             )
-            if why == "SIGINT":
-                raise KeyboardInterrupt(message)
-            raise RunInterrupted(message)
+            raise KeyboardInterrupt(message) if why == "SIGINT" else RunInterrupted(message)
         ending = "complete" if store.failed_count == 0 else "complete_with_failures"
-        store.close(ending)
-        status.finish("finished", ending.replace("_", " "))
+        session.end(ending, outcome=outcome)
         return RunResult(
             status=ending,
             out_dir=Path(config.out_dir),
@@ -247,11 +189,12 @@ async def generate(
             failed=outcome.failed,
             stored=store.stored_rows,
             outcome=outcome,
+            events=session.log.events,
         )
     except DiskFull as full:
-        disk_full = _disk_full(config, store, full)
+        disk_full = session.end_disk_full(full)
     finally:
-        store.release()
+        session.close()
     # Raised outside the handler: no chained context, so a notebook shows DiskFullStop's one line (IPython prints
     # a native traceback for anything whose context holds the dispatcher's exception group).
     raise disk_full

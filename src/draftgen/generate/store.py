@@ -23,7 +23,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,7 +214,15 @@ class SessionCounts:
 class RunStore:
     """Owns one run folder while a run writes to it. Use as a context manager (the lock is released on exit)."""
 
-    def __init__(self, config: GenerateConfig, *, stored_ids: pl.Series, manifest: dict[str, Any] | None):
+    def __init__(
+        self,
+        config: GenerateConfig,
+        *,
+        stored_ids: pl.Series,
+        manifest: dict[str, Any] | None,
+        clock: HardwareClock = WALL,
+        prompt_scan: Mapping[str, Any] | None = None,
+    ):
         self.config = config
         self.out_dir = Path(config.out_dir)
         self.shard_dir = self.out_dir / SHARDS
@@ -227,14 +235,26 @@ class RunStore:
         self._next_seq = self._last_seq() + 1
         self._lock_handle: Any = None
         self.session = SessionCounts()
-        self.clock: HardwareClock = WALL  # the servers' clock; times stored stay wall-clock, reports convert
-        self.rejected_count = int(self.manifest.get("counts", {}).get("rejected", 0))
-        self.prompt_stats: dict[str, Any] = dict(self.manifest.get("prompts", {}))
+        self.clock = clock  # the servers' clock; times stored stay wall-clock, reports convert
+        # What preflight's scan of the prompt file found (a resumed session without one keeps the manifest's).
+        self.prompt_stats: dict[str, Any] = dict(prompt_scan or self.manifest.get("prompts", {}))
+        self.rejected_count = int(
+            prompt_scan["rejected"] if prompt_scan else self.manifest.get("counts", {}).get("rejected", 0)
+        )
 
     # ----- opening ----------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, config: GenerateConfig) -> RunStore:
-        """Lock ``out_dir``, clear leftovers of a crash, check the fingerprint, read the stored ids."""
+    def open(
+        cls,
+        config: GenerateConfig,
+        *,
+        clock: HardwareClock = WALL,
+        prompt_scan: Mapping[str, Any] | None = None,
+    ) -> RunStore:
+        """Lock ``out_dir``, clear leftovers of a crash, check the fingerprint, read the stored ids.
+
+        ``clock`` is the servers' (recorded with each session); ``prompt_scan`` preflight's counts of the prompt
+        file (``PromptScan.as_dict``), recorded in the manifest."""
         out_dir = Path(config.out_dir)
         try:
             (out_dir / SHARDS).mkdir(parents=True, exist_ok=True)
@@ -255,7 +275,7 @@ class RunStore:
                     f"the shards in {out_dir / SHARDS} hold some ids more than once (e.g. {duplicates}); "
                     "they were not written by one draftgen run — deduplicate them or use a new out_dir"
                 )
-            store = cls(config, stored_ids=ids, manifest=manifest)
+            store = cls(config, stored_ids=ids, manifest=manifest, clock=clock, prompt_scan=prompt_scan)
             store._lock_handle = handle
             store._load_failures()
         except BaseException:
@@ -359,8 +379,10 @@ class RunStore:
             self._write_manifest("running")
         return written
 
-    def close(self, status: str, detail: str = "") -> None:
-        """Flush everything and record how this session ended (complete, interrupted, halted, failed)."""
+    def close(self, status: str, detail: str = "", *, hedged: int = 0, hedge_wins: int = 0) -> None:
+        """Flush everything and record how this session ended (complete, interrupted, halted, failed), with the
+        tail copies dispatch sent and how many of them answered first."""
+        self.session.hedged, self.session.hedge_wins = hedged, hedge_wins
         self.flush()
         self._end_session(status, detail)
 

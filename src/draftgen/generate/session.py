@@ -1,0 +1,186 @@
+"""One session of a run folder: the store, the status file, the progress bar, the guard and the event log, fed
+by dispatch's events, and ended exactly once.
+
+Every way a session can end — finished, interrupted, halted by the guard or by an all-down fleet, failed by an
+error, stopped by a full disk — goes through ``end`` (or ``end_disk_full``), which writes the status file's last
+state and the manifest's session record together with the same detail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from draftgen.client.errors import RequestError
+from draftgen.client.records import ChatResult
+from draftgen.diskspace import free_bytes, human_bytes
+from draftgen.generate.config import GenerateConfig
+from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
+from draftgen.generate.guard import Guard, GuardSettings
+from draftgen.generate.preflight import Plan
+from draftgen.generate.progress import Progress, ServerView, short_label
+from draftgen.generate.status_file import StatusWriter
+from draftgen.generate.store import DiskFull, RunStore
+from draftgen.watch.progress_file import set_state
+
+EVENT_LOG_LIMIT = 1000
+RECENT_EVENTS = 20  # the last events, for progress.json
+
+# How a session ended, in the manifest → in progress.json (with its detail).
+ENDINGS = {
+    "complete": "finished",
+    "complete_with_failures": "finished",
+    "interrupted": "interrupted",
+    "halted": "halted",
+    "failed": "failed",
+}
+
+
+class RunInterrupted(RuntimeError):
+    """Stopped by a signal; finished work is on disk."""
+
+
+class DiskFullStop(RunInterrupted):
+    """The run folder's filesystem filled up: stopped as on an interrupt, finished shards kept."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
+
+    def _render_traceback_(self) -> list[str]:  # IPython/Jupyter: the one line, not a traceback
+        return [f"DiskFullStop: {self}"]
+
+
+def guard_settings(config: GenerateConfig) -> GuardSettings:
+    return GuardSettings(
+        window=config.guard_window,
+        min_results=config.guard_min_results,
+        max_rates={
+            "empty_answer": config.max_empty_answer_rate,
+            "empty_reasoning": config.max_empty_reasoning_rate,
+            "truncated": config.max_truncated_rate,
+            "failed": config.max_failed_rate,
+        },
+        thinking=config.enable_thinking,
+    )
+
+
+class EventLog:
+    """(time, server, what) of everything noted: the first ``EVENT_LOG_LIMIT`` kept, the last few for the status."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, str, str]] = []
+        self.recent: deque[tuple[float, str, str]] = deque(maxlen=RECENT_EVENTS)
+
+    def add(self, server: str, what: str) -> None:
+        event = (time.time(), server, what)
+        if len(self.events) < EVENT_LOG_LIMIT:
+            self.events.append(event)
+        self.recent.append(event)
+
+
+class RunSession:
+    """Takes dispatch's events (``DispatchEvents``) to the store, guard, progress bar and log; ends once."""
+
+    def __init__(self, config: GenerateConfig, plan: Plan, *, progress: bool = True):
+        self.config = config
+        self.store = RunStore.open(config, clock=plan.clock, prompt_scan=plan.scan.as_dict())
+        self.guard = Guard(guard_settings(config))
+        self.bar = Progress(plan.todo, enabled=progress)
+        self.log = EventLog()
+        self.status = StatusWriter(
+            config.out_dir,
+            interval_s=config.status_interval_s,
+            total=plan.scan.valid,
+            done_at_start=plan.scan.stored,
+            max_rates=self.guard.settings.max_rates,
+            note=self.bar.note,
+        )
+        self.ending: str | None = None
+        try:
+            self.store.flush()
+        except BaseException:
+            self.close()
+            raise
+
+    # ----- dispatch's events ---------------------------------------------------------------------------------
+    def kept(self, server: str, label: str, result: ChatResult, row: dict[str, Any] | None) -> None:
+        if row is not None:
+            self.store.add(row)
+        self.bar.advance(result.completion_tokens or 0, conversation_done=row is not None)
+        self.guard.observe(  # every turn is a sample; raises GuardTripped (a StopRun)
+            id=label,
+            server=server,
+            content=result.content,
+            reasoning=result.reasoning_content,
+            finish_reason=result.finish_reason,
+        )
+
+    def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:
+        self.store.add_failure(row)
+        self.bar.fail()
+        self.guard.observe(id=label, server=server, error=str(error))
+
+    def note(self, server: str, what: str) -> None:
+        self.log.add(server, what)
+        self.bar.note(f"[{time.strftime('%H:%M:%S')}] {short_label(server)}: {what}")
+
+    # ----- while it runs -------------------------------------------------------------------------------------
+    def show(self, dispatcher: Dispatcher, *, force: bool = False) -> None:
+        """Redraw the bar and hand the counters to the status file (written every ``status_interval_s``)."""
+        snapshot = dispatcher.snapshot()
+        views = [ServerView(short_label(s.url), s.in_flight, s.up) for s in snapshot.servers]
+        self.bar.refresh(views, retrying=snapshot.retrying)
+        full = replace(
+            snapshot,
+            guard_rates=self.guard.rates(),
+            guard_totals=dict(self.guard.totals),
+            guard_seen=self.guard.seen,
+            events=tuple(self.log.recent),
+        )
+        self.status.update(full, force=force)
+
+    async def watch(self, dispatcher: Dispatcher) -> None:
+        """``show`` every ``progress_interval_s`` (status file: every ``status_interval_s``) until cancelled."""
+        interval = max(0.05, min(self.config.progress_interval_s, self.config.status_interval_s))
+        while True:
+            self.show(dispatcher)
+            await asyncio.sleep(interval)
+
+    # ----- the one way to end --------------------------------------------------------------------------------
+    def end(self, ending: str, detail: str = "", outcome: DispatchOutcome | None = None) -> None:
+        """Record how the session ended in progress.json and the manifest, with the same detail."""
+        if self.ending is not None:
+            return
+        self.ending = ending
+        self.bar.close()
+        state = ENDINGS[ending]
+        self.status.finish(state, detail or ending.replace("_", " "))
+        hedges = {"hedged": outcome.hedged, "hedge_wins": outcome.hedge_wins} if outcome else {}
+        self.store.close(ending, detail, **hedges)
+
+    def end_disk_full(self, error: DiskFull) -> DiskFullStop:
+        """The disk filled: record it as far as space allows and say what is kept and what to do."""
+        self.ending = "disk full"
+        self.bar.close()
+        config, store = self.config, self.store
+        recorded = store.close_disk_full(error)
+        with contextlib.suppress(OSError):  # progress.json is rewritten in place when no temporary file fits
+            set_state(config.out_dir, "interrupted", f"disk full: {error.path}")
+        shards = len(store.manifest.get("shards", []))
+        message = (
+            f"disk full: {error}. {store.stored_rows:,} rows are safe in {shards:,} shards in {config.out_dir}"
+            + ("" if recorded else " (manifest.json could not be updated: no space even for it)")
+            + f"; {human_bytes(free_bytes(config.out_dir))} free now. Free space, then run again with the same "
+            "out_dir (draftgen run generate --name RUN --resume) to continue."
+        )
+        return DiskFullStop(message, error.path)
+
+    def close(self) -> None:
+        """Release the run folder's lock (after ``end``, or when the session could not start)."""
+        self.store.release()
