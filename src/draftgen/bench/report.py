@@ -19,6 +19,7 @@ from draftgen.bench.occupancy import occupancy_frame
 from draftgen.bench.records import BenchmarkRun, ServerFacts
 from draftgen.bench.stats import level_row, request_rows, worker_rows
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, on_clock
+from draftgen.display.plots import Plot, new_figure, save
 from draftgen.server_settings import settings_record
 
 RESULTS_FILE = "results.parquet"
@@ -290,11 +291,6 @@ def save_report(report: BenchmarkReport, out_dir: str | Path) -> Path:
 
 # ----- plots: one question each -----------------------------------------------------------------------------
 # Figures are built without pyplot: nothing is shown twice in a notebook, nothing leaks between calls.
-def new_figure(figsize: tuple[float, float], ncols: int = 1):  # type: ignore[no-untyped-def]
-    fig = Figure(figsize=figsize)
-    return fig, fig.subplots(1, ncols)
-
-
 def _clock_line(clock: HardwareClock) -> str:
     """A second title line naming the simulated clock; "" on real servers."""
     if not clock.simulated:
@@ -460,23 +456,6 @@ def plot_lengths(report: BenchmarkReport, max_tokens: int) -> Figure:
     return fig
 
 
-@dataclass(frozen=True)
-class SavedFigure:
-    """A figure written to ``path``; a notebook shows it inline as PNG whatever the matplotlib backend."""
-
-    path: Path
-    figure: Figure
-
-    def _repr_png_(self) -> bytes:
-        return self.path.read_bytes()
-
-    def __repr__(self) -> str:
-        return f"figure saved to {self.path}"
-
-
-def save_figure(fig: Figure, out_dir: str | Path, name: str) -> SavedFigure:
-    """Write ``out_dir/name.png`` and return it for inline display."""
-    path = Path(out_dir) / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    return SavedFigure(path, fig)
+def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Plot:
+    """Write ``out_dir/name.png`` and return it for inline display (the notebooks' call)."""
+    return save(fig, out_dir, name)

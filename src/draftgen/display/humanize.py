@@ -1,4 +1,5 @@
-"""Durations in the unit a person would use: a dry run lasts seconds, the real job days."""
+"""Durations in the unit a person would use (a dry run lasts seconds, the real job days), and servers by the
+shortest name that tells them apart."""
 
 from __future__ import annotations
 
@@ -17,3 +18,12 @@ def duration(seconds: float, *, digits: int = 1) -> str:
     """``duration(1_425_600) == "16.5 days"``, ``duration(150) == "2.5 min"``, ``duration(95) == "95.0 s"``."""
     name, size = duration_unit(abs(seconds))
     return f"{seconds / size:,.{digits}f} {name}"
+
+
+def short_label(url: str) -> str:
+    """``http://127.0.0.1:30003`` → ``:30003``; other hosts keep host:port."""
+    rest = url.split("://", 1)[-1]
+    host, _, port = rest.partition(":")
+    if host in ("127.0.0.1", "localhost") and port:
+        return ":" + port.split("/")[0]
+    return rest

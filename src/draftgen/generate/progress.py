@@ -23,15 +23,6 @@ class ServerView:
     up: bool
 
 
-def short_label(url: str) -> str:
-    """``http://127.0.0.1:30003`` → ``:30003``; other hosts keep host:port."""
-    rest = url.split("://", 1)[-1]
-    host, _, port = rest.partition(":")
-    if host in ("127.0.0.1", "localhost") and port:
-        return ":" + port.split("/")[0]
-    return rest
-
-
 class Progress:
     """A tqdm bar in a notebook (widget when ipywidgets is installed, text otherwise) or a terminal."""
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,11 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.client.clock import HardwareClock, fleet_clock, on_clock
-from draftgen.display.humanize import duration_unit
+from draftgen.display.humanize import duration_unit, short_label
+from draftgen.display.plots import Plot, save
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.preflight import load_estimate
-from draftgen.generate.progress import short_label
 from draftgen.generate.store import FAILED, REJECTED, read_manifest, scan_shards, shard_paths
 
 REPORT_COLUMNS = (
@@ -186,20 +185,6 @@ def finish_reasons(out_dir: RunDirs) -> pl.DataFrame:
 
 
 # ----- plots ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SavedPlot:
-    """A plot written to ``path``; notebooks show it inline (PNG), whatever the matplotlib backend."""
-
-    path: Path
-    figure: Figure
-
-    def _repr_png_(self) -> bytes:
-        return self.path.read_bytes()
-
-    def __repr__(self) -> str:
-        return f"plot saved to {self.path}"
-
-
 def plots_home(out_dir: RunDirs, save_to: str | Path | None) -> Path:
     """Where ``plots/`` goes: ``save_to``, else the one run folder (several folders need ``save_to``)."""
     if save_to is not None:
@@ -212,12 +197,8 @@ def plots_home(out_dir: RunDirs, save_to: str | Path | None) -> Path:
     return folders[0]
 
 
-def _save(figure: Figure, out_dir: Path, name: str) -> SavedPlot:
-    folder = out_dir / "plots"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.png"
-    figure.savefig(path, dpi=110, bbox_inches="tight")
-    return SavedPlot(path, figure)
+def _save(figure: Figure, out_dir: Path, name: str) -> Plot:
+    return save(figure, out_dir / "plots", name)
 
 
 def spread_rate(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -241,7 +222,7 @@ def spread_rate(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray, edges:
     return np.diff(at_edges) / np.diff(edges)
 
 
-def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
+def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
     """Completion tokens per second over time, one line per server (each request spread over its lifetime), on
     the servers' clock."""
     home = plots_home(out_dir, save_to)
@@ -284,7 +265,7 @@ def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> Save
     return _save(figure, home, "throughput")
 
 
-def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
+def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
     """MTP acceptance length over time, one line per worker, from its /metrics windows (acceptance.parquet)."""
     home = plots_home(out_dir, save_to)
     folders = run_dirs(out_dir)
@@ -315,7 +296,7 @@ def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Save
     return _save(figure, home, "acceptance")
 
 
-def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> SavedPlot:
+def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
     home = plots_home(out_dir, save_to)
     frame = finish_reasons(out_dir)
     figure = Figure(figsize=(6, 3.2))
@@ -331,7 +312,7 @@ def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> 
 
 def plot_completion_lengths(
     out_dir: RunDirs, max_tokens: int | None = None, save_to: str | Path | None = None
-) -> SavedPlot:
+) -> Plot:
     home = plots_home(out_dir, save_to)
     tokens = scan_results(out_dir).select("completion_tokens").drop_nulls().collect()["completion_tokens"]
     figure = Figure(figsize=(7, 3.4))

@@ -19,11 +19,12 @@ from typing import Any
 from draftgen.client.errors import RequestError
 from draftgen.client.records import ChatResult
 from draftgen.diskspace import free_bytes, human_bytes
+from draftgen.display.humanize import short_label
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
 from draftgen.generate.guard import Guard, GuardSettings
 from draftgen.generate.preflight import Plan
-from draftgen.generate.progress import Progress, ServerView, short_label
+from draftgen.generate.progress import Progress, ServerView
 from draftgen.generate.status_file import StatusWriter
 from draftgen.generate.store import DiskFull, RunStore
 from draftgen.watch.progress_file import set_state

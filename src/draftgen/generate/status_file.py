@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftgen.generate.progress import short_label
+from draftgen.display.humanize import short_label
 from draftgen.watch.progress_file import (
     DETAIL_LIMIT,
     FORMAT,

@@ -8,7 +8,8 @@ from pathlib import Path
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.bench.report import SavedFigure, new_figure, save_figure
+from draftgen.bench.report import save_figure
+from draftgen.display.plots import Plot, new_figure
 from draftgen.server_settings import save_settings
 from draftgen.tune.estimate import estimate
 from draftgen.tune.run import TuneRun
@@ -18,7 +19,7 @@ JOBS_FILE = "jobs.parquet"
 SUMMARY_FILE = "tune.json"
 
 __all__ = [
-    "SavedFigure",
+    "Plot",
     "candidate_table",
     "plot_acceptance",
     "plot_throughput",

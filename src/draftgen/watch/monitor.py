@@ -9,18 +9,18 @@ columns the plots need, so a million-row run reads in seconds.
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 from pydantic import Field
 
+from draftgen.display.humanize import short_label
+from draftgen.display.plots import Plot, message
 from draftgen.params import Params
 from draftgen.paths import ProjectPath, root_note
 from draftgen.watch.progress_file import read_history, read_progress
@@ -214,35 +214,8 @@ def binned(history: pl.DataFrame, bins: int) -> pl.DataFrame:
 
 
 # ----- plots --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Plot:
-    """A figure shown inline as PNG (whatever the matplotlib backend); nothing is written to the run folder."""
-
-    figure: Figure
-
-    def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
-        return buffer.getvalue()
-
-    def __repr__(self) -> str:
-        return f"<plot: {self.figure.axes[0].get_title() if self.figure.axes else ''}>"
-
-
-def _label(url: str) -> str:
-    rest = url.split("://", 1)[-1]
-    host, _, port = rest.partition(":")
-    return ":" + port.split("/")[0] if host in ("127.0.0.1", "localhost") and port else rest
-
-
 def _time_axis(span_s: float) -> tuple[float, str]:
     return (3600.0, "h") if span_s > 7200 else (60.0, "min") if span_s > 600 else (1.0, "s")
-
-
-def _message(figure: Figure, axes: Any, text: str) -> Plot:
-    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, fontsize=10)
-    axes.set_axis_off()
-    return Plot(figure)
 
 
 def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot:
@@ -252,14 +225,14 @@ def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot
     top, bottom = figure.subplots(2, 1, sharex=True)
     frame = binned(history, bins)
     if frame.is_empty():
-        _message(figure, bottom, "")
-        return _message(
+        message(figure, bottom, "")
+        return message(
             figure, top, "no history yet: progress-history.jsonl gains a line every status_interval_s"
         )
     scale, unit = _time_axis(float(frame["t"].max()))
     for (server,), group in frame.group_by("server", maintain_order=True):
         x = group["t"].to_numpy() / scale
-        top.plot(x, group["tok_s"].to_numpy(), label=_label(str(server)), linewidth=1.2)
+        top.plot(x, group["tok_s"].to_numpy(), label=short_label(str(server)), linewidth=1.2)
         bottom.plot(x, group["accept"].cast(pl.Float64).to_numpy(), linewidth=1.2)
     top.set_title("How fast is each server producing tokens, and how much of each draft does it accept?")
     top.set_ylabel("completion tok/s")
@@ -280,7 +253,7 @@ def plot_progress(run_dir: str | Path) -> Plot:
     figure = Figure(figsize=(9, 3.6))
     axes = figure.subplots()
     if history.is_empty():
-        return _message(
+        return message(
             axes.figure, axes, "no history yet: progress-history.jsonl gains a line every status_interval_s"
         )
     done = history.group_by("t").agg(pl.col("done").first()).sort("t")
@@ -318,7 +291,7 @@ def plot_finish_reasons(rows: pl.DataFrame) -> Plot:
     figure = Figure(figsize=(6, 3.2))
     axes = figure.subplots()
     if rows.is_empty():
-        return _message(figure, axes, "no shard written yet")
+        return message(figure, axes, "no shard written yet")
     counts = rows.group_by("finish_reason").agg(pl.len().alias("rows")).sort("rows", descending=True)
     total = counts["rows"].sum()
     labels = [str(r) for r in counts["finish_reason"].to_list()]
@@ -335,7 +308,7 @@ def plot_completion_lengths(rows: pl.DataFrame, max_tokens: int | None = None) -
     axes = figure.subplots()
     tokens = rows["completion_tokens"].drop_nulls().to_numpy() if not rows.is_empty() else np.array([])
     if tokens.size == 0:
-        return _message(figure, axes, "no completion lengths yet")
+        return message(figure, axes, "no completion lengths yet")
     bins = min(80, max(10, int(math.sqrt(tokens.size))))
     axes.hist(tokens, bins=bins, color="#55a868")
     if max_tokens:

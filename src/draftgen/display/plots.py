@@ -1,0 +1,58 @@
+"""Figures as notebooks show them and run folders keep them: one wrapper for every plot draftgen draws.
+
+A figure is drawn on a bare ``matplotlib.figure.Figure`` (no pyplot: no global figure registry, no backend to
+choose in a kernel or a test), then either saved (``save``: ``folder/name.png``, shown inline from that file) or
+only shown (``Plot(figure)``: rendered to PNG when displayed, e.g. by the read-only monitor).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+DPI = 110
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure shown inline as PNG whatever the matplotlib backend; ``path`` is where it was saved, if it was."""
+
+    figure: Figure
+    path: Path | None = None
+
+    def _repr_png_(self) -> bytes:
+        if self.path is not None:
+            return self.path.read_bytes()
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+        return buffer.getvalue()
+
+    def __repr__(self) -> str:
+        if self.path is not None:
+            return f"plot saved to {self.path}"
+        return f"<plot: {self.figure.axes[0].get_title() if self.figure.axes else ''}>"
+
+
+def new_figure(figsize: tuple[float, float], ncols: int = 1) -> tuple[Figure, Any]:
+    """A figure and its axes (one, or a row of ``ncols``)."""
+    figure = Figure(figsize=figsize)
+    return figure, figure.subplots(1, ncols)
+
+
+def save(figure: Figure, folder: str | Path, name: str) -> Plot:
+    """Write ``folder/name.png`` and return it for inline display."""
+    path = Path(folder) / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=DPI, bbox_inches="tight")
+    return Plot(figure, path)
+
+
+def message(figure: Figure, axes: Any, text: str) -> Plot:
+    """Nothing to draw yet: say why in the middle of the axes."""
+    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, fontsize=10)
+    axes.set_axis_off()
+    return Plot(figure)
