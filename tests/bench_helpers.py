@@ -57,6 +57,48 @@ def truth_by_level(truth: list[dict], requests) -> dict[tuple[str, int], dict]: 
     return out
 
 
+# ----- how far load moved the measurements -----------------------------------------------------------------
+# A two-core machine shared with other work delays both sides: the simulator's steps run late (it then falls behind
+# its own clock), and the client notices finishes and chunks late. Tests that compare timings read how much of each
+# happened in the same run and widen (or correct) their tolerance by exactly that, instead of a fixed margin.
+def sim_clocks(fleet) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Each server's ``/sim/info`` clock_kept counters now (wall seconds its steps should have taken, and took)."""
+    return [fleet.info(i)["clock_kept"] for i in range(fleet.servers)]
+
+
+def clock_kept(before: list[dict], after: list[dict]) -> float:
+    """Planned ÷ actual step time over a window, the fleet's servers together: 1.0 on time, 0.8 running 25% late."""
+    planned = sum(a["planned_s"] - b["planned_s"] for b, a in zip(before, after, strict=True))
+    actual = sum(a["actual_s"] - b["actual_s"] for b, a in zip(before, after, strict=True))
+    return planned / actual if actual > 0 else 1.0
+
+
+def turnaround_share(fleet, since: float, until: float, concurrency: int) -> float:  # type: ignore[no-untyped-def]
+    """How much the client's turnaround stretched the chat requests that reached the fleet between two wall times:
+    the mean gap between a request finishing at a server and the next one arriving in its slot (the (c+j)-th
+    arrival after the j-th finish, with ``concurrency`` kept in flight), ÷ the mean request duration there."""
+    gaps: list[float] = []
+    durations: list[float] = []
+    for index in range(fleet.servers):
+        records = [
+            r
+            for r in fleet.truth(index)
+            if r.get("kind") == "chat" and since <= r["arrival"] <= until and r["finished"]
+        ]
+        arrivals = sorted(r["arrival"] for r in records)
+        finishes = sorted(r["finished"] for r in records)
+        gaps += [
+            max(0.0, arrivals[concurrency + j] - finishes[j]) for j in range(len(arrivals) - concurrency)
+        ]
+        durations += [r["finished"] - r["arrival"] for r in records]
+    return float(np.mean(gaps)) / float(np.mean(durations)) if gaps and durations else 0.0
+
+
+def lag_share(row: dict) -> float:
+    """The client's worst lateness during a level as a share of the level's wall-clock window (raw results)."""
+    return row["client_lag_ms_max"] / 1000.0 / row["window_s"]
+
+
 # ----- records without servers ---------------------------------------------------------------------------------
 URL = "http://127.0.0.1:1"
 

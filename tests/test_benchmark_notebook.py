@@ -1,11 +1,14 @@
 """benchmark.ipynb end to end (papermill via ``draftgen run``) against simulated fleets and their ground truth.
 
 Tolerances (the simulator records what really happened; the client measures from the outside, over loopback
-HTTP on a busy two-core machine, at a sped-up clock):
-  * output tok/s and acceptance length: within 2% of the truth;
-  * ITL median: within 10% (chunk gaps against the simulator's step times);
+HTTP on a busy two-core machine, at a sped-up clock). Each is widened by the client's own measured lateness in
+that level (``client_lag_ms_max``: how late its event loop ran), since a late client sees a finish or a chunk late:
+  * output tok/s: within 2% of the truth, + the worst lateness as a share of the level's window; acceptance length
+    (a ratio of counts, not of times): within 2%;
+  * ITL median: within 10% (chunk gaps against the simulator's step times), + the median lateness;
   * TTFT median: within 10% where requests queue (TTFT is then mostly queueing, hundreds of ms), and within
-    25% + 10 ms where they do not (TTFT is then a few ms, and the client's own send/parse time is part of it).
+    25% + 10 ms where they do not (TTFT is then a few ms, and the client's own send/parse time is part of it),
+    + the worst lateness.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 
 import polars as pl
 import pytest
-from bench_helpers import run_notebook, truth_by_level
+from bench_helpers import lag_share, run_notebook, truth_by_level
 
 PLOTS = ("throughput", "latency", "acceptance", "tok_s_per_gpu", "completion_lengths")
 
@@ -48,15 +51,18 @@ def test_measurements_match_the_simulators_truth(sim_fleet, tmp_path):
     truth = truth_by_level(fleet.truth(), requests)
     for row in results.iter_rows(named=True):
         real = truth[(row["server"], row["concurrency"])]
-        where = f"{row['server']} c={row['concurrency']}"
+        late = row["client_lag_ms_max"] / 1000.0
+        where = f"{row['server']} c={row['concurrency']} (client up to {1000 * late:.0f} ms late)"
         assert row["output_tokens"] == real["output_tokens"], where
-        assert row["output_tok_s"] == pytest.approx(real["output_tok_s"], rel=0.02), where
+        assert row["output_tok_s"] == pytest.approx(real["output_tok_s"], rel=0.02 + lag_share(row)), where
         assert row["accept_length"] == pytest.approx(real["accept_length"], rel=0.02), where
-        assert row["itl_s_p50"] == pytest.approx(real["itl_s_p50"], rel=0.10), where
+        assert row["itl_s_p50"] == pytest.approx(real["itl_s_p50"], rel=0.10, abs=late), where
         if row["concurrency"] > 4:
-            assert row["ttft_s_p50"] == pytest.approx(real["ttft_s_p50"], rel=0.10), where
+            assert row["ttft_s_p50"] == pytest.approx(real["ttft_s_p50"], rel=0.10, abs=late), where
         else:
-            assert abs(row["ttft_s_p50"] - real["ttft_s_p50"]) <= 0.010 + 0.25 * real["ttft_s_p50"], where
+            assert abs(row["ttft_s_p50"] - real["ttft_s_p50"]) <= 0.010 + 0.25 * real["ttft_s_p50"] + late, (
+                where
+            )
         assert (row["output_tokens_source"], row["accept_length_source"], row["missing"]) == (
             "usage",
             "sglext",

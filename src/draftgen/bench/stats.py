@@ -235,6 +235,7 @@ def level_row(level: LevelRun, facts: ServerFacts, requests: Sequence[dict], max
         "usage_reported_rate": float(np.mean([r["usage_reported"] for r in ok_rows])) if ok_rows else None,
         "max_running_requests": facts.max_running_requests,
         "client_lag_ms_p99": float(np.percentile(lag, 99)),
+        "client_lag_ms_max": float(lag.max()),
         "started_at": level.started_at,
         "finished_at": level.finished_at,
         "reused": level.reused,

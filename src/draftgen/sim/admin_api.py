@@ -43,6 +43,10 @@ class AdminApi:
                 "faults": asdict(self.sim.faults),
                 "capacity_tok_s_by_batch": capacity,
                 "started": self.sim.started,
+                "clock_kept": {  # wall seconds the steps should have taken and took: planned ÷ actual < 1 is late
+                    "planned_s": self.sim.engine.stats.step_planned_s,
+                    "actual_s": self.sim.engine.stats.step_actual_s,
+                },
                 "healthy": self.sim.healthy,
             }
         )

@@ -78,6 +78,10 @@ class EngineStats:
     _interval_started: float = field(default_factory=time.time)
     _all_step_tokens: int = 0
     _all_step_verifies: int = 0
+    # How well the simulator kept its own clock: the wall seconds its steps should have taken (simulated ÷ speed)
+    # and the wall seconds they took. On a starved machine the second grows; tests that compare timings read both.
+    step_planned_s: float = 0.0
+    step_actual_s: float = 0.0
 
 
 class Engine:
@@ -156,6 +160,7 @@ class Engine:
                 self._next_deadline = None
                 await self._wake.wait()
                 continue
+            cycle_started = time.monotonic()
             admitted = self._admissible()
             now = time.time()
             for request in admitted:
@@ -169,6 +174,8 @@ class Engine:
             await self._wait_step(sim_seconds / self.speed)
             if self.running and not self.wedged:  # every request of the step may have been aborted meanwhile
                 self._apply_step(time.time())
+            self.stats.step_planned_s += sim_seconds / self.speed
+            self.stats.step_actual_s += time.monotonic() - cycle_started
 
     def _has_admissible(self) -> bool:
         if self.ready.is_set():

@@ -87,6 +87,9 @@ def _log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+KILL_WAIT_S = 60.0  # SIGKILL cannot be refused; this only bounds how long reaping may take under load
+
+
 @dataclass
 class SimFleet:
     """Start with ``with SimFleet(servers=7) as fleet: fleet.urls ...`` or ``fleet.start()`` / ``fleet.stop()``."""
@@ -256,7 +259,8 @@ class SimFleet:
         self.wait(wait, timeout, indices=[index])
 
     def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM every server, then SIGKILL what is left: no orphans."""
+        """SIGTERM every server, then SIGKILL what is left: no orphans. On a loaded machine a killed process can
+        take seconds to be reaped, so the wait after SIGKILL is long (it ends as soon as the process is gone)."""
         for proc in self._procs.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -268,7 +272,7 @@ class SimFleet:
                 proc.wait(timeout=remaining)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=5)
+                proc.wait(timeout=KILL_WAIT_S)
         self._procs.clear()
 
     def cleanup(self) -> None:
