@@ -3,6 +3,11 @@
 A notebook's parameters cell holds typed literals; its next cell calls ``config_from_namespace`` (or
 ``build_config``) which returns a frozen pydantic model or raises ``ParameterError`` listing each bad parameter
 by name before any request is sent.
+
+Each parameter is declared once, in its config class: ``param(default, help)`` carries the default and the help
+text, and the class's ``parameters_cell`` (a ``NotebookCell``) the notebook's sections and their order. The
+notebook's parameters cell is rendered from these (``python -m draftgen.notebook_params --write``); a test fails
+when a committed cell differs from its rendering.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -47,6 +52,53 @@ SHARED_PARAMETERS = frozenset(
 )
 
 
+# What the notebooks show for the fleet's required fields: the simulated fleet of params/sim.yaml
+# (`draftgen sim --servers 7 --base-port 30000`), so a notebook opened in JupyterLab runs against it as is.
+NOTEBOOK_FLEET = [f"http://127.0.0.1:{30000 + i}" for i in range(7)]
+NOTEBOOK_MODEL = "Qwen/Qwen3.6-27B"  # the simulator's served model name (sim/defaults.py DEFAULT_MODEL)
+
+_NOT_GIVEN: Any = object()
+
+
+def param(default: Any = ..., help: str = "", *, notebook: Any = _NOT_GIVEN, **field: Any) -> Any:
+    """One notebook parameter, declared once: its default and its help (the ``# comment`` of the notebook's line).
+
+    ``default`` is ``...`` for a required field, which then names ``notebook``: the literal the notebook's cell
+    shows (the simulated fleet's URLs, "synthetic", an interactive out_dir). An optional field whose default is
+    None shows the literal that means "not set" under papermill ("", 0, 0.0) without saying so. Other keywords
+    are pydantic's ``Field`` constraints (``ge``, ``min_length``, ``default_factory``, ``validate_default``...).
+    """
+    if not help:
+        raise TypeError("param() needs the parameter's help text")
+    if notebook is not _NOT_GIVEN and default is not ...:
+        raise TypeError(
+            "notebook= is for required fields: an optional field's default is what the notebook shows"
+        )
+    extra = None if notebook is _NOT_GIVEN else {"notebook": notebook}
+    if default is ...:
+        return Field(description=help, json_schema_extra=extra, **field)
+    return Field(default, description=help, json_schema_extra=extra, **field)
+
+
+class NotebookCell:
+    """A config class's parameters cell: its sections in order, each a ``# title`` line over its fields' lines.
+
+    ``sections`` are ``(title, "name name ...")`` pairs (title "" for no header line), naming every field of the
+    class once. ``help`` replaces an inherited field's help in this notebook only (where its meaning differs, say
+    request_timeout_s: retried in generate, failed in benchmark).
+    """
+
+    def __init__(self, *sections: tuple[str, str], help: Mapping[str, str] | None = None):
+        self.sections: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
+            (title, tuple(names.split())) for title, names in sections
+        )
+        self.help: Mapping[str, str] = dict(help or {})
+
+    @property
+    def names(self) -> list[str]:
+        return [name for _, names in self.sections for name in names]
+
+
 class ParameterError(ValueError):
     """Bad parameters: ``problems`` holds (parameter, what is wrong) pairs, all of them."""
 
@@ -62,6 +114,15 @@ class Params(BaseModel):
     """Base of every notebook config: frozen, no unknown fields, no silent type coercion."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    parameters_cell: ClassVar[NotebookCell | None] = None  # a notebook's config sets it: its cell's layout
+
+    @classmethod
+    def parameter_help(cls, name: str) -> str:
+        """The help text of parameter ``name`` in this class's notebook."""
+        cell = cls.parameters_cell
+        if cell is not None and name in cell.help:
+            return cell.help[name]
+        return cls.model_fields[name].description or ""
 
     def public_dict(self) -> dict[str, Any]:
         """Parameters safe to write next to results (configs hold env-var names, never secrets)."""
@@ -74,10 +135,16 @@ def _unset_if_empty(value: Any) -> Any:
 
 
 class FleetParams(Params):
-    servers: list[str] = Field(min_length=1)  # base URLs, one per SGLang server (or one router URL)
-    model: str = Field(min_length=1)  # served model name; also the model checked on each server
-    api_key_env: str | None = None  # name of the environment variable holding the API key, never the key
-    request_timeout_s: PositiveFloat = 1800.0
+    servers: list[str] = param(
+        ..., "base URLs: one per SGLang server, or one router URL", notebook=NOTEBOOK_FLEET, min_length=1
+    )
+    model: str = param(
+        ..., "served model name, as the servers' /v1/models report it", notebook=NOTEBOOK_MODEL, min_length=1
+    )
+    api_key_env: str | None = param(
+        None, 'NAME of the environment variable holding the API key, never the key ("": none)'
+    )
+    request_timeout_s: PositiveFloat = param(1800.0, "one request's time limit (s)")
 
     @field_validator("servers")
     @classmethod
@@ -116,12 +183,16 @@ class FleetParams(Params):
 
 
 class SamplingParams(Params):
-    max_tokens: PositiveInt = 4096
-    temperature: NonNegativeFloat = 0.6
-    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
-    top_k: PositiveInt | None = None  # sent only to engines that accept non-OpenAI fields
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    enable_thinking: bool = True
+    max_tokens: PositiveInt = param(4096, "longest completion, tokens")
+    temperature: NonNegativeFloat = param(0.6, "sampling temperature")
+    top_p: Annotated[float, Field(gt=0, le=1)] = param(0.95, "nucleus sampling")
+    top_k: PositiveInt | None = param(
+        None, "top-k sampling (0: not sent); sent only to engines that accept it (SGLang does)"
+    )
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = param(
+        None, "min-p sampling (0: not sent); like top_k, sent only to engines that accept it"
+    )
+    enable_thinking: bool = param(True, "Qwen3 thinking (reasoning_content + answer)")
 
     _extras_unset = field_validator("top_k", "min_p", mode="before")(_unset_if_empty)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from draftgen.params import FleetParams, PositiveInt, SamplingParams
+from draftgen.params import FleetParams, NotebookCell, PositiveInt, SamplingParams, param
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.server_settings import SettingsFile
@@ -21,24 +21,61 @@ WARMUP_MAX_TOKENS = (
 
 
 class BenchmarkConfig(FleetParams, SamplingParams):
-    prompts: str = SYNTHETIC  # .jsonl/.parquet sample of the real prompts, or "synthetic" (the bundled set)
-    num_prompts: PositiveInt = 128  # requests per server at each concurrency level (unless `rounds` is set)
-    rounds: Annotated[float, Field(ge=0)] = (
-        0.0  # > 0: a level sends ceil(rounds x concurrency) requests (>= 8)
+    parameters_cell = NotebookCell(
+        ("fleet", "servers model api_key_env request_timeout_s"),
+        (
+            "prompts and sampling (production settings)",
+            "prompts max_tokens temperature top_p top_k min_p enable_thinking",
+        ),
+        (
+            "levels",
+            "concurrencies num_prompts rounds warmup_requests parallel_servers knee_fraction seed out_dir "
+            "settings resume",
+        ),
+        help={
+            "servers": "base URLs, one SGLang server per GPU",
+            "request_timeout_s": "one request's time limit (s); a timed-out request counts as failed",
+        },
     )
-    concurrencies: list[PositiveInt] = Field(
-        default_factory=lambda: list(DEFAULT_CONCURRENCIES), min_length=1
+
+    prompts: str = param(
+        SYNTHETIC,
+        'a .jsonl/.parquet sample of YOUR prompts (lengths depend on them), or "synthetic" (the bundled set)',
     )
-    warmup_requests: Annotated[int, Field(ge=0)] = 4  # per server, before the first level; not measured
-    parallel_servers: bool = True  # benchmark all servers at once (one GPU each, independent)
-    knee_fraction: Annotated[float, Field(gt=0, le=1)] = 0.95  # knee: least concurrency reaching this share
-    seed: int = 0  # which prompts are sampled from the file
-    out_dir: ProjectPath = Field(
-        "outputs/benchmark/interactive", validate_default=True
-    )  # results.parquet, requests.parquet and plots go here
-    settings: SettingsFile = ""  # settings file (draftgen tune) the servers ran with; recorded in the JSON
-    resume: bool = (
-        False  # reuse levels an interrupted run left in out_dir/levels/ (same servers, prompts, sampling)
+    num_prompts: PositiveInt = param(
+        128,
+        "requests per server at each level unless rounds is set (2x the concurrency or more keeps a steady phase)",
+    )
+    rounds: Annotated[float, Field(ge=0)] = param(
+        0.0, "> 0: each level sends ceil(rounds x concurrency) requests (at least 8) instead of num_prompts"
+    )
+    concurrencies: list[PositiveInt] = param(
+        default_factory=lambda: list(DEFAULT_CONCURRENCIES),
+        help="requests in flight per server, one level each",
+        min_length=1,
+    )
+    warmup_requests: Annotated[int, Field(ge=0)] = param(
+        4, "short requests per server before the first level (not measured)"
+    )
+    parallel_servers: bool = param(
+        True, "benchmark every server at once (one GPU each); False: one after another"
+    )
+    knee_fraction: Annotated[float, Field(gt=0, le=1)] = param(
+        0.95, "the knee: least concurrency reaching this share of the best tok/s"
+    )
+    seed: int = param(0, "which prompts are sampled from the file")
+    out_dir: ProjectPath = param(
+        "outputs/benchmark/interactive",
+        "results.parquet, requests.parquet and plots go here (draftgen run sets its run folder)",
+        validate_default=True,
+    )
+    settings: SettingsFile = param(
+        "", 'settings file from draftgen tune the servers run with (recorded; "": none)'
+    )
+    resume: bool = param(
+        False,
+        "reuse levels an interrupted run saved in out_dir/levels/ (same servers, prompts, sampling; "
+        "draftgen run --resume sets it)",
     )
 
     @field_validator("concurrencies")

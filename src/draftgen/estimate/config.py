@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.params import NonNegativeFloat, Params, PositiveFloat, PositiveInt
+from draftgen.params import NonNegativeFloat, NotebookCell, Params, PositiveFloat, PositiveInt, param
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.server_settings import SettingsFile
@@ -42,30 +42,60 @@ class ScenarioSpec(Params):
         return self
 
 
+# The fleet the last plan priced (docs/benchmark.md): compared by default, at an assumed per-GPU rate.
+OLD_PLAN_FLEET = {
+    "name": "4x RTX PRO 6000, no MTP (assumed 400 tok/s per GPU)",
+    "gpus": 4,
+    "tok_s_per_gpu": 400.0,
+    "max_running_requests": 64,
+    "gpu_hour_usd": 1.8,
+}
+
+
 class EstimateConfig(Params):
-    benchmark_dir: ProjectPath = (
-        ""  # benchmark run folder (results/requests/occupancy.parquet); "" = newest under outputs/benchmark
+    parameters_cell = NotebookCell(
+        ("inputs", "benchmark_dir prompts limit dataset_size turns"),
+        ("the production fleet", "gpus concurrency_per_server max_tokens gpu_hour_usd"),
+        (
+            "other fleets to compare: name, gpus, and either benchmark_dir (measured) or tok_s_per_gpu (assumed)",
+            "scenarios",
+        ),
+        ("the interval", "interval bootstrap seed settings out_dir"),
     )
-    prompts: str = SYNTHETIC  # the full prompt set (.jsonl/.parquet) to count, or "synthetic" (bundled set)
-    limit: Annotated[int, Field(ge=0)] = 0  # as in generate: only the first N prompts (0 = all)
-    dataset_size: Annotated[int, Field(ge=0)] = 0  # prompts in the set; 0 = count the rows of `prompts`
-    turns: Literal["all", "last"] = (
-        "all"  # as in generate: all = one request per assistant turn of a conversation
+
+    benchmark_dir: ProjectPath = param(
+        "",
+        'benchmark run folder (outputs/benchmark/RUN: results/requests/occupancy.parquet); "": the newest one',
     )
-    gpus: Annotated[int, Field(ge=0)] = (
-        0  # GPUs (one server each) of the production fleet; 0 = as benchmarked
+    prompts: str = param(
+        SYNTHETIC, 'the full prompt file to count (.jsonl/.parquet), or "synthetic" (the bundled set)'
     )
-    concurrency_per_server: PositiveInt = 64  # requests in flight per server in production
-    max_tokens: PositiveInt = 4096  # longest completion in production (tokens)
-    gpu_hour_usd: NonNegativeFloat = 6.0  # price of one GPU-hour, dollars
-    scenarios: list[ScenarioSpec] = Field(default_factory=list)  # other fleets to price side by side
-    interval: Annotated[float, Field(gt=0, lt=1)] = 0.9  # coverage of the wall-time interval
-    bootstrap: Annotated[int, Field(ge=10)] = 200  # resamples behind the interval
-    seed: int = 0  # random draws of the simulation and the bootstrap
-    settings: SettingsFile = ""  # settings file (draftgen tune) the servers ran with; recorded in the JSON
-    out_dir: ProjectPath = Field(
-        "outputs/estimate/interactive", validate_default=True
-    )  # estimate.json and plots go here
+    limit: Annotated[int, Field(ge=0)] = param(0, "as in generate: only the first N prompts (0: all)")
+    dataset_size: Annotated[int, Field(ge=0)] = param(0, "prompts in the set; 0: count the rows of `prompts`")
+    turns: Literal["all", "last"] = param(
+        "all",
+        'as in generate: "all" counts one request per assistant turn of each conversation; "last" one per prompt',
+    )
+    gpus: Annotated[int, Field(ge=0)] = param(0, "GPUs, one server each; 0: as many as the benchmark had")
+    concurrency_per_server: PositiveInt = param(64, "requests in flight per server")
+    max_tokens: PositiveInt = param(4096, "longest completion, tokens")
+    gpu_hour_usd: NonNegativeFloat = param(6.0, "price of one GPU-hour in dollars (yours)")
+    scenarios: list[ScenarioSpec] = param(
+        default_factory=lambda: [dict(OLD_PLAN_FLEET)],
+        help="optional keys: concurrency_per_server, gpu_hour_usd, max_running_requests",
+        validate_default=True,
+    )
+    interval: Annotated[float, Field(gt=0, lt=1)] = param(0.9, "coverage of the wall-time interval")
+    bootstrap: Annotated[int, Field(ge=10)] = param(200, "resamples behind the interval")
+    seed: int = param(0, "random draws of the simulation and the bootstrap")
+    settings: SettingsFile = param(
+        "", 'settings file from draftgen tune the servers run with (recorded; "": none)'
+    )
+    out_dir: ProjectPath = param(
+        "outputs/estimate/interactive",
+        "estimate.json and plots go here (draftgen run sets its run folder)",
+        validate_default=True,
+    )
 
     @field_validator("prompts")
     @classmethod

@@ -9,9 +9,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.params import FleetParams, NonNegativeFloat, PositiveFloat, PositiveInt, SamplingParams
+from draftgen.params import (
+    FleetParams,
+    NonNegativeFloat,
+    NotebookCell,
+    PositiveFloat,
+    PositiveInt,
+    SamplingParams,
+    param,
+)
 from draftgen.paths import ProjectPath
-from draftgen.prompts.rows import check_prompt_source, prompt_source_path
+from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 
 Rate = Annotated[float, Field(ge=0, le=1)]
 
@@ -54,44 +62,109 @@ def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
 class GenerateConfig(FleetParams, SamplingParams):
     """Parameters of one generation run (DESIGN.md names; defaults are the production settings)."""
 
-    prompts: str = Field(min_length=1)  # .jsonl / .parquet path, or "synthetic" for the bundled set
-    out_dir: ProjectPath = Field(min_length=1)  # run folder: shards/, manifest.json, failed/rejected.parquet
-    turns: Literal["all", "last"] = "all"  # all: every assistant turn made by the model; last: the final one
-    concurrency_per_server: PositiveInt = 64  # requests kept in flight per server
-    batch_save_size: PositiveInt = 500  # rows per parquet shard
-    limit: Annotated[int, Field(ge=0)] = 0  # first N valid prompts (0 = all)
-    shard: str | list[int] = ""  # "i/n": this process takes prompts whose id hashes to i of n
-    stream: bool = False  # stream responses (adds TTFT; costs client CPU)
-    max_attempts: PositiveInt = 5  # tries per prompt before it goes to failed.parquet
-    backoff_base_s: PositiveFloat = 1.0  # first retry waits up to this (full jitter, doubling)
-    backoff_max_s: PositiveFloat = 60.0  # cap on one retry wait
-    hang_factor: NonNegativeFloat = (
-        3.0  # presume hung after factor x (max_tokens at the server's slow rate); 0: off
+    parameters_cell = NotebookCell(
+        ("fleet", "servers model api_key_env request_timeout_s"),
+        ("data", "prompts out_dir limit shard turns batch_save_size"),
+        ("sampling (production settings)", "max_tokens temperature top_p top_k min_p enable_thinking"),
+        (
+            "dispatch",
+            "concurrency_per_server stream max_attempts backoff_base_s backoff_max_s hang_factor hang_min_s "
+            "server_silence_s server_down_after probe_interval_s probe_max_interval_s all_down_timeout_s "
+            "wait_for_servers_s",
+        ),
+        (
+            "garbage guard",
+            "guard_window guard_min_results max_empty_answer_rate max_empty_reasoning_rate max_truncated_rate "
+            "max_failed_rate max_rejected_rate",
+        ),
+        (
+            "checks and reporting",
+            "canary estimate force acceptance_interval_s hedge_slow_ratio progress_interval_s status_interval_s",
+        ),
+        help={"request_timeout_s": "one request's hard time limit (s); see hang_factor for hangs"},
     )
-    hang_min_s: PositiveFloat = 300.0  # never presume a request hung sooner than this
-    server_silence_s: NonNegativeFloat = (
-        120.0  # in-flight requests but no answer this long: check /health_generate
+
+    prompts: str = param(
+        ...,
+        'prompt file (.jsonl/.parquet), or "synthetic" for the bundled 2,000 rows',
+        notebook=SYNTHETIC,
+        min_length=1,
     )
-    server_down_after: PositiveInt = 5  # consecutive connection/5xx/timeout failures that mark a server down
-    probe_interval_s: PositiveFloat = 2.0  # first /health_generate probe delay of a down server (doubles)
-    probe_max_interval_s: PositiveFloat = 60.0  # cap on the probe delay
-    all_down_timeout_s: PositiveFloat = 3600.0  # halt (work saved) when every server stays down this long
-    guard_window: PositiveInt = 200  # recent results the garbage guard looks at
-    guard_min_results: PositiveInt = 100  # results needed before the guard may halt
-    max_empty_answer_rate: Rate = 0.05  # halt above this share of empty answers (finished, not truncated)
-    max_empty_reasoning_rate: Rate = 0.05  # halt above this share of empty reasoning (thinking on)
-    max_truncated_rate: Rate = 0.5  # halt above this share of finish_reason "length"
-    max_failed_rate: Rate = 0.2  # halt above this share of prompts failing after every attempt
-    max_rejected_rate: Rate = 0.01  # abort before starting when more prompt rows than this are malformed
-    wait_for_servers_s: NonNegativeFloat = 0.0  # keep polling /health this long for servers still loading
-    canary: bool = True  # one full request per server before the run (reasoning and answer must be non-empty)
-    estimate: ProjectPath = ""  # path to estimate.json from estimate.ipynb: planned vs actual at the end
-    force: bool = False  # resume even if model/sampling parameters differ from the stored run
-    progress_interval_s: NonNegativeFloat = 1.0  # seconds between progress-bar refreshes
-    acceptance_interval_s: NonNegativeFloat = 60.0  # scrape each worker's /metrics this often (0: never)
-    status_interval_s: PositiveFloat = 5.0  # seconds between progress.json writes (draftgen status, monitor)
-    hedge_slow_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.7  # at the tail, copy requests running on a
-    # server whose median per-request rate is below this x the fleet's to an idle server (0: never)
+    out_dir: ProjectPath = param(
+        ...,
+        "run folder: shards/, manifest.json, failed/rejected.parquet (draftgen run sets it); the same folder resumes",
+        notebook="outputs/generate/interactive",
+        min_length=1,
+    )
+    turns: Literal["all", "last"] = param(
+        "all",
+        '"all": regenerate every assistant turn in order, each request carrying the model\'s own earlier answers; '
+        '"last": only the final turn',
+    )
+    concurrency_per_server: PositiveInt = param(64, "requests kept in flight per server")
+    batch_save_size: PositiveInt = param(500, "rows per parquet shard (written atomically)")
+    limit: Annotated[int, Field(ge=0)] = param(0, "take the first N valid prompts (0: all)")
+    shard: str | list[int] = param(
+        "", '"i/n": this process takes the prompts whose id hashes to i of n ("": all)'
+    )
+    stream: bool = param(False, "stream responses (records TTFT; more client CPU)")
+    max_attempts: PositiveInt = param(5, "tries per prompt before it goes to failed.parquet")
+    backoff_base_s: PositiveFloat = param(1.0, "first retry waits up to this (full jitter, doubling)")
+    backoff_max_s: PositiveFloat = param(
+        60.0, "longest single retry wait (a server's Retry-After is honoured)"
+    )
+    hang_factor: NonNegativeFloat = param(
+        3.0, "presume a request hung after this x the time max_tokens take at the server's slow rate (0: off)"
+    )
+    hang_min_s: PositiveFloat = param(
+        300.0, "never presume hung sooner; request_timeout_s stays the hard limit"
+    )
+    server_silence_s: NonNegativeFloat = param(
+        120.0, "requests in flight, no answer this long: /health_generate decides (0: off)"
+    )
+    server_down_after: PositiveInt = param(
+        5, "consecutive connection/5xx/timeout failures that mark a server down"
+    )
+    probe_interval_s: PositiveFloat = param(
+        2.0, "delay of the first /health_generate probe of a down server (doubles)"
+    )
+    probe_max_interval_s: PositiveFloat = param(60.0, "longest gap between probes")
+    all_down_timeout_s: PositiveFloat = param(
+        3600.0, "halt (work saved) if every server stays down this long"
+    )
+    guard_window: PositiveInt = param(200, "recent results the guard looks at")
+    guard_min_results: PositiveInt = param(
+        100, "results before the guard may halt (shorter runs: the canary guards)"
+    )
+    max_empty_answer_rate: Rate = param(
+        0.05, "halt above this share of empty answers (finished, not truncated)"
+    )
+    max_empty_reasoning_rate: Rate = param(0.05, "halt above this share of empty reasoning (thinking on)")
+    max_truncated_rate: Rate = param(0.5, 'halt above this share of finish_reason "length"')
+    max_failed_rate: Rate = param(0.2, "halt above this share of prompts failing every attempt")
+    max_rejected_rate: Rate = param(0.01, "abort before starting above this share of malformed prompt rows")
+    wait_for_servers_s: NonNegativeFloat = param(
+        0.0, "preflight: keep polling /health of servers still loading for this long"
+    )
+    canary: bool = param(
+        True, "preflight sends one full request per server (reasoning and answer must be non-empty)"
+    )
+    estimate: ProjectPath = param(
+        "", "path to estimate.json from estimate.ipynb: planned vs actual at the end"
+    )
+    force: bool = param(False, "resume even though model/sampling parameters differ from the stored run")
+    progress_interval_s: NonNegativeFloat = param(1.0, "seconds between progress-bar refreshes")
+    acceptance_interval_s: NonNegativeFloat = param(
+        60.0, "scrape each worker's /metrics this often for MTP acceptance over time (0: never)"
+    )
+    status_interval_s: PositiveFloat = param(
+        5.0, "seconds between progress.json writes, read by draftgen status and monitor.ipynb"
+    )
+    hedge_slow_ratio: Annotated[float, Field(ge=0, lt=1)] = param(
+        0.7,
+        "queue empty: copy requests running on a server slower than this x the fleet's median per-request rate "
+        "to an idle one, first answer kept (0: never)",
+    )
 
     @field_validator("shard")
     @classmethod

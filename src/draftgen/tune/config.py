@@ -15,7 +15,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.params import PositiveFloat, PositiveInt, SamplingParams, _unset_if_empty
+from draftgen.params import (
+    NOTEBOOK_MODEL,
+    NotebookCell,
+    PositiveFloat,
+    PositiveInt,
+    SamplingParams,
+    _unset_if_empty,
+    param,
+)
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.serve.config import parse_gpus
 from draftgen.server_settings import ServerSettings, effective_max_running, sglang_problems
@@ -45,52 +53,89 @@ class Candidate:
 
 
 class TuneConfig(SamplingParams):
-    # where candidates run
-    engine: Literal["sglang", "sim"] = "sglang"  # sim: simulated servers (tests, rehearsals)
-    model: str = Field(min_length=1)  # model path for SGLang (--model-path); the served model name too
-    gpus: str = "0-6"  # GPU indices; one candidate per group of `tp` at a time
-    tp: PositiveInt = 1  # GPUs per server
-    base_port: Annotated[int, Field(ge=1, le=65535)] = 30000  # group i's server listens on base_port + i
-    host: str = "127.0.0.1"
-    python: str = ""  # interpreter running the servers ("": this one)
-    extra_args: list[str] = Field(default_factory=list)  # appended to every SGLang server's command
-    sim_profile: str = "b200-mtp"  # engine sim only
-    sim_speed: PositiveFloat = 1.0  # engine sim only: simulated clock speed-up
-    startup_timeout_s: PositiveFloat = 1800.0  # a candidate not ready by then is marked failed
-    # SGLang facts that decide which candidates can run
-    attention_backend: str = ""  # as you launch SGLang ("": its default); trtllm_mha allows top-k 1 only
-    spec_v2: bool = False  # SGLANG_ENABLE_SPEC_V2 set: top-k 1 only
-    # the search space
-    mtp_off: bool = True  # include speculative decoding off
-    speculative_algorithm: Literal["NEXTN", "EAGLE"] = "NEXTN"
-    spec_candidates: list[list[int]] = Field(
-        default_factory=lambda: [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]]
-    )  # [steps, topk, draft tokens] each
-    max_running_requests: list[PositiveInt] = Field(default_factory=lambda: [48, 96, 128], min_length=1)
-    mem_fraction_static: float | None = None  # --mem-fraction-static for every candidate (None/0: SGLang's)
-    concurrency: Annotated[int, Field(ge=0)] = (
-        0  # requests in flight per candidate; 0: its max_running_requests
+    parameters_cell = NotebookCell(
+        (
+            "where candidates run",
+            "engine model gpus tp base_port host python extra_args sim_profile sim_speed startup_timeout_s",
+        ),
+        ("what SGLang allows", "attention_backend spec_v2"),
+        (
+            "the search space",
+            "mtp_off speculative_algorithm spec_candidates max_running_requests mem_fraction_static concurrency",
+        ),
+        (
+            "prompts and sampling (production settings)",
+            "prompts sample_size max_tokens temperature top_p top_k min_p enable_thinking api_key_env "
+            "request_timeout_s",
+        ),
+        (
+            "successive halving",
+            "rounds_per_job equal_time eta max_rounds warmup_requests baseline interval bootstrap seed out_dir "
+            "settings_file",
+        ),
     )
-    # measurement
-    prompts: str = SYNTHETIC  # a sample of YOUR prompts (.jsonl/.parquet), or "synthetic"
-    sample_size: PositiveInt = 512  # prompts sampled once; every job sends a slice of them
-    rounds_per_job: PositiveFloat = 3.0  # a job sends ceil(this x concurrency) requests (at least 8)
-    equal_time: bool = (
-        True  # a round's jobs measure as long as its first to send all its requests, not longer
+
+    engine: Literal["sglang", "sim"] = param(
+        "sglang", '"sglang" on the GPU node, "sim" for simulated servers (rehearsals, tests)'
     )
-    eta: Annotated[int, Field(ge=2)] = 2  # successive halving keeps the best 1/eta each round
-    max_rounds: PositiveInt = 3  # rounds of halving at most
-    warmup_requests: Annotated[int, Field(ge=0)] = 2  # short requests before a job's measurement
-    baseline: bool = (
-        True  # also measure the seeds' NEXTN 3/1/4 (cap 48) at the chosen candidate's concurrency
+    model: str = param(
+        ..., "--model-path for SGLang; also the served model name", notebook=NOTEBOOK_MODEL, min_length=1
     )
-    interval: Annotated[float, Field(gt=0, lt=1)] = 0.9  # bootstrap interval coverage
-    bootstrap: PositiveInt = 300  # bootstrap resamples
-    seed: int = 0
-    api_key_env: str | None = None
-    request_timeout_s: PositiveFloat = 1800.0
-    out_dir: str = "outputs/tune/interactive"
-    settings_file: str = ""  # where the chosen settings go ("": out_dir/settings.yaml)
+    gpus: str = param("0-6", "GPU indices; one candidate per group of tp GPUs at a time")
+    tp: PositiveInt = param(1, "GPUs per server")
+    base_port: Annotated[int, Field(ge=1, le=65535)] = param(
+        30000, "GPU group i's candidate listens on base_port + i"
+    )
+    host: str = param("127.0.0.1", "bind address of the candidate servers")
+    python: str = param("", 'interpreter that runs SGLang ("": this one)')
+    extra_args: list[str] = param(default_factory=list, help="appended to every SGLang server's command line")
+    sim_profile: str = param("b200-mtp", "engine sim only: simulated hardware")
+    sim_speed: PositiveFloat = param(
+        1.0, "engine sim only: simulated clock speed-up (tok/s come out this many times higher)"
+    )
+    startup_timeout_s: PositiveFloat = param(1800.0, "a candidate not generating by then is marked failed")
+    attention_backend: str = param(
+        "", 'as you launch SGLang ("": its default); trtllm_mha allows top-k 1 only'
+    )
+    spec_v2: bool = param(False, "SGLANG_ENABLE_SPEC_V2 set: top-k 1 only")
+    mtp_off: bool = param(True, "include speculative decoding off")
+    speculative_algorithm: Literal["NEXTN", "EAGLE"] = param("NEXTN", "NEXTN (MTP) or EAGLE")
+    spec_candidates: list[list[int]] = param(
+        default_factory=lambda: [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]],
+        help="[steps, topk, draft tokens] each",
+    )
+    max_running_requests: list[PositiveInt] = param(
+        default_factory=lambda: [48, 96, 128],
+        help="batch caps, each combined with every setting above",
+        min_length=1,
+    )
+    mem_fraction_static: float | None = param(
+        None, "--mem-fraction-static for every candidate (0: SGLang's default)"
+    )
+    concurrency: Annotated[int, Field(ge=0)] = param(
+        0, "requests in flight while measuring (0: each candidate's own max_running_requests)"
+    )
+    prompts: str = param(SYNTHETIC, 'a .jsonl/.parquet sample of YOUR prompts, or "synthetic"')
+    sample_size: PositiveInt = param(512, "prompts sampled once; each job sends a slice")
+    rounds_per_job: PositiveFloat = param(3.0, "a job sends ceil(this x concurrency) requests (at least 8)")
+    equal_time: bool = param(
+        True, "a round's jobs measure as long as its first to send all its requests, not longer"
+    )
+    eta: Annotated[int, Field(ge=2)] = param(2, "each round keeps the best 1/eta")
+    max_rounds: PositiveInt = param(3, "rounds of halving at most")
+    warmup_requests: Annotated[int, Field(ge=0)] = param(2, "short requests before each job's measurement")
+    baseline: bool = param(
+        True, "also measure the seeds' NEXTN 3/1/4 (cap 48) at the chosen candidate's concurrency"
+    )
+    interval: Annotated[float, Field(gt=0, lt=1)] = param(0.9, "coverage of the bootstrap intervals")
+    bootstrap: PositiveInt = param(300, "bootstrap resamples")
+    seed: int = param(0, "which prompts are sampled")
+    api_key_env: str | None = param(
+        None, 'NAME of the environment variable holding the API key, never the key ("": none)'
+    )
+    request_timeout_s: PositiveFloat = param(1800.0, "one request's time limit (s)")
+    out_dir: str = param("outputs/tune/interactive", "results go here (draftgen run sets its run folder)")
+    settings_file: str = param("", 'where the chosen settings go ("": out_dir/settings.yaml)')
 
     _unset = field_validator("mem_fraction_static", "api_key_env", mode="before")(_unset_if_empty)
 

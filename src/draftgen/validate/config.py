@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.params import Params, PositiveInt, _unset_if_empty
+from draftgen.params import NotebookCell, Params, PositiveInt, _unset_if_empty, param
 from draftgen.paths import ProjectPath
 from draftgen.training.masks import MaskSpec
 from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
@@ -53,25 +53,66 @@ Share = Annotated[float, Field(ge=0, le=1)]
 
 
 class ValidateConfig(Params):
-    generation_dir: (
-        ProjectPath | list[ProjectPath]
-    )  # generate's out_dir, or several: the "i/n" shards of a file
-    prompt_file: ProjectPath = ""  # the prompt file the folders cover ("": the one their manifests name)
-    tokenizer: ProjectPath = Field(min_length=1)  # folder of the target model's tokenizer (local files only)
-    out_dir: ProjectPath = Field(min_length=1)  # where the report tables and the training export go
-    trainer: Trainer = DEFAULT_TRAINER  # whose loss mask to reproduce, token for token (docs/validate.md)
-    mask_convention: Literal["think_in_prompt", "think_in_target"] | None = None  # former name: see trainer
-    enable_thinking: bool = True
-    min_assistant_tokens: Annotated[int, Field(ge=0)] = 16
-    max_length: PositiveInt = 4096
-    duplicate_answer_min_prompts: Annotated[int, Field(ge=2)] = 10
-    max_degenerate_share: Share = 0.05
-    max_truncated_share: Share = 0.25
-    keep_flagged: list[FlagName] = Field(default_factory=list)
-    export_jsonl: bool = True
-    export_tokens: bool = False
-    batch_size: PositiveInt = 1024
-    examples_per_flag: Annotated[int, Field(ge=0)] = 3
+    parameters_cell = NotebookCell(
+        (
+            "",
+            "generation_dir prompt_file tokenizer out_dir trainer mask_convention enable_thinking "
+            "min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share max_truncated_share "
+            "keep_flagged export_jsonl export_tokens batch_size examples_per_flag",
+        )
+    )
+
+    generation_dir: ProjectPath | list[ProjectPath] = param(
+        ...,
+        'generate\'s out_dir; or a list of them: the "i/n" shards of one prompt file',
+        notebook="outputs/demo/generate",
+    )
+    prompt_file: ProjectPath = param(
+        "", 'the prompt file the folders should cover ("": the one their manifests name)'
+    )
+    tokenizer: ProjectPath = param(
+        ...,
+        "the target model's folder (tokenizer.json + chat template), local files only",
+        notebook="outputs/demo/tokenizer",
+        min_length=1,
+    )
+    out_dir: ProjectPath = param(
+        ...,
+        "report tables + training export (draftgen run sets the run folder)",
+        notebook="outputs/validate/interactive",
+        min_length=1,
+    )
+    trainer: Trainer = param(
+        DEFAULT_TRAINER,
+        f"whose loss mask to reproduce, token for token: {', '.join(t.value for t in Trainer)} (docs/validate.md)",
+    )
+    mask_convention: Literal["think_in_prompt", "think_in_target"] | None = param(
+        None,
+        "former name of the draftgen trainers (think_in_prompt, think_in_target), empty means use trainer",
+    )
+    enable_thinking: bool = param(True, "the generation's setting: thinking on expects non-empty reasoning")
+    min_assistant_tokens: Annotated[int, Field(ge=0)] = param(
+        16, "tiny_mask when the loss mask covers this many tokens or fewer"
+    )
+    max_length: PositiveInt = param(
+        4096, "training max_length: longer rendered samples are flagged over_max_length"
+    )
+    duplicate_answer_min_prompts: Annotated[int, Field(ge=2)] = param(
+        10, "duplicate_answer when this many prompts share one exact answer"
+    )
+    max_degenerate_share: Share = param(
+        0.05, "the gate: fail when more than this share is garbage (empty, tiny, mismatched...)"
+    )
+    max_truncated_share: Share = param(
+        0.25, "the gate: fail when more than this share is cut by max_tokens / max_length"
+    )
+    keep_flagged: list[FlagName] = param(
+        default_factory=list, help='flags to report but not drop, e.g. ["over_max_length"]'
+    )
+    export_jsonl: bool = param(True, 'write clean samples as JSONL {"id", "conversations"}')
+    export_tokens: bool = param(False, "also write parquet with input_ids and loss_mask per clean sample")
+    batch_size: PositiveInt = param(1024, "samples rendered and tokenized per batch (memory vs. speed)")
+    examples_per_flag: Annotated[int, Field(ge=0)] = param(3, "example rows shown per flag")
 
     @field_validator("keep_flagged")
     @classmethod

@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
-from pydantic import Field
 
 from draftgen.display.humanize import short_label
 from draftgen.display.plots import Plot, message
-from draftgen.params import Params
+from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
 from draftgen.watch.progress_file import read_history, read_progress
 from draftgen.watch.status import RUNNING, Verdict, judge, run_status
@@ -41,10 +40,15 @@ READ_ATTEMPTS = 3
 class MonitorConfig(Params):
     """Parameters of monitor.ipynb."""
 
-    run_dir: ProjectPath = Field(
-        min_length=1
-    )  # the generate run folder to watch (relative: to the project root)
-    bins: int = Field(default=120, ge=10, le=2000)  # time bins of the throughput and acceptance plots
+    parameters_cell = NotebookCell(("", "run_dir bins"))
+
+    run_dir: ProjectPath = param(
+        ...,
+        "the generate run folder to watch (a relative path starts at the project root)",
+        notebook="outputs/generate/interactive",
+        min_length=1,
+    )
+    bins: int = param(120, "time bins of the throughput and acceptance plots", ge=10, le=2000)
 
 
 # ----- status -------------------------------------------------------------------------------------------
