@@ -52,7 +52,7 @@ def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
 
 
 class GenerateConfig(FleetParams, SamplingParams):
-    """Parameters of one generation run (DESIGN.md names; defaults are the production settings)."""
+    """Parameters of one generation run (shared names: docs/design.md; defaults: the production settings)."""
 
     prompts: str = Field(min_length=1)  # .jsonl / .parquet path, or "synthetic" for the bundled set
     out_dir: ProjectPath = Field(min_length=1)  # run folder: shards/, manifest.json, failed/rejected.parquet
