@@ -1,4 +1,5 @@
-"""Every committed notebook follows the house rules (DESIGN.md): checked statically, no kernel needed."""
+"""Every committed notebook follows the house rules (docs/design.md#rules-of-the-road-for-notebooks): checked
+statically, no kernel needed."""
 
 from __future__ import annotations
 

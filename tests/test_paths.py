@@ -1,4 +1,5 @@
-"""Relative path parameters resolve against the project root in every mode (draftgen.paths, README "Paths").
+"""Relative path parameters resolve against the project root in every mode (draftgen.paths,
+docs/design.md#paths).
 
 The modes: the config built in-process from any working directory (how JupyterLab's kernel in notebooks/ builds
 it), a papermill kernel started in notebooks/, and ``draftgen run`` started from a sub-folder. Each runs on a

@@ -1,4 +1,5 @@
-"""Planted generation outputs for the validate tests, written with polars in DESIGN.md's shard contract.
+"""Planted generation outputs for the validate tests, written with polars in generate's shard contract
+(docs/design.md#generation-output-the-run-folder).
 
 ``clean_rows(n)`` are samples no check should flag; ``planted_rows()`` holds at least one sample per flag, each
 with the flag it must raise. ``write_generation(folder, rows)`` writes ``shards/*.parquet`` + ``manifest.json``.
@@ -182,7 +183,7 @@ def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[di
 
 
 def write_generation(folder: Path, rows: list[dict], shard_size: int = 25) -> Path:
-    """DESIGN.md's generation output: shards/part-NNNNN.parquet of ``shard_size`` rows, and manifest.json."""
+    """generate's output (docs/design.md): shards/part-NNNNN.parquet of ``shard_size`` rows, manifest.json."""
     shards = folder / "shards"
     shards.mkdir(parents=True, exist_ok=True)
     names = []

@@ -10,9 +10,9 @@ then parsed by SpecForge from the exported train.jsonl:
     think block, a truncated answer, samples over max_length, unicode, and a user turn quoting the assistant header.
 
 For both SpecForge trainers, every sample's input_ids and loss_mask must equal validate's; the line
-"samples compared N, mismatches 0" is README's figure. SpecForge's dataset builder (prepare_prompt_tasks on the
-export) must produce the same samples and raise no warning other than its notice for a data-supplied system prompt,
-once per such sample.
+"samples compared N, mismatches 0" is figure 13 of docs/figures.md. SpecForge's dataset builder
+(prepare_prompt_tasks on the export) must produce the same samples and raise no warning other than its notice
+for a data-supplied system prompt, once per such sample.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from draftgen.validate.pipeline import finalize_export, validate_generation
 SYSTEM_NOTICE = "The first message is from system"
 TEMPLATE = Path(__file__).parents[1] / "tests" / "qwen35_style_template.jinja"
 PLANTED_MAX_LENGTH = 160
-TOTALS: Counter = Counter()  # across the tests of one session: the README figure is the last line printed
+TOTALS: Counter = Counter()  # across the tests of one session: figure 13's numbers are the last line printed
 
 
 def _validate(

@@ -28,8 +28,9 @@ NonNegativeFloat = Annotated[float, Field(ge=0)]
 
 Config = TypeVar("Config", bound="Params")
 
-# Names DESIGN.md shares across notebooks: one YAML file (params/b200x7.yaml) may set them for the whole
-# pipeline, and a notebook that does not use one simply ignores it. Any other undeclared name is an error.
+# Names shared across notebooks (docs/design.md#rules-of-the-road-for-notebooks): one YAML file
+# (params/b200x7.yaml) may set them for the whole pipeline, and a notebook that does not use one simply
+# ignores it. Any other undeclared name is an error.
 SHARED_PARAMETERS = frozenset(
     {
         "servers",

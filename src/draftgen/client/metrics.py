@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# SGLang (sglang-protocol.md): counters with a ``_total`` sample name.
+# SGLang (docs/engines.md#the-sglang-surface-draftgen-relies-on): counters with a ``_total`` sample name.
 SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"
 SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
 SGLANG_VERIFY_CALLS = "sglang:spec_verify_calls_total"

@@ -36,7 +36,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "--out-root",
         type=Path,
         default=Path("outputs"),
-        help="root of run folders (default outputs; relative: under the project root, see README 'Paths')",
+        help="root of run folders (default outputs; relative: under the project root, docs/design.md#paths)",
     )
     parser.add_argument(
         "--resume",

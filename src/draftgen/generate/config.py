@@ -60,7 +60,7 @@ def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
 
 
 class GenerateConfig(FleetParams, SamplingParams):
-    """Parameters of one generation run (DESIGN.md names; defaults are the production settings)."""
+    """Parameters of one generation run (shared names: docs/design.md; defaults: the production settings)."""
 
     parameters_cell = NotebookCell(
         ("fleet", "servers model api_key_env request_timeout_s"),

@@ -77,7 +77,7 @@ class Conversation:
         self.finished_turns.append(FinishedTurn(result, attempts))
 
     def output_row(self) -> dict[str, Any]:
-        """The stored row (DESIGN.md's output contract + the per-turn columns, MULTITURN-CONTRACT.md)."""
+        """The stored row (docs/design.md#generation-output-the-run-folder, per-turn columns included)."""
         if not self.finished:
             raise RuntimeError(f"conversation {self.id} stored before its last turn: a draftgen bug")
         results = [t.result for t in self.finished_turns]

@@ -1,10 +1,10 @@
 """Prompt files → normalized prompt rows, streamed, with malformed rows set aside (never raised mid-run).
 
-Accepted row shapes (DESIGN.md): ``{"id"?, "messages": [{"role", "content"}, ...]}``, ShareGPT
-``{"id"?, "conversations": [{"from", "value"}, ...]}`` and ``{"id"?, "prompt": "..."}``. Trailing assistant turns
-are dropped (we regenerate them; ShareGPT rows always end with one, so they are never a reason to reject). A tool
-turn without a preceding assistant turn and an empty user turn are rejected with the reason. A missing id becomes
-a stable hash of the messages.
+Accepted row shapes (docs/design.md#prompt-rows): ``{"id"?, "messages": [{"role", "content"}, ...]}``,
+ShareGPT ``{"id"?, "conversations": [{"from", "value"}, ...]}`` and ``{"id"?, "prompt": "..."}``. Trailing
+assistant turns are dropped (we regenerate them; ShareGPT rows always end with one, so they are never a reason
+to reject). A tool turn without a preceding assistant turn and an empty user turn are rejected with the
+reason. A missing id becomes a stable hash of the messages.
 """
 
 from __future__ import annotations

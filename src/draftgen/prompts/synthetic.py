@@ -1,7 +1,8 @@
 """A synthetic prompt set written by this project: math, code, chat, multi-turn and system-prompted rows.
 
-Rows follow DESIGN.md's prompt format ``{"id", "messages": [{"role", "content"}, ...]}``. Every text here is
-composed from templates in this file, so the set carries no third-party text and is reproducible from a seed.
+Rows follow the prompt-row format of docs/design.md#prompt-rows, ``{"id", "messages": [{"role", "content"},
+...]}``. Every text here is composed from templates in this file, so the set carries no third-party text and
+is reproducible from a seed.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 LOCAL_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "")
 
 # --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4: the MTP setting that
-# reaches an acceptance length of ~3.1-3.8 on Qwen3.5-class models (sglang-protocol.md).
+# reaches an acceptance length of ~3.1-3.8 on Qwen3.5-class models
+# (docs/engines.md#the-sglang-surface-draftgen-relies-on).
 MTP_ARGS = (
     "--speculative-algorithm",
     "NEXTN",

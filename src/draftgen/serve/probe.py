@@ -1,4 +1,4 @@
-"""One readiness probe of a server, classified into SGLang's start-up stages (sglang-protocol.md).
+"""One readiness probe of a server, classified into SGLang's start-up stages (docs/engines.md).
 
 - refused: nothing listens on the port yet (SGLang opens it only after the weights are loaded)
 - warming: the port answers but the health endpoint says 503 (warm-up request not run yet)

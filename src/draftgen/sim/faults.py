@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-# The SGLang release whose response shapes the server speaks (see sglang-protocol.md):
+# The SGLang release whose response shapes the server speaks
+# (see docs/engines.md#the-sglang-surface-draftgen-relies-on):
 #   0.5.4  — no acceptance data in OpenAI responses; meta_info has spec_verify_ct only
 #   0.5.9  — meta_info adds spec_accept_length / spec_accept_rate / spec_accept_token_num / ...
 #   0.5.23 — OpenAI responses carry sglext.spec_tokens_details on request; meta_info renames some fields

@@ -1,6 +1,6 @@
 """One simulated SGLang server: the scheduler core, its app wiring and the process entry point.
 
-The HTTP surfaces of sglang-protocol.md live one per module (``openai_api``, ``native_api``, ``admin_api``)
+SGLang's HTTP surfaces (docs/engines.md) live one per module (``openai_api``, ``native_api``, ``admin_api``)
 and share the core below: ground truth, start-up, request planning and injected admission faults.
 
 Run as a process: ``python -m draftgen.sim.server --port P [--profile NAME] [--speed X] [--fault K=V ...]``.

@@ -1,7 +1,7 @@
 """Where a conversation's answers go, what each answer request sends, and the finished conversation (pure).
 
 The one place that puts a prompt's source messages and the target model's generated answers together
-(/work/wt/MULTITURN-CONTRACT.md, issue 10). generate asks ``answer_points`` where to answer and
+(docs/design.md#multi-turn-conversations, issue 10). generate asks ``answer_points`` where to answer and
 ``request_messages`` what to send for each answer; validate and export call ``assemble`` on a stored row.
 
 A stored row keeps the normalized *source* conversation in ``messages`` and, per generated turn i, the index

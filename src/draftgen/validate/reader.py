@@ -1,4 +1,5 @@
-"""Read generate's output folder (DESIGN.md's contract): ``shards/*.parquet`` and ``manifest.json``.
+"""Read generate's output folder: ``shards/*.parquet`` and ``manifest.json``
+(docs/design.md#generation-output-the-run-folder).
 
 Every shard's schema is checked before any work starts, so a missing column or a corrupt file stops the run in
 seconds with the file named, not an hour in. Shards are read one at a time: memory stays bounded.
@@ -61,7 +62,7 @@ def _check_schema(path: Path) -> tuple[int, set[str]]:
     if missing:
         raise GenerationDataError(
             f"shard {path} lacks column(s) {', '.join(missing)} (has: {', '.join(schema) or 'none'}); "
-            f"validate needs {', '.join(REQUIRED_COLUMNS)} (DESIGN.md: generation output)"
+            f"validate needs {', '.join(REQUIRED_COLUMNS)} (docs/design.md: generation output)"
         )
     problems = []
     for name in TEXT_COLUMNS:
