@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.display.humanize import duration
+from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.paths import resolve_path
 from draftgen.runner import RunPlan, execute, resolve_notebook
 from draftgen.sim.fleet import SimFleet
@@ -67,14 +68,7 @@ def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[
         }
     if step == "estimate":
         # The estimate reads the benchmark on the simulated B200's clock (benchmark.json records the sim speed),
-        # so an assumed fleet is typed in real units, as on the GPU node.
-        rtx = {
-            "name": "4x RTX PRO 6000, no MTP (assumed 400 tok/s per GPU)",
-            "gpus": 4,
-            "tok_s_per_gpu": 400.0,
-            "max_running_requests": 64,
-            "gpu_hour_usd": 1.8,
-        }
+        # so an assumed fleet (the old plan's) is typed in real units, as on the GPU node.
         seeds = {"gpus": 7, "num_prompts": SEEDS_PROMPTS}
         return {
             "benchmark_dir": str(out / "benchmark"),
@@ -84,7 +78,7 @@ def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[
             "scenarios": [
                 {"name": SEEDS_JOB, **seeds},
                 {"name": SEEDS_PLAN, **seeds, "concurrency_per_server": 1},
-                rtx,
+                dict(OLD_PLAN_FLEET),
             ],
         }
     if step == "generate":
