@@ -71,7 +71,8 @@ $(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py
 
 test-sglang: $(STAMP) $(SGLANG_STAMP)
 	$(BIN)/ruff check tests_sglang
-	DRAFTGEN_BIN=$(CURDIR)/$(BIN)/draftgen $(SGLANG_BIN)/python -m pytest tests_sglang --durations=8
+	DRAFTGEN_BIN=$(CURDIR)/$(BIN)/draftgen $(SGLANG_BIN)/python -m pytest tests_sglang --durations=8 \
+		--basetemp=$(SGLANG_VENV)/pytest-tmp  # its own: other pytest runs prune the shared /tmp/pytest-of-* folders
 
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium

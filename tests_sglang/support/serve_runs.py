@@ -130,17 +130,21 @@ class ServeRun:
             f"{self.name}: no 200 on {self.url}/health within {timeout_s:.0f} s\n{self.describe()}"
         )
 
-    def wait_output(self, text: str, timeout_s: float) -> str:
-        """Until serve's output contains ``text`` (serve's own reporting is what such tests check)."""
+    def wait_output(self, text: str, timeout_s: float, after: str | None = None) -> str:
+        """Until serve's output contains ``text`` (after the first ``after``, when given); serve's own reporting
+        is what such tests check. Returns the output from there on."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             output = self.output()
+            if after is not None:
+                output = output.partition(after)[2]
             if text in output:
                 return output
             if self.process.poll() is not None:
                 break
             time.sleep(0.5)
-        raise ServeError(f"{self.name}: serve never printed {text!r}\n{self.describe()}")
+        where = f" after {after!r}" if after else ""
+        raise ServeError(f"{self.name}: serve never printed {text!r}{where}\n{self.describe()}")
 
     def descendants(self) -> list[psutil.Process]:
         try:
