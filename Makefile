@@ -22,7 +22,15 @@ REAL_ORACLE_DEPS := datasets==5.2.0
 CHROMIUM      := /usr/bin/chromium
 BROWSER_STAMP := $(VENV)/.browser-stamp
 
-.PHONY: demo test test-real test-browser lint format clean
+# The real-SGLang tier (tests_sglang/, issue 18): SGLang 0.5.23 from PyPI on the CPU, its servers started by
+# `draftgen serve` from .venv. Its venv is a complete lock installed with --no-deps (SGLang's own metadata pins CUDA
+# torch and GPU kernels); support/fix_torchvision.py then makes torchvision importable without its CUDA ops.
+SGLANG_VENV  := .venv-sglang
+SGLANG_BIN   := $(SGLANG_VENV)/bin
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
+SGLANG_REQS  := tests_sglang/requirements.txt
+
+.PHONY: demo test test-real test-sglang test-browser lint format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
@@ -53,6 +61,19 @@ test-real: $(REAL_STAMP)
 	$(REAL_BIN)/ruff check tests_real
 	$(REAL_BIN)/python -m pytest tests_real --durations=5
 
+$(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the SGLang tier needs Python 3.11 (its torch wheel is cp311), found " + sys.version.split()[0])'
+	$(PYTHON) -m venv --clear $(SGLANG_VENV)
+	$(SGLANG_BIN)/python -m pip install -qq --upgrade pip
+	$(SGLANG_BIN)/python -m pip install -qq --no-deps -r $(SGLANG_REQS)
+	$(SGLANG_BIN)/python tests_sglang/support/fix_torchvision.py
+	@touch $(SGLANG_STAMP)
+
+test-sglang: $(STAMP) $(SGLANG_STAMP)
+	$(BIN)/ruff check tests_sglang
+	DRAFTGEN_BIN=$(CURDIR)/$(BIN)/draftgen $(SGLANG_BIN)/python -m pytest tests_sglang --durations=8 \
+		--basetemp=$(SGLANG_VENV)/pytest-tmp  # its own: other pytest runs prune the shared /tmp/pytest-of-* folders
+
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
@@ -71,4 +92,4 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
 
 clean:
-	rm -rf $(VENV) $(REAL_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(REAL_VENV) $(SGLANG_VENV) .pytest_cache .ruff_cache

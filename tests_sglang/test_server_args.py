@@ -1,0 +1,164 @@
+"""Every SGLang command draftgen would run on the GPU node, parsed by SGLang 0.5.23's own argument parser.
+
+The commands come from draftgen itself: ``draftgen serve --dry-run`` (7 GPUs; ``--tp 2``; ``--no-mtp`` with a memory
+fraction and a cap; ``--settings FILE`` written as ``draftgen tune`` writes them) and tune's launcher for every
+candidate of ``params/tune.yaml`` (support/tune_commands.py). Each is parsed with ``ServerArgs.add_cli_args`` and
+built into ``ServerArgs`` as ``python -m sglang.launch_server`` does, and fails on anything SGLang rejects, any
+warning it logs or raises while parsing (its retired flags log "... is deprecated ..."), and any flag whose help
+text SGLang marks as deprecated. What does not run here: SGLang's resolution against the real model's config
+(the 27B checkpoint is not on this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import shlex
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "/dev/shm/Qwen3.6-27B"
+SETTINGS = {
+    "mtp-4-1-5": "settings:\n  speculative_algorithm: NEXTN\n  speculative_num_steps: 4\n  speculative_eagle_topk: 1\n"
+    "  speculative_num_draft_tokens: 5\n  max_running_requests: 96\n  mem_fraction_static: 0.85\n",
+    "mtp-off": "settings:\n  speculative_algorithm: null\n  speculative_num_steps: null\n  speculative_eagle_topk: null\n"
+    "  speculative_num_draft_tokens: null\n  max_running_requests: 128\n",
+}
+SERVE_VARIANTS = {
+    "default (MTP on)": ["--gpus", "0-6"],
+    "--tp 2": ["--gpus", "0-5", "--tp", "2"],
+    "--no-mtp, memory, cap": [
+        "--gpus",
+        "0-6",
+        "--no-mtp",
+        "--mem-fraction",
+        "0.85",
+        "--max-running-requests",
+        "64",
+    ],
+    "--settings mtp-4-1-5": ["--gpus", "0-6", "--settings", "{mtp-4-1-5}"],
+    "--tp 2 --settings mtp-off": ["--gpus", "0-5", "--tp", "2", "--settings", "{mtp-off}"],
+}
+
+
+class Captured(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(scope="module")
+def sglang_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def sglang_problems(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """What SGLang's parser says about ``args``: errors, warnings, deprecated flags (empty when clean)."""
+    from sglang.srt.server_args import ServerArgs
+
+    problems = []
+    handler = Captured()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    old_level = root.level
+    root.setLevel(logging.DEBUG)
+    try:
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(sys.stdout):
+            warnings.simplefilter("always")
+            try:
+                namespace = parser.parse_args(args)
+                ServerArgs.from_cli_args(namespace)
+            except (SystemExit, argparse.ArgumentError) as exc:
+                problems.append(f"refused: {exc}")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    problems += [
+        f"logged {r.levelname}: {r.getMessage()}" for r in handler.records if r.levelno >= logging.WARNING
+    ]
+    problems += [f"warned: {w.category.__name__}: {w.message}" for w in caught]
+    by_flag = {flag: action for action in parser._actions for flag in action.option_strings}
+    for arg in args:
+        action = by_flag.get(arg.split("=", 1)[0]) if arg.startswith("--") else None
+        if action is not None and "deprecat" in (action.help or "").lower():
+            problems.append(f"{arg} is marked deprecated by SGLang: {action.help}")
+    return problems
+
+
+def server_args_of(argv: list[str]) -> list[str]:
+    assert argv[1:3] == ["-m", "sglang.launch_server"], argv
+    return argv[3:]
+
+
+def serve_commands(draftgen: str, tmp_path: Path) -> list[tuple[str, list[str]]]:
+    files = {}
+    for name, text in SETTINGS.items():
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(text)
+    out = []
+    for label, variant in SERVE_VARIANTS.items():
+        variant = [files[a[1:-1]] if a.startswith("{") else a for a in variant]
+        command = [draftgen, "serve", "--dry-run", "--model", MODEL, *map(str, variant)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        lines = [line for line in result.stdout.splitlines() if line.strip()]
+        gpus = 7 if "0-6" in variant else 6
+        tp = 2 if "--tp" in variant else 1
+        assert len(lines) == gpus // tp, result.stdout
+        for line in lines:
+            words = shlex.split(line)
+            while "=" in words[0] and not words[0].startswith("-"):
+                words.pop(0)  # CUDA_VISIBLE_DEVICES=... PYTHONUNBUFFERED=1
+            out.append((f"serve {label}", words))
+    return out
+
+
+def tune_commands(draftgen: str) -> list[tuple[str, list[str]]]:
+    python = str(Path(draftgen).with_name("python"))
+    script = Path(__file__).resolve().parent / "support" / "tune_commands.py"
+    result = subprocess.run(
+        [python, str(script), str(REPO / "params" / "tune.yaml")], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return [(c["label"], c["argv"]) for c in json.loads(result.stdout)]
+
+
+def test_the_parser_catches_what_this_test_relies_on(sglang_parser):
+    # The checks can fail: SGLang refuses a made-up flag and reports a flag it retired.
+    assert any(
+        "refused" in p for p in sglang_problems(sglang_parser, ["--model-path", "m", "--no-such-flag"])
+    )
+    assert any(
+        "deprecated" in p
+        for p in sglang_problems(sglang_parser, ["--model-path", "m", "--disable-cuda-graph"])
+    )
+    assert sglang_problems(sglang_parser, ["--model-path", "m", "--enable-flashinfer-allreduce-fusion"])
+    assert sglang_problems(sglang_parser, ["--model-path", "m", "--tp-size", "2"]) == []
+
+
+def test_every_serve_and_tune_command_for_the_gpu_node_parses_cleanly(sglang_parser, draftgen, tmp_path):
+    commands = serve_commands(draftgen, tmp_path) + tune_commands(draftgen)
+    labels = {label.split(" group")[0] for label, _ in commands}
+    assert len(commands) > 200 and any("tp2" in label for label in labels), labels
+    failures = {}
+    for label, argv in commands:
+        problems = sglang_problems(sglang_parser, server_args_of(argv))
+        if problems:
+            failures.setdefault(" ".join(server_args_of(argv)[6:]), (label, problems))
+    assert not failures, "\n".join(
+        f"{label}: {args}\n    " + "\n    ".join(p) for args, (label, p) in failures.items()
+    )

@@ -1,0 +1,79 @@
+"""The stand-in's edges and the tier's launcher pieces, without a server.
+
+* a name the stand-in lacks fails loudly, by name (so a new SGLang release shows what it reaches);
+* ``convert_weight_packed`` is absent, so SGLang itself concludes there are no AMX kernels (native layers);
+* ``sitecustomize.py`` marks AMX only in a process started as ``-m sglang.launch_server``;
+* the torchvision fix is idempotent and refuses a file it does not recognise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import sgl_kernel
+import sitecustomize
+import torch
+from fix_torchvision import MARKER, patch
+from serve_runs import SGLANG_PYTHON
+from sgl_kernel._missing import MissingKernelError
+
+
+def test_a_missing_op_raises_not_implemented_naming_itself():
+    with pytest.raises(NotImplementedError, match=r"sgl_kernel\.rotate_input_ids_cpu is not provided"):
+        sgl_kernel.rotate_input_ids_cpu  # noqa: B018  (multi-layer EAGLE's op: not reached by this tier)
+    with pytest.raises(MissingKernelError, match=r"sgl_kernel\.speculative\.segment_packbits"):
+        from sgl_kernel.speculative import segment_packbits  # noqa: F401
+    with pytest.raises(AttributeError):
+        sgl_kernel.__wrapped__  # noqa: B018  (dunders stay ordinary: inspect and pickle probe them)
+
+
+def test_everything_provided_is_callable_and_the_torch_ops_are_registered():
+    for name in sgl_kernel.PROVIDED:
+        assert callable(getattr(sgl_kernel, name)), name
+    for name in sgl_kernel.TORCH_OPS:
+        assert hasattr(torch.ops.sgl_kernel, name), name
+
+
+def test_without_convert_weight_packed_sglang_sees_no_amx_kernels():
+    from sglang.srt.utils.common import _is_intel_amx_backend_available
+
+    assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")
+    assert "convert_weight_packed" not in dir(sgl_kernel)
+    assert _is_intel_amx_backend_available() is False  # so every layer takes its forward_native path
+
+
+def test_sitecustomize_only_marks_the_launcher():
+    assert sitecustomize._started_as_launcher(
+        ["/venv/bin/python", "-m", "sglang.launch_server", "--port", "1"]
+    )
+    assert not sitecustomize._started_as_launcher(["/venv/bin/python", "-c", "import sglang.launch_server"])
+    assert not sitecustomize._started_as_launcher(
+        ["/venv/bin/python", "-m", "pytest", "sglang.launch_server"]
+    )
+    # Through the wrapper, any other interpreter (serve's import check, SGLang's children) is left alone.
+    code = "from sglang.srt.runtime_context import get_platform; print(get_platform().has_amx)"
+    result = subprocess.run([str(SGLANG_PYTHON), "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+SAMPLE = """import torch
+import torchvision.extension  # noqa: F401
+
+
+@torch.library.register_fake("torchvision::nms")
+def meta_nms(dets, scores, iou_threshold):
+    pass
+"""
+
+
+def test_torchvision_fix_is_idempotent_and_refuses_an_unknown_layout():
+    fixed = patch(SAMPLE)
+    assert MARKER in fixed and "@torch.library.register_fake(" not in fixed
+    assert patch(fixed) == fixed
+    with pytest.raises(ValueError, match="unexpected"):
+        patch("import torch\n")
+    import torchvision  # the installed copy was fixed by `make`: it imports
+
+    assert torchvision.__version__.startswith("0.28.0")
