@@ -72,6 +72,12 @@ OUTPUT_SCHEMA = pl.Schema(
         "turn_spec_accept_length": pl.List(pl.Float64),
         "turn_spec_verify_ct": pl.List(pl.Int64),
         "turns_mode": pl.String,  # "all": every assistant turn generated; "last": only the final one
+        # The target's own token ids per generated turn, as its server reported them (null element: that turn's
+        # server sent none). Prompt ids are stored compactly (draftgen.training.token_ids): turn k's prompt is
+        # (prompt[k-1] + output[k-1])[:turn_prompt_shared[k]] + turn_prompt_ids[k].
+        "turn_output_ids": pl.List(pl.List(pl.UInt32)),
+        "turn_prompt_ids": pl.List(pl.List(pl.UInt32)),
+        "turn_prompt_shared": pl.List(pl.Int32),
     }
 )
 FAILED_SCHEMA = pl.Schema(

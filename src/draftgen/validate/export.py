@@ -7,8 +7,12 @@ the gate has passed, so a corpus that failed the gate never leaves an export tha
                                  assistant turn the target model's own answer {"role": "assistant", "content",
                                  "reasoning_content"} (validate.turns; a source assistant turn appears only in a
                                  turns: last row kept despite foreign_assistant_turn, as {"role", "content"})
+  export/prompts.jsonl         {"id", "input_ids", "loss_mask"}: SpecForge's pre-tokenized data.prompts_path rows
+                                 (DFlash reads them), the target's own ids where the server sent them, cut at
+                                 max_length as the trainer cuts                                        (export_prompts)
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
   export/counts.json           samples in, out, dropped, and dropped per flag
+  export/README.md, export/dataset_info.json   the dataset card (validate.card)
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import polars as pl
 from draftgen.training.masks import MaskBatch
 
 STAGING = "export.partial"
+PROMPTS = "prompts.jsonl"
 FINAL = "export"
 
 
 class ExportWriter:
     """Appends the kept rows of each batch to the staging folder."""
 
-    def __init__(self, out_dir: Path, *, jsonl: bool, tokens: bool):
+    def __init__(self, out_dir: Path, *, jsonl: bool, tokens: bool, prompts: bool = False):
         self.out_dir = Path(out_dir)
         self.staging = self.out_dir / STAGING
         self.jsonl = jsonl
@@ -40,6 +45,7 @@ class ExportWriter:
         self.staging.mkdir(parents=True)
         self._parts = 0
         self._handle = (self.staging / "train.jsonl").open("w", encoding="utf-8") if jsonl else None
+        self._prompts = (self.staging / PROMPTS).open("w", encoding="utf-8") if prompts else None
 
     def write(
         self,
@@ -59,6 +65,21 @@ class ExportWriter:
                 for i in rows
             ]
             self._handle.write("\n".join(lines) + "\n")
+        if self._prompts is not None:
+            if masks.input_ids is None:
+                raise ValueError("the prompts export needs masks built with keep_ids=True")
+            ids = frame["id"].to_list()
+            lines = [
+                json.dumps(
+                    {
+                        "id": ids[i],
+                        "input_ids": [int(t) for t in masks.input_ids[i]],
+                        "loss_mask": masks.loss_mask(int(i)).tolist(),
+                    }
+                )
+                for i in rows
+            ]
+            self._prompts.write("\n".join(lines) + "\n")
         if self.tokens:
             if masks.input_ids is None:
                 raise ValueError("token export needs masks built with keep_ids=True")
@@ -75,9 +96,10 @@ class ExportWriter:
         return int(rows.size)
 
     def close(self, counts: dict[str, Any]) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        for handle in (self._handle, self._prompts):
+            if handle is not None:
+                handle.close()
+        self._handle = self._prompts = None
         (self.staging / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
 
 
