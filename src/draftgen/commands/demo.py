@@ -122,8 +122,18 @@ def _summary(out: Path) -> list[str]:
         counts = data.get("counts", {})
         lines.append(
             f"validate : {'PASS' if data.get('passed') else 'FAIL'} — {counts.get('out', 0)} of {counts.get('in', 0)} "
-            f"samples exported to {out / 'validate' / 'export' / 'train.jsonl'}"
+            f"training rows (one per generated turn) exported to {out / 'validate' / 'export'}"
         )
+        made, source = counts.get("yield") or {}, counts.get("token_source") or {}
+        if made.get("share") is not None:
+            lost = ", ".join(
+                f"{why} {n / made['generated_tokens']:.1%}" for why, n in list(made["lost"].items())[:4]
+            )
+            lines.append(
+                f"yield    : {made['share']:.1%} of the {made['generated_tokens']:,} tokens the target generated train "
+                f"the drafter (lost: {lost or 'none'}); {source.get('server', 0):,} rows from the server's token ids, "
+                f"{source.get('retokenized', 0):,} re-tokenized"
+            )
     return lines
 
 

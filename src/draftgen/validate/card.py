@@ -28,7 +28,12 @@ def _engines(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for manifest in manifests:
         for session in manifest.get("sessions", []):
             for server in session.get("servers", []) or []:
-                key = (server.get("url"), server.get("engine"), server.get("version"), server.get("token_ids"))
+                key = (
+                    server.get("url"),
+                    server.get("engine"),
+                    server.get("version"),
+                    server.get("token_ids"),
+                )
                 seen.setdefault(key, dict(server))
     return list(seen.values())
 
@@ -98,15 +103,20 @@ def _yaml_header(files: dict[str, str]) -> str:
 
 def render_readme(info: dict[str, Any]) -> str:
     trainer, source, made = info["trainer"], info["token_source"], info["yield"]
-    engines = ", ".join(
-        f"{e.get('engine')} {e.get('version') or ''}".strip() + f" ({e.get('token_ids') or 'no token ids'})"
-        for e in info["engines"]
-    ) or "not recorded"
+    engines = (
+        ", ".join(
+            f"{e.get('engine')} {e.get('version') or ''}".strip()
+            + f" ({e.get('token_ids') or 'no token ids'})"
+            for e in info["engines"]
+        )
+        or "not recorded"
+    )
     share = f"{made['share']:.1%}" if made.get("share") is not None else "n/a"
     lost = "\n".join(f"| {why} | {n:,} |" for why, n in made.get("lost", {}).items()) or "| (nothing) | 0 |"
-    dropped = "\n".join(
-        f"| {flag} | {n:,} |" for flag, n in info["counts"]["dropped_by_flag"].items() if n
-    ) or "| (none) | 0 |"
+    dropped = (
+        "\n".join(f"| {flag} | {n:,} |" for flag, n in info["counts"]["dropped_by_flag"].items() if n)
+        or "| (none) | 0 |"
+    )
     rows_note = (
         "one row per generated turn: the history as the target saw it when it wrote that turn, that turn "
         "supervised (SpecForge: `data.train_only_last_turn: true` for train.jsonl; prompts.jsonl carries its masks)"
