@@ -100,7 +100,7 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
 
 def token_yield(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]:
     """Generated tokens that a kept training row supervises ÷ every token the target generated, and where the
-    rest went: a dropped row's tokens under its first drop flag, a kept row's under the max_length cut or, what
+    rest went: a dropped row's tokens under its first drop flag (length flags first), a kept row's under the max_length cut or, what
     its mask leaves out (an earlier turn re-rendered without its reasoning, say), "not supervised"."""
     if not records.height:
         return {"generated_tokens": 0, "supervised_generated": 0, "share": None, "lost": {}}
@@ -110,7 +110,11 @@ def token_yield(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
     lost: dict[str, int] = {}
     dropped = records.filter(pl.col("dropped"))
     if dropped.height:
-        first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in config.drop_flags] or [pl.lit("?")])
+        # A row cut by max_tokens has an empty answer too: the cut is why, so length flags are named first.
+        order = [f for f in LENGTH_FLAGS if f in config.drop_flags] + [
+            f for f in config.drop_flags if f not in LENGTH_FLAGS
+        ]
+        first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in order] or [pl.lit("?")])
         by_flag = dropped.group_by(first.alias("flag")).agg(pl.col("generated_tokens").sum())
         lost.update({f"dropped: {flag}": int(n) for flag, n in by_flag.iter_rows() if n})
     cut = int(kept["cut_generated"].sum())
