@@ -43,6 +43,7 @@ def _config(generation: Path, tokenizer_dir: Path, out: Path, **overrides) -> Va
         "out_dir": str(out),
         "max_length": 512,
         "duplicate_answer_min_prompts": 3,
+        "holdout_share": 0.0,  # exact counts; the held-out split has tests of its own
         **overrides,
     }
     return build_config(ValidateConfig, values)

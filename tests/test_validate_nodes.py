@@ -31,6 +31,7 @@ from draftgen.validate import report
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import (
     ValidationGateError,
+    finalize_export,
     gate_message,
     require_fit_to_train,
     validate_generation,
@@ -107,7 +108,13 @@ def tokenizer(runs: Runs):
 
 def _config(runs: Runs, folders: list[Path] | Path, out: Path, **overrides: object) -> ValidateConfig:
     given = str(folders) if isinstance(folders, Path) else [str(f) for f in folders]
-    values = {"generation_dir": given, "tokenizer": str(runs.tokenizer_dir), "out_dir": str(out), **overrides}
+    values = {
+        "generation_dir": given,
+        "tokenizer": str(runs.tokenizer_dir),
+        "out_dir": str(out),
+        "holdout_share": 0.0,
+        **overrides,
+    }
     return build_config(ValidateConfig, values)
 
 
@@ -234,7 +241,14 @@ def test_draftgen_run_validates_a_list_of_folders(runs, tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = tmp_path / "runs" / "validate" / "nodes"
-    assert sorted(_exported_ids(run_dir)) == sorted(runs.ids)
+    exported = {i.partition("#")[0] for i in _exported_ids(run_dir)}  # training rows per turn: ID or ID#k
+    held = {
+        json.loads(x)["id"]
+        for x in (run_dir / "export" / "holdout" / "prompts.jsonl").read_text().splitlines()
+    }
+    assert (
+        exported | held == set(runs.ids) and not exported & held
+    )  # the default 1% held out, never trained on
     executed = (run_dir / "validate.ipynb").read_text()
     assert "240 of 240 prompt ids present, none missing" in executed
 
@@ -285,3 +299,32 @@ def test_a_manifest_from_before_turns_counts_as_turns_last(runs, tokenizer, tmp_
         _config(runs, [old, new], tmp_path / "b"), tokenizer=tokenizer, progress=False
     )
     assert result.coverage.complete
+
+
+def test_every_node_holds_out_the_same_ids_and_none_reaches_an_export(runs, tokenizer, tmp_path):
+    def held_and_trained(folders, out):  # type: ignore[no-untyped-def]
+        result = validate_generation(
+            _config(runs, folders, out, holdout_share=0.2, max_degenerate_share=1.0),
+            tokenizer=tokenizer,
+            progress=False,
+        )
+        export = finalize_export(result)
+        held = set(result.records.filter(pl.col("held_out"))["prompt_id"].to_list())
+        trained = {
+            json.loads(x)["id"].partition("#")[0] for x in (export / "train.jsonl").read_text().splitlines()
+        }
+        trained |= {
+            json.loads(x)["id"].partition("#")[0] for x in (export / "prompts.jsonl").read_text().splitlines()
+        }
+        holdout = export / "holdout" / "prompts.jsonl"
+        listed = (
+            {json.loads(x)["id"] for x in holdout.read_text().splitlines()} if holdout.exists() else set()
+        )
+        assert listed == held and not trained & held
+        return held
+
+    both = held_and_trained([runs.shard0, runs.shard1], tmp_path / "both")
+    alone = [held_and_trained(f, tmp_path / f"alone-{i}") for i, f in enumerate((runs.shard0, runs.shard1))]
+    assert both and alone[0] | alone[1] == both and not alone[0] & alone[1], (
+        "each node holds out its part of one split"
+    )

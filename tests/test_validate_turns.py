@@ -36,7 +36,12 @@ def tokenizer(tokenizer_dir: Path):
 
 
 def _config(tokenizer_dir: Path, generation: Path, out: Path, **overrides: object) -> ValidateConfig:
-    values = {"generation_dir": str(generation), "tokenizer": str(tokenizer_dir), "out_dir": str(out)}
+    values = {
+        "generation_dir": str(generation),
+        "tokenizer": str(tokenizer_dir),
+        "out_dir": str(out),
+        "holdout_share": 0.0,  # exact counts; the held-out split has tests of its own
+    }
     return build_config(ValidateConfig, {**values, **overrides})
 
 

@@ -65,6 +65,7 @@ def _validate(
             "rows": rows,
             "max_length": max_length,
             "keep_flagged": list(FLAGS),  # every sample is exported: the oracle sees flagged ones too
+            "holdout_share": 0.0,
             "max_degenerate_share": 1.0,
             "max_truncated_share": 1.0,
             "export_tokens": True,

@@ -52,6 +52,8 @@ def dataset_info(result: Any) -> dict[str, Any]:
         files["prompts"] = export.PROMPTS
     if config.export_tokens:
         files["tokens"] = "tokens/*.parquet"
+    if counts["held_out"]["prompts"]:
+        files["holdout"] = "holdout/prompts.jsonl"
     trainer: dict[str, Any] = {
         "name": config.trainer.value,
         "max_length": config.max_length,
@@ -80,6 +82,12 @@ def dataset_info(result: Any) -> dict[str, Any]:
             "dropped": counts["dropped"],
             "dropped_by_flag": counts["dropped_by_flag"],
             "flagged_but_kept": counts["flagged_but_kept"],
+            "held_out": counts["held_out"],
+        },
+        "holdout": {
+            "share": config.holdout_share,
+            "rule": "blake2b keyed 'draftgen-holdout' of the prompt id, as a fraction of 2**64, below the share",
+            "file": files.get("holdout"),
         },
         "trainer": trainer,
         "token_source": counts["token_source"],
@@ -92,7 +100,7 @@ def _yaml_header(files: dict[str, str]) -> str:
     lines = ["---", "configs:"]
     default = "prompts" if "prompts" in files else next(iter(files), None)
     for name, path in files.items():
-        if name == "tokens":
+        if name in ("tokens", "holdout"):
             continue
         lines += [f"- config_name: {name}", f"  data_files: {path}"]
         if name == default:
@@ -151,6 +159,7 @@ Sampling: {sampling or "not recorded"}.
 | samples checked | {info["counts"]["samples"]:,} |
 | exported | {info["counts"]["exported"]:,} |
 | dropped | {info["counts"]["dropped"]:,} |
+| held out (never trained on; for the drafter verdict) | {info["counts"]["held_out"]["prompts"]:,} prompts, {info["counts"]["held_out"]["rows"]:,} rows |
 | trainer (loss mask) | {trainer["name"]}, max_length {trainer["max_length"]} |
 | rows | {rows_note} |
 | tokens | {tokens} |

@@ -73,7 +73,8 @@ class ValidateConfig(Params):
             "",
             "generation_dir prompt_file tokenizer out_dir trainer mask_convention enable_thinking "
             "rows token_ids min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share "
-            "max_truncated_share keep_flagged export_jsonl export_prompts export_tokens batch_size examples_per_flag",
+            "max_truncated_share keep_flagged holdout_share export_jsonl export_prompts export_tokens batch_size "
+            "examples_per_flag",
         )
     )
 
@@ -133,6 +134,11 @@ class ValidateConfig(Params):
     token_ids: Literal["server", "retokenize"] = param(
         "server",
         "server: rows from the target's own token ids where the server sent them; retokenize: from the text",
+    )
+    holdout_share: Share = param(
+        0.01,
+        "share of prompt ids held out of the training export (stable id hash; whole conversations), written to "
+        "export/holdout/ for the drafter verdict (0: none)",
     )
     export_prompts: bool = param(
         True,

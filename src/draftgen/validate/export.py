@@ -11,6 +11,8 @@ the gate has passed, so a corpus that failed the gate never leaves an export tha
                                  (DFlash reads them), the target's own ids where the server sent them, cut at
                                  max_length as the trainer cuts                                        (export_prompts)
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
+  export/holdout/prompts.jsonl the held-out prompts as prompt rows {"id", "messages"} (holdout_share of the ids, whole
+                                 conversations): never in the training files; the drafter verdict benchmarks on them
   export/counts.json           samples in, out, dropped, and dropped per flag
   export/README.md, export/dataset_info.json   the dataset card (validate.card)
 """
@@ -29,6 +31,7 @@ from draftgen.training.masks import MaskBatch
 
 STAGING = "export.partial"
 PROMPTS = "prompts.jsonl"
+HOLDOUT = "holdout"
 FINAL = "export"
 
 
@@ -46,6 +49,8 @@ class ExportWriter:
         self._parts = 0
         self._handle = (self.staging / "train.jsonl").open("w", encoding="utf-8") if jsonl else None
         self._prompts = (self.staging / PROMPTS).open("w", encoding="utf-8") if prompts else None
+        self._holdout: Any = None
+        self._held: set[str] = set()  # prompt ids written (an id stored twice is held out once)
 
     def write(
         self,
@@ -95,11 +100,23 @@ class ExportWriter:
             self._parts += 1
         return int(rows.size)
 
+    def write_holdout(self, stored: pl.DataFrame) -> None:
+        """The held-out conversations' source prompts, as generate and benchmark read prompt rows."""
+        rows = [r for r in stored.select("id", "messages").iter_rows(named=True) if r["id"] not in self._held]
+        if not rows:
+            return
+        if self._holdout is None:
+            (self.staging / HOLDOUT).mkdir()
+            self._holdout = (self.staging / HOLDOUT / "prompts.jsonl").open("w", encoding="utf-8")
+        self._held.update(r["id"] for r in rows)
+        lines = [json.dumps({"id": r["id"], "messages": r["messages"]}, ensure_ascii=False) for r in rows]
+        self._holdout.write("\n".join(lines) + "\n")
+
     def close(self, counts: dict[str, Any]) -> None:
-        for handle in (self._handle, self._prompts):
+        for handle in (self._handle, self._prompts, self._holdout):
             if handle is not None:
                 handle.close()
-        self._handle = self._prompts = None
+        self._handle = self._prompts = self._holdout = None
         (self.staging / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
 
 

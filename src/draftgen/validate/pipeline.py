@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
+from draftgen.prompts.rows import holdout_fraction
 from draftgen.training.id_rows import IdsLayout, ids_layout
 from draftgen.training.masks import MaskSpec, build_conversation_masks, load_tokenizer
 from draftgen.training.trainers import SpanTrainer
@@ -77,6 +79,12 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
     """Samples in, out and dropped; a sample with several flags counts under each, and once in dropped."""
     flagged = {f: int(records[f].sum()) for f in FLAGS} if records.height else dict.fromkeys(FLAGS, 0)
     dropped = int(records["dropped"].sum()) if records.height else 0
+    held = (
+        records.filter(pl.col("held_out"))
+        if records.height and "held_out" in records.columns
+        else records.head(0)
+    )
+    key = "prompt_id" if "prompt_id" in records.columns else "id"
     # A sample cut inside its reasoning has no answer: that empty answer is the truncation's doing, not a defect.
     defect = [pl.col(f) for f in config.drop_flags if f not in LENGTH_FLAGS and f != "empty_answer"]
     if "empty_answer" in config.drop_flags:
@@ -87,7 +95,10 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
         degenerate = 0
     return {
         "in": records.height,
-        "out": records.height - dropped,
+        "out": records.height - dropped - int((~held["dropped"]).sum())
+        if held.height
+        else records.height - dropped,
+        "held_out": {"rows": held.height, "prompts": held[key].n_unique() if held.height else 0},
         "yield": token_yield(records, config),
         "token_source": _token_sources(records),
         "dropped": dropped,
@@ -105,7 +116,8 @@ def token_yield(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
     if not records.height:
         return {"generated_tokens": 0, "supervised_generated": 0, "share": None, "lost": {}}
     generated = int(records["generated_tokens"].sum())
-    kept = records.filter(~pl.col("dropped"))
+    held = pl.col("held_out") if "held_out" in records.columns else pl.lit(False)
+    kept = records.filter(~pl.col("dropped") & ~held)
     supervised = int(kept["supervised_generated"].sum())
     lost: dict[str, int] = {}
     dropped = records.filter(pl.col("dropped"))
@@ -117,6 +129,9 @@ def token_yield(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
         first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in order] or [pl.lit("?")])
         by_flag = dropped.group_by(first.alias("flag")).agg(pl.col("generated_tokens").sum())
         lost.update({f"dropped: {flag}": int(n) for flag, n in by_flag.iter_rows() if n})
+    withheld = int(records.filter(~pl.col("dropped") & held)["generated_tokens"].sum())
+    if withheld:
+        lost["held out (the drafter verdict's prompts)"] = withheld
     cut = int(kept["cut_generated"].sum())
     if cut:
         lost["cut at max_length"] = cut
@@ -192,7 +207,13 @@ def _validate_batch(
         )
     masks = tokens.masks if tokens is not None else retokenized
     records = flag_batch(frame, masks, config, index, foreign, tokens)
-    writer.write(frame, conversations, masks, (~records["dropped"]).to_numpy())
+    key = "prompt_id" if "prompt_id" in records.columns else "id"
+    held = np.array([holdout_fraction(i) < config.holdout_share for i in records[key].to_list()], dtype=bool)
+    records = records.with_columns(pl.Series("held_out", held))
+    writer.write(frame, conversations, masks, (~records["dropped"]).to_numpy() & ~held)
+    writer.write_holdout(
+        stored.filter(pl.Series([holdout_fraction(i) < config.holdout_share for i in stored["id"]]))
+    )
     return records
 
 
