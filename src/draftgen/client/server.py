@@ -156,10 +156,12 @@ class ServerClient:
                 stream_reply = await self.openai.chat.completions.create(**request)
                 async with stream_reply:
                     async for chunk in stream_reply:
-                        answer.add_chunk(chunk.model_dump())
+                        # warnings off: SGLang 0.5.23's metadata.weight_versions (a list) is not the SDK's
+                        # dict[str, str]; the value is kept as sent.
+                        answer.add_chunk(chunk.model_dump(warnings=False))
             else:
                 reply = await self.openai.chat.completions.create(**request)
-                answer.add_response(reply.model_dump())
+                answer.add_response(reply.model_dump(warnings=False))
             return answer.result()
         except Exception as exc:  # classify_error re-raises what it does not know
             raise classify_error(exc) from exc
