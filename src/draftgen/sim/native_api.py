@@ -213,7 +213,7 @@ class NativeApi:
             "reasoning_tokens": 0,
             "completion_tokens": request.emitted,
             "cached_tokens": 0,
-            "cached_tokens_details": {"device": 0, "host": 0},
+            "cached_tokens_details": None,  # SGLang's, with nothing cached (no prefix cache here)
             "dp_rank": None,
         }
         if done:
