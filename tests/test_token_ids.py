@@ -83,3 +83,26 @@ def test_common_prefix_across_the_block_boundary():
         b = [*a[:n], -1, *a[n + 1 :]]
         assert common_prefix(a, b) == min(n, len(a))
     assert common_prefix(a, a[:300]) == 300
+
+
+def test_shards_written_before_the_id_columns_read_them_as_null(tmp_path):
+    import polars as pl
+
+    from draftgen.generate.store import OUTPUT_SCHEMA, scan_shards
+
+    row = {name: None for name in OUTPUT_SCHEMA}
+    row |= {"id": "old", "turn_after": [0], "turn_content": ["hi"]}
+    new = dict(row, id="new", turn_output_ids=[[1, 2, 3]], turn_prompt_ids=[[7, 8]], turn_prompt_shared=[0])
+    old_schema = {
+        k: v for k, v in OUTPUT_SCHEMA.items() if not k.startswith(("turn_output", "turn_prompt_ids"))
+    }
+    old_schema.pop("turn_prompt_shared")
+    pl.DataFrame([{k: row[k] for k in old_schema}], schema=old_schema).write_parquet(tmp_path / "a.parquet")
+    pl.DataFrame([new], schema=OUTPUT_SCHEMA).write_parquet(tmp_path / "b.parquet")
+    frame = scan_shards([tmp_path / "a.parquet", tmp_path / "b.parquet"]).collect()
+    by_id = {r["id"]: r for r in frame.rows(named=True)}
+    assert by_id["old"]["turn_output_ids"] is None and by_id["old"]["turn_prompt_shared"] is None
+    assert by_id["new"]["turn_output_ids"] == [[1, 2, 3]]
+    assert expand(by_id["new"]["turn_prompt_shared"], by_id["new"]["turn_prompt_ids"], [[1, 2, 3]]) == [
+        [7, 8]
+    ]
