@@ -189,20 +189,24 @@ def _units(words: Sequence[str]) -> list[str]:
     return units
 
 
-def _filler(rng: random.Random, tokenizer: SimTokenizer, tokens: int, opener: str | None) -> list[str]:
-    """Filler units of about ``tokens`` tokens of ``tokenizer`` (the first unit that reaches it ends it)."""
+FILLER_CHUNK = 12  # words drawn at a time: fixed, so a shorter filler is always a prefix of a longer one
+
+
+def _filler(
+    rng: random.Random, tokenizer: SimTokenizer, tokens: int, opener: str | None
+) -> tuple[list[str], int]:
+    """(units, their token count): filler of about ``tokens`` tokens of ``tokenizer`` (the first unit that reaches
+    it ends it). Drawn from ``rng`` in fixed chunks, so asking for fewer tokens gives a prefix of the same units."""
     units: list[str] = []
     count = 0
     while count < tokens:
-        more = _units(
-            _words(rng, max(1, tokens - count), opener if not units else None, continuing=bool(units))
-        )
-        for unit in more:
+        first = not units
+        for unit in _units(_words(rng, FILLER_CHUNK, opener if first else None, continuing=not first)):
             units.append(unit)
             count += len(tokenizer.encode_unit(unit))
             if count >= tokens:
                 break
-    return units
+    return units, count
 
 
 def _noncanonical(
@@ -230,28 +234,42 @@ def plan_completion(
     noncanonical: bool = False,
 ) -> CompletionPlan:
     """Deterministic completion for one request: long-tailed lengths in tokens, truncated at ``max_tokens``."""
+    # Lengths, reasoning words, answer words and the fault's choice each have their own stream, and only the
+    # first max_tokens + 1 tokens are ever drawn (one more decides stop or length): a request costs what it
+    # shows, and a smaller max_tokens cuts the very same completion.
     rng = random.Random(seed)
+    words_r, words_a, fault = (random.Random((seed << 2) | k) for k in (1, 2, 3))
+    budget = max_tokens + 1
     if empty_answer:
         # The short failure: "\n</think>\n\nOK." + EOS after a "<think>\n" generation prompt.
         units = ["\n", THINK_END, "\n\n", "OK."] if enable_thinking else ["OK."]
     else:
-        answer = _filler(rng, tokenizer, _lognormal_length(rng, answer_median, sigma), None)
+        answer_length = _lognormal_length(rng, answer_median, sigma)
+        reasoning_length = _lognormal_length(rng, reasoning_median, sigma)
+        opener = rng.choice(_OPENERS)
+        units: list[str] = []
+        spent, answering = 0, not enable_thinking
         if enable_thinking:
-            length = _lognormal_length(rng, reasoning_median, sigma)
-            reasoning = _filler(rng, tokenizer, length, rng.choice(_OPENERS))
-            units = [*reasoning[:-1], reasoning[-1] + "\n", THINK_END, "\n\n", *answer]
-        else:
-            units = answer
+            units, spent = _filler(words_r, tokenizer, min(reasoning_length, budget), opener)
+            # Thinking ends within the budget (or the unit that reached it also completed the reasoning):
+            # "\n</think>\n\n" and the answer follow, exactly as they would with a larger max_tokens.
+            answering = spent >= reasoning_length
+            if answering:
+                units = [*units[:-1], units[-1] + "\n", THINK_END, "\n\n"]
+                spent = sum(len(tokenizer.encode_unit(u)) for u in units)
+        if answering:
+            wanted = max(answer_length, budget) if ignore_eos else answer_length
+            units += _filler(words_a, tokenizer, max(1, min(wanted, budget - spent)), None)[0]
     ids = tokenizer.encode_units(units)
-    if ignore_eos:
-        while len(ids) < max_tokens:
-            more = _units(_words(rng, 64, None, continuing=True))
-            units = [*units, *more]
-            ids = ids + tokenizer.encode_units(more) if tokenizer.separable else tokenizer.encode_units(units)
-    split = _noncanonical(rng, tokenizer, ids, max_tokens) if noncanonical else None
+    split = _noncanonical(fault, tokenizer, ids, max_tokens) if noncanonical else None
     if split is not None:
         ids = split
-    think_end = ids.index(tokenizer.think_end_id) if enable_thinking else None
+    if enable_thinking:  # past the end when thinking was cut before "</think>"
+        think_end: int | None = (
+            ids.index(tokenizer.think_end_id) if tokenizer.think_end_id in ids else len(ids) + 1
+        )
+    else:
+        think_end = None
     stops = not ignore_eos and len(ids) + 1 <= max_tokens
     if not stops:
         # A length cut (with ignore_eos, max_tokens is the only way to end). A cut before "</think>" leaves
