@@ -199,9 +199,13 @@ def known_differences(doc: Path) -> dict[tuple[str, str], str]:
     return table
 
 
-def listed(case: str, difference: str, table: dict[tuple[str, str], str]) -> bool:
+def listed(case: str, difference: str, table: dict[tuple[str, str], str]) -> tuple[str, str] | None:
+    """The table entry (case pattern, path pattern) that explains ``difference`` in ``case``, or None."""
     path = difference.partition(": real ")[0]
-    return any(_matches(name, case) and _matches(pattern, path) for (name, pattern) in table)
+    for name, pattern in table:
+        if _matches(name, case) and _matches(pattern, path):
+            return name, pattern
+    return None
 
 
 def _matches(pattern: str, text: str) -> bool:
