@@ -148,9 +148,19 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     started = time.perf_counter()
-    print("draftgen demo: building a tiny Qwen3-format tokenizer for the loss-mask checks (no download)")
+    print(
+        "draftgen demo: building a tiny Qwen3-format tokenizer for the servers' token ids and the loss-mask checks "
+        "(no download)"
+    )
     build_tiny_tokenizer(out / "tokenizer", overwrite=True)
-    with SimFleet(servers=args.servers, profile="b200-mtp", speed=args.speed, work_dir=out / "sim") as fleet:
+    # The servers speak validate's tokenizer, so the ids they report are the ids validate reads.
+    with SimFleet(
+        servers=args.servers,
+        profile="b200-mtp",
+        speed=args.speed,
+        work_dir=out / "sim",
+        tokenizer=out / "tokenizer",
+    ) as fleet:
         print(
             f"draftgen demo: {args.servers} simulated B200 + MTP servers at {args.speed:g}x speed: "
             f"{fleet.urls[0]} … {fleet.urls[-1]}"

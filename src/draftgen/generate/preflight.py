@@ -415,6 +415,7 @@ async def _server_checks(
         return checks, None
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
     notes.append(describe_source(caps))
+    notes.append(describe_token_ids(caps))
     if not caps.extra_fields:
         notes.append("top_k/min_p not accepted: not sent")
     if not caps.template_kwargs:
@@ -440,6 +441,13 @@ async def _server_checks(
     if config.canary:
         checks.append(await canary(client, config))
     return checks, caps
+
+
+def describe_token_ids(caps: Capabilities) -> str:
+    """Where this server's token ids come from, for preflight's engine row."""
+    if caps.token_ids:
+        return f"token ids from the server ({caps.token_ids})"
+    return f"no token ids from {caps.engine}: validate re-tokenizes"
 
 
 async def _retrying(make: Callable[[], Awaitable[T]]) -> T:
