@@ -161,12 +161,13 @@ def test_draftgen_sim_refuses_settings_that_cannot_start():
     assert "Not enough memory" in done.stderr
 
 
-def _request(rid: int, prompt_tokens: int, max_tokens: int):
+def _request(tokenizer, rid: int, prompt_tokens: int, max_tokens: int):
     from draftgen.sim.engine import SimRequest
     from draftgen.sim.textgen import plan_completion
 
     plan = plan_completion(
         rid,
+        tokenizer,
         max_tokens=max_tokens,
         enable_thinking=True,
         reasoning_median=100,
@@ -179,14 +180,14 @@ def _request(rid: int, prompt_tokens: int, max_tokens: int):
     )
 
 
-def test_kv_left_after_the_memory_check_limits_admission():
+def test_kv_left_after_the_memory_check_limits_admission(sim_tokenizer):
     from draftgen.sim.engine import Engine
 
     tight = apply_settings(B200, mtp(5, 1, 6, max_running_requests=96))  # ~57K KV tokens left
     engine = Engine(tight, speed=1.0, slow=1.0, on_finish=lambda r: None)
     engine.ready.set()
     for rid in range(96):
-        engine.submit(_request(rid, prompt_tokens=1_000, max_tokens=2_000))
+        engine.submit(_request(sim_tokenizer, rid, prompt_tokens=1_000, max_tokens=2_000))
     admitted = engine._admissible()
     assert len(admitted) == tight.kv_capacity_tokens // 3_000  # each holds 3,000 tokens at its longest
     assert len(admitted) < tight.max_running_requests
@@ -194,5 +195,5 @@ def test_kv_left_after_the_memory_check_limits_admission():
     plain = Engine(B200, speed=1.0, slow=1.0, on_finish=lambda r: None)
     plain.ready.set()
     for rid in range(96):
-        plain.submit(_request(rid, prompt_tokens=100_000, max_tokens=2_000))
+        plain.submit(_request(sim_tokenizer, rid, prompt_tokens=100_000, max_tokens=2_000))
     assert len(plain._admissible()) == B200.max_running_requests
