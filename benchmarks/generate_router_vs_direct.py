@@ -1,9 +1,10 @@
-"""Figure (f): fourteen workers, one three times slower — draftgen's own pull-based list vs SGLang's router.
+"""Figure 6: fourteen workers, one three times slower — draftgen's own pull-based list vs SMG, SGLang's gateway.
 
-Fourteen simulated B200 + MTP workers (server 6 ``slow=3``) serve three generate runs in turn, each over fresh
+Fourteen simulated B200 + MTP workers (server 6 ``slow=3``) serve five generate runs in turn, each over fresh
 prompts: (1) ``servers`` lists the fourteen URLs (pull-based: each keeps ``concurrency_per_server`` in flight),
-(2) one URL, sglang-router 0.3.2 with ``--policy cache_aware``, (3) the same with ``--policy round_robin``; through
-the router ``concurrency_per_server`` is fourteen times as large, so the same number of requests is in flight.
+then one URL, SMG (the pinned ``smg``) with each of ``--policy cache_aware``, ``round_robin``, ``least_load`` and
+``power_of_two``; through the gateway ``concurrency_per_server`` is fourteen times as large, so the same number of
+requests is in flight.
 Utilization = tokens the workers produced ÷ their summed capacity (figure (b)'s method: the simulator's ground
 truth, each request's tokens spread over first token → finish; capacity from /sim/info at the batch cap), over the
 steady window (``--ramp`` s after the first request to the last request sent), and over the whole run.
@@ -90,8 +91,10 @@ def main() -> None:
             for seed, (name, policy) in enumerate(
                 [
                     ("direct list", None),
-                    ("router cache_aware", "cache_aware"),
-                    ("router round_robin", "round_robin"),
+                    ("smg cache_aware", "cache_aware"),
+                    ("smg round_robin", "round_robin"),
+                    ("smg least_load", "least_load"),
+                    ("smg power_of_two", "power_of_two"),
                 ]
             ):
                 prompts = tmp / f"prompts-{seed}.jsonl"
