@@ -7,7 +7,10 @@ then one URL, SMG (the pinned ``smg``) with each of ``--policy cache_aware``, ``
 requests is in flight.
 Utilization = tokens the workers produced ÷ their summed capacity (figure (b)'s method: the simulator's ground
 truth, each request's tokens spread over first token → finish; capacity from /sim/info at the batch cap), over the
-steady window (``--ramp`` s after the first request to the last request sent), and over the whole run.
+steady window (``--ramp`` s after the first request to the last request sent), and over the whole run. Each run
+also prints ``clock_kept``, the workers' planned ÷ actual step time over it (1.0: the simulators kept their clock;
+lower: the machine starved them, and every figure of that run is lower with it), and how evenly the requests were
+spread (the busiest worker's share; 1/14 = 0.071 when even).
 
     .venv/bin/python benchmarks/generate_router_vs_direct.py [--prompts 2000] [--speed 1] [--max-tokens 512]
 """
@@ -22,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from generate_fleet_utilization import tokens_in
-from generate_tail_hedge import capacity
+from generate_tail_hedge import capacity, clock_kept, sim_clocks
 from sim_generate import run_generate, sim_generate_config
 
 from draftgen.prompts.synthetic import write_synthetic
@@ -52,6 +55,10 @@ def measure(fleet: SimFleet, started: float, ended: float, ramp: float, cap: flo
         "utilization_whole_run": round(whole, 3),
         "slow_worker_share_of_requests": round(
             sum(r["server"] == slow_url for r in records) / len(records), 3
+        ),
+        # how evenly the requests were spread: the busiest worker's share (1/14 = 0.071 when even)
+        "busiest_worker_share_of_requests": round(
+            max(sum(r["server"] == url for r in records) for url in fleet.urls) / len(records), 3
         ),
         "window_s": round(t1 - t0, 1),
     }
@@ -117,9 +124,11 @@ def main() -> None:
                         concurrency_per_server=concurrency,
                         acceptance_interval_s=0,
                     )
+                    clocks = sim_clocks(fleet)
                     started = time.time()
                     result = run_generate(config, progress=False)
                     ended = time.time()
+                    kept = clock_kept(clocks, sim_clocks(fleet))
                 finally:
                     if router is not None:
                         router.stop()
@@ -128,12 +137,14 @@ def main() -> None:
                     "run": name,
                     "wall_s": round(ended - started, 1),
                     **measure(fleet, started, ended, args.ramp, cap),
+                    "clock_kept": round(kept, 3),
                 }
                 results.append(row)
                 print(
                     f"  {name:19} utilization {row['utilization_steady']:.3f} steady, "
                     f"{row['utilization_whole_run']:.3f} whole run ({row['wall_s']:.0f} s); slow worker took "
-                    f"{row['slow_worker_share_of_requests']:.1%} of the requests",
+                    f"{row['slow_worker_share_of_requests']:.1%} of the requests, the busiest "
+                    f"{row['busiest_worker_share_of_requests']:.1%}; clock kept {row['clock_kept']:.2f}",
                     flush=True,
                 )
     print(json.dumps(results))

@@ -9,6 +9,9 @@ capacity-bound ideal is the time the stored
 tokens would take at the fleet's summed capacity (each server's tokens/s at its batch cap, from /sim/info, speed
 and ``slow`` included): no schedule can beat it. The figure is ideal ÷ wall (1.0 = no time lost to ramp, tail or
 imbalance). The same run on seven equal servers is printed as the reference of what ramp and drain alone cost.
+Each run also prints ``clock_kept`` (the servers' planned ÷ actual step time over it: below 1.0 the machine starved
+the simulators and that run's figure drops with it) and the busiest server's share of the requests (1/7 when
+even).
 
     .venv/bin/python benchmarks/generate_tail_hedge.py [--prompts 1400] [--speed 2] [--max-tokens 1024] [--turns last]
         [--gateway-policies cache_aware,least_load]
@@ -29,6 +32,18 @@ from draftgen.serve.router import RouterProcess
 from draftgen.sim import SimFleet
 
 SERVERS = 7
+
+
+def sim_clocks(fleet: SimFleet) -> list[dict]:
+    """Each server's clock counters now: the wall seconds its steps should have taken, and took."""
+    return [fleet.info(index)["clock_kept"] for index in range(fleet.servers)]
+
+
+def clock_kept(before: list[dict], after: list[dict]) -> float:
+    """Planned ÷ actual step time between two readings, the servers together (1.0: on time)."""
+    planned = sum(a["planned_s"] - b["planned_s"] for b, a in zip(before, after, strict=True))
+    actual = sum(a["actual_s"] - b["actual_s"] for b, a in zip(before, after, strict=True))
+    return planned / actual if actual > 0 else 1.0
 
 
 def capacity(fleet: SimFleet, concurrency: int) -> float:
@@ -72,7 +87,9 @@ def one_run(
                 concurrency_per_server=concurrency,
                 hedge_slow_ratio=hedge,
             )
+            clocks = sim_clocks(fleet)
             result = run_generate(config, progress=False)
+            kept = clock_kept(clocks, sim_clocks(fleet))
         finally:
             if router is not None:
                 router.stop()
@@ -83,6 +100,8 @@ def one_run(
     wall = result.outcome.wall_s
     ideal = row["completion_tokens"] / cap
     aborted = [r for r in truth if r.get("kind") == "chat" and r.get("outcome") == "client_disconnected"]
+    answered = [r for r in truth if r.get("kind") == "chat" and r.get("outcome") == "ok"]
+    per_server = [sum(r["server"] == url for r in answered) for url in fleet.urls]
     return {
         "run": name,
         "wall_s": round(wall, 1),
@@ -92,6 +111,9 @@ def one_run(
         "hedge_wins": result.outcome.hedge_wins,
         "cancelled_copies": len(aborted),
         "wasted_tokens": sum(r.get("completion_tokens") or 0 for r in aborted),
+        "clock_kept": round(kept, 3),
+        # how evenly the requests were spread: the busiest server's share (1/7 = 0.143 when even)
+        "busiest_server_share": round(max(per_server) / max(1, sum(per_server)), 3),
     }
 
 
@@ -135,7 +157,8 @@ def main() -> None:
             print(
                 f"  {name:22} wall {row['wall_s']:6.1f} s  ideal {row['ideal_s']:6.1f} s  "
                 f"ideal/wall {row['ideal_over_wall']:.3f}  hedged {row['hedged']} (won {row['hedge_wins']}), "
-                f"{row['cancelled_copies']} cancelled copies ({row['wasted_tokens']:,} tokens)",
+                f"{row['cancelled_copies']} cancelled copies ({row['wasted_tokens']:,} tokens); "
+                f"clock kept {row['clock_kept']:.2f}; busiest server {row['busiest_server_share']:.1%} of requests",
                 flush=True,
             )
     print(json.dumps(runs))
