@@ -319,6 +319,7 @@ def test_tune_notebook_runs_under_papermill_with_the_params_file(tmp_path):
         "max_tokens": 64,
         "sample_size": 32,
         "spec_candidates": [[1, 1, 2], [3, 1, 4]],
+        "adaptive_steps": [],  # params/tune.yaml's adaptive candidate is measured by the `tuned` fixture
         "max_running_requests": [4],
         "mtp_off": False,
         "max_rounds": 1,
