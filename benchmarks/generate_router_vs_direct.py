@@ -77,10 +77,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=64, help="in flight per worker")
     parser.add_argument("--ramp", type=float, default=5.0, help="seconds excluded at the start")
+    parser.add_argument(
+        "--smg-args",
+        default="",
+        help="extra flags for SMG, space-separated, e.g. --smg-args=--disable-worker-overload-protection",
+    )
     args = parser.parse_args()
     print(
         f"{WORKERS} workers (b200-mtp, speed {args.speed:g}), worker {SLOW} slow=3; {args.prompts} prompts per run, "
-        f"max_tokens {args.max_tokens}, {args.concurrency} in flight per worker",
+        f"max_tokens {args.max_tokens}, {args.concurrency} in flight per worker; SMG {args.smg_args or 'as shipped'}",
         flush=True,
     )
     results = []
@@ -110,7 +115,12 @@ def main() -> None:
                 servers = fleet.urls
                 concurrency = args.concurrency
                 if policy is not None:
-                    router = RouterProcess(fleet.urls, policy=policy, log_dir=tmp / "router")
+                    router = RouterProcess(
+                        fleet.urls,
+                        policy=policy,
+                        log_dir=tmp / "router",
+                        extra_args=tuple(args.smg_args.split()),
+                    )
                     servers = [router.start()]
                     concurrency = args.concurrency * WORKERS
                 try:
