@@ -1,7 +1,7 @@
 """Asking a server what it is: health (with each engine's fallbacks), models, batch cap, speculation, engine.
 
-The one place that knows which endpoint answers which question on SGLang, its router, vLLM, ``transformers serve``
-and ``draftgen sim``; benchmark, preflight, tune, generate and serve read these facts from here, never by hand.
+The one place that knows which endpoint answers which question on SGLang, its gateway SMG, vLLM,
+``transformers serve`` and ``draftgen sim``; benchmark, preflight, tune, generate and serve read these facts from here, never by hand.
 """
 
 from __future__ import annotations
@@ -123,8 +123,11 @@ async def server_info(client: ServerClient) -> ServerInfo:
     return ServerInfo()
 
 
+GATEWAY = "smg"  # SMG, SGLang's gateway (the retired sglang-router spoke the same /workers list)
+
+
 def parse_workers(data: Any) -> tuple[str, ...] | None:
-    """A router's ``GET /workers`` body → worker URLs; None when it is not a router's answer."""
+    """A gateway's ``GET /workers`` body → worker URLs; None when it is not a gateway's answer."""
     workers = data.get("workers") if isinstance(data, dict) else None
     if not isinstance(workers, list):
         return None
@@ -132,8 +135,17 @@ def parse_workers(data: Any) -> tuple[str, ...] | None:
 
 
 async def router_workers(client: ServerClient) -> tuple[str, ...] | None:
-    """SGLang's router: the worker URLs of ``GET /workers``; None when this is no router."""
+    """SMG: the worker URLs of ``GET /workers``; None when this is no gateway."""
     return parse_workers(await client.get_json("/workers"))
+
+
+async def gateway_version(client: ServerClient) -> str | None:
+    """SMG's release, from ``GET /get_loads`` (``"version": "smg-1.13.0"``); None when it does not say."""
+    data = await client.get_json("/get_loads")
+    value = data.get("version") if isinstance(data, dict) else None
+    if not isinstance(value, str) or not value:
+        return None
+    return value.removeprefix(f"{GATEWAY}-")
 
 
 @dataclass(frozen=True)
@@ -145,15 +157,19 @@ class Engine:
 
 
 async def detect_engine(client: ServerClient) -> Engine:
-    """Which engine this is, from endpoints only one engine family serves."""
-    info = await server_info(client)
+    """Which engine this is, from endpoints only one engine family serves.
+
+    The gateway is asked first: SMG hands ``/get_server_info`` to its first healthy worker, so that answer alone
+    would make it look like one SGLang server.
+    """
     metrics = await client.metrics_text()
     has_metrics = metrics is not None and "# TYPE" in metrics
-    if info.is_sglang:
-        return Engine("sglang", info.version, has_metrics)
     workers = await router_workers(client)
     if workers is not None:
-        return Engine("sglang-router", None, has_metrics, workers)
+        return Engine(GATEWAY, await gateway_version(client), has_metrics, workers)
+    info = await server_info(client)
+    if info.is_sglang:
+        return Engine("sglang", info.version, has_metrics)
     version = await client.get_json("/version")
     if isinstance(version, dict) and "version" in version and (metrics is None or "vllm:" in metrics):
         return Engine("vllm", str(version["version"]), has_metrics)

@@ -428,6 +428,8 @@ async def _server_checks(
     probe_status = "warn" if dropped else "ok"
     checks.append(Check("engine", url, probe_status, "; ".join(notes)))
     cap = (await introspect.server_info(client)).max_running_requests
+    if cap is not None and caps.workers:
+        cap *= len(caps.workers)  # SMG answers /get_server_info from one worker: one cap per worker behind it
     if cap is not None and cap < config.concurrency_per_server:
         checks.append(
             Check(

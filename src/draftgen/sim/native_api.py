@@ -104,6 +104,7 @@ class NativeApi:
                 "speculative_eagle_topk": self.sim.profile.spec_topk if spec else None,
                 "speculative_num_draft_tokens": self.sim.profile.draft_tokens if spec else None,
                 "mem_fraction_static": self.sim.profile.mem_fraction_static,
+                "speculative_adaptive": self.sim.profile.adaptive_steps is not None,
                 "version": self.sim.faults.sglang_version,
                 "internal_states": [state],
             }

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from draftgen.sim.adaptive import candidate_steps as adaptive_candidates
 from draftgen.sim.admin_api import AdminApi
 from draftgen.sim.defaults import (
     DEFAULT_MODEL,
@@ -208,12 +209,22 @@ class SimServer:
             noncanonical=noncanonical,
         )
         total = plan.completion_tokens
+        rng = None
         if self.profile.instant:
             draws = [total]
+        elif self.profile.adaptive_steps is not None:
+            draws, rng = [], random.Random(seed)  # drawn step by step, at the steps in force then
         else:
             draws = plan_acceptance_by_position(seed, total, self.accept_probs, self.profile.draft_tokens)
         return SimRequest(
-            rid=rid, kind=kind, prompt_tokens=prompt_tokens, plan=plan, draws=draws, stream=stream, seed=seed
+            rid=rid,
+            kind=kind,
+            prompt_tokens=prompt_tokens,
+            plan=plan,
+            draws=draws,
+            stream=stream,
+            seed=seed,
+            rng=rng,
         )
 
     def max_tokens(self, value: object, prompt_tokens: int, name: str) -> int:
@@ -332,10 +343,15 @@ class SimServer:
         verify = request.verify_steps
         tokens = request.emitted
         accepted_drafts = max(0, tokens - verify)
-        proposed = verify * max(0, self.profile.draft_tokens - 1)
-        histogram = [0] * self.profile.draft_tokens
+        if request.rng is not None:  # adaptive: the steps changed from verify to verify
+            proposed = request.proposed_drafts
+            width = max(adaptive_candidates()) + 1
+        else:
+            proposed = verify * max(0, self.profile.draft_tokens - 1)
+            width = self.profile.draft_tokens
+        histogram = [0] * width
         for gained in request.draws[:verify]:
-            histogram[min(gained, self.profile.draft_tokens) - 1] += 1
+            histogram[min(gained, width) - 1] += 1
         fields: dict[str, object] = {"spec_verify_ct": verify}
         if shape == "0.5.4":
             return fields

@@ -1,7 +1,7 @@
 """The tune notebook's validated, frozen configuration, and the candidates it expands to.
 
-The search space is the product of the speculative settings (MTP off, and each ``[steps, topk, draft tokens]``)
-with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
+The search space is the product of the speculative settings (MTP off, each ``[steps, topk, draft tokens]``, and
+SGLang 0.5.23's adaptive speculation from each of ``adaptive_steps``) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
 its own batch cap when ``concurrency`` is 0. A candidate SGLang would refuse, or would silently run as another
 one, is refused here with the reason, before any server starts.
 """
@@ -44,8 +44,9 @@ class Candidate:
     @property
     def slug(self) -> str:
         s = self.settings
+        kind = "adapt" if s.speculative_adaptive else "mtp"
         spec = (
-            f"mtp{s.speculative_num_steps}-{s.speculative_eagle_topk}-{s.speculative_num_draft_tokens}"
+            f"{kind}{s.speculative_num_steps}-{s.speculative_eagle_topk}-{s.speculative_num_draft_tokens}"
             if s.speculative
             else "nomtp"
         )
@@ -61,7 +62,8 @@ class TuneConfig(SamplingParams):
         ("what SGLang allows", "attention_backend spec_v2"),
         (
             "the search space",
-            "mtp_off speculative_algorithm spec_candidates max_running_requests mem_fraction_static concurrency",
+            "mtp_off speculative_algorithm spec_candidates adaptive_steps max_running_requests mem_fraction_static "
+            "concurrency",
         ),
         (
             "prompts and sampling (production settings)",
@@ -103,6 +105,10 @@ class TuneConfig(SamplingParams):
     spec_candidates: list[list[int]] = param(
         default_factory=lambda: [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]],
         help="[steps, topk, draft tokens] each",
+    )
+    adaptive_steps: list[Annotated[int, Field(ge=1)]] = param(
+        default_factory=list,
+        help="--speculative-adaptive candidates (SGLang 0.5.23; top-k 1): the steps each starts from",
     )
     max_running_requests: list[PositiveInt] = param(
         default_factory=lambda: [48, 96, 128],
@@ -162,22 +168,29 @@ class TuneConfig(SamplingParams):
 
     @model_validator(mode="after")
     def _check_space(self) -> TuneConfig:
-        if not self.spec_candidates and not self.mtp_off:
-            raise ValueError("the search space is empty: give spec_candidates or set mtp_off")
+        if not self.spec_candidates and not self.mtp_off and not self.adaptive_steps:
+            raise ValueError(
+                "the search space is empty: give spec_candidates or adaptive_steps, or set mtp_off"
+            )
         if len(parse_gpus(self.gpus)) % self.tp:
             raise ValueError(f"gpus {self.gpus!r} do not split into groups of tp={self.tp}")
         refused = []
-        for i, (steps, topk, drafts) in enumerate(self.spec_candidates):
-            settings = ServerSettings(
-                speculative_algorithm=self.speculative_algorithm,
-                speculative_num_steps=steps,
-                speculative_eagle_topk=topk,
-                speculative_num_draft_tokens=drafts,
-            )
+        named = [
+            (f"spec_candidates[{i}] {triple}", settings)
+            for i, (triple, settings) in enumerate(zip(self.spec_candidates, self._static(), strict=True))
+        ]
+        named += [
+            (f"adaptive_steps[{i}] {steps}", settings)
+            for i, (steps, settings) in enumerate(zip(self.adaptive_steps, self._adaptive(), strict=True))
+        ]
+        for name, settings in named:
             for reason in sglang_problems(
-                settings, attention_backend=self.attention_backend or None, spec_v2=self.spec_v2
+                settings,
+                attention_backend=self.attention_backend or None,
+                spec_v2=self.spec_v2,
+                extra_args=self.extra_args,
             ):
-                refused.append(f"spec_candidates[{i}] {[steps, topk, drafts]}: {reason}")
+                refused.append(f"{name}: {reason}")
         if refused:
             raise ValueError("candidates SGLang would not run as given:\n    " + "\n    ".join(refused))
         return self
@@ -195,6 +208,30 @@ class TuneConfig(SamplingParams):
     def settings_path(self) -> Path:
         return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / "settings.yaml"
 
+    def _static(self) -> list[ServerSettings]:
+        return [
+            ServerSettings(
+                speculative_algorithm=self.speculative_algorithm,
+                speculative_num_steps=steps,
+                speculative_eagle_topk=topk,
+                speculative_num_draft_tokens=drafts,
+            )
+            for steps, topk, drafts in self.spec_candidates
+        ]
+
+    def _adaptive(self) -> list[ServerSettings]:
+        """SGLang's adaptive speculation from each start: top-k 1 and steps + 1 draft tokens, as it resolves them."""
+        return [
+            ServerSettings(
+                speculative_algorithm=self.speculative_algorithm,
+                speculative_num_steps=steps,
+                speculative_eagle_topk=1,
+                speculative_num_draft_tokens=steps + 1,
+                speculative_adaptive=True,
+            )
+            for steps in self.adaptive_steps
+        ]
+
     def candidates(self) -> list[Candidate]:
         specs: list[ServerSettings] = []
         if self.mtp_off:
@@ -206,15 +243,7 @@ class TuneConfig(SamplingParams):
                     speculative_num_draft_tokens=None,
                 )
             )
-        for steps, topk, drafts in self.spec_candidates:
-            specs.append(
-                ServerSettings(
-                    speculative_algorithm=self.speculative_algorithm,
-                    speculative_num_steps=steps,
-                    speculative_eagle_topk=topk,
-                    speculative_num_draft_tokens=drafts,
-                )
-            )
+        specs += self._static() + self._adaptive()
         out = []
         for spec in specs:
             for cap in self.max_running_requests:
