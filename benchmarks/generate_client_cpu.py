@@ -17,6 +17,7 @@ import json
 import resource
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,23 +71,27 @@ async def bare_loop(urls: list[str], prompts: list[PromptRow], concurrency: int,
     return done
 
 
-async def sdk_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int) -> int:
-    """The same loop through draftgen's ServerClient.chat (one AsyncOpenAI per server): the SDK's share."""
+async def client_loop(
+    urls: list[str],
+    prompts: list[PromptRow],
+    concurrency: int,
+    ask: Callable[[ServerClient, PromptRow], Awaitable[bool]],
+    capabilities: Capabilities | None = None,
+) -> int:
+    """``concurrency`` workers per server, each through its server's ServerClient, until the prompts run out;
+    counts the answers ``ask`` accepts."""
     queue: asyncio.Queue[PromptRow] = asyncio.Queue()
     for prompt in prompts:
         queue.put_nowait(prompt)
-    sampling = SamplingParams(max_tokens=max_tokens)
     done = 0
 
     async def worker(client: ServerClient) -> None:
         nonlocal done
         while not queue.empty():
-            prompt = queue.get_nowait()
-            result = await client.chat(prompt.messages, sampling, MODEL)
-            if result.finish_reason:
+            if await ask(client, queue.get_nowait()):
                 done += 1
 
-    clients = [ServerClient(url) for url in urls]
+    clients = [ServerClient(url, capabilities=capabilities) for url in urls]
     try:
         async with asyncio.TaskGroup() as group:
             for client in clients:
@@ -96,37 +101,30 @@ async def sdk_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, 
         for client in clients:
             await client.close()
     return done
+
+
+async def sdk_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int) -> int:
+    """The same loop through draftgen's ServerClient.chat (one AsyncOpenAI per server): the SDK's share."""
+    sampling = SamplingParams(max_tokens=max_tokens)
+
+    async def ask(client: ServerClient, prompt: PromptRow) -> bool:
+        return bool((await client.chat(prompt.messages, sampling, MODEL)).finish_reason)
+
+    return await client_loop(urls, prompts, concurrency, ask)
 
 
 async def raw_stream_loop(
     urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int, ids: bool
 ) -> int:
     """ServerClient.stream_chat (raw SSE, the benchmark's path), with or without the token ids asked for."""
-    queue: asyncio.Queue[PromptRow] = asyncio.Queue()
-    for prompt in prompts:
-        queue.put_nowait(prompt)
     sampling = SamplingParams(max_tokens=max_tokens)
+
+    async def ask(client: ServerClient, prompt: PromptRow) -> bool:
+        result = await client.stream_chat(prompt.messages, sampling, MODEL)
+        return bool(result.finish_reason) and (result.output_ids is not None) == ids
+
     caps = Capabilities("sglang", token_ids="sglext" if ids else None)
-    done = 0
-
-    async def worker(client: ServerClient) -> None:
-        nonlocal done
-        while not queue.empty():
-            prompt = queue.get_nowait()
-            result = await client.stream_chat(prompt.messages, sampling, MODEL)
-            if result.finish_reason and (result.output_ids is not None) == ids:
-                done += 1
-
-    clients = [ServerClient(url, capabilities=caps) for url in urls]
-    try:
-        async with asyncio.TaskGroup() as group:
-            for client in clients:
-                for _ in range(concurrency):
-                    group.create_task(worker(client))
-    finally:
-        for client in clients:
-            await client.close()
-    return done
+    return await client_loop(urls, prompts, concurrency, ask, caps)
 
 
 def measure(label: str, run) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]

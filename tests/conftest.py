@@ -10,6 +10,10 @@ Simulator fixtures (tests/test_sim_*.py and anyone who needs a server):
   * ``sim_tokenizer_dir`` / ``sim_tokenizer`` — the tiny Qwen3-format tokenizer every simulated server here
     speaks (built once per session; both fleet fixtures use it), as a folder and as the simulator's own
     ``SimTokenizer``, so a test computes prompt ids, token counts and the EOS id exactly as the servers do.
+
+Tokenizer fixtures (validate and mask tests):
+  * ``tokenizer_dir`` / ``tokenizer`` — that same tiny tokenizer as a folder validate loads and as the
+    ``transformers`` tokenizer ``load_tokenizer`` returns (rows built from a simulated run's ids match it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,18 @@ def sim_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def sim_tokenizer(sim_tokenizer_dir: Path) -> SimTokenizer:
     return SimTokenizer(sim_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(sim_tokenizer_dir: Path) -> Path:
+    return sim_tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir: Path):
+    from draftgen.training.masks import load_tokenizer
+
+    return load_tokenizer(tokenizer_dir)
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ import pytest
 from validate_helpers import clean_rows, planted_rows, row, with_server_ids, write_generation
 
 from draftgen.params import ParameterError, build_config
-from draftgen.training.local_tokenizer import build_tiny_tokenizer
-from draftgen.training.masks import TokenizerLoadError, load_tokenizer
+from draftgen.training.masks import TokenizerLoadError
 from draftgen.training.trainers import Trainer
 from draftgen.validate import report
 from draftgen.validate.config import FLAGS, ValidateConfig
@@ -24,16 +23,6 @@ from draftgen.validate.pipeline import (
     validate_generation,
 )
 from draftgen.validate.reader import GenerationDataError
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir: Path):
-    return load_tokenizer(tokenizer_dir)
 
 
 def _config(generation: Path, tokenizer_dir: Path, out: Path, **overrides) -> ValidateConfig:

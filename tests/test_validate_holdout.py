@@ -8,25 +8,12 @@ import math
 from pathlib import Path
 
 import polars as pl
-import pytest
 from validate_helpers import clean_rows, write_generation
 
 from draftgen.params import build_config
 from draftgen.prompts.rows import holdout_fraction, shard_of
-from draftgen.training.local_tokenizer import build_tiny_tokenizer
-from draftgen.training.masks import load_tokenizer
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import finalize_export, validate_generation
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir: Path):
-    return load_tokenizer(tokenizer_dir)
 
 
 def _validate(folders, tokenizer_dir, tokenizer, out: Path, share: float):  # type: ignore[no-untyped-def]

@@ -12,15 +12,8 @@ import papermill
 import pytest
 from validate_helpers import clean_rows, row, write_generation
 
-from draftgen.training.local_tokenizer import build_tiny_tokenizer
-
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "validate.ipynb"
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tiny")
 
 
 def test_gate_fails_the_notebook_on_garbage(tmp_path, tokenizer_dir):

@@ -16,23 +16,11 @@ from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.params import build_config
 from draftgen.prompts.rows import PromptRow, iter_prompts
 from draftgen.prompts.synthetic import write_synthetic
-from draftgen.training.local_tokenizer import build_tiny_tokenizer
-from draftgen.training.masks import load_tokenizer
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import ValidationGateError, require_fit_to_train, validate_generation
 from draftgen.validate.reader import GenerationDataError
 
 SOURCE = "Source model wrote this"  # marks every source assistant message in these rows
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir: Path):
-    return load_tokenizer(tokenizer_dir)
 
 
 def _config(tokenizer_dir: Path, generation: Path, out: Path, **overrides: object) -> ValidateConfig:

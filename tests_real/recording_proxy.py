@@ -52,6 +52,21 @@ class Exchange:
                 yield payload if payload == "[DONE]" else json.loads(payload)
 
 
+def vllm_ids(exchange: Exchange) -> tuple[list[int] | None, list[int] | None]:
+    """(prompt ids, output ids) as vLLM sent them: on the body and choice, or the first chunk and every delta."""
+    if not exchange.request_json().get("stream"):
+        body = exchange.response_json()
+        return body.get("prompt_token_ids"), body["choices"][0].get("token_ids")
+    prompt, output = None, []
+    for event in exchange.sse_events():
+        if event == "[DONE]":
+            continue
+        prompt = prompt or event.get("prompt_token_ids")
+        for choice in event["choices"]:
+            output += choice.get("token_ids") or []
+    return prompt, output or None
+
+
 class RecordingProxy:
     """``RecordingProxy(upstream).start()`` → the proxy's base URL; ``stop()`` closes it."""
 

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 from real_servers import RealServer
-from recording_proxy import Exchange
+from recording_proxy import Exchange, vllm_ids
 
 from draftgen.client import introspect
 from draftgen.client.errors import RequestError
@@ -92,21 +92,6 @@ def raw_answer(exchange: Exchange) -> tuple[str, str, str | None, dict]:
     return "".join(reasoning), "".join(content), finish, usage
 
 
-def raw_ids(exchange: Exchange) -> tuple[list[int] | None, list[int] | None]:
-    """(prompt ids, output ids) as vLLM sent them: on the body and choice, or the first chunk and every delta."""
-    if not exchange.request_json().get("stream"):
-        body = exchange.response_json()
-        return body.get("prompt_token_ids"), body["choices"][0].get("token_ids")
-    prompt, output = None, []
-    for event in exchange.sse_events():
-        if event == "[DONE]":
-            continue
-        prompt = prompt or event.get("prompt_token_ids")
-        for choice in event["choices"]:
-            output += choice.get("token_ids") or []
-    return prompt, output or None
-
-
 @pytest.mark.parametrize("mode", ["plain", "sdk-stream", "raw-stream"])
 def test_reasoning_answer_and_usage_read_as_the_server_sent_them(
     server: RealServer, mode: str, recording_proxy
@@ -147,7 +132,7 @@ def test_reasoning_answer_and_usage_read_as_the_server_sent_them(
         if server.engine != "vllm":
             assert result.prompt_ids is None and result.output_ids is None
             continue
-        prompt, output = raw_ids(exchange)
+        prompt, output = vllm_ids(exchange)
         assert (result.prompt_ids, result.output_ids) == (prompt, output)
         assert len(output) == result.completion_tokens and len(prompt) == result.prompt_tokens
     assert any(reasoning.strip() for reasoning, *_ in answers), "the server separated no reasoning at all"

@@ -24,6 +24,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from conftest import GenerateRun
+from recording_proxy import vllm_ids
 from specforge_oracle import (
     TRAINER_TEMPLATES,
     compare,
@@ -182,6 +183,37 @@ def test_real_generate_run_masks_equal_specforge(generate_run: GenerateRun, tmp_
     if not last_only:
         assert len(checked["rows"]) == len(generate_run.expected_ids)
     assert any(sum(mask) > 0 for _, mask in checked["ours"].values())
+
+
+def test_export_carries_vllms_own_token_ids(generate_run: GenerateRun, tmp_path):
+    """Every exported row whose tokens came from the server is, token for token, vLLM's own prompt ids followed by
+    its own output ids as the proxy recorded them on the wire (not as draftgen stored them), the output ids all
+    supervised; no row vLLM answered was re-tokenized (transformers serve, which sends no ids, answered those).
+    Any server may take any turn of a conversation, so rows are matched to requests by their prompt ids."""
+    folder = generate_run.params["model"]
+    export = _validate(
+        generate_run.run_dir, folder, load_tokenizer(folder), tmp_path / "v", "specforge-qwen3.5", 4096
+    )
+    records = pl.read_parquet(export.parent / "samples.parquet")
+    source = dict(records.select("id", "token_source").iter_rows())
+    sent = [vllm_ids(e) for e in generate_run.proxies["vllm"].chats()]
+    sent = [(p, o) for p, o in sent if p and o]
+    tokens = read_tokens(export)
+    from_server = [key for key in tokens if source[key] == "server"]
+    assert from_server, "no exported row carries the server's ids"
+    for key in from_server:
+        ids, mask = tokens[key]
+        matches = [(p, o) for p, o in sent if ids[: len(p)] == p]
+        assert len(matches) == 1, f"{key}: {len(matches)} of vLLM's requests had this row's prompt ids"
+        prompt, output = matches[0]
+        assert ids[len(prompt) : len(prompt) + len(output)] == output, key
+        assert all(mask[len(prompt) : len(prompt) + len(output)]), key
+    for key in (k for k in tokens if source[k] == "retokenized"):  # answered by transformers serve, not vLLM
+        ids = tokens[key][0]
+        assert not [p for p, o in sent if ids[: len(p) + len(o)] == p + o], f"{key}: vLLM's ids were not used"
+    print(
+        f"\nexported rows with vLLM's own ids: {len(from_server)} of {len(tokens)}, all equal to the wire's"
+    )
 
 
 # ----- (b) planted corpus, Qwen3's real vocabulary, Qwen3.5/3.6-style template ------------------------------------
