@@ -1,7 +1,8 @@
 """Does validate stream a 1M-row generation in bounded memory? Peak RSS at two sizes of the same corpus.
 
-Takes a real run folder (default: the demo's generate run, ``make demo``: rows with the server's token ids, multi-turn
-rows among them) and replicates its shards under new prompt ids up to ``--rows`` rows (ids change, everything else
+Takes a run folder with the server's token ids (default: a generate run made here on two simulated servers over
+the bundled synthetic prompts, multi-turn rows among them, with short completions, ``--max-tokens`` 64, so that a
+million rows validate in tens of minutes; ``--source`` takes any run folder, e.g. the demo's) and replicates its shards under new prompt ids up to ``--rows`` rows (ids change, everything else
 is the simulator's real output, so validate does its full work per row: per-turn rows from the server's ids, the
 comparison with re-tokenizing, every check, the export). Then validate runs in a fresh interpreter at ``--rows``
 and at a tenth of it, and the script prints each run's peak RSS, time and rows/s, and the memory slope between them
@@ -12,7 +13,7 @@ however long the answers are).
 The replicated answers repeat, so ``duplicate_answer_min_prompts`` is set past the replication factor (the check
 still runs over every answer's hash; it just flags none), and no row is dropped for being a copy.
 
-    .venv/bin/python benchmarks/validate_memory.py [--source outputs/demo/runs/...generate...] [--rows 1000000]
+    .venv/bin/python benchmarks/validate_memory.py [--rows 1000000] [--max-tokens 64] [--source RUN --tokenizer DIR]
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ import time
 from pathlib import Path
 
 import polars as pl
+from sim_generate import run_generate, sim_generate_config
 
-from draftgen.training.local_tokenizer import build_tiny_tokenizer
+from draftgen.prompts.synthetic import write_synthetic
+from draftgen.sim import SimFleet
 
+SOURCE_PROMPTS = 2000  # as many as the bundled set: multi-turn rows among them
 CHILD = r"""
 import json, resource, sys, time
 from draftgen.validate.config import ValidateConfig
@@ -48,11 +52,14 @@ print(json.dumps({
 """
 
 
-def find_demo_generate(root: Path) -> Path:
-    runs = sorted(p.parent for p in root.glob("**/shards/part-*.parquet"))
-    if not runs:
-        raise SystemExit(f"no run folder with shards under {root}: run `make demo` first, or pass --source")
-    return runs[-1]
+def make_source(work: Path, max_tokens: int) -> tuple[Path, Path]:
+    """(run folder, tokenizer folder): generate over the bundled synthetic prompts on two simulated servers."""
+    prompts = work / "prompts.jsonl"
+    write_synthetic(prompts, SOURCE_PROMPTS)
+    with SimFleet(servers=2, profile="instant", work_dir=work / "sim") as fleet:
+        config = sim_generate_config(fleet, prompts, work / "source", max_tokens=max_tokens)
+        run_generate(config, progress=False)
+        return work / "source", work / "sim" / "tokenizer"
 
 
 def replicate(source: Path, target: Path, rows: int) -> int:
@@ -103,20 +110,22 @@ def run_validate(run_dir: Path, out_dir: Path, tokenizer: Path, copies: int, bat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--source", type=Path, default=None, help="a generate run folder (default: the demo's)"
+        "--source", type=Path, default=None, help="a generate run folder (default: made here)"
     )
-    parser.add_argument("--demo-root", type=Path, default=Path("outputs/demo"))
+    parser.add_argument("--max-tokens", type=int, default=64, help="the made run's max_tokens")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument(
-        "--tokenizer", type=Path, default=None, help="default: the tiny tokenizer the sim serves"
-    )
+    parser.add_argument("--tokenizer", type=Path, default=None, help="with --source: the servers' tokenizer")
     args = parser.parse_args()
-    source = args.source or find_demo_generate(args.demo_root)
-    print(f"source run: {source}")
+    if args.source and not args.tokenizer:
+        parser.error("--source needs --tokenizer (the folder of the tokenizer its servers used)")
     work = Path(tempfile.mkdtemp(prefix="validate-memory-"))
     try:
-        tokenizer = args.tokenizer or build_tiny_tokenizer(work / "tokenizer")
+        if args.source:
+            source, tokenizer = args.source, args.tokenizer
+        else:
+            source, tokenizer = make_source(work, args.max_tokens)
+        print(f"source run: {source}", flush=True)
         results = {}
         for rows in (args.rows // 10, args.rows):
             run_dir = work / f"run-{rows}"
