@@ -75,6 +75,30 @@ def test_the_mask_rule_on_ids_is_the_trainers_rule_on_text(tokenizer, trainer):
         assert same == len(turns), "a faithful server's ids are the re-tokenized text's"
 
 
+@pytest.mark.parametrize("trainer", [t for t in SPAN_TRAINERS if not TRAINERS[t].system_prompt], ids=str)
+def test_thinking_off_the_header_merged_into_the_empty_think_block_is_found(tokenizer, trainer):
+    """Thinking off, the prompt ends ``<think>`` ``\\n\\n`` ``</think>`` ``\\n\\n``: qwen3.5's header (ending in
+    ``<think>\\n``) is nowhere as its own ids (seen on vLLM). The rule on ids still finds it, and masks where the
+    trainer's rule on text does: from the token after the merged one."""
+    rules = TRAINERS[trainer]
+    layout = ids_layout(tokenizer, rules)
+    history = [{"role": "user", "content": "What is 2 + 2?"}]
+    prompt, output = server_ids(tokenizer, history, None, "4.", thinking=False)
+    ids = join_turn(prompt, output, "stop", layout)
+    conversation = [*history, {"role": "assistant", "content": "4.", "reasoning_content": ""}]
+    text = build_conversation_masks(
+        tokenizer,
+        [conversation],
+        MaskSpec(trainer=trainer, max_length=None, last_turn_only=True),
+        keep_ids=True,
+    )
+    assert text.input_ids[0] == ids
+    assert ids_problem(prompt, output, layout, tokenizer.decode(output), None, "4.") is None
+    mask = span_mask(ids, layout, last_only=True, max_length=None)
+    assert mask.tolist() == text.loss_mask(0).tolist()
+    assert mask.sum() > 0
+
+
 def test_every_assistant_span_or_only_the_last(tokenizer):
     # qwen3-thinking masks from the bare assistant header, which the history's earlier turn also has (qwen3.5's
     # header ends in <think>\n, which only the last turn renders: earlier turns go unsupervised there anyway)

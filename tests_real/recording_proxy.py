@@ -118,7 +118,9 @@ class RecordingProxy:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None),
             auto_decompress=False,
-            connector=aiohttp.TCPConnector(limit=0),
+            # a fresh upstream connection per request: a pooled one the server had closed while idle was reset on
+            # reuse (transformers serve, under load), and the proxy answered 500 for a request the server never saw
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._relay)

@@ -472,11 +472,16 @@ def test_planted_corpus_masks_equal_specforge(
 # ----- (c) the DFlash-ready export: SpecForge's own prompt builder reads it unchanged ----------------------------
 
 
+# What a tiny random model's answers trip by design (48-token cuts, broken UTF-8, thinking off's empty think block,
+# where the trainer's span starts after the merged "\n\n"): kept for the real run so that its export has rows.
+RANDOM_MODEL_FLAGS = ["truncated", "invalid_text", "empty_reasoning", "template_mismatch"]
+
+
 def _dflash_export(
-    generation_dir: Path, tokenizer_dir: str, tokenizer, out_dir: Path, max_length: int
+    generation_dir: Path, tokenizer_dir: str, tokenizer, out_dir: Path, max_length: int, keep: list[str]
 ) -> Path:
-    """validate as a user preparing DFlash data runs it: the DFlash trainer, its defaults (flagged rows dropped);
-    only the gates are opened, so a tiny random model's corpus still publishes."""
+    """validate as a user preparing DFlash data runs it: the DFlash trainer, its defaults (flagged rows dropped,
+    but for ``keep``); the gates are opened, so a tiny random model's corpus still publishes."""
     config = build_config(
         ValidateConfig,
         {
@@ -487,6 +492,7 @@ def _dflash_export(
             "max_length": max_length,
             "max_degenerate_share": 1.0,
             "max_truncated_share": 1.0,
+            "keep_flagged": keep,
         },
     )
     return finalize_export(validate_generation(config, tokenizer=tokenizer, progress=False))
@@ -498,10 +504,11 @@ def test_specforge_dflash_prompt_builder_keeps_every_exported_row_unchanged(
 ):
     if corpus == "real-run":
         folder, tokenizer_dir, max_length = generate_run.run_dir, generate_run.params["model"], 96
-        tokenizer = load_tokenizer(tokenizer_dir)
+        tokenizer, keep = load_tokenizer(tokenizer_dir), RANDOM_MODEL_FLAGS
     else:
         folder, tokenizer_dir, tokenizer, max_length = planted_generation, qwen35_dir, qwen35_tokenizer, 160
-    export = _dflash_export(folder, tokenizer_dir, tokenizer, tmp_path / "dflash", max_length)
+        keep = []
+    export = _dflash_export(folder, tokenizer_dir, tokenizer, tmp_path / "dflash", max_length, keep)
     ours = [json.loads(line) for line in (export / "prompts.jsonl").read_text().splitlines()]
     assert ours, "the export holds rows"
     kept = dflash_prompts(export / "prompts.jsonl", tokenizer, max_length)

@@ -31,6 +31,9 @@ def test_validate_reads_every_row_and_renders_prompts_as_the_servers_did(generat
             "max_truncated_share": 1.0,
             "export_tokens": True,
             "keep_flagged": ["truncated", "invalid_text"],
+            # a row per conversation, so that each row's prompt is the request the stored prompt_tokens billed;
+            # rows per turn (the default) meet the real servers in test_trainer_oracle_real.py
+            "rows": "per_conversation",
         },
     )
     samples = pl.read_parquet(run_dir / "samples.parquet")

@@ -11,7 +11,12 @@ returned its ids (SGLang's ``sglext``, vLLM's ``token_ids``), a row is built fro
 and masked by the trainer's rule applied to ids: from the end of each assistant header (``<|im_start|>assistant\\n
 <think>\\n`` for SpecForge's qwen3.5 template) through the end-of-turn string, the last span only for a row per
 turn, cut at ``max_length``. The header and end-of-turn strings are made of the tokenizer's added tokens and short
-fragments between them, so their ids are the same wherever they appear: the rule on ids is the rule on text.
+fragments between them, so their ids are the same wherever they appear: the rule on ids is the rule on text. One
+exception, seen on vLLM with thinking off: the header's last fragment can merge with the text after it (``<think>``
+``\n`` + ``\n</think>`` is tokenized ``<think>`` ``\n\n`` ``</think>``). The trainer counts the header's end as the
+tokens of the text before it tokenized on its own, so its span begins one token after the merged one; the rule on
+ids finds such a header by its other tokens followed by any token that begins with the last fragment's text, and
+begins the span at the same place.
 
 ``compare`` says where the re-tokenized row (the trainer's own rendering of the text) first differs from the
 server's; ``ids_problem`` says why a server's ids cannot be this tokenizer's (an id outside its vocabulary, no
@@ -40,6 +45,9 @@ class IdsLayout:
     eot_id: int  # the end-of-turn token itself
     tail: tuple[int, ...]  # what the template renders after a conversation's final end-of-turn token
     vocab_size: int
+    # tokens that begin with the header's last fragment and go on (e.g. "\n\n" for a header ending in "\n"): a header
+    # whose last fragment merged with the text after it ends in one of them
+    header_merges: frozenset[int] = frozenset()
 
 
 def _ids(tokenizer: Any, text: str) -> tuple[int, ...]:
@@ -51,13 +59,44 @@ def ids_layout(tokenizer: Any, rules: SpanTrainer, end_of_turn_token: str = "<|i
     eot_id = tokenizer.convert_tokens_to_ids(end_of_turn_token)
     rendered = tokenizer.apply_chat_template(PROBE_CONVERSATION, tokenize=False)
     tail = rendered.rsplit(end_of_turn_token, 1)[1] if end_of_turn_token in rendered else ""
+    header = _ids(tokenizer, rules.assistant_header)
+    vocab_size = max(len(tokenizer), max(tokenizer.get_added_vocab().values(), default=0) + 1)
     return IdsLayout(
-        header=_ids(tokenizer, rules.assistant_header),
+        header=header,
         end_of_turn=_ids(tokenizer, rules.end_of_turn),
         eot_id=int(eot_id),
         tail=_ids(tokenizer, tail) if tail else (),
-        vocab_size=max(len(tokenizer), max(tokenizer.get_added_vocab().values(), default=0) + 1),
+        vocab_size=vocab_size,
+        header_merges=_merges(tokenizer, header[-1], vocab_size) if header else frozenset(),
     )
+
+
+def _merges(tokenizer: Any, last: int, vocab_size: int) -> frozenset[int]:
+    """Every token whose text begins with token ``last``'s text and is longer (added tokens never merge)."""
+    backend = tokenizer.backend_tokenizer
+    fragment = backend.decode([last], skip_special_tokens=False)
+    added = set(tokenizer.get_added_vocab().values())
+    if not fragment or last in added:
+        return frozenset()
+    candidates = [i for i in range(vocab_size) if i not in added]
+    texts = backend.decode_batch([[i] for i in candidates], skip_special_tokens=False)
+    return frozenset(
+        i
+        for i, text in zip(candidates, texts, strict=True)
+        if len(text) > len(fragment) and text.startswith(fragment)
+    )
+
+
+def _header_starts(ids: np.ndarray, layout: IdsLayout) -> np.ndarray:
+    """Start positions of the assistant header, as written or with its last fragment merged into the next text."""
+    exact = _starts(ids, layout.header)
+    if len(layout.header) < 2 or not layout.header_merges:
+        return exact
+    stem = _starts(ids, layout.header[:-1])
+    after = stem + len(layout.header) - 1
+    stem, after = stem[after < ids.size], after[after < ids.size]
+    merged = stem[np.isin(ids[after], np.fromiter(layout.header_merges, dtype=np.int64))]
+    return np.union1d(exact, merged)
 
 
 def join_turn(
@@ -91,7 +130,7 @@ def span_mask(
     (inclusive; to the end when none follows), the next header searched after that span; cut at ``max_length``."""
     array = np.asarray(ids, dtype=np.int64)
     mask = np.zeros(array.size, dtype=np.int8)
-    headers = _starts(array, layout.header)
+    headers = _header_starts(array, layout)
     closers = _starts(array, layout.end_of_turn)
     spans: list[tuple[int, int]] = []
     position = 0
@@ -147,7 +186,7 @@ def ids_problem(
             "(the server's tokenizer is another one)"
         )
     whole = np.asarray([*prompt_ids, *output_ids], dtype=np.int64)
-    if not _starts(whole, layout.header).size and layout.header:
+    if not _header_starts(whole, layout).size and layout.header:
         return "foreign: the trainer's assistant header is nowhere in the server's ids (another tokenizer or template)"
     position = 0
     for part in (reasoning, content):
