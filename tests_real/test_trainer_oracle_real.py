@@ -38,7 +38,7 @@ from specforge_oracle import (
 from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.params import build_config
 from draftgen.training.local_tokenizer import build_qwen3_tokenizer
-from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.config import FLAGS, KEPT_BY_DEFAULT, ValidateConfig
 from draftgen.validate.pipeline import finalize_export, validate_generation
 
 SYSTEM_NOTICE = "The first message is from system"
@@ -472,9 +472,18 @@ def test_planted_corpus_masks_equal_specforge(
 # ----- (c) the DFlash-ready export: SpecForge's own prompt builder reads it unchanged ----------------------------
 
 
-# What a tiny random model's answers trip by design (48-token cuts, broken UTF-8, thinking off's empty think block,
-# where the trainer's span starts after the merged "\n\n"): kept for the real run so that its export has rows.
-RANDOM_MODEL_FLAGS = ["truncated", "invalid_text", "empty_reasoning", "template_mismatch"]
+# What a tiny random model's answers trip by design (48-token cuts, broken UTF-8, stray think markers, thinking off's
+# empty think block, where the trainer's span starts after the merged "\n\n"): kept for the real run, beside
+# validate's own default keeps, so that its export has rows. trainer_rejects (what DFlash's filter drops) stays.
+RANDOM_MODEL_FLAGS = [
+    *KEPT_BY_DEFAULT,
+    "truncated",
+    "invalid_text",
+    "empty_reasoning",
+    "template_mismatch",
+    "think_markers_in_answer",
+    "unclosed_think",
+]
 
 
 def _dflash_export(
@@ -507,7 +516,7 @@ def test_specforge_dflash_prompt_builder_keeps_every_exported_row_unchanged(
         tokenizer, keep = load_tokenizer(tokenizer_dir), RANDOM_MODEL_FLAGS
     else:
         folder, tokenizer_dir, tokenizer, max_length = planted_generation, qwen35_dir, qwen35_tokenizer, 160
-        keep = []
+        keep = list(KEPT_BY_DEFAULT)
     export = _dflash_export(folder, tokenizer_dir, tokenizer, tmp_path / "dflash", max_length, keep)
     ours = [json.loads(line) for line in (export / "prompts.jsonl").read_text().splitlines()]
     assert ours, "the export holds rows"
@@ -521,7 +530,9 @@ def test_specforge_dflash_prompt_builder_keeps_every_exported_row_unchanged(
     assert info["counts"]["exported"] == len(ours) and info["files"]["prompts"] == "prompts.jsonl"
     from datasets import load_dataset
 
-    prompts = load_dataset(str(export), "prompts", split="train")
+    # a cache of its own: datasets served the other corpus's cached "conversations" for this one (same file names)
+    cache = str(tmp_path / "hf-cache")
+    prompts = load_dataset(str(export), "prompts", split="train", cache_dir=cache)
     assert prompts.num_rows == len(ours) and prompts[0]["input_ids"] == ours[0]["input_ids"]
-    conversations = load_dataset(str(export), "conversations", split="train")
+    conversations = load_dataset(str(export), "conversations", split="train", cache_dir=cache)
     assert conversations.num_rows == len(ours)
