@@ -1,7 +1,7 @@
 """The tune notebook's validated, frozen configuration, and the candidates it expands to.
 
-The search space is the product of the speculative settings (MTP off, and each ``[steps, topk, draft tokens]``)
-with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
+The search space is the product of the speculative settings (MTP off, each ``[steps, topk, draft tokens]`` of
+``speculative_algorithm``, and each NGRAM draft-token count) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
 its own batch cap when ``concurrency`` is 0. A candidate SGLang would refuse, or would silently run as another
 one, is refused here with the reason, before any server starts.
 """
@@ -26,7 +26,13 @@ from draftgen.params import (
 )
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.serve.config import parse_gpus
-from draftgen.server_settings import ServerSettings, effective_max_running, sglang_problems
+from draftgen.server_settings import (
+    MTP_ALGORITHMS,
+    NGRAM,
+    ServerSettings,
+    effective_max_running,
+    sglang_problems,
+)
 
 MIN_JOB_REQUESTS = 8
 
@@ -44,11 +50,15 @@ class Candidate:
     @property
     def slug(self) -> str:
         s = self.settings
-        spec = (
-            f"mtp{s.speculative_num_steps}-{s.speculative_eagle_topk}-{s.speculative_num_draft_tokens}"
-            if s.speculative
-            else "nomtp"
-        )
+        numbers = f"{s.speculative_num_steps}-{s.speculative_eagle_topk}-{s.speculative_num_draft_tokens}"
+        if not s.speculative:
+            spec = "nomtp"
+        elif s.speculative_algorithm == NGRAM:
+            spec = f"ngram{s.speculative_num_draft_tokens}"
+        elif s.speculative_algorithm in MTP_ALGORITHMS:
+            spec = f"mtp{numbers}"
+        else:
+            spec = f"{str(s.speculative_algorithm).lower()}{numbers}"
         return f"c{self.index:02d}-{spec}-mrr{s.max_running_requests or 'default'}"
 
 
@@ -61,7 +71,8 @@ class TuneConfig(SamplingParams):
         ("what SGLang allows", "attention_backend spec_v2"),
         (
             "the search space",
-            "mtp_off speculative_algorithm spec_candidates max_running_requests mem_fraction_static concurrency",
+            "mtp_off speculative_algorithm spec_candidates speculative_draft_model_path ngram_draft_tokens "
+            "max_running_requests mem_fraction_static concurrency",
         ),
         (
             "prompts and sampling (production settings)",
@@ -99,10 +110,19 @@ class TuneConfig(SamplingParams):
     )
     spec_v2: bool = param(False, "SGLANG_ENABLE_SPEC_V2 set: top-k 1 only")
     mtp_off: bool = param(True, "include speculative decoding off")
-    speculative_algorithm: Literal["NEXTN", "EAGLE"] = param("NEXTN", "NEXTN (MTP) or EAGLE")
+    speculative_algorithm: Literal["NEXTN", "EAGLE", "STANDALONE"] = param(
+        "NEXTN", "of spec_candidates: NEXTN (MTP), EAGLE, or STANDALONE (a smaller model as the draft)"
+    )
     spec_candidates: list[list[int]] = param(
         default_factory=lambda: [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]],
         help="[steps, topk, draft tokens] each",
+    )
+    speculative_draft_model_path: str = param(
+        "", 'the draft model for STANDALONE (or an EAGLE head) ("": none, as NEXTN needs)'
+    )
+    ngram_draft_tokens: list[Annotated[int, Field(ge=2)]] = param(
+        default_factory=list,
+        help="NGRAM candidates (drafts from the text so far, no draft model): draft tokens each",
     )
     max_running_requests: list[PositiveInt] = param(
         default_factory=lambda: [48, 96, 128],
@@ -162,18 +182,25 @@ class TuneConfig(SamplingParams):
 
     @model_validator(mode="after")
     def _check_space(self) -> TuneConfig:
-        if not self.spec_candidates and not self.mtp_off:
-            raise ValueError("the search space is empty: give spec_candidates or set mtp_off")
+        if not self.spec_candidates and not self.ngram_draft_tokens and not self.mtp_off:
+            raise ValueError(
+                "the search space is empty: give spec_candidates, ngram_draft_tokens or set mtp_off"
+            )
         if len(parse_gpus(self.gpus)) % self.tp:
             raise ValueError(f"gpus {self.gpus!r} do not split into groups of tp={self.tp}")
         refused = []
+        if self.engine == "sim":
+            if self.spec_candidates and self.speculative_algorithm not in MTP_ALGORITHMS:
+                refused.append(
+                    f"speculative_algorithm {self.speculative_algorithm}: the simulator models NEXTN and EAGLE "
+                    "only (engine sglang runs it)"
+                )
+            if self.ngram_draft_tokens:
+                refused.append(
+                    "ngram_draft_tokens: the simulator does not model NGRAM (engine sglang runs it)"
+                )
         for i, (steps, topk, drafts) in enumerate(self.spec_candidates):
-            settings = ServerSettings(
-                speculative_algorithm=self.speculative_algorithm,
-                speculative_num_steps=steps,
-                speculative_eagle_topk=topk,
-                speculative_num_draft_tokens=drafts,
-            )
+            settings = self._spec_settings(steps, topk, drafts)
             for reason in sglang_problems(
                 settings, attention_backend=self.attention_backend or None, spec_v2=self.spec_v2
             ):
@@ -195,6 +222,15 @@ class TuneConfig(SamplingParams):
     def settings_path(self) -> Path:
         return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / "settings.yaml"
 
+    def _spec_settings(self, steps: int, topk: int, drafts: int) -> ServerSettings:
+        return ServerSettings(
+            speculative_algorithm=self.speculative_algorithm,
+            speculative_num_steps=steps,
+            speculative_eagle_topk=topk,
+            speculative_num_draft_tokens=drafts,
+            speculative_draft_model_path=self.speculative_draft_model_path or None,
+        )
+
     def candidates(self) -> list[Candidate]:
         specs: list[ServerSettings] = []
         if self.mtp_off:
@@ -206,15 +242,11 @@ class TuneConfig(SamplingParams):
                     speculative_num_draft_tokens=None,
                 )
             )
-        for steps, topk, drafts in self.spec_candidates:
-            specs.append(
-                ServerSettings(
-                    speculative_algorithm=self.speculative_algorithm,
-                    speculative_num_steps=steps,
-                    speculative_eagle_topk=topk,
-                    speculative_num_draft_tokens=drafts,
-                )
-            )
+        specs += [self._spec_settings(*triple) for triple in self.spec_candidates]
+        specs += [
+            ServerSettings(speculative_algorithm=NGRAM, speculative_num_draft_tokens=drafts)
+            for drafts in self.ngram_draft_tokens
+        ]
         out = []
         for spec in specs:
             for cap in self.max_running_requests:
