@@ -397,3 +397,22 @@ def test_serve_refuses_settings_the_simulator_cannot_model_and_runs_them_on_sgla
     assert real.returncode == 0, real.stderr
     assert "--speculative-algorithm NGRAM --speculative-num-draft-tokens 4" in real.stdout
     assert "--speculative-num-steps" not in real.stdout
+
+
+def test_a_candidate_whose_port_another_process_took_is_not_started(tmp_path):
+    """tune's preflight saw the port free; a process that took it since must not pass for the candidate."""
+    import socket
+
+    from draftgen.tune.launch import FailedStart, launch_spec, start
+
+    config = sim_config(tmp_path)
+    spec = launch_spec(config, config.candidates()[0], 0, run_name="taken")
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", spec.port))
+        taken.listen()
+        log = tmp_path / "server.log"
+        result = asyncio.run(start(spec, log, timeout_s=30))
+    assert isinstance(result, FailedStart)
+    assert f"port {spec.port} on 127.0.0.1 already in use by another process" in result.reason
+    assert not log.exists()  # nothing was spawned
