@@ -147,10 +147,12 @@ class ServerClient:
                 stream_reply = await self.openai.chat.completions.create(**request)
                 async with stream_reply:
                     async for chunk in stream_reply:
-                        answer.add_chunk(chunk.model_dump())
+                        answer.add_chunk(chunk.model_dump(warnings=False))
             else:
                 reply = await self.openai.chat.completions.create(**request)
-                answer.add_response(reply.model_dump())
+                # warnings off: SGLang 0.5.23's `metadata` holds a list where the SDK declares dict[str, str], and
+                # pydantic would print a serializer warning for every answer (the data is kept as sent)
+                answer.add_response(reply.model_dump(warnings=False))
             return answer.result()
         except Exception as exc:  # classify_error re-raises what it does not know
             raise classify_error(exc) from exc
