@@ -157,6 +157,27 @@ def test_with_reasoning_specforge_qwen35_is_the_old_default_plus_the_newline(qwe
     assert new.mask_sum[0] == before.mask_sum[0] + 1
 
 
+def test_sglangs_answer_with_the_newlines_after_think_trains_on_what_was_generated(qwen3, qwen35):
+    """SGLang 0.5.23's qwen3 reasoning parser keeps the "\n\n" after </think> in content ("\n\nOK.", seen on the
+    real server in the SGLang tier, and the simulator does the same): the target must read "</think>\n\nOK.", the
+    tokens generated, not "</think>\n\n\n\nOK." (a "\n\n\n\n" token the model never emitted)."""
+    prompt = [{"role": "user", "content": "Reply with OK."}]
+    for tokenizer in (qwen3, qwen35):
+        batch = build_masks(
+            tokenizer, [prompt], ["The user wants OK."], ["\n\nOK."], MaskSpec(), keep_ids=True
+        )
+        assert batch.mismatch == [None]
+        assert _supervised_text(tokenizer, batch, 0) == "The user wants OK.\n</think>\n\nOK.<|im_end|>\n"
+        # history turns too: the earlier answer renders as "assistant\nOK." in both templates
+        history = [
+            *prompt,
+            {"role": "assistant", "content": "\n\nOK."},
+            {"role": "user", "content": "Again."},
+        ]
+        rendered = tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+        assert "<|im_start|>assistant\nOK.<|im_end|>" in rendered
+
+
 # --- span finding -----------------------------------------------------------------------------------------------
 
 H, E = "<|im_start|>assistant\n<think>\n", "<|im_end|>\n"
