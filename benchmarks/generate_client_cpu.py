@@ -17,11 +17,13 @@ import json
 import resource
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 from sim_generate import MODEL, sim_generate_config
 
+from draftgen.client.records import Capabilities
 from draftgen.client.server import ServerClient
 from draftgen.generate import generate, preflight
 from draftgen.params import SamplingParams
@@ -96,6 +98,37 @@ async def sdk_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, 
     return done
 
 
+async def raw_stream_loop(
+    urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int, ids: bool
+) -> int:
+    """ServerClient.stream_chat (raw SSE, the benchmark's path), with or without the token ids asked for."""
+    queue: asyncio.Queue[PromptRow] = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+    sampling = SamplingParams(max_tokens=max_tokens)
+    caps = Capabilities("sglang", token_ids="sglext" if ids else None)
+    done = 0
+
+    async def worker(client: ServerClient) -> None:
+        nonlocal done
+        while not queue.empty():
+            prompt = queue.get_nowait()
+            result = await client.stream_chat(prompt.messages, sampling, MODEL)
+            if result.finish_reason and (result.output_ids is not None) == ids:
+                done += 1
+
+    clients = [ServerClient(url, capabilities=caps) for url in urls]
+    try:
+        async with asyncio.TaskGroup() as group:
+            for client in clients:
+                for _ in range(concurrency):
+                    group.create_task(worker(client))
+    finally:
+        for client in clients:
+            await client.close()
+    return done
+
+
 def measure(label: str, run) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     count = run()
@@ -134,6 +167,14 @@ def main() -> None:
             "ServerClient.chat loop (SDK)",
             lambda: asyncio.run(sdk_loop(fleet.urls, prompts, args.concurrency, args.max_tokens)),
         )
+        raw = {}
+        for ids in (False, True):
+            raw[ids] = measure(
+                f"stream_chat (raw SSE), {'with' if ids else 'no'} ids",
+                lambda ids=ids: asyncio.run(
+                    raw_stream_loop(fleet.urls, prompts, args.concurrency, args.max_tokens, ids)
+                ),
+            )
         config = sim_generate_config(
             fleet,
             path,
@@ -142,21 +183,44 @@ def main() -> None:
             concurrency_per_server=args.concurrency,
         )
 
-        async def draftgen_run() -> int:
-            plan = await preflight(config)
+        async def draftgen_run(ids: bool, stream: bool, out: str) -> float:
+            """CPU per request of generate() alone; ``ids`` false: the servers' token ids neither asked for nor
+            stored (what draftgen did before it read them)."""
+            run_config = config.model_copy(update={"out_dir": str(Path(tmp) / out), "stream": stream})
+            plan = await preflight(run_config)
+            if not ids:
+                plan.servers[:] = [
+                    replace(s, capabilities=replace(s.capabilities, token_ids=None)) for s in plan.servers
+                ]
             cpu0 = cpu_seconds()
-            result = await generate(config, plan)
-            draftgen_run.generate_cpu = cpu_seconds() - cpu0  # type: ignore[attr-defined]
-            return result.completed
+            result = await generate(run_config, plan, progress=False)
+            return (cpu_seconds() - cpu0) / result.completed
 
-        ours = measure("draftgen (preflight + run)", lambda: asyncio.run(draftgen_run()))
-        generate_cpu = draftgen_run.generate_cpu  # type: ignore[attr-defined]
+        figures: dict[tuple[bool, bool], float] = {}
+        for rep in range(3):  # interleaved, best of three: load from elsewhere only ever adds CPU time
+            for stream in (False, True):
+                for ids in (False, True):
+                    name = f"run-{rep}-{'stream' if stream else 'plain'}-{'ids' if ids else 'no-ids'}"
+                    value = asyncio.run(draftgen_run(ids, stream, name))
+                    figures[(stream, ids)] = min(value, figures.get((stream, ids), value))
         print(
-            f"{'  of which generate()':<28} {ours[2]:>6} requests  {'':>14}  {generate_cpu:6.2f} s CPU  {1000 * generate_cpu / ours[2]:6.3f} ms CPU/request"
+            f"{'draftgen generate()':<28} {args.requests:>6} requests  {'':>14}  {'':>10}  "
+            f"{1000 * figures[(False, True)]:6.3f} ms CPU/request (plain, with ids: the default)"
         )
+        for stream in (False, True):
+            before, after = figures[(stream, False)], figures[(stream, True)]
+            print(
+                f"  token ids, generate {'SDK stream' if stream else 'SDK plain '}: without {1000 * before:6.3f}, with "
+                f"{1000 * after:6.3f} ms CPU/request ({after / before:.2f}x)"
+            )
     per_bare = bare[0] / bare[2]
     per_sdk = sdk[0] / sdk[2]
-    per_ours = generate_cpu / ours[2]
+    per_ours = figures[(False, True)]
+    raw_before, raw_after = raw[False][0] / raw[False][2], raw[True][0] / raw[True][2]
+    print(
+        f"token ids on the raw SSE path: without {1000 * raw_before:.3f}, with {1000 * raw_after:.3f} ms CPU/request "
+        f"({raw_after / raw_before:.2f}x)"
+    )
     print(f"draftgen / bare aiohttp loop: {per_ours / per_bare:.2f}x CPU per request")
     print(f"  openai SDK loop / bare aiohttp loop: {per_sdk / per_bare:.2f}x (the client library)")
     print(
@@ -170,6 +234,12 @@ def main() -> None:
                 "draftgen_ms_cpu_per_request": round(1000 * per_ours, 3),
                 "ratio_draftgen_to_bare": round(per_ours / per_bare, 2),
                 "ratio_draftgen_to_sdk": round(per_ours / per_sdk, 2),
+                "token_ids_ms_cpu_per_request": {
+                    f"{'stream' if stream else 'plain'}_{'with' if ids else 'without'}": round(
+                        1000 * value, 3
+                    )
+                    for (stream, ids), value in figures.items()
+                },
             }
         )
     )

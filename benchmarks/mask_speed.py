@@ -9,7 +9,13 @@ interleaved rounds on the same texts:
             draftgen-* conventions: render prompt + full conversation, batch-encode both, check the prompt is a
             token prefix, place the span) — everything validate needs per sample
 
-and prints samples/s, tokens/s, masks ÷ baseline throughput (goal >= 0.7), and the projected time for
+  ids       (span trainers) the same rows built from the server's own token ids, as validate builds them where a
+            server sent ids (training.id_rows: prompt ids + output ids + the template's tail, the trainer's mask
+            rule on ids, the check that the ids decode to the stored answer); the ids are made once, outside the
+            timing, as a faithful server would return them — without the comparison with re-tokenizing
+
+and prints samples/s, tokens/s, masks ÷ baseline throughput (goal >= 0.7), ids ÷ masks (goal >= 1.0), and the
+projected time for
 --project-samples samples of --tokens tokens on --project-cores cores. Scaling assumption, stated in the output:
 the Rust batch encodes spread over all cores (rayon), so their time scales with 1/cores; template rendering and the
 per-sample Python bookkeeping run on one core, so they do not. Tokens per second per core are taken from this
@@ -28,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from draftgen.training.id_rows import ids_layout, ids_problem, join_turn, span_mask
 from draftgen.training.local_tokenizer import build_qwen3_tokenizer, build_tiny_tokenizer
 from draftgen.training.masks import MaskSpec, build_masks, load_tokenizer, render_batch, render_conversations
 from draftgen.training.trainers import GeneratedTurnTrainer, Trainer, generated_turn_conversation
@@ -71,6 +78,24 @@ def make_samples(count: int, tokens: int, seed: int = 0) -> tuple[list, list, li
         reasoning.append(_prose(rng, int(words * 0.75 * jitter)))
         content.append(_prose(rng, int(words * 0.15 * jitter)))
     return messages, reasoning, content
+
+
+def _server_ids(tokenizer, messages, reasoning, content) -> list[tuple[list[int], list[int]]]:  # type: ignore[no-untyped-def]
+    """(prompt ids, output ids) per sample as a faithful server returns them: the template's rendering of the
+    request with its generation prompt, and the canonical tokens of what follows it up to <|im_end|>."""
+    encode = tokenizer.backend_tokenizer.encode
+    out = []
+    for turns, thought, answer in zip(messages, reasoning, content, strict=True):
+        prompt = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(
+            [*turns, {"role": "assistant", "content": answer, "reasoning_content": thought}], tokenize=False
+        )
+        generated = full[len(prompt) :]
+        generated = generated[: generated.rindex("<|im_end|>") + len("<|im_end|>")]
+        out.append(
+            (encode(prompt, add_special_tokens=False).ids, encode(generated, add_special_tokens=False).ids)
+        )
+    return out
 
 
 def _chunks(n: int, size: int):
@@ -150,13 +175,33 @@ def main() -> None:
                 encode(second_texts[part], add_special_tokens=False)
         return time.process_time() - c0
 
+    server = None if generated_turn else _server_ids(tokenizer, messages, reasoning, content)
+    layout = None if generated_turn else ids_layout(tokenizer, spec.rules)
+
+    def from_ids() -> tuple[float, float]:
+        """(wall s, CPU s) of building every row from the server's ids, as validate does."""
+        assert server is not None and layout is not None
+        (w0, c0) = clock()
+        for part in _chunks(n, args.batch_size):
+            decoded = backend.decode_batch([o for _, o in server[part]], skip_special_tokens=False)
+            for (prompt, output), text, r, c in zip(
+                server[part], decoded, reasoning[part], content[part], strict=True
+            ):
+                assert ids_problem(prompt, output, layout, text, r, c) is None
+                span_mask(join_turn(prompt, output, "stop", layout), layout, last_only=True, max_length=None)
+        (w1, c1) = clock()
+        return w1 - w0, c1 - c0
+
     rounds: list[tuple] = []
-    for _ in range(args.rounds):  # interleaved, so load from other processes hits both alike
+    for _ in range(args.rounds):  # interleaved, so load from other processes hits all alike
         tokens, base_wall, base_cpu = baseline()
         mask_wall, mask_cpu = masks()
-        rounds.append((base_wall, base_cpu, mask_wall, mask_cpu, render_only(), second_encode()))
-    base_wall, base_cpu, mask_wall, mask_cpu, render_cpu, prompt_cpu = (
-        statistics.median(r[i] for r in rounds) for i in range(6)
+        ids_wall, ids_cpu = from_ids() if server is not None else (float("nan"), float("nan"))
+        rounds.append(
+            (base_wall, base_cpu, mask_wall, mask_cpu, render_only(), second_encode(), ids_wall, ids_cpu)
+        )
+    base_wall, base_cpu, mask_wall, mask_cpu, render_cpu, prompt_cpu, ids_wall, ids_cpu = (
+        statistics.median(r[i] for r in rounds) for i in range(8)
     )
     per_sample_tokens = tokens / n
 
@@ -183,6 +228,11 @@ def main() -> None:
         f"ratio masks / baseline throughput: {base_wall / mask_wall:.2f} wall, {base_cpu / mask_cpu:.2f} CPU "
         "(goal >= 0.70)"
     )
+    if server is not None:
+        print(
+            f"rows from the server's ids:{' ' * 12}{n / ids_wall:7.0f} samples/s {tokens / ids_wall:11,.0f} tokens/s   "
+            f"ratio ids / masks: {mask_wall / ids_wall:.2f} wall, {mask_cpu / ids_cpu:.2f} CPU (goal >= 1.0)"
+        )
     print(
         f"  CPU seconds: baseline encode {base_cpu:.2f}; masks {mask_cpu:.2f} = render {render_cpu:.2f} + "
         f"prompt encode {prompt_cpu:.2f} + full encode, spans and bookkeeping "

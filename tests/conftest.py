@@ -7,25 +7,43 @@ Simulator fixtures (tests/test_sim_*.py and anyone who needs a server):
   * ``shared_sim_fleet`` — one session-wide fleet of three b200-mtp servers at speed 50, speaking the three
     SGLang response shapes: ``urls[0]`` 0.5.4, ``urls[1]`` 0.5.9, ``urls[2]`` 0.5.23 (the default shape).
     For tests that only send requests; never kill or restart it, and measure its counters as differences.
+  * ``sim_tokenizer_dir`` / ``sim_tokenizer`` — the tiny Qwen3-format tokenizer every simulated server here
+    speaks (built once per session; both fleet fixtures use it), as a folder and as the simulator's own
+    ``SimTokenizer``, so a test computes prompt ids, token counts and the EOS id exactly as the servers do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from draftgen.sim import SimFleet
+from draftgen.sim.tokenizer import SimTokenizer, default_tokenizer
 
 SHARED_SIM_SHAPES = ("0.5.4", "0.5.9", "0.5.23")
 
 
+@pytest.fixture(scope="session")
+def sim_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return default_tokenizer(tmp_path_factory.mktemp("sim-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def sim_tokenizer(sim_tokenizer_dir: Path) -> SimTokenizer:
+    return SimTokenizer(sim_tokenizer_dir)
+
+
 @pytest.fixture
-def sim_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., SimFleet]]:
+def sim_fleet(
+    tmp_path_factory: pytest.TempPathFactory, sim_tokenizer_dir: Path
+) -> Iterator[Callable[..., SimFleet]]:
     made: list[SimFleet] = []
 
     def make(*, wait: str = "healthy", timeout: float = 60.0, **options: object) -> SimFleet:
         options.setdefault("servers", 1)
+        options.setdefault("tokenizer", sim_tokenizer_dir)
         options.setdefault("work_dir", tmp_path_factory.mktemp("sim"))
         fleet = SimFleet(**options)  # type: ignore[arg-type]
         made.append(fleet)
@@ -38,8 +56,9 @@ def sim_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...
 
 
 @pytest.fixture(scope="session")
-def shared_sim_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
+def shared_sim_fleet(tmp_path_factory: pytest.TempPathFactory, sim_tokenizer_dir: Path) -> Iterator[SimFleet]:
     fleet = SimFleet(
+        tokenizer=sim_tokenizer_dir,
         servers=len(SHARED_SIM_SHAPES),
         profile="b200-mtp",
         speed=50.0,

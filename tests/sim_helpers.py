@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import urllib.error
@@ -13,6 +14,9 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
+
+from draftgen.sim import SimFleet
+from draftgen.sim.tokenizer import SimTokenizer
 
 USER = [{"role": "user", "content": "What is 17 times 23? Show the steps."}]
 
@@ -146,3 +150,32 @@ def serve(app: web.Application, work: Callable[[str], Awaitable[object]]) -> obj
             await runner.cleanup()
 
     return asyncio.run(go())
+
+
+@functools.cache
+def _tokenizer(folder: str) -> SimTokenizer:
+    return SimTokenizer(folder)
+
+
+def tokenizer_of(fleet: SimFleet) -> SimTokenizer:
+    """The tokenizer a fleet's servers speak (the one they count, render and report ids with)."""
+    return _tokenizer(str(fleet.tokenizer))
+
+
+def count(fleet: SimFleet, text: str | None) -> int:
+    """Tokens of ``text`` in the fleet's tokenizer."""
+    return len(tokenizer_of(fleet).encode(text or ""))
+
+
+def prompt_ids(fleet: SimFleet, messages: list[dict], thinking: bool = True) -> list[int]:
+    """The ids of a chat prompt as the fleet's servers render and encode it."""
+    tokenizer = tokenizer_of(fleet)
+    return tokenizer.encode(tokenizer.render(messages, thinking))
+
+
+def prompt_count(fleet: SimFleet, messages: list[dict], thinking: bool = True) -> int:
+    return len(prompt_ids(fleet, messages, thinking))
+
+
+def eos_id(fleet: SimFleet) -> int:
+    return tokenizer_of(fleet).eos_id

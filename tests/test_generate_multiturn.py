@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from sim_helpers import prompt_count
 from test_generate_notebook import _kernel_of, base_params, draftgen_run, start_run, wait_for_shards
 
 from draftgen.client.records import ChatResult
@@ -22,7 +23,7 @@ from draftgen.generate.turns import Conversation
 from draftgen.params import ParameterError, build_config
 from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts, normalize_record
 from draftgen.prompts.synthetic import synthetic_rows
-from draftgen.sim.textgen import count_text_tokens, render_chat_prompt, request_seed
+from draftgen.sim.textgen import request_seed
 from draftgen.training.conversation import answer_points, assemble, request_messages
 
 MODEL = "Qwen/Qwen3.6-27B"
@@ -109,15 +110,15 @@ def sent_messages(row: dict, turn: int) -> tuple[dict[str, str], ...]:
     return request_messages(row["messages"], points[turn], earlier, row["turns_mode"])
 
 
-def expected_prompt_tokens(row: dict, turn: int) -> int:
+def expected_prompt_tokens(fleet, row: dict, turn: int) -> int:
     """What the server must have counted for ``turn`` if it was sent the target's own earlier answers."""
-    return count_text_tokens(render_chat_prompt(sent_messages(row, turn), True))
+    return prompt_count(fleet, list(sent_messages(row, turn)), True)
 
 
-def source_history_tokens(row: dict, turn: int) -> int:
+def source_history_tokens(fleet, row: dict, turn: int) -> int:
     """What the server would have counted had the source's own assistant text been sent instead."""
     sent = row["messages"][: row["turn_after"][turn] + 1]
-    return count_text_tokens(render_chat_prompt(sent, True))
+    return prompt_count(fleet, list(sent), True)
 
 
 def chat_records(fleet) -> list[dict]:
@@ -278,10 +279,15 @@ def test_every_turn_stored_once_each_request_carrying_the_models_own_answers(sim
         for column in ("turn_content", "turn_reasoning", "turn_finish_reason", "turn_prompt_tokens"):
             assert len(row[column]) == len(points), (row["id"], column)
         for turn in range(len(points)):
-            assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(row, turn), (row["id"], turn)
+            assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(fleet, row, turn), (
+                row["id"],
+                turn,
+            )
             if turn > 0:
                 later_turns += 1
-                own_differs += expected_prompt_tokens(row, turn) != source_history_tokens(row, turn)
+                own_differs += expected_prompt_tokens(fleet, row, turn) != source_history_tokens(
+                    fleet, row, turn
+                )
         total_turns += len(points)
         assembled = assemble(row)
         assert all(t.generated for t in assembled if t.role == "assistant"), row["id"]
@@ -310,7 +316,7 @@ def test_turns_last_keeps_todays_behaviour(sim_fleet, tmp_path):
     assert outcome.completed == 30 and outcome.outcome.turns == 30
     for row in pl.read_parquet(tmp_path / "run" / "shards").rows(named=True):
         assert row["turn_after"] == [len(row["messages"]) - 1] and row["turns_mode"] == "last"
-        assert row["prompt_tokens"] == count_text_tokens(render_chat_prompt(row["messages"], True))
+        assert row["prompt_tokens"] == prompt_count(fleet, row["messages"], True)
         assert row["turn_content"] == [row["content"]]
 
 
@@ -359,7 +365,10 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
     for row in final:
         assert len(row["turn_content"]) == len(answer_points(row["messages"], "all")) >= 2
         for turn in range(len(row["turn_after"])):
-            assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(row, turn), (row["id"], turn)
+            assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(fleet, row, turn), (
+                row["id"],
+                turn,
+            )
     # The kill really came mid-conversation: some conversation stored only after the resume had a later turn's
     # request sent before the kill (so its earlier answers were in the dead client's memory) and its last turn
     # not answered before the kill. The simulator records each request's seed, a hash of the messages it got.

@@ -1,8 +1,9 @@
-"""What SGLang's real router (sglang-router 0.3.2) passes on and what it drops, measured, not assumed.
+"""What SMG, SGLang's gateway (smg 1.13.0), passes on and what it drops, measured, not assumed.
 
-Two simulated workers sit behind recording pass-through proxies (tests_real/recording_proxy.py), the router in
-front of the proxies: every test compares what the client sent and got with what the worker itself received
-and answered. docs/engines.md's router table states exactly what these tests assert.
+Two simulated workers sit behind recording pass-through proxies (tests_real/recording_proxy.py), SMG in front of
+the proxies: every measurement compares what the client sent and got with what the worker itself received and
+answered. docs/engines.md's SMG table is read here: each row's verdict is measured again and must equal the one
+written there, and the rows measured are exactly the rows written, so the table cannot drift.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import re
 import sys
-from collections.abc import Iterator
-from dataclasses import replace
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
-import aiohttp
 import polars as pl
 import pytest
 from sim_helpers import get, post, sse_json
@@ -26,20 +28,27 @@ from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.report import build_report, save_report
 from draftgen.bench.run import run_benchmark
 from draftgen.client import introspect
+from draftgen.client.records import Capabilities
 from draftgen.client.server import ServerClient
 from draftgen.generate import GenerateConfig, preflight, report
 from draftgen.generate import generate as generate_run
+from draftgen.generate.acceptance import ACCEPTANCE_FILE, metrics_targets
 from draftgen.params import SamplingParams, build_config
 from draftgen.prompts.synthetic import write_synthetic
-from draftgen.serve.router import RouterProcess
+from draftgen.serve.config import ROUTER_PIN, ROUTER_POLICIES
+from draftgen.serve.router import RouterProcess, healthy_workers
+from draftgen.sim.fleet import find_free_base_port
 
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3.6-27B"
+OPENAI_FIELDS = ("model", "messages", "temperature", "top_p", "max_tokens")
 EXTRAS = {
     "top_k": 20,
     "min_p": 0.05,
     "chat_template_kwargs": {"enable_thinking": True},
     "return_spec_tokens_details": True,
 }
+IDS_FIELDS = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
 BODY = {
     "model": MODEL,
     "messages": [{"role": "user", "content": "What is 17 times 23?"}],
@@ -48,15 +57,16 @@ BODY = {
     "top_p": 0.95,
     **EXTRAS,
 }
+STREAM = {"stream": True, "stream_options": {"include_usage": True}}
 
 
 def _recording_proxy_module() -> ModuleType:
     """The real-server tier's recording proxy (one copy of that code in the repository)."""
-    path = Path(__file__).resolve().parents[1] / "tests_real" / "recording_proxy.py"
+    path = ROOT / "tests_real" / "recording_proxy.py"
     spec = importlib.util.spec_from_file_location("recording_proxy", path)
     assert spec is not None and spec.loader is not None
     module = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
+    sys.modules[spec.name] = module  # dataclasses look their module up there; ids_worker imports it
     spec.loader.exec_module(module)
     return module
 
@@ -66,11 +76,20 @@ def read_truth(fleet, index: int) -> list[dict]:  # type: ignore[no-untyped-def]
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-class Setup:
-    def __init__(self, fleet, proxies, router: RouterProcess):  # type: ignore[no-untyped-def]
-        self.fleet = fleet
-        self.proxies = proxies
-        self.router = router
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 20.0) -> None:
+    """A proxy records an exchange after relaying the whole reply, so SMG can answer a moment before the record
+    exists: wait for it rather than race it (a wait, not a timing test)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@dataclass
+class Gateway:
+    fleet: object
+    proxies: list
+    router: RouterProcess
 
     def worker_chats(self) -> list:  # type: ignore[type-arg]
         return [e for proxy in self.proxies for e in proxy.chats()]
@@ -80,26 +99,38 @@ class Setup:
             with proxy._lock:
                 proxy._exchanges.clear()
 
+    def exchange(self, body: dict) -> tuple[bytes, object]:
+        """POST ``body`` through SMG: (the client's raw answer, the one worker exchange behind it)."""
+        self.clear()
+        status, raw = post(f"{self.router.url}/v1/chat/completions", body)
+        assert status == 200, raw
+        wait_until(lambda: len(self.worker_chats()) == 1, "the worker's record of the chat")
+        (exchange,) = self.worker_chats()
+        return raw, exchange
 
-@pytest.fixture(scope="module")
-def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+
+def _gateway(factory: pytest.TempPathFactory, worker_cls_name: str, faults: list[str]) -> Iterator[Gateway]:
     from draftgen.sim import SimFleet
 
-    fleet = SimFleet(servers=2, profile="b200-mtp", speed=50.0, work_dir=tmp_path_factory.mktemp("sim"))
+    fleet = SimFleet(servers=2, profile="b200-mtp", speed=50.0, faults=faults, work_dir=factory.mktemp("sim"))
     fleet.start()
     proxies = []
     router = None
     try:
         module = _recording_proxy_module()
+        if worker_cls_name == "IdsWorker":
+            from ids_worker import IdsWorker as worker_cls
+        else:
+            worker_cls = module.RecordingProxy
         for url in fleet.urls:
-            proxy = module.RecordingProxy(url)
+            proxy = worker_cls(url)
             proxy.start()
             proxies.append(proxy)
         router = RouterProcess(
-            [p.url for p in proxies], policy="round_robin", log_dir=tmp_path_factory.mktemp("router")
+            [p.url for p in proxies], policy="round_robin", log_dir=factory.mktemp("router")
         )
         router.start()
-        yield Setup(fleet, proxies, router)
+        yield Gateway(fleet, proxies, router)
     finally:
         if router is not None:
             router.stop()
@@ -108,107 +139,389 @@ def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         fleet.cleanup()
 
 
-def test_request_fields_rewritten_return_spec_tokens_details_dropped(routed: Setup) -> None:
-    routed.clear()
-    status, raw = post(f"{routed.router.url}/v1/chat/completions", BODY)
-    assert status == 200, raw
-    (sent,) = [e.request_json() for e in routed.worker_chats()]
-    # passed on unchanged
-    for key in ("model", "messages", "temperature", "top_p", "top_k", "min_p", "chat_template_kwargs"):
-        assert sent[key] == BODY[key], key
-    # renamed: max_tokens arrives as max_completion_tokens
-    assert "max_tokens" not in sent and sent["max_completion_tokens"] == BODY["max_tokens"]
-    # dropped: the request for per-request acceptance never reaches the worker
-    assert "return_spec_tokens_details" not in sent
-    # added: the router's own defaults for SGLang's extra fields
-    assert sent["separate_reasoning"] is True and sent["skip_special_tokens"] is True
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """SMG in front of two simulated SGLang 0.5.23 workers."""
+    yield from _gateway(tmp_path_factory, "RecordingProxy", [])
 
 
-def test_answers_pass_through_unchanged_so_sglext_never_comes_back(routed: Setup) -> None:
-    routed.clear()
-    status, raw = post(f"{routed.router.url}/v1/chat/completions", BODY)
-    assert status == 200
-    (exchange,) = routed.worker_chats()
-    answer = json.loads(raw)
-    assert answer == exchange.response_json()  # the worker's answer, as it sent it
-    message = answer["choices"][0]["message"]
-    assert message["reasoning_content"]  # the reasoning split (the worker's --reasoning-parser) survives
-    assert answer["usage"]["completion_tokens"] == 40
-    assert "sglext" not in answer
-    # the same body sent straight to a worker does come back with per-request acceptance
-    status, direct = post(f"{routed.fleet.urls[0]}/v1/chat/completions", BODY)
-    assert status == 200 and "spec_tokens_details" in json.loads(direct)["sglext"]
+@pytest.fixture(scope="module")
+def ids_routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """SMG in front of two stand-in workers that answer with sglext token ids (tests/ids_worker.py)."""
+    yield from _gateway(tmp_path_factory, "IdsWorker", [])
 
 
-def test_streams_pass_chunk_by_chunk_with_usage_and_done(routed: Setup) -> None:
-    routed.clear()
-    body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
-    status, raw = post(f"{routed.router.url}/v1/chat/completions", body)
-    assert status == 200
-    (exchange,) = routed.worker_chats()
-    assert exchange.request_json()["stream_options"] == {"include_usage": True}
+@pytest.fixture(scope="module")
+def empty_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """SMG whose only worker URL has nothing listening: what it answers before any worker is registered."""
+    base = find_free_base_port(3)
+    router = RouterProcess([f"http://127.0.0.1:{base + 2}"], log_dir=tmp_path_factory.mktemp("empty"))
+    router.port, router.metrics_port = base, base + 1
+    try:
+        router.start(wait=False)
+        wait_until(lambda: _status(f"{router.url}/health") == 200, "SMG to listen")
+        yield router.url
+    finally:
+        router.stop()
+
+
+def _status(url: str) -> int | None:
+    try:
+        return get(url, timeout=2)[0]
+    except OSError:
+        return None
+
+
+# ----- docs/engines.md's table, and one measurement per row -------------------------------------------------
+def doc_table() -> dict[str, str]:
+    """docs/engines.md's SMG table: row ("what", backticks removed) → verdict."""
+    text = (ROOT / "docs" / "engines.md").read_text()
+    section = text[text.index("## Behind SMG") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and rule
+    table = {}
+    for line in rows:
+        cells = [c.strip().replace("`", "") for c in line.strip("|").split("|")]
+        table[cells[0]] = cells[1]
+    return table
+
+
+class Context:
+    """What the measurements need: the gateways, made lazily so one fixture's failure names itself."""
+
+    def __init__(self, request: pytest.FixtureRequest):
+        self.request = request
+
+    @property
+    def routed(self) -> Gateway:
+        return self.request.getfixturevalue("routed")
+
+    @property
+    def ids(self) -> Gateway:
+        return self.request.getfixturevalue("ids_routed")
+
+    @property
+    def empty(self) -> str:
+        return self.request.getfixturevalue("empty_gateway")
+
+
+MEASURE: dict[str, Callable[[Context], str]] = {}
+
+
+def measures(row: str) -> Callable[[Callable[[Context], str]], Callable[[Context], str]]:
+    def register(func: Callable[[Context], str]) -> Callable[[Context], str]:
+        MEASURE[row] = func
+        return func
+
+    return register
+
+
+def _arrival(sent: dict, body: dict, keys: tuple[str, ...]) -> str:
+    """passed, or which of ``keys`` were dropped or changed on the way to the worker."""
+    dropped = [k for k in keys if k not in sent]
+    changed = [k for k in keys if k in sent and sent[k] != body[k]]
+    if not dropped and not changed:
+        return "passed"
+    return "; ".join(
+        part
+        for part in (
+            f"dropped {', '.join(dropped)}" if dropped else "",
+            f"changed {', '.join(changed)}" if changed else "",
+        )
+        if part
+    )
+
+
+@measures("OpenAI fields")
+def _openai_fields(ctx: Context) -> str:
+    _, exchange = ctx.routed.exchange(BODY)
+    return _arrival(exchange.request_json(), BODY, OPENAI_FIELDS)
+
+
+@measures("top_k, min_p")
+def _sampling_extras(ctx: Context) -> str:
+    _, exchange = ctx.routed.exchange(BODY)
+    return _arrival(exchange.request_json(), BODY, ("top_k", "min_p"))
+
+
+@measures("chat_template_kwargs")
+def _template_kwargs(ctx: Context) -> str:
+    _, exchange = ctx.routed.exchange(BODY)
+    return _arrival(exchange.request_json(), BODY, ("chat_template_kwargs",))
+
+
+@measures("return_spec_tokens_details")
+def _spec_details_field(ctx: Context) -> str:
+    _, exchange = ctx.routed.exchange(BODY)
+    return _arrival(exchange.request_json(), BODY, ("return_spec_tokens_details",))
+
+
+@measures("return_input_ids_in_sglext, return_output_ids_in_sglext")
+def _ids_fields(ctx: Context) -> str:
+    body = {**BODY, **IDS_FIELDS}
+    _, exchange = ctx.ids.exchange(body)
+    return _arrival(exchange.request_json(), body, tuple(IDS_FIELDS))
+
+
+@measures("unknown fields")
+def _unknown_fields(ctx: Context) -> str:
+    body = {**BODY, "foo_unknown": 7}
+    _, exchange = ctx.routed.exchange(body)
+    return _arrival(exchange.request_json(), body, ("foo_unknown",))
+
+
+@measures("fields added")
+def _fields_added(ctx: Context) -> str:
+    _, exchange = ctx.routed.exchange(BODY)
+    sent = exchange.request_json()
+    added = sorted(set(sent) - set(BODY))
+    assert sent.get("logprobs") is False and sent.get("stream") is False, sent
+    return "added " + ", ".join(added) if added else "none"
+
+
+def _same(a: object, b: object) -> str:
+    return "unchanged" if a == b else f"changed: {a!r} != {b!r}"
+
+
+@measures("answer (plain)")
+def _plain_answer(ctx: Context) -> str:
+    raw, exchange = ctx.routed.exchange(BODY)
+    return _same(raw, exchange.response_body)
+
+
+def _stream(gateway: Gateway, body: dict) -> tuple[list[dict], bool, list[dict], bool]:
+    raw, exchange = gateway.exchange({**body, **STREAM})
     events, done = sse_json(raw)
     worker_events, worker_done = sse_json(exchange.response_body)
-    assert done and worker_done
-    assert events == worker_events
-    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 40
-    assert any(e["choices"] and e["choices"][0]["delta"].get("reasoning_content") for e in events)
-    assert not any("sglext" in e for e in events)
+    return events, done, worker_events, worker_done
 
 
-def test_health_models_workers_and_metrics_endpoints(routed: Setup) -> None:
-    routed.clear()
-    router = routed.router
-    assert get(f"{router.url}/health")[0] == 200
-    status, _ = get(f"{router.url}/health_generate")
-    assert status == 200  # answered by the router itself: no worker generated anything
-    assert not [e for p in routed.proxies for e in p.exchanges("/health_generate")]
-    models = json.loads(get(f"{router.url}/v1/models")[1])
-    assert [m["id"] for m in models["data"]] == [MODEL]
-    workers = json.loads(get(f"{router.url}/workers")[1])["workers"]
-    assert sorted(w["url"] for w in workers) == sorted(p.url for p in routed.proxies)
-    assert all(w["is_healthy"] for w in workers)
-    # no /metrics on the API port; the router's own on --prometheus-port, without any sglang: counter
-    assert get(f"{router.url}/metrics")[0] == 404
-    status, own = get(router.metrics_url)
-    assert status == 200 and b"smg_router_requests_total" in own and b"sglang:" not in own
-    # /engine_metrics: every worker's /metrics, labelled worker_addr, "sglang:" renamed "sglang_"
-    status, engine = get(f"{router.url}/engine_metrics")
+def _sglext_chunks(events: list[dict]) -> list[dict]:
+    return [e["sglext"] for e in events if e.get("sglext") and e["choices"] == []]
+
+
+@measures("sglext.spec_tokens_details")
+def _spec_details(ctx: Context) -> str:
+    raw, exchange = ctx.routed.exchange(BODY)
+    answer, worker = json.loads(raw), exchange.response_json()
+    assert worker["sglext"]["spec_tokens_details"]["spec_verify_ct"] > 0, worker
+    plain = _same(answer.get("sglext"), worker["sglext"])
+    events, _, worker_events, _ = _stream(ctx.routed, BODY)
+    (chunk,) = _sglext_chunks(worker_events)
+    assert "spec_tokens_details" in chunk, chunk
+    stream = _same(_sglext_chunks(events), [chunk])
+    return plain if plain == stream else f"plain {plain}, stream {stream}"
+
+
+@measures("sglext.input_ids, sglext.output_ids")
+def _ids(ctx: Context) -> str:
+    from ids_worker import INPUT_IDS, OUTPUT_IDS
+
+    body = {**BODY, **IDS_FIELDS}
+    raw, exchange = ctx.ids.exchange(body)
+    answer, worker = json.loads(raw), exchange.response_json()
+    assert worker["sglext"] == {"input_ids": INPUT_IDS, "output_ids": [OUTPUT_IDS]}, worker
+    assert json.loads(answer["choices"][0]["message"]["content"]) == exchange.request_json()  # the echo
+    plain = _same(answer.get("sglext"), worker["sglext"])
+    events, _, worker_events, _ = _stream(ctx.ids, body)
+    stream = _same(_sglext_chunks(events), _sglext_chunks(worker_events))
+    return plain if plain == stream else f"plain {plain}, stream {stream}"
+
+
+@measures("reasoning split")
+def _reasoning(ctx: Context) -> str:
+    raw, exchange = ctx.routed.exchange({**BODY, "max_tokens": 400})
+    message = json.loads(raw)["choices"][0]["message"]
+    worker = exchange.response_json()["choices"][0]["message"]
+    assert worker["reasoning_content"], worker
+    split = ("reasoning_content", "content")
+    return _same({k: message[k] for k in split}, {k: worker[k] for k in split})
+
+
+@measures("usage")
+def _usage(ctx: Context) -> str:
+    raw, exchange = ctx.routed.exchange(BODY)
+    plain = _same(json.loads(raw)["usage"], exchange.response_json()["usage"])
+    events, _, worker_events, _ = _stream(ctx.routed, BODY)
+    usage = [e for e in events if e.get("usage") and e["choices"] == []]
+    assert usage and usage[-1]["usage"]["completion_tokens"] == BODY["max_tokens"], events[-3:]
+    stream = _same(usage, [e for e in worker_events if e.get("usage") and e["choices"] == []])
+    return plain if plain == stream else f"plain {plain}, stream {stream}"
+
+
+@measures("streaming")
+def _streaming(ctx: Context) -> str:
+    events, done, worker_events, worker_done = _stream(ctx.routed, BODY)
+    assert worker_done and any(
+        e["choices"] and e["choices"][0]["delta"].get("reasoning_content") for e in worker_events
+    )
+    return _same((events, done), (worker_events, worker_done))
+
+
+@measures("/health, /liveness")
+def _health(ctx: Context) -> str:
+    answers = {
+        get(f"{url}{path}") for url in (ctx.empty, ctx.routed.router.url) for path in ("/health", "/liveness")
+    }
+    return "gateway" if answers == {(200, b"OK")} else f"answered {answers}"
+
+
+@measures("/readiness")
+def _readiness(ctx: Context) -> str:
+    status, body = get(f"{ctx.empty}/readiness")
+    before = (status, json.loads(body).get("reason"))
+    status, body = get(f"{ctx.routed.router.url}/readiness")
+    after = (status, json.loads(body))
+    ready = {"status": "ready", "healthy_workers": 2, "total_workers": 2}
+    if before == (503, "insufficient healthy workers") and after == (200, ready):
+        return "gateway"
+    return f"before workers {before}, with two {after}"
+
+
+@measures("/health_generate")
+def _health_generate(ctx: Context) -> str:
+    status, body = get(f"{ctx.empty}/health_generate")
+    assert status == 503 and json.loads(body)["error"]["code"] == "no_workers", (status, body)
+    gateway = ctx.routed
+    gateway.clear()
+    for _ in range(3):
+        assert get(f"{gateway.router.url}/health_generate")[0] == 200
+
+    def asked() -> list[int]:
+        return [len(p.exchanges("/health_generate")) for p in gateway.proxies]
+
+    wait_until(lambda: sum(asked()) >= 3, "the workers' record of /health_generate")
+    # all three on one worker: the first healthy one (round_robin spreads chats, not this)
+    return "first worker" if sorted(asked()) == [0, 3] else f"asked {asked()}"
+
+
+@measures("/v1/models")
+def _models(ctx: Context) -> str:
+    gateway = ctx.routed
+    gateway.clear()
+    models = json.loads(get(f"{gateway.router.url}/v1/models")[1])
+    assert [m["id"] for m in models["data"]] == [MODEL], models
+    time.sleep(0.5)  # a relayed request would be on record by now
+    asked = [e for p in gateway.proxies for e in p.exchanges("/v1/models")]
+    return "gateway" if not asked else f"relayed to {len(asked)} worker(s)"
+
+
+@measures("/get_server_info")
+def _server_info(ctx: Context) -> str:
+    gateway = ctx.routed
+    assert get(f"{gateway.router.url}/server_info")[0] == 404
+    gateway.clear()
+    info = json.loads(get(f"{gateway.router.url}/get_server_info")[1])
+    assert "internal_states" in info and info["version"] == "0.5.23", info  # SGLang's, not the gateway's
+    assert get(f"{gateway.router.url}/health_generate")[0] == 200
+
+    def asked(path: str) -> list[int]:
+        return [len(p.exchanges(path)) for p in gateway.proxies]
+
+    wait_until(lambda: sum(asked("/get_server_info")) + sum(asked("/health_generate")) == 2, "the records")
+    # the same worker as /health_generate's: the first healthy one
+    return "first worker" if asked("/get_server_info") == asked("/health_generate") else "another worker"
+
+
+@measures("/metrics on the API port")
+def _api_metrics(ctx: Context) -> str:
+    return str(get(f"{ctx.routed.router.url}/metrics")[0])
+
+
+@measures("Prometheus port")
+def _prometheus(ctx: Context) -> str:
+    status, own = get(ctx.routed.router.metrics_url)
+    assert status == 200, own
+    return "gateway" if b"smg_" in own and b"sglang:" not in own else "mixed"
+
+
+@measures("/engine_metrics")
+def _engine_metrics(ctx: Context) -> str:
+    status, text = get(f"{ctx.routed.router.url}/engine_metrics")
     assert status == 200
-    for proxy in routed.proxies:
-        assert (
-            f'sglang_generation_tokens_total{{model_name="{MODEL}",worker_addr="{proxy.url}"}}'
-            in engine.decode()
-        )
-    assert b"sglang:" not in engine
-    # SGLang's server_info is not served; get_server_info describes the router
-    assert get(f"{router.url}/server_info")[0] == 404
-    assert json.loads(get(f"{router.url}/get_server_info")[1])["workers_count"] == 2
+    labelled = [
+        f'sglang:generation_tokens_total{{model_name="{MODEL}",worker_addr="{proxy.url}"}}' in text.decode()
+        for proxy in ctx.routed.proxies
+    ]
+    return "workers" if all(labelled) else f"labelled {labelled}"
 
 
-def test_client_detects_the_router_and_its_workers(routed: Setup) -> None:
+@measures("/workers")
+def _workers(ctx: Context) -> str:
+    workers = json.loads(get(f"{ctx.routed.router.url}/workers")[1])["workers"]
+    assert all(w["labels"]["version"] == "0.5.23" and w["labels"]["max_running_requests"] for w in workers)
+    listed = sorted((w["url"], w["is_healthy"], w["status"]) for w in workers)
+    expected = sorted((p.url, True, "ready") for p in ctx.routed.proxies)
+    return "gateway" if listed == expected else f"listed {listed}"
+
+
+@measures("/get_loads")
+def _loads(ctx: Context) -> str:
+    expected = sorted(p.url for p in ctx.routed.proxies)
+
+    def listed() -> list[str]:
+        loads = json.loads(get(f"{ctx.routed.router.url}/get_loads")[1])
+        assert loads["version"] == ROUTER_PIN.replace("==", "-"), loads
+        return sorted({row["worker"] for row in loads["loads"]})
+
+    # SMG polls each worker's load every --load-monitor-interval (10 s): a worker appears after its first poll
+    wait_until(lambda: listed() == expected, "a load row per worker", timeout_s=30)
+    return "gateway"
+
+
+@measures("policies")
+def _policies(ctx: Context) -> str:
+    refused = []
+    for policy in ROUTER_POLICIES:
+        try:
+            with RouterProcess([p.url for p in ctx.routed.proxies], policy=policy) as router:
+                status, raw = post(f"{router.url}/v1/chat/completions", {**BODY, "max_tokens": 4})
+                assert status == 200, (policy, raw)
+        except Exception as exc:  # named in the verdict
+            refused.append(f"{policy}: {exc}")
+    return "accepted" if not refused else "refused " + "; ".join(refused)
+
+
+def test_the_table_and_the_measurements_name_the_same_rows() -> None:
+    assert sorted(doc_table()) == sorted(MEASURE)
+
+
+@pytest.mark.parametrize("row", sorted(MEASURE))
+def test_each_row_of_the_table_holds_against_a_live_smg(row: str, request: pytest.FixtureRequest) -> None:
+    written = doc_table().get(row)
+    measured = MEASURE[row](Context(request))
+    assert measured == written, f"docs/engines.md says {row!r}: {written!r}; SMG measured: {measured!r}"
+
+
+def test_smg_is_the_pinned_release() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'"{ROUTER_PIN}"' in pyproject
+    assert "sglang-router" not in re.sub(r"#.*", "", pyproject)  # SMG is the only router
+
+
+# ----- the client, generate and benchmark through the gateway ----------------------------------------------
+def test_client_detects_smg_its_release_and_workers(routed: Gateway) -> None:
     async def detect():  # type: ignore[no-untyped-def]
         async with ServerClient(routed.router.url) as client:
             return await introspect.probe(client, MODEL, SamplingParams(max_tokens=8, top_k=20))
 
     caps = asyncio.run(detect())
-    assert caps.engine == "sglang-router"
+    assert caps.engine == "smg" and caps.version == ROUTER_PIN.split("==")[1]
     assert sorted(caps.workers) == sorted(p.url for p in routed.proxies)
     assert caps.extra_fields and caps.template_kwargs  # top_k / chat_template_kwargs are passed on
-    assert not caps.spec_details  # no sglext through the router
+    assert caps.spec_details  # sglext survives the gateway
+    assert not caps.metrics  # no /metrics on its API port
 
 
-def test_generate_through_the_router_records_acceptance_per_worker_from_metrics(
-    routed: Setup, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
-    prompts = tmp_path / "p.jsonl"
-    write_synthetic(prompts, 120, seed=41)
-    config = build_config(
+def _generate_config(gateway: Gateway, tmp_path: Path, prompts: int, seed: int) -> GenerateConfig:
+    path = tmp_path / "p.jsonl"
+    write_synthetic(path, prompts, seed=seed)
+    return build_config(
         GenerateConfig,
         {
-            "servers": [routed.router.url],
+            "servers": [gateway.router.url],
             "model": MODEL,
-            "prompts": str(prompts),
+            "prompts": str(path),
             "out_dir": str(tmp_path / "gen"),
             "max_tokens": 256,
             "concurrency_per_server": 24,
@@ -218,23 +531,66 @@ def test_generate_through_the_router_records_acceptance_per_worker_from_metrics(
         },
     )
 
+
+def test_generate_through_smg_stores_acceptance_per_request(routed: Gateway, tmp_path: Path) -> None:
+    config = _generate_config(routed, tmp_path, 120, seed=43)
+
     async def run():  # type: ignore[no-untyped-def]
         plan = await preflight(config)
-        before = {i: len(read_truth(routed.fleet, i)) for i in range(2)}
+        before = {i: len(read_truth(routed.fleet, i)) for i in range(2)}  # after preflight's probe
+        return plan, before, await generate_run(config, plan, progress=False)
+
+    plan, before, result = asyncio.run(run())
+    (engine,) = [c for c in plan.checks if c.check == "engine"]
+    assert "engine smg 1.13.0" in engine.detail and engine.status == "ok", engine
+    assert "smg: acceptance per request (sglext) through the gateway" in engine.detail
+    assert result.status == "complete"
+    assert not (Path(config.out_dir) / ACCEPTANCE_FILE).exists()  # nothing scraped: the answers carry it
+    frame = pl.read_parquet(sorted((Path(config.out_dir) / "shards").glob("*.parquet")))
+    assert frame.height == 120 and set(frame["server"].to_list()) == {routed.router.url}
+    records = [
+        r
+        for i in range(2)
+        for r in read_truth(routed.fleet, i)[before[i] :]
+        if r["kind"] == "chat" and r["outcome"] == "ok"
+    ]
+    truth = {r["rid"]: r for r in records}
+    for row in frame.iter_rows(named=True):
+        record = truth[row["response_id"]]  # the worker's own record of this row's last turn
+        assert row["turn_spec_verify_ct"][-1] == record["verify_steps"]
+        expected = record["completion_tokens"] / record["verify_steps"]
+        assert row["turn_spec_accept_length"][-1] == pytest.approx(expected)
+    # every turn of every row against every chat the workers answered during the run
+    assert frame["spec_verify_ct"].sum() == sum(r["verify_steps"] for r in records)
+    assert frame["completion_tokens"].sum() == sum(r["completion_tokens"] for r in records)
+
+
+@pytest.fixture(scope="module")
+def routed_old(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """SMG in front of workers that speak SGLang 0.5.9 (no sglext in chat): acceptance only from /metrics."""
+    yield from _gateway(tmp_path_factory, "RecordingProxy", ["sglang_version=0.5.9"])
+
+
+def test_without_sglext_generate_scrapes_each_worker_behind_smg(routed_old: Gateway, tmp_path: Path) -> None:
+    config = _generate_config(routed_old, tmp_path, 120, seed=41)
+
+    async def run():  # type: ignore[no-untyped-def]
+        plan = await preflight(config)
+        before = {i: len(read_truth(routed_old.fleet, i)) for i in range(2)}
         result = await generate_run(config, plan, progress=False)
         return plan, before, result
 
     plan, before, result = asyncio.run(run())
     (engine,) = [c for c in plan.checks if c.check == "engine"]
-    assert "engine sglang-router" in engine.detail
+    assert "engine smg" in engine.detail
     assert "acceptance per worker over time from the /metrics of its 2 worker(s)" in engine.detail
     assert result.status == "complete"
     table = report.acceptance(config.out_dir)
-    assert sorted(table["worker"].to_list()) == sorted(p.url for p in routed.proxies)
-    assert set(table["via"].to_list()) == {routed.router.url}
-    for index, proxy in enumerate(routed.proxies):
+    assert sorted(table["worker"].to_list()) == sorted(p.url for p in routed_old.proxies)
+    assert set(table["via"].to_list()) == {routed_old.router.url}
+    for index, proxy in enumerate(routed_old.proxies):
         # the simulator's own record of the requests this worker ran during the run
-        records = [r for r in read_truth(routed.fleet, index)[before[index] :] if r["kind"] == "chat"]
+        records = [r for r in read_truth(routed_old.fleet, index)[before[index] :] if r["kind"] == "chat"]
         tokens = sum(r["completion_tokens"] for r in records)
         verifies = sum(r["verify_steps"] for r in records)
         (row,) = table.filter(pl.col("worker") == proxy.url).to_dicts()
@@ -245,46 +601,19 @@ def test_generate_through_the_router_records_acceptance_per_worker_from_metrics(
     assert plot.path.exists() and len(plot.figure.axes[0].lines) == 2
 
 
-def test_router_sees_each_workers_load_and_model_info(routed: Setup) -> None:
-    # The simulator serves SGLang's /get_load and /model_info, which the router polls (power_of_two balancing,
-    # worker metadata); without them it reports a load of -1.
-    for url in routed.fleet.urls:
-        (rank,) = json.loads(get(f"{url}/get_load")[1])
-        assert rank == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
-        info = json.loads(get(f"{url}/model_info")[1])
-        assert info["model_path"] == MODEL and info["is_generation"] is True
-        assert json.loads(get(f"{url}/get_model_info")[1]) == info
-
-    # the router asked each worker for its load, and shows the answer instead of -1 (an idle fleet: 0 each, once
-    # the router's view has caught up with the requests of the tests before)
-    async def loads() -> list[dict]:
-        seen = []
-        async with aiohttp.ClientSession() as session:
-            for _ in range(100):
-                async with session.get(f"{routed.router.url}/get_loads") as reply:
-                    seen.append({w["worker"]: w["load"] for w in (await reply.json())["workers"]})
-                if set(seen[-1].values()) == {0}:
-                    break
-                await asyncio.sleep(0.2)
-        return seen
-
-    seen = asyncio.run(loads())
-    assert seen[-1] == {p.url: 0 for p in routed.proxies}
-    assert all(load >= 0 for view in seen for load in view.values())
-
-    # A proxy records an exchange after it has relayed the whole reply, so the router can have its answer (and
-    # give us ours) a moment before the record exists: wait for it rather than race it.
-    async def asked() -> bool:
-        for _ in range(100):
-            if all(p.exchanges("/get_load") for p in routed.proxies):
-                return True
-            await asyncio.sleep(0.1)
-        return False
-
-    assert asyncio.run(asked()), [len(p.exchanges("/get_load")) for p in routed.proxies]
+def test_whom_acceptance_is_scraped_from() -> None:
+    workers = ("http://w1:30000", "http://w2:30000")
+    gateway = "http://gw:30100"
+    with_sglext = Capabilities(
+        engine="smg", model_ids=(MODEL,), metrics=False, spec_details=True, workers=workers
+    )
+    targets = metrics_targets([(gateway, with_sglext), (gateway, replace(with_sglext, spec_details=False))])
+    assert [(t.worker, t.via) for t in targets] == [(w, gateway) for w in workers]
 
 
-def test_benchmark_through_the_router_reports_each_worker(routed: Setup, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_benchmark_through_smg_reads_acceptance_per_request_and_keeps_each_worker(
+    routed: Gateway, tmp_path: Path
+) -> None:
     config = BenchmarkConfig(
         servers=[routed.router.url],
         model=MODEL,
@@ -297,16 +626,22 @@ def test_benchmark_through_the_router_reports_each_worker(routed: Setup, tmp_pat
     before = {i: len(read_truth(routed.fleet, i)) for i in range(2)}
     run = asyncio.run(run_benchmark(config))
     (facts,) = run.servers
-    assert facts.engine == "sglang-router" and sorted(facts.workers) == sorted(p.url for p in routed.proxies)
-    report = build_report(run)
-    workers = report.workers
+    assert facts.engine == "smg" and facts.sglext
+    assert sorted(facts.workers) == sorted(p.url for p in routed.proxies)
+    assert facts.max_running_requests == 2 * 48  # one worker's cap (SMG asks the first) × the workers
+    report_ = build_report(run)
+    workers = report_.workers
     assert workers.height == 4  # two workers × two levels
+    truth = [r for i in range(2) for r in read_truth(routed.fleet, i)[before[i] :] if r["kind"] == "chat"]
     for level in run.levels:
         rows = workers.filter(pl.col("concurrency") == level.concurrency)
-        # the router's level: the workers' windows together (metrics source), each worker's own row beside it
-        (result,) = report.results.filter(pl.col("concurrency") == level.concurrency).to_dicts()
+        (result,) = report_.results.filter(pl.col("concurrency") == level.concurrency).to_dicts()
+        assert result["accept_length_source"] == "sglext"  # per request, through the gateway
+        mine = [r for r in truth if r["rid"] in {q.response_id for q in level.requests}]
+        assert len(mine) == len(level.requests)
+        expected = sum(r["completion_tokens"] for r in mine) / sum(r["verify_steps"] for r in mine)
+        assert result["accept_length"] == pytest.approx(expected)
         assert result["metrics_generation_tokens"] == pytest.approx(rows["generated_tokens"].sum())
-        assert result["accept_length_source"].startswith("metrics (")
     for index, proxy in enumerate(routed.proxies):
         start = run.levels[0].started_at  # after the probe request
         records = [
@@ -316,13 +651,12 @@ def test_benchmark_through_the_router_reports_each_worker(routed: Setup, tmp_pat
         ]
         assert records, "round_robin sends each worker its share"
         mine = workers.filter(pl.col("worker") == proxy.url)
-        tokens = sum(r["completion_tokens"] for r in records)
-        verifies = sum(r["verify_steps"] for r in records)
-        assert mine["generated_tokens"].sum() == pytest.approx(tokens)
-        weighted = (mine["generated_tokens"] / mine["accept_length"]).sum()
-        assert mine["generated_tokens"].sum() / weighted == pytest.approx(tokens / verifies, rel=1e-6)
-    # a stored level reads back with its workers' windows (benchmark resume)
-    level = run.levels[0]
+        assert mine["generated_tokens"].sum() == pytest.approx(sum(r["completion_tokens"] for r in records))
+    level = run.levels[0]  # a stored level reads back with its workers' windows (benchmark resume)
     assert _level_from_json(json.loads(json.dumps(_level_to_json(level)))) == replace(level, reused=True)
-    save_report(report, tmp_path)
+    save_report(report_, tmp_path)
     assert pl.read_parquet(tmp_path / "workers.parquet").equals(workers)
+
+
+def test_router_process_waits_for_every_worker(routed: Gateway) -> None:
+    assert healthy_workers(routed.router.url) == {p.url: True for p in routed.proxies}

@@ -36,7 +36,7 @@ from draftgen.generate import GenerateConfig, preflight
 from draftgen.generate import generate as generate_run
 from draftgen.params import build_config
 from draftgen.prompts.synthetic import write_synthetic
-from draftgen.serve.config import ServeConfig, parse_gpus, served_model_name
+from draftgen.serve.config import ROUTER_POLICIES, ServeConfig, parse_gpus, served_model_name
 from draftgen.serve.preflight import port_in_use
 from draftgen.serve.probe import Stage
 from draftgen.serve.router import healthy_workers
@@ -146,8 +146,8 @@ def test_dry_run_router_line_lists_every_worker(capsys: pytest.CaptureFixture[st
     assert len(commands) == 3
     env, argv = commands[-1]
     assert "CUDA_VISIBLE_DEVICES" not in env
-    assert argv[1:3] == ["-m", "sglang_router.launch_router"]
-    flags = options(argv[3:])
+    assert argv[1:4] == ["-m", "smg", "launch"]  # SMG, SGLang's gateway
+    flags = options(argv[4:])
     assert flags["--worker-urls"] == [
         "http://127.0.0.1:30000",
         "http://127.0.0.1:30001",
@@ -156,8 +156,21 @@ def test_dry_run_router_line_lists_every_worker(capsys: pytest.CaptureFixture[st
     assert flags["--policy"] == ["cache_aware"]
     assert flags["--port"] == ["8000"]
     assert flags["--prometheus-port"] == ["8001"]  # its metrics on a port of their own, next to the API's
-    _, argv = dry_run(capsys, "--model", "m", "--gpus", "0", "--router", "--router-policy", "round_robin")[-1]
-    assert options(argv[3:])["--policy"] == ["round_robin"]
+    assert flags["--host"] == ["127.0.0.1"] and flags["--prometheus-host"] == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("policy", ROUTER_POLICIES)
+def test_dry_run_router_line_is_read_by_smgs_own_parser(
+    capsys: pytest.CaptureFixture[str], policy: str
+) -> None:
+    _, argv = dry_run(capsys, "--model", "m", "--gpus", "0-1", "--router", "--router-policy", policy)[-1]
+    # the pinned smg wheel's own argument parser (what `smg launch` runs) reads the printed line
+    from smg.launch_router import parse_router_args
+
+    parsed = parse_router_args(argv[4:])
+    assert parsed.policy == policy
+    assert parsed.worker_urls == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    assert (parsed.host, parsed.port, parsed.prometheus_port) == ("127.0.0.1", 30100, 30101)
 
 
 def test_dry_run_sim_engine_picks_the_profile_from_mtp(capsys: pytest.CaptureFixture[str]) -> None:
@@ -358,6 +371,7 @@ class Serve:
         return alive
 
     def server_pid(self, port: int) -> int:
+        self.note_children()
         for pid in self.seen:
             try:
                 if f"--port {port}" in " ".join(psutil.Process(pid).cmdline()):
@@ -365,6 +379,16 @@ class Serve:
             except psutil.NoSuchProcess:
                 continue
         raise AssertionError(f"no live server process on port {port} among {self.seen}")
+
+    def listener_pid(self, port: int) -> int:
+        """The child listening on ``port``: SMG renames its process (``smg::router``), so no command line says."""
+        self.note_children()
+        for pid in self.seen:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                for conn in psutil.Process(pid).net_connections(kind="inet"):
+                    if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
+                        return pid
+        raise AssertionError(f"no live process listening on port {port} among {self.seen}")
 
     def signal(self, sig: int) -> None:
         self.note_children()
@@ -579,42 +603,33 @@ def test_port_already_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert not (tmp_path / "serve").exists()
 
 
-def test_real_router_started_generate_through_it_exactly_once_with_a_worker_killed(
-    serve, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
-    # sglang-router (a dev dependency): the real Rust router in front of two simulated workers.
-    router_port = find_free_base_port(2)
-    run = serve(
-        2,
-        *("--router", "--router-port", str(router_port), "--router-policy", "round_robin"),
-        *("--restart", "--restart-backoff", "0.2"),
-    )
+def _gateway_run(run, tmp_path: Path, router_port: int) -> str:  # type: ignore[no-untyped-def]
+    """Wait for serve's SMG (ready, servers.yaml naming it, every worker registered); its URL."""
     run.wait_for(r"2 of 2 servers ready")
     run.wait_for(rf"router :{router_port} \(router\): ready")
     router_url = f"http://127.0.0.1:{router_port}"
     run.wait_for(rf"wrote .*servers\.yaml: router {router_url}$")
     assert servers_yaml(run.run_dir)["servers"] == [router_url]
-    # The router's own worker list: ready (/readiness) means at least one worker registered and healthy; the
-    # rest of the initial list may still be registering in the background.
+    # SMG's own worker list: ready (/readiness) means at least one worker registered and healthy; the rest of
+    # the initial list may still be registering in the background.
     expected = dict.fromkeys(run.urls, True)
     for _ in range(100):
         if healthy_workers(router_url) == expected:
             break
         time.sleep(0.1)
     assert healthy_workers(router_url) == expected
-    assert (
-        http_status(f"http://127.0.0.1:{router_port + 1}/metrics") == 200
-    )  # its metrics port, not the API's
-    assert len(run.live_children()) == 3, run.live_children()  # two servers and the router
+    return router_url
 
-    prompts = tmp_path / "p.jsonl"
-    write_synthetic(prompts, 400, seed=31)
-    config = build_config(
+
+def _through(router_url: str, tmp_path: Path, prompts: int, seed: int) -> GenerateConfig:
+    path = tmp_path / "p.jsonl"
+    write_synthetic(path, prompts, seed=seed)
+    return build_config(
         GenerateConfig,
         {
             "servers": [router_url],
             "model": "Qwen/Qwen3.6-27B",
-            "prompts": str(prompts),
+            "prompts": str(path),
             "out_dir": str(tmp_path / "gen"),
             "max_tokens": 64,
             "concurrency_per_server": 16,
@@ -622,28 +637,87 @@ def test_real_router_started_generate_through_it_exactly_once_with_a_worker_kill
             "max_truncated_rate": 1.0,
             "backoff_base_s": 0.05,
             "backoff_max_s": 0.5,
+            "probe_interval_s": 0.5,
+            "probe_max_interval_s": 2.0,
             "canary": False,
         },
     )
-    victim = run.ports[0]
+
+
+def _kill_after_two_shards(config: GenerateConfig, pid: Callable[[], int]):  # type: ignore[no-untyped-def]
+    """Run generate; SIGKILL ``pid()`` once two shards are stored; the run's result."""
 
     async def scenario():  # type: ignore[no-untyped-def]
         plan = await preflight(config)
         task = asyncio.create_task(generate_run(config, plan, progress=False))
-        while len(list((tmp_path / "gen" / "shards").glob("*.parquet"))) < 2:
+        while len(list((Path(config.out_dir) / "shards").glob("*.parquet"))) < 2:
             assert not task.done(), task
             await asyncio.sleep(0.05)
-        os.kill(run.server_pid(victim), signal.SIGKILL)  # a worker dies behind the router mid-run
+        os.kill(pid(), signal.SIGKILL)
         return await task
 
-    result = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def _stored_once(config: GenerateConfig, prompts: int, seed: int) -> pl.DataFrame:
+    frame = pl.read_parquet(sorted((Path(config.out_dir) / "shards").glob("*.parquet")))
+    assert frame.height == prompts
+    assert sorted(frame["id"].to_list()) == [f"syn-{seed}-{i:07d}" for i in range(prompts)]
+    return frame
+
+
+def test_smg_with_a_worker_gone_for_good_the_run_continues_on_the_rest(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # smg (a dev dependency): SGLang's real gateway in front of two simulated workers; no --restart, so the
+    # killed worker stays gone and SMG carries on with the other.
+    router_port = find_free_base_port(2)
+    run = serve(2, *("--router", "--router-port", str(router_port), "--router-policy", "round_robin"))
+    router_url = _gateway_run(run, tmp_path, router_port)
+    assert (
+        http_status(f"http://127.0.0.1:{router_port + 1}/metrics") == 200
+    )  # its metrics port, not the API's
+    assert len(run.live_children()) == 3, run.live_children()  # two servers and SMG
+
+    config = _through(router_url, tmp_path, 400, seed=31)
+    victim = run.ports[0]
+    result = _kill_after_two_shards(config, lambda: run.server_pid(victim))  # a worker dies behind SMG
     run.wait_for(rf"server :{victim} .*exited with code -9")
-    run.wait_for(rf"server :{victim} .*: ready after", count=2)  # serve brought it back
+    run.wait_for(rf"server :{victim} .*not restarted")
     assert result.status == "complete" and result.failed == 0
-    frame = pl.read_parquet(sorted((tmp_path / "gen" / "shards").glob("*.parquet")))
-    assert frame.height == 400 and sorted(frame["id"].to_list()) == [f"syn-31-{i:07d}" for i in range(400)]
+    frame = _stored_once(config, 400, seed=31)
     assert set(frame["server"].to_list()) == {router_url}
+    assert servers_yaml(run.run_dir)["servers"] == [router_url]  # SMG still stands for the fleet
 
     run.signal(signal.SIGHUP)  # the terminal went away: a clean stop too
+    assert run.finish() == 0, run.output()
+    assert run.survivors() == []
+
+
+def test_smg_killed_mid_run_is_restarted_by_serve_and_generate_stores_every_id_once(
+    serve, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # The gateway is the run's only server: killing it is "every server down". generate benches it, waits
+    # (spending no attempts), probes it and carries on once serve --restart has brought SMG back.
+    router_port = find_free_base_port(2)
+    run = serve(
+        2,
+        *("--router", "--router-port", str(router_port), "--router-policy", "cache_aware"),
+        *("--restart", "--restart-backoff", "0.5"),
+    )
+    router_url = _gateway_run(run, tmp_path, router_port)
+    config = _through(router_url, tmp_path, 400, seed=37)
+    result = _kill_after_two_shards(config, lambda: run.listener_pid(router_port))
+    run.wait_for(rf"router :{router_port} \(router\): exited with code -9")
+    run.wait_for(rf"router :{router_port} \(router\): restarting in")
+    run.wait_for(rf"router :{router_port} \(router\): ready after", count=2)  # serve brought SMG back
+    assert result.status == "complete" and result.failed == 0, result
+    frame = _stored_once(config, 400, seed=37)
+    assert set(frame["server"].to_list()) == {router_url}
+    said = [what for _, server, what in result.events if server in (router_url, "fleet")]
+    assert any(what.startswith("marked down after") for what in said), said  # the gateway was benched ...
+    assert any("every server is down" in what for what in said), said  # ... the run waited for it ...
+    assert any(what.startswith("healthy again") for what in said), said  # ... and it rejoined
+    assert servers_yaml(run.run_dir)["servers"] == [router_url]
+
+    run.signal(signal.SIGTERM)
     assert run.finish() == 0, run.output()
     assert run.survivors() == []

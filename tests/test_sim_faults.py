@@ -15,6 +15,7 @@ from openai import AsyncOpenAI, OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 from sim_helpers import (
     USER,
+    count,
     post,
     post_json,
     post_many,
@@ -105,15 +106,16 @@ def test_hang_accepts_and_never_answers_while_health_is_200(faulty):
     assert len(hung) == 1 and hung[0]["completion_tokens"] == 0
 
 
-def test_empty_answer_is_six_tokens_and_no_real_answer(faulty):
+def test_empty_answer_is_the_short_failure_and_no_real_answer(faulty):
     url = faulty.urls[EMPTY]
     reply = chat(url, max_tokens=4096)
     choice = reply.choices[0]
     assert choice.finish_reason == "stop"
     assert choice.message.content.strip() == "OK."
     assert not (getattr(choice.message, "reasoning_content", None) or "").strip()
-    assert reply.usage.completion_tokens == 6
-    assert truth_for(faulty, reply.id, EMPTY)["completion_tokens"] == 6
+    tokens = count(faulty, "\n</think>\n\nOK.") + 1  # and the EOS: 6 tokens in Qwen3's vocabulary
+    assert reply.usage.completion_tokens == tokens
+    assert truth_for(faulty, reply.id, EMPTY)["completion_tokens"] == tokens
     chunks = list(chat(url, max_tokens=4096, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip() == "OK."
 

@@ -11,114 +11,103 @@ from draftgen.sim.profiles import PROFILES, get_profile
 from draftgen.sim.textgen import (
     THINK_END,
     acceptance_probability,
-    count_text_tokens,
     plan_acceptance,
     plan_completion,
-    render_chat_prompt,
     request_seed,
 )
 
-
-# ----- simulated tokenization --------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("text", "tokens"),
-    [
-        ("", 0),
-        ("hello", 1),
-        ("hello world", 2),  # "hello", " world"
-        ("abcdefgh", 1),  # 8 characters: one token
-        ("abcdefghi", 2),  # 9: two
-        (" therefore,", 2),  # " therefor", "e,"
-        ("a\nb", 3),
-        ("\n\n", 2),
-        ("a   b", 2),  # "a", "   b"
-        ("a  \nb", 4),  # "a", "  ", "\n", "b"
-        ("<think>\n", 2),
-        ("x</think>y", 3),
-        ("<|im_start|>user\nhi<|im_end|>\n", 6),
-    ],
-)
-def test_count_text_tokens_follows_the_documented_rule(text, tokens):
-    assert count_text_tokens(text) == tokens
+# ----- the served tokenizer and completion plans ----------------------------------------------------------
+PLAN = dict(reasoning_median=300, answer_median=80, sigma=0.8)
 
 
-def test_chat_prompt_rendering_and_its_token_count():
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3."}]
-    on = render_chat_prompt(messages, enable_thinking=True)
-    off = render_chat_prompt(messages, enable_thinking=False)
-    assert on.endswith("<|im_start|>assistant\n<think>\n")
-    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
-    # system: im_start, "system", \n, "Be", " brief.", im_end, \n = 7; user: im_start, "user", \n, "Add",
-    # " 2", " and", " 3.", im_end, \n = 9; assistant prompt: im_start, "assistan", "t" (9 characters make
-    # two tokens), \n, <think>, \n = 6
-    assert count_text_tokens(on) == 22
-    assert count_text_tokens(off) == 22 + 4  # <think> \n \n </think> \n \n instead of <think> \n
+def test_chat_prompts_render_as_transformers_renders_them(sim_tokenizer, sim_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(sim_tokenizer_dir)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "Café, naïve — 数学?"},
+    ]
+    for thinking in (True, False):
+        text = sim_tokenizer.render(messages, thinking)
+        expected = reference.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        )
+        assert text == expected
+        ids = reference.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, enable_thinking=thinking, return_dict=False
+        )
+        assert sim_tokenizer.encode(text) == list(ids)
+    assert sim_tokenizer.render(messages, True).endswith("<|im_start|>assistant\n<think>\n")
+    assert sim_tokenizer.render(messages, False).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
 @pytest.mark.parametrize("thinking", [True, False])
 @pytest.mark.parametrize("ignore_eos", [False, True])
-def test_every_planned_token_is_one_simulated_token(thinking, ignore_eos):
-    for seed in range(150):
+def test_planned_ids_are_the_canonical_encoding_of_the_text(sim_tokenizer, thinking, ignore_eos):
+    for seed in range(60):
         plan = plan_completion(
-            seed,
-            max_tokens=3000,
-            enable_thinking=thinking,
-            reasoning_median=300,
-            answer_median=80,
-            sigma=0.8,
-            ignore_eos=ignore_eos,
+            seed, sim_tokenizer, max_tokens=3000, enable_thinking=thinking, ignore_eos=ignore_eos, **PLAN
         )
         text = "".join(plan.tokens)
-        assert count_text_tokens(text) == len(plan.tokens), (seed, text[:200])
-        assert all(count_text_tokens(token) == 1 for token in plan.tokens)
+        assert len(plan.tokens) == len(plan.ids)
+        assert sim_tokenizer.decode(plan.ids) == text
+        if plan.finish_type == "stop":  # a length cut may end inside a word, whose re-encoding can differ
+            assert sim_tokenizer.encode(text) == list(plan.ids), (seed, text[:200])
         if ignore_eos:
             assert plan.completion_tokens == 3000 and plan.finish_type == "length"
 
 
-def test_plan_shape_thinking_on_and_off():
-    on = plan_completion(
-        7, max_tokens=10_000, enable_thinking=True, reasoning_median=200, answer_median=50, sigma=0.5
-    )
+def test_plan_shape_thinking_on_and_off(sim_tokenizer):
+    on = plan_completion(7, sim_tokenizer, max_tokens=10_000, enable_thinking=True, **PLAN)
     assert on.finish_type == "stop" and on.counts_eos
-    assert on.tokens[on.think_end_index] == THINK_END and on.tokens.count(THINK_END) == 1
+    assert on.ids[on.think_end_index] == sim_tokenizer.think_end_id and on.tokens.count(THINK_END) == 1
     reasoning, answer = on.split_range(0, len(on.tokens))
     assert reasoning and answer.strip()
-    assert on.completion_tokens == count_text_tokens(reasoning) + 1 + count_text_tokens(answer) + 1
-    off = plan_completion(
-        7, max_tokens=10_000, enable_thinking=False, reasoning_median=200, answer_median=50, sigma=0.5
-    )
+    assert on.completion_tokens == len(on.ids) + 1
+    assert on.output_ids(on.completion_tokens) == [
+        *on.ids,
+        sim_tokenizer.eos_id,
+    ]  # the EOS, as SGLang sends it
+    assert on.reasoning_tokens(on.completion_tokens) == on.think_end_index + 1
+    off = plan_completion(7, sim_tokenizer, max_tokens=10_000, enable_thinking=False, **PLAN)
     assert off.think_end_index is None and THINK_END not in off.tokens
-    assert off.split_range(0, len(off.tokens))[0] == ""
+    assert off.split_range(0, len(off.tokens))[0] == "" and off.reasoning_tokens(5) == 0
 
 
-def test_plan_is_deterministic_and_truncation_is_a_prefix():
-    kwargs = dict(enable_thinking=True, reasoning_median=200, answer_median=50, sigma=0.5)
-    full = plan_completion(11, max_tokens=10_000, **kwargs)
-    assert plan_completion(11, max_tokens=10_000, **kwargs) == full
-    assert plan_completion(12, max_tokens=10_000, **kwargs).tokens != full.tokens
-    cut = plan_completion(11, max_tokens=full.think_end_index, **kwargs)  # stops just before </think>
+def test_plan_is_deterministic_and_truncation_is_a_prefix(sim_tokenizer):
+    kwargs = dict(enable_thinking=True, **PLAN)
+    full = plan_completion(11, sim_tokenizer, max_tokens=10_000, **kwargs)
+    assert plan_completion(11, sim_tokenizer, max_tokens=10_000, **kwargs) == full
+    assert plan_completion(12, sim_tokenizer, max_tokens=10_000, **kwargs).tokens != full.tokens
+    cut = plan_completion(
+        11, sim_tokenizer, max_tokens=full.think_end_index, **kwargs
+    )  # just before </think>
     assert cut.finish_type == "length" and not cut.counts_eos
-    assert cut.tokens == full.tokens[: full.think_end_index]
+    assert cut.ids == full.ids[: full.think_end_index] and cut.output_ids(10**6) == list(cut.ids)
     reasoning, answer = cut.split_range(0, len(cut.tokens))
     assert answer == "" and reasoning == "".join(cut.tokens)
-    # stop needs room for the EOS: exactly len(tokens) leaves none, so it is a length cut
-    assert plan_completion(11, max_tokens=len(full.tokens), **kwargs).finish_type == "length"
-    assert plan_completion(11, max_tokens=len(full.tokens) + 1, **kwargs).finish_type == "stop"
+    # stop needs room for the EOS: exactly len(ids) leaves none, so it is a length cut
+    assert plan_completion(11, sim_tokenizer, max_tokens=len(full.ids), **kwargs).finish_type == "length"
+    assert plan_completion(11, sim_tokenizer, max_tokens=len(full.ids) + 1, **kwargs).finish_type == "stop"
 
 
-def test_lengths_are_long_tailed():
+def test_lengths_in_tokens_are_long_tailed(sim_tokenizer):
     lengths = [
         len(
             plan_completion(
                 s,
+                sim_tokenizer,
                 max_tokens=100_000,
                 enable_thinking=True,
                 reasoning_median=1100,
                 answer_median=350,
                 sigma=0.75,
-            ).tokens
+            ).ids
         )
-        for s in range(400)
+        for s in range(300)
     ]
     median = statistics.median(lengths)
     assert 1000 < median < 2200
@@ -126,18 +115,24 @@ def test_lengths_are_long_tailed():
     assert statistics.mean(lengths) > median
 
 
-def test_empty_answer_is_the_six_token_failure():
-    plan = plan_completion(
-        3,
-        max_tokens=4096,
-        enable_thinking=True,
-        reasoning_median=1100,
-        answer_median=350,
-        sigma=0.75,
-        empty_answer=True,
-    )
-    assert "".join(plan.tokens) == "\n</think>\n\nOK."
-    assert plan.completion_tokens == 6 and plan.finish_type == "stop"
+def test_empty_answer_is_the_short_failure(sim_tokenizer):
+    plan = plan_completion(3, sim_tokenizer, max_tokens=4096, enable_thinking=True, empty_answer=True, **PLAN)
+    assert "".join(plan.tokens) == "\n</think>\n\nOK." and plan.finish_type == "stop"
+    assert plan.completion_tokens == len(sim_tokenizer.encode("\n</think>\n\nOK.")) + 1
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_noncanonical_ids_decode_to_the_same_text_and_differ_from_re_encoding(sim_tokenizer, thinking):
+    for seed in range(30):
+        kwargs = dict(max_tokens=5000, enable_thinking=thinking, **PLAN)
+        canonical = plan_completion(seed, sim_tokenizer, **kwargs)
+        odd = plan_completion(seed, sim_tokenizer, noncanonical=True, **kwargs)
+        text = "".join(odd.tokens)
+        assert odd.noncanonical and not canonical.noncanonical
+        assert text == "".join(canonical.tokens) == sim_tokenizer.decode(odd.ids)
+        assert sim_tokenizer.encode(text) == list(canonical.ids) != list(odd.ids)
+        assert len(odd.ids) > len(canonical.ids)  # one token spelled as two or more
+        assert all(0 <= i < sim_tokenizer.vocab_size for i in odd.ids)
 
 
 def test_request_seed_depends_on_prompt_and_client_seed():

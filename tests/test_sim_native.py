@@ -12,6 +12,8 @@ import aiohttp
 import pytest
 from sim_helpers import (
     USER,
+    count,
+    eos_id,
     get,
     get_json,
     post,
@@ -20,15 +22,18 @@ from sim_helpers import (
     sample_value,
     scrape,
     sse_json,
+    tokenizer_of,
     truth_for,
     wait_for,
 )
 
 from draftgen.sim.fleet import http_status
-from draftgen.sim.textgen import EOS_TOKEN_ID, count_text_tokens, render_chat_prompt
 
 SHAPES = {"0.5.4": 0, "0.5.9": 1, "0.5.23": 2}  # shared fleet server index per SGLang shape
-PROMPT = render_chat_prompt(USER, enable_thinking=True)
+# A chat prompt as the Qwen3 template renders USER, thinking on and off (/generate takes raw text)
+HEADER = f"<|im_start|>user\n{USER[0]['content']}<|im_end|>\n<|im_start|>assistant\n"
+PROMPT = HEADER + "<think>\n"
+NO_THINK = HEADER + "<think>\n\n</think>\n\n"
 SPEC_KEYS = {
     "0.5.4": {"spec_verify_ct"},
     "0.5.9": {
@@ -45,7 +50,7 @@ SPEC_KEYS = {
         "spec_accept_rate",
         "spec_num_correct_drafts",
         "spec_num_proposed_drafts",
-        "spec_accept_histogram",
+        "spec_correct_drafts_histogram",
     },
 }
 ALL_SPEC_KEYS = set().union(*SPEC_KEYS.values())
@@ -78,10 +83,14 @@ def test_generate_meta_info_per_sglang_shape(shared_sim_fleet, shape):
     reply = generate_json(url, 8192)
     assert set(reply) == {"text", "output_ids", "meta_info"}
     meta = reply["meta_info"]
-    assert meta["finish_reason"] == {"type": "stop", "matched": EOS_TOKEN_ID}
-    assert meta["prompt_tokens"] == count_text_tokens(PROMPT)
-    assert meta["completion_tokens"] == count_text_tokens(reply["text"]) + 1  # the EOS is counted, not shown
+    assert meta["finish_reason"] == {"type": "stop", "matched": eos_id(shared_sim_fleet)}
+    assert meta["prompt_tokens"] == count(shared_sim_fleet, PROMPT)
+    assert (
+        meta["completion_tokens"] == count(shared_sim_fleet, reply["text"]) + 1
+    )  # the EOS is counted, not shown
     assert len(reply["output_ids"]) == meta["completion_tokens"]
+    tokenizer = tokenizer_of(shared_sim_fleet)  # the ids are the text's, the EOS last (as SGLang sends them)
+    assert reply["output_ids"] == [*tokenizer.encode(reply["text"]), tokenizer.eos_id]
     assert meta["e2e_latency"] > 0
     assert "</think>" in reply["text"]  # /generate returns raw text: no reasoning parser
     assert set(meta) & ALL_SPEC_KEYS == SPEC_KEYS[shape]
@@ -91,8 +100,9 @@ def test_generate_meta_info_per_sglang_shape(shared_sim_fleet, shape):
     if shape != "0.5.4":
         verify, tokens = meta["spec_verify_ct"], meta["completion_tokens"]
         assert meta["spec_accept_length"] == pytest.approx(tokens / verify)
-        assert sum(meta["spec_accept_histogram"]) == verify
-        assert sum((i + 1) * n for i, n in enumerate(meta["spec_accept_histogram"])) == tokens
+        histogram = meta["spec_accept_histogram" if shape == "0.5.9" else "spec_correct_drafts_histogram"]
+        assert sum(histogram) == verify
+        assert sum((i + 1) * n for i, n in enumerate(histogram)) == tokens
         correct = meta["spec_accept_token_num" if shape == "0.5.9" else "spec_num_correct_drafts"]
         proposed = meta["spec_draft_token_num" if shape == "0.5.9" else "spec_num_proposed_drafts"]
         assert correct == tokens - verify and proposed == 3 * verify
@@ -111,12 +121,11 @@ def test_generate_from_input_ids_and_without_thinking(shared_sim_fleet):
         f"{url}/generate", {"input_ids": list(range(123)), "sampling_params": {"max_new_tokens": 16}}
     )
     assert status == 200 and reply["meta_info"]["prompt_tokens"] == 123
-    no_think = render_chat_prompt(USER, enable_thinking=False)
     status, reply = post_json(
-        f"{url}/generate", {"text": no_think, "sampling_params": {"max_new_tokens": 4096}}
+        f"{url}/generate", {"text": NO_THINK, "sampling_params": {"max_new_tokens": 4096}}
     )
     assert status == 200 and "</think>" not in reply["text"]
-    assert reply["meta_info"]["completion_tokens"] == count_text_tokens(reply["text"]) + 1
+    assert reply["meta_info"]["completion_tokens"] == count(shared_sim_fleet, reply["text"]) + 1
 
 
 def test_generate_streaming_is_cumulative_and_ends_with_done(shared_sim_fleet):
@@ -339,8 +348,8 @@ def test_get_load_counts_running_and_waiting_requests_and_model_info(sim_fleet):
             while True:
                 async with session.get(f"{url}/get_load") as reply:
                     (rank,) = await reply.json()
-                if rank["num_reqs"] == 3:
-                    break
+                if rank["num_reqs"] == 3 and rank["num_waiting_reqs"] == 1:
+                    break  # all three arrived (each is planned on arrival) and the cap of 2 admitted two
                 await asyncio.sleep(0.05)
             for task in sends:
                 task.cancel()

@@ -10,9 +10,7 @@ import asyncio
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from sim_helpers import USER, get_json, truth_for
-
-from draftgen.sim.textgen import EOS_TOKEN_ID, count_text_tokens, render_chat_prompt
+from sim_helpers import USER, count, eos_id, get_json, prompt_count, truth_for
 
 MODEL = "Qwen/Qwen3.6-27B"
 NEW = 2  # index of the 0.5.23 server in the shared fleet
@@ -70,21 +68,32 @@ def test_thinking_reply_splits_reasoning_from_answer(shared_sim_fleet, full_repl
     assert "</think>" not in reasoning and "</think>" not in content and "<think>" not in reasoning
     assert choice.message.role == "assistant"
     dumped = full_reply.model_dump()
-    assert dumped["metadata"] == {"weight_version": "default"}
-    assert dumped["choices"][0]["matched_stop"] == EOS_TOKEN_ID
+    end = full_reply.usage.completion_tokens
+    assert dumped["metadata"] == {
+        "weight_version": "default",
+        "weight_versions": [{"version": "default", "start": 0, "end": end}],
+    }
+    assert dumped["choices"][0]["matched_stop"] == eos_id(shared_sim_fleet)
+    assert (
+        "tool_calls" not in dumped["choices"][0]["message"]
+        or dumped["choices"][0]["message"]["tool_calls"] is None
+    )
 
 
 def test_usage_counts_follow_the_simulated_tokenization(shared_sim_fleet, full_reply):
     usage = full_reply.usage
     message = full_reply.choices[0].message
-    assert usage.prompt_tokens == count_text_tokens(render_chat_prompt(USER, enable_thinking=True))
-    # reasoning, "</think>", answer (which keeps its leading blank line), and the unseen EOS
+    assert usage.prompt_tokens == prompt_count(shared_sim_fleet, USER, True)
+    # reasoning, "</think>", answer (which keeps its leading blank line): their canonical ids, and the unseen EOS
+    reasoning_and_end = count(shared_sim_fleet, reasoning_of(message) + "</think>")
     assert (
         usage.completion_tokens
-        == count_text_tokens(reasoning_of(message)) + 1 + count_text_tokens(message.content) + 1
+        == count(shared_sim_fleet, reasoning_of(message) + "</think>" + message.content) + 1
     )
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert usage.model_extra["reasoning_tokens"] == 0
+    # SGLang 0.5.23: the tokens up to and including </think>, at the top and in the details
+    assert usage.model_extra["reasoning_tokens"] == reasoning_and_end
+    assert usage.completion_tokens_details.reasoning_tokens == reasoning_and_end
     truth = truth_for(shared_sim_fleet, full_reply.id, NEW)
     assert truth["outcome"] == "ok" and truth["finish_type"] == "stop" and truth["kind"] == "chat"
     assert truth["completion_tokens"] == usage.completion_tokens
@@ -96,8 +105,9 @@ def test_enable_thinking_false_gives_only_an_answer(shared_sim_fleet):
     message = reply.choices[0].message
     assert reasoning_of(message) is None and message.content
     assert "</think>" not in message.content
-    assert reply.usage.prompt_tokens == count_text_tokens(render_chat_prompt(USER, enable_thinking=False))
-    assert reply.usage.completion_tokens == count_text_tokens(message.content) + 1
+    assert reply.usage.prompt_tokens == prompt_count(shared_sim_fleet, USER, False)
+    assert reply.usage.completion_tokens == count(shared_sim_fleet, message.content) + 1
+    assert reply.usage.model_extra["reasoning_tokens"] == 0 and reply.usage.completion_tokens_details is None
 
 
 def test_separate_reasoning_false_keeps_everything_in_content(shared_sim_fleet, full_reply):
@@ -111,7 +121,7 @@ def test_separate_reasoning_false_keeps_everything_in_content(shared_sim_fleet, 
 def test_truncation_before_think_end_means_no_answer(shared_sim_fleet, full_reply):
     url = shared_sim_fleet.urls[NEW]
     full_reasoning = reasoning_of(full_reply.choices[0].message)
-    r = count_text_tokens(full_reasoning)
+    r = count(shared_sim_fleet, full_reasoning)
     for max_tokens in (5, r, r + 1):  # early, just before "</think>", and "</think>" itself the last token
         reply = ask(url, max_tokens=max_tokens)
         choice = reply.choices[0]

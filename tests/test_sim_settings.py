@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from draftgen.sim import adaptive
 from draftgen.sim.fleet import FleetError, find_free_base_port
 from draftgen.sim.profiles import get_profile
 from draftgen.sim.speculative import (
@@ -161,12 +162,13 @@ def test_draftgen_sim_refuses_settings_that_cannot_start():
     assert "Not enough memory" in done.stderr
 
 
-def _request(rid: int, prompt_tokens: int, max_tokens: int):
+def _request(tokenizer, rid: int, prompt_tokens: int, max_tokens: int):
     from draftgen.sim.engine import SimRequest
     from draftgen.sim.textgen import plan_completion
 
     plan = plan_completion(
         rid,
+        tokenizer,
         max_tokens=max_tokens,
         enable_thinking=True,
         reasoning_median=100,
@@ -179,14 +181,14 @@ def _request(rid: int, prompt_tokens: int, max_tokens: int):
     )
 
 
-def test_kv_left_after_the_memory_check_limits_admission():
+def test_kv_left_after_the_memory_check_limits_admission(sim_tokenizer):
     from draftgen.sim.engine import Engine
 
     tight = apply_settings(B200, mtp(5, 1, 6, max_running_requests=96))  # ~57K KV tokens left
     engine = Engine(tight, speed=1.0, slow=1.0, on_finish=lambda r: None)
     engine.ready.set()
     for rid in range(96):
-        engine.submit(_request(rid, prompt_tokens=1_000, max_tokens=2_000))
+        engine.submit(_request(sim_tokenizer, rid, prompt_tokens=1_000, max_tokens=2_000))
     admitted = engine._admissible()
     assert len(admitted) == tight.kv_capacity_tokens // 3_000  # each holds 3,000 tokens at its longest
     assert len(admitted) < tight.max_running_requests
@@ -194,5 +196,102 @@ def test_kv_left_after_the_memory_check_limits_admission():
     plain = Engine(B200, speed=1.0, slow=1.0, on_finish=lambda r: None)
     plain.ready.set()
     for rid in range(96):
-        plain.submit(_request(rid, prompt_tokens=100_000, max_tokens=2_000))
+        plain.submit(_request(sim_tokenizer, rid, prompt_tokens=100_000, max_tokens=2_000))
     assert len(plain._admissible()) == B200.max_running_requests
+
+
+# ----- SGLang 0.5.23's adaptive speculation (--speculative-adaptive) -----------------------------------------
+def adaptive_flags(steps: int | None = 3, topk: int | None = 1, **more: object) -> SimSettings:
+    values: dict = {
+        "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": steps,
+        "speculative_eagle_topk": topk,
+        "speculative_num_draft_tokens": None if steps is None else steps + 1,
+        "speculative_adaptive": True,
+    }
+    return SimSettings(**{**values, **more})
+
+
+def test_adaptive_settles_per_batch_size_on_sglangs_default_table():
+    profile = apply_settings(B200, adaptive_flags())
+    assert profile.adaptive_steps == 3 and profile.draft_tokens == 4
+    costs = B200.spec_costs
+    assert costs is not None
+    settled = {b: adaptive.settled_steps(costs, 3, b) for b in (1, 7, 8, 31, 32, 63, 64, 96)}
+    # slot 1 (1, 3, 5, 7) climbs from 3 to 5; slot 8 (0, 1, 3) keeps 3; slot 32 (0, 1) runs 1; slot 64 (0) none
+    assert settled == {1: 5, 7: 5, 8: 3, 31: 3, 32: 1, 63: 1, 64: 0, 96: 0}
+    static = {s: apply_settings(B200, mtp(s, 1, s + 1)) for s in (1, 3, 5)}
+    # the capacity curve follows: 5/1/6 alone, 3/1/4 between 8 and 31, 1/1/2 at SGLang's cap of 48
+    assert profile.tokens_per_second(1) == pytest.approx(static[5].tokens_per_second(1))
+    assert profile.tokens_per_second(16) == pytest.approx(static[3].tokens_per_second(16))
+    assert profile.tokens_per_second(48) == pytest.approx(static[1].tokens_per_second(48))
+    assert adaptive.step_seconds(costs, 48, 3) == pytest.approx(static[3].step_seconds(48))
+
+
+def test_adaptive_rule_moves_steps_up_on_acceptance_and_down_on_rejection():
+    costs = B200.spec_costs
+    assert costs is not None
+    runtime = adaptive.AdaptiveRuntime(costs, 3)
+    assert [runtime.steps_for(b) for b in (1, 8, 32, 64)] == [3, 3, 1, 0]
+    for _ in range(adaptive.WARMUP_BATCHES + adaptive.UPDATE_INTERVAL - 1):
+        runtime.observe(1, [3])  # every draft accepted
+    assert runtime.steps_for(1) == 3  # no decision before warm-up + one interval
+    runtime.observe(1, [3])
+    assert runtime.steps_for(1) == 5  # the average passed 3 - 0.5: one candidate up
+    for _ in range(4 * adaptive.UPDATE_INTERVAL):
+        runtime.observe(1, [0])  # nothing accepted
+    assert runtime.steps_for(1) == 1  # down, candidate by candidate, to the slot's floor
+    assert runtime.steps_for(8) == 3  # another slot, untouched
+
+
+def test_adaptive_is_refused_or_switched_off_where_sglang_would():
+    with pytest.raises(
+        StartupError, match=r"--speculative-num-steps=2 is not in the adaptive config candidate_steps"
+    ):
+        apply_settings(B200, adaptive_flags(2))
+    off = apply_settings(B200, adaptive_flags(3, topk=2, speculative_num_draft_tokens=6))
+    assert off.adaptive_steps is None and off.spec_topk == 2  # static speculation instead
+    assert any(
+        "speculative_adaptive disabled: speculative_eagle_topk=2 (only topk=1 is supported)" in line
+        for line in startup_warnings(B200, adaptive_flags(3, topk=2, speculative_num_draft_tokens=6))
+    )
+    assert apply_settings(B200, adaptive_flags(None)).adaptive_steps == 3  # unset: the middle candidate
+    assert settings_argv(adaptive_flags())[-1] == "--speculative-adaptive"
+
+
+def test_adaptive_server_drafts_more_alone_and_less_in_a_full_batch(sim_fleet):
+    from concurrent.futures import ThreadPoolExecutor
+
+    fleet = sim_fleet(server_args=settings_argv(adaptive_flags()), speed=50.0)
+    with urllib.request.urlopen(f"{fleet.urls[0]}/server_info", timeout=5) as response:
+        info = json.load(response)
+    assert info["speculative_adaptive"] is True and info["speculative_num_steps"] == 3
+
+    def chat(index: int) -> dict:
+        body = {
+            "model": "Qwen/Qwen3.6-27B",
+            "messages": [{"role": "user", "content": f"question {index}"}],
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "return_spec_tokens_details": True,
+        }
+        request = urllib.request.Request(
+            f"{fleet.urls[0]}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.load(response)["sglext"]["spec_tokens_details"]
+
+    alone = chat(0)
+    with ThreadPoolExecutor(48) as pool:
+        batch = list(pool.map(chat, range(1, 97)))
+    # alone the slot of one climbs from 3 to 5 steps: more than 3/1/4's 3.6 tokens per verify
+    assert alone["spec_accept_length"] > 3.8
+    assert len(alone["spec_accept_histogram"]) == 8  # up to 7 drafts + the bonus token
+    assert alone["spec_num_proposed_drafts"] > 3 * alone["spec_verify_ct"]
+    # 48 at once: the slot of 32 drafts one step (1/1/2's 1.93)
+    assert statistics.mean(d["spec_accept_length"] for d in batch[48:]) < 2.1
+    for details in (alone, *batch):
+        assert details["spec_accept_length"] == pytest.approx(400 / details["spec_verify_ct"])
+        assert sum(details["spec_accept_histogram"]) == details["spec_verify_ct"]

@@ -101,6 +101,7 @@ OK_EXAMPLE = {
 }
 OK_SUMS = {
     Trainer.SPECFORGE_QWEN35: 6,
+    Trainer.SPECFORGE_DFLASH_QWEN35: 6,  # the same template entry: the same mask (its loader's filters differ)
     Trainer.SPECFORGE_QWEN3_THINKING: 8,
     Trainer.DRAFTGEN_THINK_IN_PROMPT: 6,
     Trainer.DRAFTGEN_THINK_IN_TARGET: 7,
@@ -132,7 +133,11 @@ def test_reply_with_ok_mask_sum_under_each_trainer(qwen3, trainer):
     else:
         assert tokens[:3] == ["<|im_start|>", "user", "Ċ"]
     assert tokens[-2:] == ["<|im_end|>", "Ċ"]
-    boundary = trainer in (Trainer.SPECFORGE_QWEN35, Trainer.DRAFTGEN_THINK_IN_PROMPT)
+    boundary = trainer in (
+        Trainer.SPECFORGE_QWEN35,
+        Trainer.SPECFORGE_DFLASH_QWEN35,
+        Trainer.DRAFTGEN_THINK_IN_PROMPT,
+    )
     assert (batch.mismatch[0] or "").startswith("boundary") == boundary
 
 

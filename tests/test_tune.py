@@ -37,6 +37,7 @@ def truth_tok_s(settings: ServerSettings, concurrency: int) -> float | None:
         speculative_eagle_topk=settings.speculative_eagle_topk,
         speculative_num_draft_tokens=settings.speculative_num_draft_tokens,
         max_running_requests=settings.max_running_requests,
+        speculative_adaptive=settings.speculative_adaptive,
     )
     try:
         return apply_settings(get_profile("b200-mtp"), flags).tokens_per_second(concurrency)
@@ -61,11 +62,13 @@ def sim_config(tmp_path, **values: object) -> TuneConfig:
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    """One tune run on a space whose truth is known: 3 simulated GPUs, 8 candidates, 2 of them out of memory."""
+    """One tune run on a space whose truth is known: 3 simulated GPUs, 10 candidates (adaptive speculation from
+    3 among them), 3 of them out of memory."""
     tmp_path = tmp_path_factory.mktemp("tune")
     config = sim_config(
         tmp_path,
         spec_candidates=[[1, 1, 2], [3, 1, 4], [5, 1, 6]],
+        adaptive_steps=[3],
         max_running_requests=[CONCURRENCY, 160],  # 160 does not fit with 3/1/4 or 5/1/6: they fail to start
         concurrency=CONCURRENCY,
         max_rounds=2,
@@ -87,11 +90,15 @@ def test_tune_picks_within_two_percent_of_the_best_and_never_a_failed_start(tune
     # The failures are marked with their log tail, and the rest went on.
     table = report.candidate_table(run)
     marked = table.filter(table["status"] == "failed to start")
-    assert marked.height == 2
+    assert marked.height == len(failed) == 3
     assert all("Not enough memory" in tail for tail in marked["log_tail"].to_list())
     assert any("Not enough memory" in line for line in lines)
     measured = table.filter(table["tok_s_per_gpu"].is_not_null())
-    assert measured.height == len(run.candidates) - 2
+    assert measured.height == len(run.candidates) - 3
+    assert table.filter(table["adaptive"])["candidate"].to_list() == [
+        f"MTP adaptive from 3/1/4, {CONCURRENCY} running",
+        "MTP adaptive from 3/1/4, 160 running",
+    ]
     assert (measured["tok_s_per_gpu_low"] <= measured["tok_s_per_gpu"]).all()
     assert (measured["tok_s_per_gpu"] <= measured["tok_s_per_gpu_high"]).all()
     # Acceptance follows the settings (1 + p for one draft position, 3.6 for the seeds' 3/1/4).
@@ -178,6 +185,46 @@ def test_invalid_candidates_are_refused_before_anything_starts(tmp_path):
     )
     with pytest.raises(ParameterError, match="spec_candidates"):
         sim_config(tmp_path, spec_candidates=[[3, 1]])
+
+
+def test_adaptive_candidates_are_refused_where_sglang_0_5_23_would(tmp_path):
+    with pytest.raises(ParameterError) as caught:
+        sim_config(
+            tmp_path,
+            adaptive_steps=[3, 4],
+            extra_args=["--enable-two-batch-overlap", "--enable-lora"],
+        )
+    text = str(caught.value)
+    assert (
+        "adaptive_steps[1] 4: SGLang: --speculative-num-steps=4 is not in the adaptive config candidate_steps "
+        "[0, 1, 3, 5, 7]. Pass one of those values." in text
+    )
+    assert (
+        "adaptive_steps[0] 3: --enable-two-batch-overlap: SGLang: speculative_adaptive disabled: "
+        "enable_two_batch_overlap=True is not supported" in text
+    )
+    assert "adaptive_steps[0] 3: --enable-lora: SGLang refuses to start: LoRA does not support" in text
+    assert not (tmp_path / "tune").exists()
+    adaptive = ServerSettings(
+        speculative_num_steps=3,
+        speculative_eagle_topk=2,
+        speculative_num_draft_tokens=6,
+        speculative_adaptive=True,
+    )
+    assert any("only topk=1 is supported" in p for p in sglang_problems(adaptive))
+    off = ServerSettings(
+        speculative_algorithm=None,
+        speculative_num_steps=None,
+        speculative_eagle_topk=None,
+        speculative_num_draft_tokens=None,
+        speculative_adaptive=True,
+    )
+    assert any("only EAGLE/EAGLE3 are supported" in p for p in sglang_problems(off))
+    config = sim_config(tmp_path, adaptive_steps=[1, 3], spec_candidates=[], mtp_off=False)
+    (first, *_), last = config.candidates(), config.candidates()[-1]
+    assert first.settings.sglang_args()[-3:] == ["--speculative-adaptive", "--max-running-requests", "48"]
+    assert last.slug.startswith(f"c{last.index:02d}-adapt3-1-4-")
+    assert sglang_problems(last.settings) == []
 
 
 def test_draftgen_tune_command_refuses_a_bad_space(tmp_path):
@@ -272,6 +319,7 @@ def test_tune_notebook_runs_under_papermill_with_the_params_file(tmp_path):
         "max_tokens": 64,
         "sample_size": 32,
         "spec_candidates": [[1, 1, 2], [3, 1, 4]],
+        "adaptive_steps": [],  # params/tune.yaml's adaptive candidate is measured by the `tuned` fixture
         "max_running_requests": [4],
         "mtp_off": False,
         "max_rounds": 1,

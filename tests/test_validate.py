@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from validate_helpers import clean_rows, planted_rows, row, write_generation
+from validate_helpers import clean_rows, planted_rows, row, with_server_ids, write_generation
 
 from draftgen.params import ParameterError, build_config
 from draftgen.training.local_tokenizer import build_tiny_tokenizer
@@ -43,44 +43,117 @@ def _config(generation: Path, tokenizer_dir: Path, out: Path, **overrides) -> Va
         "out_dir": str(out),
         "max_length": 512,
         "duplicate_answer_min_prompts": 3,
+        "holdout_share": 0.0,  # exact counts; the held-out split has tests of its own
         **overrides,
     }
     return build_config(ValidateConfig, values)
 
 
-def _planted_corpus(folder: Path) -> tuple[list[dict], list[tuple[dict, str]]]:
-    clean = clean_rows(40)
-    planted = planted_rows()
+def _split_one_token(ids: list[int], tokenizer) -> list[int]:  # type: ignore[no-untyped-def]
+    """The same text in other tokens: the first token whose two halves are vocabulary tokens, split in two (what a
+    sampled model sometimes emits; re-tokenizing the text merges them back)."""
+    vocab = tokenizer.backend_tokenizer
+    for position, token in enumerate(ids):
+        piece = vocab.id_to_token(token)
+        if piece and len(piece) > 1 and not piece.startswith("<"):
+            left, right = vocab.token_to_id(piece[:1]), vocab.token_to_id(piece[1:])
+            if left is not None and right is not None:
+                return [*ids[:position], left, right, *ids[position + 1 :]]
+    raise AssertionError("no token to split")
+
+
+def _id_defects(tokenizer, clean: list[dict]) -> list[tuple[dict, str]]:  # type: ignore[no-untyped-def]
+    """A row per token-id defect (the server's ids), each with the flag it must raise."""
+    made = clean_rows(8, seed=7, prefix="ids")
+    noncanonical = with_server_ids(made[0], tokenizer)
+    noncanonical["turn_output_ids"] = [_split_one_token(noncanonical["turn_output_ids"][0], tokenizer)]
+    partial = with_server_ids(made[2], tokenizer, missing_turns=(0,))  # made[2] is a two-turn conversation
+    foreign = with_server_ids(made[3], tokenizer)
+    foreign["turn_output_ids"] = [[*foreign["turn_output_ids"][0][:3], len(tokenizer) + 7]]
+    other_text = with_server_ids(made[4], tokenizer)
+    other_text["turn_output_ids"] = with_server_ids(made[5], tokenizer)["turn_output_ids"]
+    long_prompt = row(
+        "ids-long-prompt",
+        reasoning="Short thought.",
+        content="Short answer.",
+        messages=[{"role": "user", "content": " ".join(["every index of the sorted list"] * 120)}],
+    )
+    return [
+        (noncanonical, "retokenized_differs"),
+        (partial, "ids_missing"),
+        (foreign, "ids_unusable"),
+        (other_text, "ids_unusable"),
+        (with_server_ids(long_prompt, tokenizer), "trainer_rejects"),
+    ]
+
+
+ID_FLAGS = ("retokenized_differs", "ids_missing", "ids_unusable")
+
+
+def _planted_corpus(folder: Path, tokenizer) -> tuple[list[dict], list[tuple[dict, str]]]:  # type: ignore[no-untyped-def]
+    """Clean rows and one row (at least) per flag, every one with the token ids a server returns."""
+    clean = [with_server_ids(r, tokenizer) for r in clean_rows(40)]
+    planted = [(with_server_ids(r, tokenizer), flag) for r, flag in planted_rows()]
     repeat = row(
         clean[3]["id"], reasoning="a second answer for an id", content="Stored twice by a bad resume."
     )
-    planted.append((repeat, "duplicate_id"))
+    planted.append((with_server_ids(repeat, tokenizer), "duplicate_id"))
+    planted += _id_defects(tokenizer, clean)
     rows = clean[:20] + [r for r, _ in planted] + clean[20:]
     write_generation(folder, rows, shard_size=16)
     return clean, planted
 
 
-@pytest.mark.parametrize("trainer", [t.value for t in Trainer])
+def _span_trainer(trainer: str) -> bool:
+    return not trainer.startswith("draftgen-")
+
+
+@pytest.mark.parametrize(
+    ("trainer", "rows"),
+    [(t.value, "per_turn") for t in Trainer] + [("specforge-qwen3.5", "per_conversation")],
+)
 def test_every_planted_defect_is_caught_and_clean_samples_raise_no_flag(
-    tmp_path, tokenizer_dir, tokenizer, trainer
+    tmp_path, tokenizer_dir, tokenizer, trainer, rows
 ):
-    clean, planted = _planted_corpus(tmp_path / "gen")
-    config = _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out", trainer=trainer)
+    clean, planted = _planted_corpus(tmp_path / "gen", tokenizer)
+    config = _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out", trainer=trainer, rows=rows)
     result = validate_generation(config, tokenizer=tokenizer, progress=False)
     records = result.records
-    assert records.height == len(clean) + len(planted)
+    per_turn = rows == "per_turn"
+    stored = clean + [r for r, _ in planted]
+    turns = [len(r.get("turn_after") or [None]) for r in stored]
+    assert records.height == (sum(turns) if per_turn else len(stored))
     assert {flag for _, flag in planted} == set(FLAGS), "the planted corpus must hold every flag kind"
+    key = "prompt_id" if per_turn else "id"
     clean_ids = {r["id"] for r in clean}
-    first_occurrences = records.filter(pl.col("id").is_in(clean_ids) & pl.col("id").is_first_distinct())
-    assert first_occurrences.height == len(clean)
-    assert first_occurrences.filter(pl.col("flags").list.len() > 0).height == 0, first_occurrences.filter(
+    first = records.filter(pl.col(key).is_in(clean_ids) & pl.col("id").is_first_distinct())
+    assert first[key].n_unique() == len(clean)
+    if trainer == "specforge-qwen3-thinking" and per_turn:
+        # Its template entry puts "You are a helpful assistant." first when a conversation has no system message: a
+        # system prompt the target never saw. The export keeps the server's ids; the difference is reported.
+        added = first.filter(pl.col("retokenized_differs"))
+        assert added.height > 0 and added["difference"].str.contains("at token 1: ").all()
+        first = first.with_columns(pl.col("flags").list.set_difference(["retokenized_differs"]))
+    assert first.filter(pl.col("flags").list.len() > 0).height == 0, first.filter(
         pl.col("flags").list.len() > 0
-    ).select("id", "flags", "mismatch")
+    ).select("id", "flags", "mismatch", "difference", "ids_problem")
+    ids_checked = _span_trainer(trainer) and per_turn
     for sample, flag in planted:
-        flagged = records.filter((pl.col("id") == sample["id"]) & pl.col(flag))
+        if flag in ID_FLAGS and not ids_checked:
+            continue  # rows from the server's ids: span trainers, a row per turn
+        if flag == "trainer_rejects" and not _span_trainer(trainer):
+            continue  # draftgen's own conventions cut nothing at max_length: the answer stays supervised
+        flagged = records.filter((pl.col(key) == sample["id"]) & pl.col(flag))
         assert flagged.height >= 1, f"{sample['id']} should raise {flag}"
-    assert result.counts["out"] == len(clean)
-    assert result.counts["dropped"] == len(planted)
+    kept_planted = {
+        sample["id"]
+        for sample, _ in planted
+        if not records.filter((pl.col(key) == sample["id"]) & pl.col("dropped")).height
+    }
+    assert kept_planted <= {s["id"] for s, f in planted if f in config.keep_flagged or f in ID_FLAGS}
+    assert result.counts["out"] == records.filter(~pl.col("dropped")).height
+    exported_prompts = set(records.filter(~pl.col("dropped"))[key].to_list())
+    assert clean_ids <= exported_prompts
 
 
 def test_the_six_token_sample_is_tiny_and_spikes_in_the_histogram(tmp_path, tokenizer_dir, tokenizer):
@@ -95,9 +168,10 @@ def test_the_six_token_sample_is_tiny_and_spikes_in_the_histogram(tmp_path, toke
     assert six["mask_sum"].n_unique() == 1
 
 
-def _trained_conversation(source: dict) -> list[dict]:
-    """What the export must hold for a clean helper row: turns: all rows get the target's answer in place of
-    the source's assistant turn; single-turn rows the prompt plus the answer."""
+def _trained_rows(source: dict) -> dict[str, tuple[list[dict], dict]]:
+    """What the export must hold for a clean helper row: a training row per generated turn (id, with "#k" for
+    turn k of a multi-turn row), its history as the target saw it (earlier answers its own content only), and the
+    answer that row supervises."""
 
     def answer(content: str, reasoning: str) -> dict:
         return {"role": "assistant", "content": content, "reasoning_content": reasoning}
@@ -106,42 +180,53 @@ def _trained_conversation(source: dict) -> list[dict]:
     if source.get("turns_mode") == "all":
         first_user, _source_answer, second_user = source["messages"]
         first = answer(source["turn_content"][0], source["turn_reasoning"][0])
-        return [first_user, first, second_user, final]
-    return [*source["messages"], final]
+        seen = {"role": "assistant", "content": source["turn_content"][0]}
+        return {
+            f"{source['id']}#0": ([first_user, first], first),
+            f"{source['id']}#1": ([first_user, seen, second_user, final], final),
+        }
+    return {source["id"]: ([*source["messages"], final], final)}
 
 
 def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_dir, tokenizer):
-    clean, planted = _planted_corpus(tmp_path / "gen")
+    clean, _planted = _planted_corpus(tmp_path / "gen", tokenizer)
     config = _config(
         tmp_path / "gen", tokenizer_dir, tmp_path / "out", export_tokens=True, max_degenerate_share=0.5
     )
     result = validate_generation(config, tokenizer=tokenizer, progress=False)
     export = finalize_export(result)
     assert not (tmp_path / "out" / "export.partial").exists()
+    kept = result.records.filter(~pl.col("dropped"))
     lines = (export / "train.jsonl").read_text(encoding="utf-8").splitlines()
     exported = [json.loads(line) for line in lines]
-    assert [e["id"] for e in exported] == [r["id"] for r in clean]  # generation order, first occurrence only
-    by_id = {r["id"]: r for r in clean}
+    assert [e["id"] for e in exported] == kept["id"].to_list()  # generation order, first occurrence only
+    expected = {k: v for source in clean for k, v in _trained_rows(source).items()}
+    assert set(expected) <= {e["id"] for e in exported}, "every turn of every clean row is a training row"
     for entry in exported:
-        source = by_id[entry["id"]]
         assert set(entry) == {"id", "conversations"}
-        assert entry["conversations"] == _trained_conversation(source)
         assert "Source model's answer" not in json.dumps(entry), "only the target's own answers are exported"
+        if entry["id"] in expected:
+            assert entry["conversations"] == expected[entry["id"]][0]
     tokens = pl.read_parquet(export / "tokens" / "*.parquet")
+    prompts = [json.loads(line) for line in (export / "prompts.jsonl").read_text().splitlines()]
     assert tokens.columns == ["id", "input_ids", "loss_mask"]
-    assert tokens["id"].to_list() == [r["id"] for r in clean]
-    mask_sums = dict(result.records.filter(~pl.col("dropped")).select("id", "mask_sum").iter_rows())
-    for entry in tokens.iter_rows(named=True):
+    assert tokens["id"].to_list() == kept["id"].to_list() == [p["id"] for p in prompts]
+    mask_sums = dict(kept.select("id", "mask_sum").iter_rows())
+    for entry, pre in zip(tokens.iter_rows(named=True), prompts, strict=True):
         ids, mask = np.array(entry["input_ids"]), np.array(entry["loss_mask"])
-        assert ids.shape == mask.shape and set(np.unique(mask)) <= {0, 1}
+        assert ids.tolist() == pre["input_ids"] and mask.tolist() == pre["loss_mask"]
+        assert ids.shape == mask.shape and set(np.unique(mask)) <= {0, 1} and len(ids) <= config.max_length
         assert mask.sum() == mask_sums[entry["id"]]
-        source = by_id[entry["id"]]
+        if entry["id"] not in expected:
+            continue
         supervised = tokenizer.backend_tokenizer.decode(ids[mask == 1].tolist(), skip_special_tokens=False)
-        # the default trainer, SpecForge's qwen3.5 template: from after "<think>\n" through "<|im_end|>\n"
-        assert supervised == f"{source['reasoning_content']}\n</think>\n\n{source['content']}<|im_end|>\n"
+        # the default trainer, SpecForge's qwen3.5 template: from after "<think>\n" through "<|im_end|>\n",
+        # only the row's own (last) turn
+        done = expected[entry["id"]][1]
+        assert supervised == f"{done['reasoning_content']}\n</think>\n\n{done['content']}<|im_end|>\n"
     counts = json.loads((export / "counts.json").read_text())
-    assert counts["in"] == len(clean) + len(planted)
-    assert counts["out"] == len(clean) and counts["dropped"] == len(planted)
+    assert counts["in"] == result.records.height and counts["out"] == kept.height
+    assert counts["dropped"] == result.records.height - kept.height
     # several flags on one sample: counted under each flag, once in "dropped"
     assert sum(counts["dropped_by_flag"].values()) > counts["dropped"]
     for flag, n in counts["dropped_by_flag"].items():
@@ -155,7 +240,8 @@ def test_keep_flagged_reports_but_keeps(tmp_path, tokenizer_dir, tokenizer):
     config = _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out", keep_flagged=["over_max_length"])
     result = validate_generation(config, tokenizer=tokenizer, progress=False)
     assert result.counts["flagged_but_kept"] == {"over_max_length": 1}
-    assert result.counts["out"] == 10 and result.counts["dropped"] == 0
+    # a training row per generated turn: clean_rows(10) holds two two-turn conversations
+    assert result.counts["out"] == 12 and result.counts["dropped"] == 0
     finalize_export(result)
     ids = [
         json.loads(x)["id"] for x in (tmp_path / "out" / "export" / "train.jsonl").read_text().splitlines()
@@ -189,15 +275,15 @@ def test_gate_passes_clean_data_and_stops_garbage_without_publishing(tmp_path, t
         progress=False,
     )
     assert passed.passed and require_fit_to_train(passed).startswith("PASS")
-    garbage = clean_rows(5) + [row(f"g-{i}", reasoning="", content="") for i in range(15)]
+    garbage = clean_rows(5) + [row(f"g-{i}", reasoning="", content="") for i in range(15)]  # 6 + 15 rows
     write_generation(tmp_path / "garbage", garbage)
     failed = validate_generation(
         _config(tmp_path / "garbage", tokenizer_dir, tmp_path / "out-garbage"),
         tokenizer=tokenizer,
         progress=False,
     )
-    assert failed.degenerate_share == pytest.approx(0.75)
-    with pytest.raises(ValidationGateError, match=r"FAIL: 15 of 20 samples degenerate \(75\.0%"):
+    assert failed.degenerate_share == pytest.approx(15 / 21)
+    with pytest.raises(ValidationGateError, match=r"FAIL: 15 of 21 samples degenerate \(71\.4%"):
         require_fit_to_train(failed)
     with pytest.raises(ValidationGateError):
         finalize_export(failed)
@@ -263,7 +349,7 @@ def test_unreadable_manifest_is_a_warning_not_an_error(tmp_path, tokenizer_dir, 
     result = validate_generation(
         _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out"), tokenizer=tokenizer, progress=False
     )
-    assert result.samples == 5
+    assert result.records["prompt_id"].n_unique() == 5 and result.samples == 6  # one two-turn conversation
     assert any("manifest.json is not readable JSON" in w for w in result.output.warnings)
 
 
@@ -313,15 +399,16 @@ def test_the_gate_judges_truncation_and_garbage_against_their_own_thresholds(
         )
         return validate_generation(config, tokenizer=tokenizer, progress=False)
 
-    truncated_only = gate("cut", clean + cut)  # 6 of 36 = 16.7% truncated, under 25%
+    # training rows: clean_rows(30) holds seven two-turn conversations, 37 rows
+    truncated_only = gate("cut", clean + cut)  # 6 of 43 = 14% truncated, under 25%
     assert truncated_only.counts["degenerate"] == 0 and truncated_only.counts["length_limited"] == 6
     assert truncated_only.passed, gate_message(truncated_only)
 
-    too_many_cut = gate("cut-more", clean[:12] + cut)  # 6 of 18 = 33% truncated
+    too_many_cut = gate("cut-more", clean[:12] + cut)  # 6 of 15 + 6 = 29% truncated
     assert not too_many_cut.passed and "max_truncated_share" in gate_message(too_many_cut)
 
-    garbage = gate("garbage", clean + cut + empty)  # 4 of 40 = 10% empty answers, over 5%
+    garbage = gate("garbage", clean + cut + empty)  # 4 of 47 = 8.5% empty answers, over 5%
     assert garbage.counts["degenerate"] == 4 and garbage.counts["length_limited"] == 6
     assert not garbage.passed
-    with pytest.raises(ValidationGateError, match="4 of 40 samples degenerate"):
+    with pytest.raises(ValidationGateError, match="4 of 47 samples degenerate"):
         require_fit_to_train(garbage)

@@ -31,6 +31,7 @@ from draftgen.validate import report
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import (
     ValidationGateError,
+    finalize_export,
     gate_message,
     require_fit_to_train,
     validate_generation,
@@ -107,7 +108,13 @@ def tokenizer(runs: Runs):
 
 def _config(runs: Runs, folders: list[Path] | Path, out: Path, **overrides: object) -> ValidateConfig:
     given = str(folders) if isinstance(folders, Path) else [str(f) for f in folders]
-    values = {"generation_dir": given, "tokenizer": str(runs.tokenizer_dir), "out_dir": str(out), **overrides}
+    values = {
+        "generation_dir": given,
+        "tokenizer": str(runs.tokenizer_dir),
+        "out_dir": str(out),
+        "holdout_share": 0.0,
+        **overrides,
+    }
     return build_config(ValidateConfig, values)
 
 
@@ -127,12 +134,12 @@ def test_two_shards_validate_as_one_corpus_and_export_once(runs, tokenizer, tmp_
     assert (coverage.expected, coverage.stored, coverage.duplicated_ids) == (PROMPTS, PROMPTS, 0)
     assert coverage.missing_shards == () and coverage.unexpected == 0
     assert Path(coverage.prompt_file) == runs.prompts.resolve()
-    assert result.records.height == PROMPTS
-    by_folder = dict(result.records.group_by("folder").len().iter_rows())
+    assert result.records["prompt_id"].n_unique() == PROMPTS  # a training row per generated turn
+    by_folder = dict(result.records.group_by("folder").agg(pl.col("prompt_id").n_unique()).iter_rows())
     assert by_folder == {str(runs.shard0): a["counts"]["done"], str(runs.shard1): b["counts"]["done"]}
     assert require_fit_to_train(result).startswith("PASS") and "none missing" in gate_message(result)
     exported = _exported_ids(tmp_path, "export.partial")
-    assert sorted(exported) == sorted(runs.ids) and len(exported) == result.counts["out"]
+    assert {i.partition("#")[0] for i in exported} == set(runs.ids) and len(exported) == result.counts["out"]
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["generation_dir"] == [str(runs.shard0), str(runs.shard1)]
     assert saved["coverage"]["expected"] == PROMPTS and saved["coverage"]["missing"] == 0
@@ -164,10 +171,9 @@ def test_an_overlapping_pair_is_reported_by_id_and_folder_and_fails_the_gate(run
     assert duplicates["folders"].to_list() == [[str(runs.shard0), str(runs.shard0_again)]] * len(in_shard0)
     assert (duplicates["copies"] == 2).all() and result.coverage.complete
     flagged = result.records.filter(pl.col("duplicate_id"))
-    assert flagged["folder"].unique().to_list() == [str(runs.shard0_again)] and flagged.height == len(
-        in_shard0
-    )
-    assert result.counts["dropped_by_flag"]["duplicate_id"] == len(in_shard0)
+    assert flagged["folder"].unique().to_list() == [str(runs.shard0_again)]
+    assert set(flagged["prompt_id"].to_list()) == in_shard0  # every turn row of a repeated conversation
+    assert result.counts["dropped_by_flag"]["duplicate_id"] == flagged.height
     assert result.counts["degenerate"] >= len(in_shard0), "an id stored twice is a defect, not a length limit"
     with pytest.raises(ValidationGateError, match=f"{len(in_shard0)} ids stored more than once"):
         require_fit_to_train(result)
@@ -235,7 +241,11 @@ def test_draftgen_run_validates_a_list_of_folders(runs, tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = tmp_path / "runs" / "validate" / "nodes"
-    assert sorted(_exported_ids(run_dir)) == sorted(runs.ids)
+    exported = {i.partition("#")[0] for i in _exported_ids(run_dir)}  # training rows per turn: ID or ID#k
+    holdout = run_dir / "export" / "holdout" / "prompts.jsonl"  # none when no id of these 240 falls in the 1%
+    held = {json.loads(x)["id"] for x in holdout.read_text().splitlines()} if holdout.exists() else set()
+    # the default 1% held out, never trained on
+    assert exported | held == set(runs.ids) and not exported & held
     executed = (run_dir / "validate.ipynb").read_text()
     assert "240 of 240 prompt ids present, none missing" in executed
 
@@ -286,3 +296,32 @@ def test_a_manifest_from_before_turns_counts_as_turns_last(runs, tokenizer, tmp_
         _config(runs, [old, new], tmp_path / "b"), tokenizer=tokenizer, progress=False
     )
     assert result.coverage.complete
+
+
+def test_every_node_holds_out_the_same_ids_and_none_reaches_an_export(runs, tokenizer, tmp_path):
+    def held_and_trained(folders, out):  # type: ignore[no-untyped-def]
+        result = validate_generation(
+            _config(runs, folders, out, holdout_share=0.2, max_degenerate_share=1.0),
+            tokenizer=tokenizer,
+            progress=False,
+        )
+        export = finalize_export(result)
+        held = set(result.records.filter(pl.col("held_out"))["prompt_id"].to_list())
+        trained = {
+            json.loads(x)["id"].partition("#")[0] for x in (export / "train.jsonl").read_text().splitlines()
+        }
+        trained |= {
+            json.loads(x)["id"].partition("#")[0] for x in (export / "prompts.jsonl").read_text().splitlines()
+        }
+        holdout = export / "holdout" / "prompts.jsonl"
+        listed = (
+            {json.loads(x)["id"] for x in holdout.read_text().splitlines()} if holdout.exists() else set()
+        )
+        assert listed == held and not trained & held
+        return held
+
+    both = held_and_trained([runs.shard0, runs.shard1], tmp_path / "both")
+    alone = [held_and_trained(f, tmp_path / f"alone-{i}") for i, f in enumerate((runs.shard0, runs.shard1))]
+    assert both and alone[0] | alone[1] == both and not alone[0] & alone[1], (
+        "each node holds out its part of one split"
+    )

@@ -42,7 +42,7 @@ def test_gate_fails_the_notebook_on_garbage(tmp_path, tokenizer_dir):
             cwd=str(tmp_path),
         )
     assert error.value.ename == "ValidationGateError"
-    assert "FAIL: 70 of 80 samples degenerate" in error.value.evalue
+    assert "FAIL: 70 of 82 samples degenerate" in error.value.evalue  # 10 clean prompts: 12 turn rows
     assert not (out / "export").exists(), "a failed gate must not publish the export"
     executed = (tmp_path / "executed.ipynb").read_text()
     assert "mask sum" in executed and "image/png" in executed  # the histogram was drawn before the gate
@@ -67,6 +67,9 @@ def test_draftgen_run_passes_a_clean_corpus_and_publishes_the_export(tmp_path, t
         "-p",
         "export_tokens",
         "true",
+        "-p",
+        "holdout_share",
+        "0",
         "--name",
         "clean",
         "--out-root",
@@ -79,6 +82,11 @@ def test_draftgen_run_passes_a_clean_corpus_and_publishes_the_export(tmp_path, t
     run_dir = tmp_path / "runs" / "validate" / "clean"
     assert (run_dir / ".complete").exists() and (run_dir / "report.html").exists()
     lines = (run_dir / "export" / "train.jsonl").read_text().splitlines()
-    assert len(lines) == 30 and json.loads(lines[0])["conversations"][-1]["role"] == "assistant"
+    # 30 clean prompts, seven of them two-turn conversations: a training row per generated turn
+    assert len(lines) == 37 and json.loads(lines[0])["conversations"][-1]["role"] == "assistant"
     assert list((run_dir / "export" / "tokens").glob("*.parquet"))
+    assert len((run_dir / "export" / "prompts.jsonl").read_text().splitlines()) == 37
+    info = json.loads((run_dir / "export" / "dataset_info.json").read_text())
+    assert info["counts"]["exported"] == 37 and info["trainer"]["last_turn_only"] is True
+    assert (run_dir / "export" / "README.md").read_text().startswith("---\nconfigs:")
     assert json.loads((run_dir / "summary.json").read_text())["passed"] is True

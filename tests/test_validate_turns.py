@@ -36,7 +36,12 @@ def tokenizer(tokenizer_dir: Path):
 
 
 def _config(tokenizer_dir: Path, generation: Path, out: Path, **overrides: object) -> ValidateConfig:
-    values = {"generation_dir": str(generation), "tokenizer": str(tokenizer_dir), "out_dir": str(out)}
+    values = {
+        "generation_dir": str(generation),
+        "tokenizer": str(tokenizer_dir),
+        "out_dir": str(out),
+        "holdout_share": 0.0,  # exact counts; the held-out split has tests of its own
+    }
     return build_config(ValidateConfig, {**values, **overrides})
 
 
@@ -77,33 +82,55 @@ def test_turns_all_exports_only_the_target_models_answers(tmp_path, tokenizer_di
     )
     assert result.counts["dropped"] == 0 and not result.records["foreign_assistant_turn"].any()
     exported = _export(tmp_path / "out", staged=True)
-    conversation = exported["conv-2"]
-    assert [t["role"] for t in conversation] == [
-        "system",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-    ]
-    assistants = [t for t in conversation if t["role"] == "assistant"]
-    assert [t["content"] for t in assistants] == rows[-2]["turn_content"]
-    assert [t["reasoning_content"] for t in assistants] == rows[-2]["turn_reasoning"]
+    source = rows[-2]
+    # A training row per generated turn: turn j's history as the target saw it when it wrote turn j (its earlier
+    # answers, content only, as generate sent them), then turn j's answer with its reasoning.
+    for j in range(3):
+        conversation = exported[f"conv-2#{j}"]
+        assert [t["role"] for t in conversation] == ["system", *["user", "assistant"] * (j + 1)]
+        earlier, last = conversation[2:-1:2], conversation[-1]
+        assert earlier == [{"role": "assistant", "content": c} for c in source["turn_content"][:j]]
+        assert (last["content"], last["reasoning_content"]) == (
+            source["turn_content"][j],
+            source["turn_reasoning"][j],
+        )
     assert SOURCE not in json.dumps(exported), "no assistant text the target did not write"
+    assert "conv-2" not in exported, "per conversation rows only when asked for"
+
+    whole = validate_generation(
+        _config(tokenizer_dir, tmp_path / "gen", tmp_path / "whole", rows="per_conversation"),
+        tokenizer=tokenizer,
+        progress=False,
+    )
+    assert whole.counts["dropped"] == 0
+    conversation = _export(tmp_path / "whole", staged=True)["conv-2"]
+    assistants = [t for t in conversation if t["role"] == "assistant"]
+    assert [t["content"] for t in assistants] == source["turn_content"]
+    assert [t["reasoning_content"] for t in assistants] == source["turn_reasoning"]
 
 
-def test_an_earlier_turn_cut_or_empty_flags_the_whole_conversation(tmp_path, tokenizer_dir, tokenizer):
+@pytest.mark.parametrize("rows", ["per_turn", "per_conversation"])
+def test_an_earlier_turn_cut_or_empty_is_flagged_where_it_is(tmp_path, tokenizer_dir, tokenizer, rows):
     cut = _three_turns("cut-first", "all", finish=("length", "stop", "stop"))
     empty = _three_turns("empty-second", "all")
     empty["turn_content"][1] = "  "
     write_generation(tmp_path / "gen", [*clean_rows(8), cut, empty])
     result = validate_generation(
-        _config(tokenizer_dir, tmp_path / "gen", tmp_path / "out"), tokenizer=tokenizer, progress=False
+        _config(tokenizer_dir, tmp_path / "gen", tmp_path / "out", rows=rows),
+        tokenizer=tokenizer,
+        progress=False,
     )
     flags = {r["id"]: set(r["flags"]) for r in result.records.select("id", "flags").iter_rows(named=True)}
-    assert flags["cut-first"] == {"truncated"}, "the last turn stopped, but the first was cut by max_tokens"
-    assert flags["empty-second"] == {"empty_answer"}
+    if (
+        rows == "per_conversation"
+    ):  # the trainer supervises every answer of the conversation: all of it is out
+        assert flags["cut-first"] == {"truncated"}, (
+            "the last turn stopped, but the first was cut by max_tokens"
+        )
+        assert flags["empty-second"] == {"empty_answer"}
+    else:  # a row per turn: only the defective turn's row is out; the others trained on what the target saw
+        assert flags["cut-first#0"] == {"truncated"} and not flags["cut-first#1"] and not flags["cut-first#2"]
+        assert flags["empty-second#1"] == {"empty_answer"} and not flags["empty-second#0"]
     assert all(not f for i, f in flags.items() if i.startswith("clean"))
 
 
@@ -129,7 +156,8 @@ def test_turns_last_history_is_foreign_and_a_defect_unless_kept(tmp_path, tokeni
         progress=False,
     )
     assert require_fit_to_train(kept).startswith("PASS")
-    assert kept.counts["flagged_but_kept"] == {"foreign_assistant_turn": 4} and kept.counts["out"] == 20
+    # 16 clean prompts (four of them two-turn conversations: 20 rows) and the four foreign ones
+    assert kept.counts["flagged_but_kept"] == {"foreign_assistant_turn": 4} and kept.counts["out"] == 24
     conversation = _export(kept.out_dir, staged=True)["last-0"]
     assert conversation[2] == {"role": "assistant", "content": rows[16]["messages"][2]["content"]}
     assert conversation[-1]["content"] == rows[16]["content"] and "reasoning_content" in conversation[-1]
@@ -151,7 +179,8 @@ def test_older_shards_without_turn_columns_are_single_turn_rows(tmp_path, tokeni
     result = validate_generation(
         _config(tokenizer_dir, folder, tmp_path / "out"), tokenizer=tokenizer, progress=False
     )
-    assert result.records.height == 13
+    # 6 new single-or-two-turn rows (7 training rows), the three-turn conversation (3), 6 old single-turn rows
+    assert result.records.height == 7 + 3 + 6
     flagged = result.records.filter(pl.col("foreign_assistant_turn"))["id"].to_list()
     # old-0001's history and old-0002's (a multi-turn helper row, its turn columns gone with the old schema)
     assert flagged == ["old-0001", "old-0002"], "an old shard's history assistant turn is not the target's"
@@ -209,17 +238,20 @@ def test_a_simulated_multi_turn_run_exports_only_what_the_target_wrote(
     result = validate_generation(
         _config(tokenizer_dir, folder, tmp_path / "out-all"), tokenizer=tokenizer, progress=False
     )
-    assert result.counts["in"] == len(sources) and not result.records["foreign_assistant_turn"].any()
     stored = pl.read_parquet(folder / "shards" / "*.parquet")
     turn_content = dict(zip(stored["id"], stored["turn_content"].to_list(), strict=True))
+    assert result.counts["in"] == sum(len(t) for t in turn_content.values()) > len(sources)
+    assert not result.records["foreign_assistant_turn"].any()
     exported = _export(tmp_path / "out-all", staged=True)
     assert set(exported) == set(result.records.filter(~pl.col("dropped"))["id"].to_list())
-    for sample_id, conversation in exported.items():
+    for row_id, conversation in exported.items():
+        prompt_id, _, turn = row_id.partition("#")
+        j = int(turn or 0)
         answers = [t for t in conversation if t["role"] == "assistant"]
-        assert [t["content"] for t in answers] == turn_content[sample_id]
-        assert all("reasoning_content" in t for t in answers)
+        assert [t["content"] for t in answers] == turn_content[prompt_id][: j + 1]
+        assert "reasoning_content" in answers[-1] and all("reasoning_content" not in t for t in answers[:-1])
         assert not {t["content"] for t in answers} & source_answers
-    multi = [i for i in with_history if i in exported]
+    multi = [i for i in with_history if f"{i}#1" in exported]
     assert multi and all(len(turn_content[i]) >= 2 for i in multi)
 
     last = _sim_run(tmp_path, prompts, "last", fleet)

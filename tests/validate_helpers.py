@@ -26,6 +26,8 @@ SCHEMA = {
         *("id", "messages", "reasoning_content", "content", "finish_reason", "prompt_tokens"),
         *("completion_tokens", "spec_accept_length", "spec_verify_ct", "server", "latency_s", "attempts"),
         *("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode"),
+        *("turn_prompt_tokens", "turn_completion_tokens"),
+        *("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids"),
     )
 }
 
@@ -180,6 +182,53 @@ def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[di
             )
         )
     return planted
+
+
+def server_ids(
+    tokenizer, history: list[dict], reasoning: str | None, content: str | None, thinking: bool = True
+):  # type: ignore[no-untyped-def]
+    """(prompt ids, output ids) a faithful server returns for one answer: the template's rendering of the
+    request with its generation prompt, and the canonical tokens of what follows it up to the end-of-turn token
+    (the text the model generated; the template's newline after <|im_end|> is not part of it)."""
+    answer = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or ""}
+
+    def render(turns: list[dict], generation_prompt: bool) -> str:
+        return tokenizer.apply_chat_template(
+            turns, tokenize=False, add_generation_prompt=generation_prompt, enable_thinking=thinking
+        )
+
+    def after_prompt(turns: list[dict]) -> str | None:
+        head, full = render(turns, True), render([*turns, answer], False)
+        return full[len(head) :] if full.startswith(head) else None
+
+    prompt = render(history, True)
+    # What the model wrote after its prompt; a history the template renders otherwise once an answer follows (it
+    # ends with an assistant turn) does not change what was generated.
+    generated = after_prompt(history)
+    if generated is None:
+        generated = after_prompt([{"role": "user", "content": "x"}])
+    assert generated is not None
+    generated = generated[: generated.rindex("<|im_end|>") + len("<|im_end|>")]
+    encode = tokenizer.backend_tokenizer.encode
+    return encode(prompt, add_special_tokens=False).ids, encode(generated, add_special_tokens=False).ids
+
+
+def with_server_ids(sample: dict, tokenizer, *, missing_turns: tuple[int, ...] = ()) -> dict:  # type: ignore[no-untyped-def]
+    """``sample`` with the token-id columns a server that returns ids fills (``missing_turns``: none for those)."""
+    from draftgen.training.conversation import generated_turns, request_messages
+    from draftgen.training.token_ids import compact
+
+    mode, points, contents, reasonings = generated_turns(sample)
+    prompts, outputs, earlier = [], [], []
+    for j, point in enumerate(points):
+        history = list(request_messages(sample["messages"], point, earlier, mode))
+        prompt, output = server_ids(tokenizer, history, reasonings[j], contents[j])
+        missing = j in missing_turns
+        prompts.append(None if missing else prompt)
+        outputs.append(None if missing else output)
+        earlier.append((point, contents[j]))
+    shared, suffixes = compact(prompts, outputs)
+    return {**sample, "turn_prompt_shared": shared, "turn_prompt_ids": suffixes, "turn_output_ids": outputs}
 
 
 def write_generation(folder: Path, rows: list[dict], shard_size: int = 25) -> Path:

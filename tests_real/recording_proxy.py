@@ -60,6 +60,8 @@ class RecordingProxy:
         self.url: str | None = None
         self._exchanges: list[Exchange] = []
         self._lock = threading.Lock()
+        self._in_flight = 0  # exchanges begun and not yet recorded
+        self._settled = threading.Condition(self._lock)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="recording-proxy", daemon=True)
         self._runner: web.AppRunner | None = None
@@ -67,8 +69,15 @@ class RecordingProxy:
 
     # ----- records ------------------------------------------------------------------------------------------
     def exchanges(self, path: str | None = None, method: str | None = None) -> list[Exchange]:
-        with self._lock:
-            found = list(self._exchanges)
+        """Every finished exchange in the order the requests arrived.
+
+        A client may act on an answer's last byte before this proxy has recorded it (the recording happens after
+        ``write_eof``), so the read waits until no exchange is half-recorded; ordering by arrival keeps "the last
+        N requests" meaning the last N sent, whichever finished last.
+        """
+        with self._settled:
+            self._settled.wait_for(lambda: self._in_flight == 0, timeout=60)
+            found = sorted(self._exchanges, key=lambda e: e.started)
         return [
             e for e in found if (path is None or e.path == path) and (method is None or e.method == method)
         ]
@@ -115,31 +124,39 @@ class RecordingProxy:
         assert self._session is not None
         body = await request.read()
         started = time.time()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        received: list[bytes] = []
-        async with self._session.request(
-            request.method, self.upstream + request.path_qs, data=body or None, headers=headers
-        ) as upstream:
-            reply = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for key, value in upstream.headers.items():
-                if key.lower() not in HOP_HEADERS:
-                    reply.headers[key] = value
-            await reply.prepare(request)
-            try:
-                async for data in upstream.content.iter_any():
-                    received.append(data)
-                    await reply.write(data)
-                await reply.write_eof()
-            finally:
-                exchange = Exchange(
-                    method=request.method,
-                    path=request.path,
-                    request_body=body,
-                    status=upstream.status,
-                    response_body=b"".join(received),
-                    started=started,
-                    finished=time.time(),
-                )
-                with self._lock:
+        with self._lock:
+            self._in_flight += 1
+        exchange: Exchange | None = None
+        try:
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+            received: list[bytes] = []
+            async with self._session.request(
+                request.method, self.upstream + request.path_qs, data=body or None, headers=headers
+            ) as upstream:
+                reply = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for key, value in upstream.headers.items():
+                    if key.lower() not in HOP_HEADERS:
+                        reply.headers[key] = value
+                await reply.prepare(request)
+                try:
+                    async for data in upstream.content.iter_any():
+                        received.append(data)
+                        await reply.write(data)
+                    await reply.write_eof()
+                finally:
+                    exchange = Exchange(
+                        method=request.method,
+                        path=request.path,
+                        request_body=body,
+                        status=upstream.status,
+                        response_body=b"".join(received),
+                        started=started,
+                        finished=time.time(),
+                    )
+            return reply
+        finally:
+            with self._settled:
+                if exchange is not None:
                     self._exchanges.append(exchange)
-        return reply
+                self._in_flight -= 1
+                self._settled.notify_all()

@@ -38,7 +38,12 @@ def load_tokenizer(tokenizer_dir: str | Path):
 
 
 def specforge_masks(
-    tokenizer, conversations: Sequence[list[dict]], template: str, max_length: int
+    tokenizer,
+    conversations: Sequence[list[dict]],
+    template: str,
+    max_length: int,
+    *,
+    train_only_last_turn: bool = False,
 ) -> list[OracleSample]:
     from specforge.data.parse import ThinkingParser
     from specforge.data.template import TEMPLATE_REGISTRY
@@ -50,7 +55,9 @@ def specforge_masks(
     for conversation in conversations:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            input_ids, loss_mask = parser.parse(conversation, max_length)
+            input_ids, loss_mask = parser.parse(
+                conversation, max_length, train_only_last_turn=train_only_last_turn
+            )
         out.append(
             OracleSample(input_ids.tolist(), loss_mask.tolist(), tuple(str(w.message) for w in caught))
         )
@@ -74,7 +81,13 @@ class DatasetRun:
 
 
 def specforge_dataset(
-    train_jsonl: Path, tokenizer, template: str, max_length: int, cache: Path
+    train_jsonl: Path,
+    tokenizer,
+    template: str,
+    max_length: int,
+    cache: Path,
+    *,
+    train_only_last_turn: bool = False,
 ) -> DatasetRun:
     """The trainer's own preparation of a raw-conversation JSONL (online mode, as its train_data_path)."""
     os.environ["HF_DATASETS_CACHE"] = str(cache)
@@ -94,7 +107,7 @@ def specforge_dataset(
                 chat_template=template,
                 max_length=max_length,
                 is_preformatted=False,
-                train_only_last_turn=False,
+                train_only_last_turn=train_only_last_turn,
                 cache_dir=None,
                 cache_key=None,
                 num_proc=None,  # in this process, so its warnings can be caught (num_proc>=1 maps in workers)
@@ -103,6 +116,32 @@ def specforge_dataset(
     finally:
         root.removeHandler(handler)
     return DatasetRun(samples, [str(w.message) for w in caught], handler.messages)
+
+
+def dflash_prompts(prompts_jsonl: Path, tokenizer, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """SpecForge's prompt builder on a pre-tokenized ``data.prompts_path`` file, with the DFlash algorithm's own
+    minimum loss tokens and loss-mask filter (as its assembly passes them): the (input_ids, loss_mask) it keeps."""
+    from specforge.algorithms.model_providers import dflash_min_loss_tokens
+    from specforge.data.loss_mask import has_consecutive_supervised_tokens
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+
+    class _Draft:  # dflash_min_loss_tokens checks the draft config's block size only
+        block_size = 16
+
+    tasks = prepare_prompt_tasks(
+        prompts_jsonl,
+        tokenizer,
+        chat_template=None,
+        max_length=max_length,
+        is_preformatted=False,
+        train_only_last_turn=False,
+        cache_dir=None,
+        cache_key=None,
+        num_proc=None,
+        min_loss_tokens=dflash_min_loss_tokens(None, _Draft()),
+        loss_mask_filter=has_consecutive_supervised_tokens,
+    )
+    return [(t["payload"]["input_ids"], t["payload"]["loss_mask"]) for t in tasks]
 
 
 def read_tokens(export: Path) -> dict[str, tuple[list[int], list[int]]]:

@@ -50,6 +50,8 @@ def test_probe_detects_what_each_engine_accepts(server: RealServer):
         metrics,
     )
     assert caps.spec_details is False  # neither engine returns per-request acceptance
+    # vLLM sends the target's own token ids on return_token_ids; transformers serve refuses unknown fields
+    assert caps.token_ids == ("vllm" if server.engine == "vllm" else None)
     assert caps.model_ids == ((server.model,) if listed else ())
     assert health == 200  # neither has /health_generate: /health stands in
 
@@ -90,6 +92,21 @@ def raw_answer(exchange: Exchange) -> tuple[str, str, str | None, dict]:
     return "".join(reasoning), "".join(content), finish, usage
 
 
+def raw_ids(exchange: Exchange) -> tuple[list[int] | None, list[int] | None]:
+    """(prompt ids, output ids) as vLLM sent them: on the body and choice, or the first chunk and every delta."""
+    if not exchange.request_json().get("stream"):
+        body = exchange.response_json()
+        return body.get("prompt_token_ids"), body["choices"][0].get("token_ids")
+    prompt, output = None, []
+    for event in exchange.sse_events():
+        if event == "[DONE]":
+            continue
+        prompt = prompt or event.get("prompt_token_ids")
+        for choice in event["choices"]:
+            output += choice.get("token_ids") or []
+    return prompt, output or None
+
+
 @pytest.mark.parametrize("mode", ["plain", "sdk-stream", "raw-stream"])
 def test_reasoning_answer_and_usage_read_as_the_server_sent_them(
     server: RealServer, mode: str, recording_proxy
@@ -126,4 +143,11 @@ def test_reasoning_answer_and_usage_read_as_the_server_sent_them(
             usage["prompt_tokens"],
             usage["completion_tokens"],
         )
+    for result, exchange in zip(results, proxy.chats()[-REQUESTS:], strict=True):
+        if server.engine != "vllm":
+            assert result.prompt_ids is None and result.output_ids is None
+            continue
+        prompt, output = raw_ids(exchange)
+        assert (result.prompt_ids, result.output_ids) == (prompt, output)
+        assert len(output) == result.completion_tokens and len(prompt) == result.prompt_tokens
     assert any(reasoning.strip() for reasoning, *_ in answers), "the server separated no reasoning at all"

@@ -191,3 +191,62 @@ def test_every_serve_and_tune_command_for_the_gpu_node_parses_cleanly(sglang_par
     assert not failures, "\n".join(
         f"{label}: {args}\n    " + "\n    ".join(p) for args, (label, p) in failures.items()
     )
+
+
+def _draftgen_python(draftgen: str, code: str) -> str:
+    """Run ``code`` with draftgen's interpreter (draftgen is not installed in the SGLang venv)."""
+    python = str(Path(draftgen).with_name("python"))
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout
+
+
+def test_adaptive_candidates_are_what_sglang_runs_adaptively(sglang_parser, draftgen):
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.adaptive_spec_params import (
+        adaptive_unsupported_reason,
+        resolve_candidate_steps_from_config,
+    )
+
+    # SGLang resolves NEXTN to EAGLE before it decides on adaptive (arg_groups/speculative_hook.py); that step
+    # needs the model's config, so the check below is asked with the alias already applied.
+    def resolved(argv: list[str]) -> ServerArgs:
+        args = ["EAGLE" if a == "NEXTN" else a for a in server_args_of(argv)]
+        return ServerArgs.from_cli_args(sglang_parser.parse_args(args))
+
+    adaptive = [(label, argv) for label, argv in tune_commands(draftgen) if "--speculative-adaptive" in argv]
+    assert adaptive and all("adaptive" in label for label, _ in adaptive), [label for label, _ in adaptive]
+    for label, argv in adaptive:
+        args = resolved(argv)
+        assert args.speculative_adaptive and args.speculative_eagle_topk == 1, label
+        assert args.speculative_num_steps in resolve_candidate_steps_from_config(), label
+        assert adaptive_unsupported_reason(args) is None, label
+    # draftgen's table of candidate steps is SGLang's default one
+    ours = json.loads(
+        _draftgen_python(
+            draftgen,
+            "import json; from draftgen.server_settings import ADAPTIVE_CANDIDATE_STEPS as s; print(json.dumps(s))",
+        )
+    )
+    assert ours == resolve_candidate_steps_from_config()
+    # where SGLang switches adaptive off, draftgen refuses the candidate with SGLang's own reason
+    argv = [
+        *("python", "-m", "sglang.launch_server", "--model-path", MODEL, "--speculative-algorithm", "NEXTN"),
+        *(
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "2",
+            "--speculative-num-draft-tokens",
+            "6",
+        ),
+        "--speculative-adaptive",
+    ]
+    reason = adaptive_unsupported_reason(resolved(argv))
+    assert reason == "speculative_eagle_topk=2 (only topk=1 is supported)"
+    refusal = _draftgen_python(
+        draftgen,
+        "from draftgen.server_settings import ServerSettings, sglang_problems; "
+        "print(sglang_problems(ServerSettings(speculative_num_steps=3, speculative_eagle_topk=2, "
+        "speculative_num_draft_tokens=6, speculative_adaptive=True)))",
+    )
+    assert f"speculative_adaptive disabled: {reason}" in refusal

@@ -49,6 +49,7 @@ SHARED_PARAMETERS = frozenset(
         "limit",
         "request_timeout_s",
         "turns",
+        "train_max_length",
     }
 )
 

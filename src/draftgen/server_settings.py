@@ -17,10 +17,18 @@ runs the EAGLE worker with an ordinary smaller model of the family as the draft 
 required), with EAGLE's rules; ``NGRAM`` drafts from the text so far, needs no draft model and takes only
 ``--speculative-num-draft-tokens`` (SGLang sets top-k from ``--speculative-ngram-max-bfs-breadth`` and the steps
 from draft tokens // top-k, so values given for those would not be what runs).
+
+``speculative_adaptive`` is SGLang 0.5.23's ``--speculative-adaptive`` (facts from its
+``speculative/adaptive_spec_params.py`` and ``arg_groups/speculative_hook.py``): the draft steps move at run time
+between the candidates of a per-batch-size table, starting from ``--speculative-num-steps``, which must be one of
+them (else SGLang refuses to start); the draft tokens are set to steps + 1. With top-k other than 1, attention
+data parallelism, multi-layer EAGLE, two-batch overlap or PD multiplexing SGLang switches it off with a warning
+and runs static speculation (another candidate than asked); with HiSparse or LoRA it refuses to start.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -33,6 +41,27 @@ DRAFT_MODEL_ALGORITHMS = ("STANDALONE",)  # need --speculative-draft-model-path
 NGRAM = "NGRAM"
 SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang resets max_running_requests to 48 with EAGLE/NEXTN unless given
 TOPK_ONE_ONLY_BACKENDS = ("trtllm_mha",)
+# SGLang 0.5.23's default adaptive table (no --speculative-adaptive-config): every slot's candidate steps
+ADAPTIVE_CANDIDATE_STEPS = (0, 1, 3, 5, 7)
+# SGLang 0.5.23 switches adaptive off for these (warning "speculative_adaptive disabled: REASON. Falling back to
+# static speculative params."): the flag, and the reason it gives
+ADAPTIVE_DISABLED_BY = {
+    "--enable-dp-attention": "attention DP is not supported (adaptive tier decisions are not synchronized across "
+    "DP ranks)",
+    "--enable-multi-layer-eagle": "enable_multi_layer_eagle=True is not supported (MultiLayerEagleWorkerV2 does not "
+    "implement adaptive)",
+    "--enable-two-batch-overlap": "enable_two_batch_overlap=True is not supported (adaptive state swap would discard "
+    "the TboAttnBackend wrapper)",
+    "--enable-pdmux": "enable_pdmux=True is not supported (adaptive state swap does not update "
+    "decode_attn_backend_group)",
+}
+# ... and refuses to start with these
+ADAPTIVE_REFUSED_BY = {
+    "--enable-hisparse": "HiSparse speculative decoding uses statically sized swap state; --speculative-adaptive "
+    "is not supported.",
+    "--enable-lora": "LoRA does not support --speculative-adaptive: the draft is built from a static ServerArgs "
+    "snapshot, and the runtime-state swap does not rebuild LoRA cuda-graph metadata",
+}
 SETTINGS_KEY = "settings"
 
 
@@ -48,6 +77,8 @@ class ServerSettings(BaseModel):
     speculative_draft_model_path: str | None = None  # STANDALONE's draft model (None: none)
     max_running_requests: Annotated[int, Field(ge=1)] | None = None  # None: SGLang's default
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None  # None: SGLang's default
+    # --speculative-adaptive (SGLang 0.5.23): the steps move at run time; speculative_num_steps is where they start
+    speculative_adaptive: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -63,8 +94,8 @@ class ServerSettings(BaseModel):
 
     @property
     def label(self) -> str:
-        """``MTP 3/1/4, 48 running``, ``STANDALONE 3/1/4, ...``, ``NGRAM 4 drafts, ...`` or ``MTP off, 128 running``
-        (steps/topk/draft tokens)."""
+        """``MTP 3/1/4, 48 running``, ``MTP adaptive from 3/1/4, ...``, ``STANDALONE 3/1/4, ...``,
+        ``NGRAM 4 drafts, ...`` or ``MTP off, 128 running`` (steps/topk/draft tokens)."""
         numbers = (
             f"{self.speculative_num_steps}/{self.speculative_eagle_topk}/{self.speculative_num_draft_tokens}"
         )
@@ -72,6 +103,8 @@ class ServerSettings(BaseModel):
             spec = "MTP off"
         elif self.speculative_algorithm == NGRAM:
             spec = f"NGRAM {self.speculative_num_draft_tokens} drafts"
+        elif self.speculative_adaptive:
+            spec = f"MTP adaptive from {numbers}"
         elif self.speculative_algorithm in MTP_ALGORITHMS:
             spec = f"MTP {numbers}"
         else:
@@ -95,6 +128,8 @@ class ServerSettings(BaseModel):
             ):
                 if value is not None:
                     args += [flag, str(value)]
+            if self.speculative_adaptive:
+                args.append("--speculative-adaptive")
         if self.max_running_requests is not None:
             args += ["--max-running-requests", str(self.max_running_requests)]
         if self.mem_fraction_static is not None:
@@ -118,18 +153,68 @@ class ServerSettings(BaseModel):
         return ["--speculative-algorithm", "none", *self.sglang_args()]
 
 
+def _flag_given(extra_args: Sequence[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in extra_args)
+
+
+def adaptive_problems(settings: ServerSettings, extra_args: Sequence[str] = ()) -> list[str]:
+    """Why SGLang 0.5.23 would refuse ``--speculative-adaptive`` here, or switch it off (quoting its reason)."""
+    if not settings.speculative_adaptive:
+        return []
+    if not settings.speculative:
+        return [
+            "SGLang: speculative_adaptive disabled: speculative_algorithm=None (only EAGLE/EAGLE3 are supported); "
+            "adaptive needs speculative_algorithm NEXTN or EAGLE"
+        ]
+    off = "SGLang: speculative_adaptive disabled: {}. Falling back to static speculative params"
+    problems = []
+    if settings.speculative_algorithm not in MTP_ALGORITHMS:
+        problems.append(
+            off.format(
+                f"speculative_algorithm={settings.speculative_algorithm} (only EAGLE/EAGLE3 are supported)"
+            )
+        )
+    steps, topk = settings.speculative_num_steps, settings.speculative_eagle_topk
+    if topk is not None and topk != 1:
+        problems.append(off.format(f"speculative_eagle_topk={topk} (only topk=1 is supported)"))
+    if steps is not None and steps not in ADAPTIVE_CANDIDATE_STEPS:
+        problems.append(
+            f"SGLang: --speculative-num-steps={steps} is not in the adaptive config candidate_steps "
+            f"{list(ADAPTIVE_CANDIDATE_STEPS)}. Pass one of those values."
+        )
+    for flag, reason in ADAPTIVE_DISABLED_BY.items():
+        if _flag_given(extra_args, flag):
+            problems.append(f"{flag}: " + off.format(reason))
+    if any(_flag_given(extra_args, flag) for flag in ("--attn-dp-size",)):
+        sizes = [extra_args[i + 1] for i, a in enumerate(extra_args[:-1]) if a == "--attn-dp-size"]
+        if any(size != "1" for size in sizes):
+            problems.append("--attn-dp-size: " + off.format(ADAPTIVE_DISABLED_BY["--enable-dp-attention"]))
+    for flag, reason in ADAPTIVE_REFUSED_BY.items():
+        if _flag_given(extra_args, flag) or (
+            flag == "--enable-lora" and _flag_given(extra_args, "--lora-paths")
+        ):
+            problems.append(f"{flag}: SGLang refuses to start: {reason}")
+    return problems
+
+
 def sglang_problems(
-    settings: ServerSettings, *, attention_backend: str | None = None, spec_v2: bool = False
+    settings: ServerSettings,
+    *,
+    attention_backend: str | None = None,
+    spec_v2: bool = False,
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
     """Why SGLang would refuse these settings, or run something else than asked; empty when it runs them."""
+    adaptive = adaptive_problems(settings, extra_args)
     if not settings.speculative:
-        return []
+        return adaptive
     algorithm = settings.speculative_algorithm
     if algorithm == NGRAM:
-        return _ngram_problems(settings)
+        return adaptive + _ngram_problems(settings)
     if algorithm in DRAFT_MODEL_ALGORITHMS and not settings.speculative_draft_model_path:
         return [
-            f"{algorithm} needs speculative_draft_model_path (the draft model SGLang loads beside the target)"
+            *adaptive,
+            f"{algorithm} needs speculative_draft_model_path (the draft model SGLang loads beside the target)",
         ]
     steps, topk, drafts = (
         settings.speculative_num_steps,
@@ -150,7 +235,7 @@ def sglang_problems(
             f"{', '.join(missing)} must be set with speculative_algorithm {settings.speculative_algorithm}"
         ]
     assert steps is not None and topk is not None and drafts is not None
-    problems = []
+    problems = adaptive
     if topk == 1 and drafts != steps + 1:
         problems.append(
             f"with eagle_topk 1 SGLang changes num_draft_tokens {drafts} to num_steps + 1 = {steps + 1} "

@@ -23,7 +23,7 @@ class ServerFacts:
     max_running_requests: int | None  # from /server_info; None when the server does not say
     speculative_algorithm: str | None
     speculation: bool | None  # from /server_info: True/False, None when unknown
-    workers: tuple[str, ...] = ()  # a router (sglang-router): its workers, whose /metrics are scraped
+    workers: tuple[str, ...] = ()  # a gateway (smg): its workers, whose /metrics are scraped
     clock_factor: float = 1.0  # hardware seconds per wall-clock second: draftgen sim's --speed, else 1
     hardware: str | None = None  # the GPU a simulator stands for ("B200"); None on real servers
 

@@ -63,6 +63,10 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
     except RequestError as exc:
         raise BenchmarkError(f"server {client.url} failed a one-token probe request: {exc}") from exc
     info = await introspect.server_info(client)
+    cap = info.max_running_requests
+    if caps.workers and cap is not None:
+        # SMG answers /get_server_info from its first healthy worker: the fleet behind it holds one cap per worker.
+        cap *= len(caps.workers)
     clock = await read_clock(client)
     return ServerFacts(
         index=index,
@@ -73,7 +77,7 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
         extra_fields=caps.extra_fields,
         sglext=caps.spec_details,
         metrics=caps.metrics or bool(caps.workers),
-        max_running_requests=info.max_running_requests,
+        max_running_requests=cap,
         speculative_algorithm=info.speculative_algorithm,
         speculation=info.speculation,
         workers=caps.workers,
@@ -180,7 +184,7 @@ def _worker_windows(
 
 async def _snapshot(client: ServerClient, facts: ServerFacts) -> tuple[MetricsSnapshot | None, str | None]:
     if facts.workers:
-        return None, None  # a router: its workers are scraped instead (_worker_windows)
+        return None, None  # a gateway: its workers are scraped instead (_worker_windows)
     if not facts.metrics:
         advice = " (start SGLang with --enable-metrics)" if facts.engine == "sglang" else ""
         return None, f"server has no /metrics{advice}"
@@ -229,7 +233,7 @@ async def run_level(
 ) -> LevelRun:
     """Keep ``concurrency`` requests in flight on one server until every row has been sent once (or ``limit``).
 
-    For a router, each worker's /metrics is read before and after instead: the level's window is their sum, and
+    For a gateway, each worker's /metrics is read before and after instead: the level's window is their sum, and
     each worker's own window is kept (acceptance per worker).
     """
     workers = [ServerClient(url, api_key=config.api_key()) for url in facts.workers]

@@ -1,7 +1,7 @@
 """Asking a server what it is: health (with each engine's fallbacks), models, batch cap, speculation, engine.
 
-The one place that knows which endpoint answers which question on SGLang, its router, vLLM, ``transformers serve``
-and ``draftgen sim``; benchmark, preflight, tune, generate and serve read these facts from here, never by hand.
+The one place that knows which endpoint answers which question on SGLang, its gateway SMG, vLLM,
+``transformers serve`` and ``draftgen sim``; benchmark, preflight, tune, generate and serve read these facts from here, never by hand.
 """
 
 from __future__ import annotations
@@ -123,8 +123,11 @@ async def server_info(client: ServerClient) -> ServerInfo:
     return ServerInfo()
 
 
+GATEWAY = "smg"  # SMG, SGLang's gateway (the retired sglang-router spoke the same /workers list)
+
+
 def parse_workers(data: Any) -> tuple[str, ...] | None:
-    """A router's ``GET /workers`` body → worker URLs; None when it is not a router's answer."""
+    """A gateway's ``GET /workers`` body → worker URLs; None when it is not a gateway's answer."""
     workers = data.get("workers") if isinstance(data, dict) else None
     if not isinstance(workers, list):
         return None
@@ -132,8 +135,17 @@ def parse_workers(data: Any) -> tuple[str, ...] | None:
 
 
 async def router_workers(client: ServerClient) -> tuple[str, ...] | None:
-    """SGLang's router: the worker URLs of ``GET /workers``; None when this is no router."""
+    """SMG: the worker URLs of ``GET /workers``; None when this is no gateway."""
     return parse_workers(await client.get_json("/workers"))
+
+
+async def gateway_version(client: ServerClient) -> str | None:
+    """SMG's release, from ``GET /get_loads`` (``"version": "smg-1.13.0"``); None when it does not say."""
+    data = await client.get_json("/get_loads")
+    value = data.get("version") if isinstance(data, dict) else None
+    if not isinstance(value, str) or not value:
+        return None
+    return value.removeprefix(f"{GATEWAY}-")
 
 
 @dataclass(frozen=True)
@@ -145,48 +157,63 @@ class Engine:
 
 
 async def detect_engine(client: ServerClient) -> Engine:
-    """Which engine this is, from endpoints only one engine family serves."""
-    info = await server_info(client)
+    """Which engine this is, from endpoints only one engine family serves.
+
+    The gateway is asked first: SMG hands ``/get_server_info`` to its first healthy worker, so that answer alone
+    would make it look like one SGLang server.
+    """
     metrics = await client.metrics_text()
     has_metrics = metrics is not None and "# TYPE" in metrics
-    if info.is_sglang:
-        return Engine("sglang", info.version, has_metrics)
     workers = await router_workers(client)
     if workers is not None:
-        return Engine("sglang-router", None, has_metrics, workers)
+        return Engine(GATEWAY, await gateway_version(client), has_metrics, workers)
+    info = await server_info(client)
+    if info.is_sglang:
+        return Engine("sglang", info.version, has_metrics)
     version = await client.get_json("/version")
     if isinstance(version, dict) and "version" in version and (metrics is None or "vllm:" in metrics):
         return Engine("vllm", str(version["version"]), has_metrics)
     return Engine("openai-compatible", None, has_metrics)
 
 
-# Each step back drops what the previous one's 400/422 may have refused.
+# Each step back drops what the previous one's 400/422 may have refused: first the token-id fields alone, then the
+# sampling extras (keeping the ids: vLLM with speculative decoding refuses only min_p), then both, then
+# chat_template_kwargs.
 PROBE_STEPS = (
-    {"extra_fields": True, "template_kwargs": True, "spec_details": True},
-    {"extra_fields": False, "template_kwargs": True, "spec_details": False},
-    {"extra_fields": False, "template_kwargs": False, "spec_details": False},
+    {"extra_fields": True, "template_kwargs": True, "spec_details": True, "ids": True},
+    {"extra_fields": True, "template_kwargs": True, "spec_details": True, "ids": False},
+    {"extra_fields": False, "template_kwargs": True, "spec_details": False, "ids": True},
+    {"extra_fields": False, "template_kwargs": True, "spec_details": False, "ids": False},
+    {"extra_fields": False, "template_kwargs": False, "spec_details": False, "ids": False},
 )
+# Which way of asking for token ids each engine has (client.server.TOKEN_ID_FIELDS); others are asked for none.
+TOKEN_ID_FLAVOURS = {"sglang": "sglext", "sglang-router": "sglext", "vllm": "vllm"}
 
 
 async def probe(client: ServerClient, model: str, sampling: SamplingParams) -> Capabilities:
     """Detect the engine and which extras it accepts, with one tiny request per step back; sets
     ``client.capabilities``.
 
-    The first request carries every extra; a 400/422 (transformers serve: "Unexpected fields"; vLLM with
-    speculative decoding: min_p "not yet supported") retries without the sampling extras (top_k, min_p,
-    return_spec_tokens_details) but with chat_template_kwargs (enable_thinking), then with plain OpenAI
-    fields only. Any other failure, or a 400/422 on the plain request (a wrong model name), raises.
+    The first request carries every extra, the token-id fields in the engine's own flavour included; a 400/422
+    (transformers serve: "Unexpected fields"; vLLM with speculative decoding: min_p "not yet supported") steps
+    back through ``PROBE_STEPS`` down to plain OpenAI fields. Any other failure, or a 400/422 on the plain request
+    (a wrong model name), raises. Token ids count as offered only when the answer carried output ids.
     """
     engine = await detect_engine(client)
     ids = await model_ids(client)
-    for index, step in enumerate(PROBE_STEPS):
+    flavour = TOKEN_ID_FLAVOURS.get(engine.name)
+    steps = [s for s in PROBE_STEPS if flavour is not None or not s["ids"]]
+    for index, step in enumerate(steps):
         client.capabilities = Capabilities(
             engine=engine.name,
             model_ids=ids,
             metrics=engine.metrics,
             version=engine.version,
             workers=engine.workers,
-            **step,
+            extra_fields=step["extra_fields"],
+            template_kwargs=step["template_kwargs"],
+            spec_details=step["spec_details"],
+            token_ids=flavour if step["ids"] else None,
         )
         try:
             result = await client.chat(
@@ -197,11 +224,13 @@ async def probe(client: ServerClient, model: str, sampling: SamplingParams) -> C
                 timeout_s=min(client.timeout_s, 120.0),
             )
         except RequestError as exc:
-            if exc.status not in (400, 422) or index == len(PROBE_STEPS) - 1:
+            if exc.status not in (400, 422) or index == len(steps) - 1:
                 raise
             continue
         client.capabilities = replace(
-            client.capabilities, spec_details=step["spec_details"] and result.spec_verify_ct is not None
+            client.capabilities,
+            spec_details=step["spec_details"] and result.spec_verify_ct is not None,
+            token_ids=client.capabilities.token_ids if result.output_ids is not None else None,
         )
         break
     return client.capabilities

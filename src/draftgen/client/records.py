@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class Capabilities:
     """What one server accepts and reports, detected by ``introspect.probe``."""
 
-    engine: str  # "sglang", "vllm", "sglang-router", "openai-compatible" (e.g. transformers serve)
+    engine: str  # "sglang", "vllm", "smg" (SGLang's gateway), "openai-compatible" (e.g. transformers serve)
     model_ids: tuple[str, ...] = ()
     # accepts the non-OpenAI sampling fields (top_k, min_p, return_spec_tokens_details)
     extra_fields: bool = True
@@ -17,7 +17,10 @@ class Capabilities:
     spec_details: bool = False  # answers return_spec_tokens_details with sglext.spec_tokens_details
     metrics: bool = False  # GET /metrics answers Prometheus text
     version: str | None = None
-    workers: tuple[str, ...] = ()  # a router only: the worker URLs its GET /workers lists
+    workers: tuple[str, ...] = ()  # a gateway (smg) only: the worker URLs its GET /workers lists
+    # Where the server's own prompt and output token ids come from: "sglext" (SGLang's return_*_ids_in_sglext),
+    # "vllm" (return_token_ids) or None (the engine sends none: validate re-tokenizes the text).
+    token_ids: str | None = None
 
 
 @dataclass
@@ -40,3 +43,6 @@ class ChatResult:
     chunk_offsets: list[float] = field(default_factory=list)  # streaming only: arrival of each text chunk (s)
     stream: bool = False
     done_sentinel: bool | None = None  # raw SSE streams only: the stream ended with "data: [DONE]"
+    # The target's own token ids as the server reported them (Capabilities.token_ids); None when it sent none.
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None

@@ -20,6 +20,14 @@ from draftgen.client.records import Capabilities, ChatResult
 from draftgen.client.stream import ChatAccumulator, read_sse
 from draftgen.params import SamplingParams
 
+# The body fields that ask each engine for the prompt and output token ids (Capabilities.token_ids). SGLang's also
+# work streaming (the ids arrive in the ``choices: []`` sglext chunk); vLLM's too (prompt ids on the first chunk,
+# output ids per delta). SGLang's own ``return_token_ids`` is refused when streaming, so never sent to it.
+TOKEN_ID_FIELDS: dict[str | None, dict[str, bool]] = {
+    "sglext": {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True},
+    "vllm": {"return_token_ids": True},
+}
+
 
 class ServerClient:
     """One inference server: an ``AsyncOpenAI`` for chat (``max_retries=0``) and raw GETs for the rest."""
@@ -117,6 +125,7 @@ class ServerClient:
                 extra["min_p"] = sampling.min_p
             if caps.spec_details:
                 extra["return_spec_tokens_details"] = True
+        extra.update(TOKEN_ID_FIELDS.get(caps.token_ids, {}))
         if extra:
             kwargs["extra_body"] = extra
         if stream:
@@ -147,11 +156,11 @@ class ServerClient:
                 stream_reply = await self.openai.chat.completions.create(**request)
                 async with stream_reply:
                     async for chunk in stream_reply:
+                        # warnings off: SGLang 0.5.23's metadata.weight_versions (a list) is not the SDK's
+                        # dict[str, str]; the value is kept as sent.
                         answer.add_chunk(chunk.model_dump(warnings=False))
             else:
                 reply = await self.openai.chat.completions.create(**request)
-                # warnings off: SGLang 0.5.23's `metadata` holds a list where the SDK declares dict[str, str], and
-                # pydantic would print a serializer warning for every answer (the data is kept as sent)
                 answer.add_response(reply.model_dump(warnings=False))
             return answer.result()
         except Exception as exc:  # classify_error re-raises what it does not know

@@ -4,7 +4,8 @@ An answer reaches us as a whole JSON body (non-streaming, through the openai SDK
 or as SSE bytes read straight off the socket (``read_sse``: several times less client CPU per chunk, which matters
 when a benchmark holds hundreds of streams). Each source hands plain dicts to ``ChatAccumulator``, so the engines'
 differences — the reasoning field's name, ``choices: []`` chunks carrying usage or ``sglext``, usage on the finish
-chunk, a missing ``[DONE]`` — are read in one place and ``ChatResult`` is built once.
+chunk, a missing ``[DONE]``, the token ids (SGLang's ``sglext.input_ids`` / ``sglext.output_ids``, vLLM's
+``prompt_token_ids`` / ``choices[].token_ids``) — are read in one place and ``ChatResult`` is built once.
 """
 
 from __future__ import annotations
@@ -48,6 +49,23 @@ def spec_from_sglext(sglext: Any) -> tuple[float | None, int | None]:
     return (float(length) if length is not None else None), (int(verify) if verify is not None else None)
 
 
+def _id_list(value: Any) -> list[int] | None:
+    """A list of token ids as sent, or None for anything else (an engine that sends none, or a malformed field)."""
+    if isinstance(value, list) and all(type(v) is int for v in value):
+        return value
+    return None
+
+
+def ids_from_sglext(sglext: Any) -> tuple[list[int] | None, list[int] | None]:
+    """(prompt ids, first choice's output ids) of SGLang's ``sglext.input_ids`` / ``sglext.output_ids`` (a list per
+    choice)."""
+    if not isinstance(sglext, dict):
+        return None, None
+    outputs = sglext.get("output_ids")
+    first = outputs[0] if isinstance(outputs, list) and outputs else None
+    return _id_list(sglext.get("input_ids")), _id_list(first)
+
+
 class ChatAccumulator:
     """Folds one answer — a whole body, or its stream's chunks in order — into a ``ChatResult``."""
 
@@ -64,6 +82,9 @@ class ChatAccumulator:
         self._sglext: Any = None
         self._response_id: str | None = None
         self._done: bool | None = None
+        # vLLM's return_token_ids: prompt ids on the body (first chunk), output ids on the choice (per delta).
+        self._prompt_ids: list[int] | None = None
+        self._output_ids: list[int] | None = None
 
     def add_response(self, body: Mapping[str, Any]) -> None:
         """A non-streaming answer: ``choices[0].message``."""
@@ -75,6 +96,9 @@ class ChatAccumulator:
         self._note_envelope(body)
         self._add_text(reasoning_of(message), message.get("content"), offset=False)
         self._finish_reason = choice.get("finish_reason")
+        ids = choice.get("token_ids")
+        if ids is not None:
+            self._output_ids = _id_list(ids)
 
     def add_chunk(self, chunk: Mapping[str, Any]) -> None:
         """One streamed chunk; ``choices: []`` chunks (usage, sglext) included."""
@@ -86,6 +110,11 @@ class ChatAccumulator:
             self._add_text(reasoning_of(delta), delta.get("content"), offset=True)
             if choice.get("finish_reason") is not None:
                 self._finish_reason = choice["finish_reason"]
+            ids = choice.get("token_ids")
+            if isinstance(ids, list) and ids:
+                if self._output_ids is None:
+                    self._output_ids = []
+                self._output_ids.extend(ids)
 
     def mark_done(self, done: bool) -> None:
         """Whether the stream ended with ``data: [DONE]`` (known only to the raw reader)."""
@@ -97,6 +126,9 @@ class ChatAccumulator:
         if isinstance(usage, dict):
             self._usage = usage
         self._sglext = body.get("sglext") or self._sglext
+        prompt_ids = body.get("prompt_token_ids")
+        if prompt_ids is not None:
+            self._prompt_ids = _id_list(prompt_ids)
 
     def _add_text(self, reasoning: str | None, content: str | None, *, offset: bool) -> None:
         if reasoning:
@@ -110,6 +142,7 @@ class ChatAccumulator:
         if self.stream and self._finish_reason is None:
             raise RequestError("protocol", "stream ended without a finish_reason (connection closed early?)")
         accept_length, verify_ct = spec_from_sglext(self._sglext)
+        prompt_ids, output_ids = ids_from_sglext(self._sglext)
         usage = self._usage
         return ChatResult(
             server=self.server,
@@ -128,6 +161,8 @@ class ChatAccumulator:
             chunk_offsets=self._offsets if self.stream else [],
             stream=self.stream,
             done_sentinel=self._done,
+            prompt_ids=prompt_ids if prompt_ids is not None else self._prompt_ids,
+            output_ids=output_ids if output_ids is not None else _id_list(self._output_ids),
         )
 
 

@@ -122,8 +122,18 @@ def _summary(out: Path) -> list[str]:
         counts = data.get("counts", {})
         lines.append(
             f"validate : {'PASS' if data.get('passed') else 'FAIL'} — {counts.get('out', 0)} of {counts.get('in', 0)} "
-            f"samples exported to {out / 'validate' / 'export' / 'train.jsonl'}"
+            f"training rows (one per generated turn) exported to {out / 'validate' / 'export'}"
         )
+        made, source = counts.get("yield") or {}, counts.get("token_source") or {}
+        if made.get("share") is not None:
+            lost = ", ".join(
+                f"{why} {n / made['generated_tokens']:.1%}" for why, n in list(made["lost"].items())[:4]
+            )
+            lines.append(
+                f"yield    : {made['share']:.1%} of the {made['generated_tokens']:,} tokens the target generated train "
+                f"the drafter (lost: {lost or 'none'}); {source.get('server', 0):,} rows from the server's token ids, "
+                f"{source.get('retokenized', 0):,} re-tokenized"
+            )
     return lines
 
 
@@ -138,9 +148,19 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     started = time.perf_counter()
-    print("draftgen demo: building a tiny Qwen3-format tokenizer for the loss-mask checks (no download)")
+    print(
+        "draftgen demo: building a tiny Qwen3-format tokenizer for the servers' token ids and the loss-mask checks "
+        "(no download)"
+    )
     build_tiny_tokenizer(out / "tokenizer", overwrite=True)
-    with SimFleet(servers=args.servers, profile="b200-mtp", speed=args.speed, work_dir=out / "sim") as fleet:
+    # The servers speak validate's tokenizer, so the ids they report are the ids validate reads.
+    with SimFleet(
+        servers=args.servers,
+        profile="b200-mtp",
+        speed=args.speed,
+        work_dir=out / "sim",
+        tokenizer=out / "tokenizer",
+    ) as fleet:
         print(
             f"draftgen demo: {args.servers} simulated B200 + MTP servers at {args.speed:g}x speed: "
             f"{fleet.urls[0]} … {fleet.urls[-1]}"

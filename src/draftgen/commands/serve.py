@@ -11,6 +11,8 @@ from draftgen.serve.config import (
     DEFAULT_BASE_PORT,
     DEFAULT_ROUTER_PORT,
     ENGINES,
+    ROUTER_MODULE,
+    ROUTER_PIN,
     ROUTER_POLICIES,
     ServeConfig,
     parse_gpus,
@@ -97,8 +99,10 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     watch.add_argument("--run", default=None, help="run folder name (default: a timestamp)")
     watch.add_argument("--plain", action="store_true", help="event lines only, no live table")
 
-    routing = parser.add_argument_group("router (multi-node)")
-    routing.add_argument("--router", action="store_true", help="put SGLang's router in front of the servers")
+    routing = parser.add_argument_group("router: SMG, SGLang's gateway (multi-node)")
+    routing.add_argument(
+        "--router", action="store_true", help="put SMG, SGLang's gateway, in front of the servers"
+    )
     routing.add_argument(
         "--router-port", type=int, default=DEFAULT_ROUTER_PORT, help="router port (default 30100)"
     )
@@ -106,7 +110,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "--router-policy",
         choices=ROUTER_POLICIES,
         default="cache_aware",
-        help="how the router picks a worker (default cache_aware)",
+        help="how SMG picks a worker, by SMG's names (default cache_aware)",
     )
     routing.add_argument(
         "--router-metrics-port",
@@ -205,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     check_engine(config)
-    start_router = router is not None and importable(config.python, "sglang_router")
+    start_router = router is not None and importable(config.python, ROUTER_MODULE)
     ports = list(config.ports) + ([config.router_port, config.metrics_port] if start_router else [])
     check_ports(config.host, ports)
     check_run_dir(config.run_dir)
@@ -229,8 +233,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  router: {shell_line(router)}")
         if not start_router:
             print(
-                f"  router not started: sglang_router is not importable by {config.python} "
-                "(pip install sglang-router); servers.yaml will list the servers themselves"
+                f"  router not started: {ROUTER_MODULE} is not importable by {config.python} "
+                f"(pip install {ROUTER_PIN}); servers.yaml will list the servers themselves"
             )
             router = None
     print(f"  servers.yaml is written to {config.run_dir} once every server is ready", flush=True)

@@ -42,6 +42,14 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     add_sglang_flags(parser)  # --speculative-*, --max-running-requests, --mem-fraction-static
     parser.add_argument("--work-dir", type=Path, default=None, help="where ground-truth JSONL and logs go")
     parser.add_argument("--seed", type=int, default=0, help="salts which requests get faults")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json with a chat_template) whose "
+        "ids the servers report (default: the tiny Qwen3-format tokenizer, built into the work dir)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             server_args=settings_argv(flags),
             work_dir=args.work_dir,
             seed=args.seed,
+            tokenizer=args.tokenizer,
             **kwargs,
         )
     except ValueError as exc:
@@ -81,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         for url in fleet.urls:
             print(f"  {url}")
         print(f"  ground truth and logs: {fleet.directory}")
+        print(f"  tokenizer (the ids the servers report): {fleet.tokenizer}")
         fleet.wait("listening", timeout=120)
         print("draftgen sim: listening; /health turns 200 after warm-up. Ctrl-C stops the fleet.", flush=True)
         reported: set[int] = set()

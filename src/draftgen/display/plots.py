@@ -56,3 +56,19 @@ def message(figure: Figure, axes: Any, text: str) -> Plot:
     axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, fontsize=10)
     axes.set_axis_off()
     return Plot(figure)
+
+
+def completion_length_histogram(
+    axes: Any, tokens: Any, max_tokens: int | None, *, title: str, ylabel: str
+) -> None:
+    """Completion tokens as a histogram, with max_tokens marked: where thinking models pile up when cut."""
+    import math
+
+    bins = min(80, max(10, int(math.sqrt(max(1, len(tokens))))))
+    axes.hist(tokens, bins=bins, color="#55a868")
+    if max_tokens:
+        axes.axvline(max_tokens, color="#c44e52", linestyle="--", label=f"max_tokens {max_tokens}")
+        axes.legend(fontsize=8)
+    axes.set_title(title)
+    axes.set_xlabel("completion tokens")
+    axes.set_ylabel(ylabel)

@@ -55,7 +55,7 @@ OLD_PLAN_FLEET = {
 class EstimateConfig(Params):
     parameters_cell = NotebookCell(
         ("inputs", "benchmark_dir prompts limit dataset_size turns"),
-        ("the production fleet", "gpus concurrency_per_server max_tokens gpu_hour_usd"),
+        ("the production fleet", "gpus concurrency_per_server max_tokens train_max_length gpu_hour_usd"),
         (
             "other fleets to compare: name, gpus, and either benchmark_dir (measured) or tok_s_per_gpu (assumed)",
             "scenarios",
@@ -79,6 +79,9 @@ class EstimateConfig(Params):
     gpus: Annotated[int, Field(ge=0)] = param(0, "GPUs, one server each; 0: as many as the benchmark had")
     concurrency_per_server: PositiveInt = param(64, "requests in flight per server")
     max_tokens: PositiveInt = param(4096, "longest completion, tokens")
+    train_max_length: Annotated[int, Field(ge=0)] = param(
+        4096, "the trainer's max_length: what share of the generated tokens falls past it (0: not checked)"
+    )
     gpu_hour_usd: NonNegativeFloat = param(6.0, "price of one GPU-hour in dollars (yours)")
     scenarios: list[ScenarioSpec] = param(
         default_factory=lambda: [dict(OLD_PLAN_FLEET)],

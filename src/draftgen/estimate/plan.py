@@ -113,11 +113,55 @@ class Estimate:
     sweeps: dict[str, pl.DataFrame]
     notes: tuple[str, ...]
     prefill_s_per_request: float | None
+    max_length_cost: MaxLengthCost | None = None
     created_at: float = field(default_factory=time.time)
 
     def table(self) -> pl.DataFrame:
         rows = [self.production.row(), self.concurrency_1.row(), *(s.row() for s in self.scenarios)]
         return pl.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class MaxLengthCost:
+    """What the trainer's max_length will cut, from the benchmark's own requests (prompt + completion tokens)."""
+
+    max_length: int
+    share_of_tokens: float  # generated tokens past max_length ÷ generated tokens
+    share_of_requests: float  # requests whose prompt + completion is longer than max_length
+    median_prompt_tokens: float
+    requests: int
+
+    def note(self, max_tokens: int) -> str:
+        return (
+            f"max_tokens {max_tokens} + prompts (median {self.median_prompt_tokens:,.0f} tokens) against the "
+            f"trainer's max_length {self.max_length}: {self.share_of_tokens:.1%} of the generated tokens "
+            f"({self.share_of_requests:.1%} of the {self.requests} benchmark requests) fall past it and are cut in "
+            "training (validate keeps each row's first max_length tokens): raise the trainer's max_length or "
+            "lower max_tokens to keep them"
+        )
+
+
+def max_length_cost(requests: pl.DataFrame, max_length: int) -> MaxLengthCost | None:
+    """The share of generated tokens a trainer cutting rows at ``max_length`` loses; None without the counts."""
+    if (
+        not max_length
+        or "prompt_tokens" not in requests.columns
+        or "completion_tokens" not in requests.columns
+    ):
+        return None
+    known = requests.filter(pl.col("prompt_tokens").is_not_null() & pl.col("completion_tokens").is_not_null())
+    if not known.height:
+        return None
+    prompt = known["prompt_tokens"].to_numpy().astype(float)
+    made = known["completion_tokens"].to_numpy().astype(float)
+    past = np.clip(prompt + made - max_length, 0, made)
+    return MaxLengthCost(
+        max_length=max_length,
+        share_of_tokens=float(past.sum() / made.sum()) if made.sum() else 0.0,
+        share_of_requests=float((past > 0).mean()),
+        median_prompt_tokens=float(np.median(prompt)),
+        requests=known.height,
+    )
 
 
 def digest(data: BenchmarkData, bootstrap: int, rng: np.random.Generator) -> Measured:
@@ -351,6 +395,9 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         **common,
     )
     scenarios = tuple(_scenario(spec, config, main, num_prompts, rng, turns) for spec in config.scenarios)
+    cost = max_length_cost(main.data.requests, config.train_max_length)
+    if cost is not None and cost.share_of_tokens > 0.005:
+        notes.append(cost.note(config.max_tokens))
     return Estimate(
         config=config,
         benchmark=main,
@@ -364,4 +411,5 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         ),
         notes=tuple(notes),
         prefill_s_per_request=_prefill_per_request(main.data),
+        max_length_cost=cost,
     )

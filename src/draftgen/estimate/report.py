@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,7 @@ def estimate_json(estimate: Estimate) -> dict:
         "benchmark_servers": data.servers,
         "benchmark_max_tokens": data.max_tokens,
         "notes": list(estimate.notes),
+        "train_max_length": asdict(estimate.max_length_cost) if estimate.max_length_cost else None,
         "server_settings": settings_record(estimate.config.settings),
         "config": estimate.config.public_dict(),
         "created_at": estimate.created_at,

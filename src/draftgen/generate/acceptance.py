@@ -1,11 +1,12 @@
 """MTP acceptance per worker over time, from each worker's ``/metrics`` counter differences.
 
-Per-request acceptance (``sglext``) is lost behind SGLang's router (it drops ``return_spec_tokens_details``)
-and absent from older SGLang and from vLLM. The workers' own counters still say it: every
+Per-request acceptance (``sglext``) is absent from older SGLang and from vLLM, and from any gateway that drops
+``return_spec_tokens_details`` (the retired sglang-router did; SMG passes it, and then its answers carry it and
+nothing is scraped). The workers' own counters still say it: every
 ``acceptance_interval_s`` the sampler scrapes each worker and records, for the window since its last scrape,
 the tokens generated, the verify calls and their ratio (SGLang: ``sglang:generation_tokens_total /
 sglang:spec_verify_calls_total``; vLLM: ``1 + accepted / drafts``). The workers are the servers themselves, or,
-for a router, the URLs of its ``GET /workers`` list. Rows go to ``out_dir/acceptance.parquet`` (sessions
+for a gateway without per-request acceptance, the URLs of its ``GET /workers`` list. Rows go to ``out_dir/acceptance.parquet`` (sessions
 appended), read back by ``report.acceptance``.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
+from draftgen.client.introspect import GATEWAY
 from draftgen.client.metrics import (
     MetricsParseError,
     MetricsSnapshot,
@@ -47,7 +49,7 @@ ACCEPTANCE_SCHEMA = {
 @dataclass(frozen=True)
 class MetricsTarget:
     worker: str  # the URL scraped
-    via: str  # the server URL requests were sent to (the router, or the worker itself)
+    via: str  # the server URL requests were sent to (the gateway, or the worker itself)
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,13 @@ class AcceptanceSample:
 
 
 def metrics_targets(servers: Sequence[tuple[str, Capabilities]]) -> list[MetricsTarget]:
-    """Whom to scrape: each router's workers, and each server that serves /metrics itself."""
+    """Whom to scrape: the workers of each gateway whose answers lack ``sglext``, and each server that serves
+    /metrics itself. A gateway that passes per-request acceptance needs no scrape."""
     targets: list[MetricsTarget] = []
     for url, caps in servers:
-        if caps.engine == "sglang-router":
-            targets += [MetricsTarget(worker, url) for worker in caps.workers]
+        if caps.engine == GATEWAY:
+            if not caps.spec_details:
+                targets += [MetricsTarget(worker, url) for worker in caps.workers]
         elif caps.metrics:
             targets.append(MetricsTarget(url, url))
     return targets
@@ -74,15 +78,17 @@ def metrics_targets(servers: Sequence[tuple[str, Capabilities]]) -> list[Metrics
 
 def describe_source(caps: Capabilities) -> str:
     """Where this server's acceptance figures come from, for preflight's engine row."""
-    if caps.spec_details:
-        return "acceptance per request (sglext)"
-    if caps.engine == "sglang-router":
+    if caps.engine == GATEWAY:
+        if caps.spec_details:
+            return f"{GATEWAY}: acceptance per request (sglext) through the gateway"
         if not caps.workers:
-            return "acceptance unknown: the router lists no workers (GET /workers)"
+            return "acceptance unknown: the gateway lists no workers (GET /workers)"
         return (
             f"acceptance per worker over time from the /metrics of its {len(caps.workers)} worker(s) "
-            "(the router drops return_spec_tokens_details, so no sglext)"
+            "(the gateway's answers carry no sglext)"
         )
+    if caps.spec_details:
+        return "acceptance per request (sglext)"
     if caps.metrics:
         return "acceptance over time from this server's /metrics counters (no per-request sglext)"
     return "no acceptance data: neither sglext nor /metrics"

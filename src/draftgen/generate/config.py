@@ -79,7 +79,8 @@ class GenerateConfig(FleetParams, SamplingParams):
         ),
         (
             "checks and reporting",
-            "canary estimate force acceptance_interval_s hedge_slow_ratio progress_interval_s status_interval_s",
+            "canary estimate train_max_length force acceptance_interval_s hedge_slow_ratio progress_interval_s "
+            "status_interval_s",
         ),
         help={"request_timeout_s": "one request's hard time limit (s); see hang_factor for hangs"},
     )
@@ -148,6 +149,10 @@ class GenerateConfig(FleetParams, SamplingParams):
     )
     canary: bool = param(
         True, "preflight sends one full request per server (reasoning and answer must be non-empty)"
+    )
+    train_max_length: Annotated[int, Field(ge=0)] = param(
+        4096,
+        "the trainer's max_length: preflight warns when max_tokens + the prompts reach past it (0: not checked)",
     )
     estimate: ProjectPath = param(
         "", "path to estimate.json from estimate.ipynb: planned vs actual at the end"

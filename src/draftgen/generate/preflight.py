@@ -11,6 +11,7 @@ Any "fail" row stops the run (``PreflightError``, whose message is the whole tab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import json
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import polars as pl
 
 from draftgen.client import introspect
@@ -71,6 +73,10 @@ class Check:
     detail: str
 
 
+PROMPT_SAMPLE = 10_000  # prompts whose length the max_length check reads
+CHARS_PER_TOKEN = 4.0  # a rough rate for English-like text, used only without a tokenizer
+
+
 @dataclass
 class PromptScan:
     rows: int = 0  # rows read (valid + malformed) within the limit
@@ -79,6 +85,9 @@ class PromptScan:
     stored: int = 0  # valid rows whose id is already in the shards
     reasons: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
+    prompt_chars: list[int] = field(
+        default_factory=list
+    )  # of the first PROMPT_SAMPLE valid rows (max_length check)
 
     @property
     def todo(self) -> int:
@@ -226,6 +235,8 @@ def scan_prompts(config: GenerateConfig, stored: set[str]) -> tuple[PromptScan, 
             rejected.append({"row": item.row, "id": item.id, "reason": item.reason, "raw": item.raw})
         elif isinstance(item, PromptRow):
             scan.valid += 1
+            if len(scan.prompt_chars) < PROMPT_SAMPLE:
+                scan.prompt_chars.append(sum(len(m.get("content") or "") for m in item.messages))
             if item.id in stored:
                 scan.stored += 1
     return scan, rejected
@@ -249,6 +260,39 @@ def disk_check(config: GenerateConfig, scan: PromptScan) -> Check:
     return Check("disk space", config.out_dir, "ok" if need.fits else "fail", need.detail())
 
 
+def max_length_check(config: GenerateConfig, scan: PromptScan) -> Check | None:
+    """max_tokens and the trainer's max_length collide when an answer plus its prompt can be longer than the
+    trainer keeps: say so before the GPUs spend the tokens, with the share the estimate measured where there is one.
+    Without an estimate, prompt tokens are guessed from characters (÷ 4, English-like text)."""
+    limit = config.train_max_length
+    if not limit or not scan.prompt_chars:
+        return None
+    median = float(np.median(scan.prompt_chars)) / CHARS_PER_TOKEN
+    room = limit - median
+    measured = ""
+    status = "warn" if config.max_tokens > room else "ok"
+    if config.estimate:
+        with contextlib.suppress(ValueError, OSError):
+            cost = load_estimate(config.estimate).get("train_max_length")
+            if cost:
+                share = cost["share_of_tokens"]
+                measured = f"; the estimate measured {share:.1%} of the generated tokens past it"
+                status = "warn" if share > 0.005 else "ok"
+    if status == "ok":
+        return Check(
+            "max_length", str(limit), "ok", f"max_tokens {config.max_tokens} + prompts fit{measured}"
+        )
+    return Check(
+        "max_length",
+        str(limit),
+        "warn",
+        f"max_tokens {config.max_tokens} + prompts of ~{median:,.0f} tokens (median, from characters ÷ "
+        f"{CHARS_PER_TOKEN:g}) reach past the trainer's max_length {limit} (train_max_length): an answer longer "
+        f"than ~{max(room, 0):,.0f} tokens is cut there in training{measured or ' (run the estimate for the share)'}; "
+        "raise the trainer's max_length or lower max_tokens",
+    )
+
+
 def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path | None) -> list[Check]:
     target = str(config.prompt_path)
     checks = []
@@ -270,6 +314,9 @@ def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path 
         if status == "fail":
             detail += f". Above max_rejected_rate={config.max_rejected_rate:g}: fix the file or raise it"
         checks.append(Check("malformed rows", target, status, detail))
+    limit_check = max_length_check(config, scan)
+    if limit_check is not None:
+        checks.append(limit_check)
     if scan.stored:
         checks.append(
             Check(
@@ -368,6 +415,7 @@ async def _server_checks(
         return checks, None
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
     notes.append(describe_source(caps))
+    notes.append(describe_token_ids(caps))
     if not caps.extra_fields:
         notes.append("top_k/min_p not accepted: not sent")
     if not caps.template_kwargs:
@@ -380,6 +428,8 @@ async def _server_checks(
     probe_status = "warn" if dropped else "ok"
     checks.append(Check("engine", url, probe_status, "; ".join(notes)))
     cap = (await introspect.server_info(client)).max_running_requests
+    if cap is not None and caps.workers:
+        cap *= len(caps.workers)  # SMG answers /get_server_info from one worker: one cap per worker behind it
     if cap is not None and cap < config.concurrency_per_server:
         checks.append(
             Check(
@@ -393,6 +443,13 @@ async def _server_checks(
     if config.canary:
         checks.append(await canary(client, config))
     return checks, caps
+
+
+def describe_token_ids(caps: Capabilities) -> str:
+    """Where this server's token ids come from, for preflight's engine row."""
+    if caps.token_ids:
+        return f"token ids from the server ({caps.token_ids})"
+    return f"no token ids from {caps.engine}: validate re-tokenizes"
 
 
 async def _retrying(make: Callable[[], Awaitable[T]]) -> T:

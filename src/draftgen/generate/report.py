@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from draftgen.client.clock import HardwareClock, fleet_clock, on_clock
 from draftgen.display.humanize import duration_unit, short_label
-from draftgen.display.plots import Plot, save
+from draftgen.display.plots import Plot, completion_length_histogram, save
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.preflight import load_estimate
@@ -316,15 +316,13 @@ def plot_completion_lengths(
     home = plots_home(out_dir, save_to)
     tokens = scan_results(out_dir).select("completion_tokens").drop_nulls().collect()["completion_tokens"]
     figure = Figure(figsize=(7, 3.4))
-    axes = figure.subplots()
-    bins = min(80, max(10, int(math.sqrt(max(1, len(tokens))))))
-    axes.hist(tokens.to_numpy(), bins=bins, color="#55a868")
-    if max_tokens:
-        axes.axvline(max_tokens, color="#c44e52", linestyle="--", label=f"max_tokens {max_tokens}")
-        axes.legend(fontsize=8)
-    axes.set_title("How long are the completions (reasoning + answer)?")
-    axes.set_xlabel("completion tokens")
-    axes.set_ylabel("rows")
+    completion_length_histogram(
+        figure.subplots(),
+        tokens.to_numpy(),
+        max_tokens,
+        title="How long are the completions (reasoning + answer)?",
+        ylabel="rows",
+    )
     return _save(figure, home, "completion_lengths")
 
 

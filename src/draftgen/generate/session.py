@@ -26,7 +26,7 @@ from draftgen.generate.guard import Guard, GuardSettings
 from draftgen.generate.preflight import Plan
 from draftgen.generate.progress import Progress, ServerView
 from draftgen.generate.status_file import StatusWriter
-from draftgen.generate.store import DiskFull, RunStore
+from draftgen.generate.store import DiskFull, RunStore, server_entry
 from draftgen.watch.progress_file import set_state
 
 EVENT_LOG_LIMIT = 1000
@@ -90,7 +90,12 @@ class RunSession:
 
     def __init__(self, config: GenerateConfig, plan: Plan, *, progress: bool = True):
         self.config = config
-        self.store = RunStore.open(config, clock=plan.clock, prompt_scan=plan.scan.as_dict())
+        self.store = RunStore.open(
+            config,
+            clock=plan.clock,
+            prompt_scan=plan.scan.as_dict(),
+            servers=[server_entry(s.url, s.capabilities) for s in plan.servers],
+        )
         self.guard = Guard(guard_settings(config))
         self.bar = Progress(plan.todo, enabled=progress)
         self.log = EventLog()

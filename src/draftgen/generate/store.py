@@ -31,6 +31,7 @@ from typing import Any
 import polars as pl
 
 from draftgen.client.clock import WALL, HardwareClock
+from draftgen.client.records import Capabilities
 from draftgen.diskspace import free_bytes, is_disk_full
 from draftgen.generate.config import FINGERPRINT_SINCE, GenerateConfig
 
@@ -72,6 +73,12 @@ OUTPUT_SCHEMA = pl.Schema(
         "turn_spec_accept_length": pl.List(pl.Float64),
         "turn_spec_verify_ct": pl.List(pl.Int64),
         "turns_mode": pl.String,  # "all": every assistant turn generated; "last": only the final one
+        # The target's own token ids per generated turn, as its server reported them (null element: that turn's
+        # server sent none). Prompt ids are stored compactly (draftgen.training.token_ids): turn k's prompt is
+        # (prompt[k-1] + output[k-1])[:turn_prompt_shared[k]] + turn_prompt_ids[k].
+        "turn_output_ids": pl.List(pl.List(pl.UInt32)),
+        "turn_prompt_ids": pl.List(pl.List(pl.UInt32)),
+        "turn_prompt_shared": pl.List(pl.Int32),
     }
 )
 FAILED_SCHEMA = pl.Schema(
@@ -200,6 +207,11 @@ def read_done_ids(out_dir: str | Path) -> pl.Series:
         raise StoreError(f"cannot read the shards in {Path(out_dir) / SHARDS}: {exc}") from exc
 
 
+def server_entry(url: str, caps: Capabilities) -> dict[str, Any]:
+    """One server of a session as the manifest records it (the dataset card names them)."""
+    return {"url": url, "engine": caps.engine, "version": caps.version, "token_ids": caps.token_ids}
+
+
 @dataclass
 class SessionCounts:
     started_at: float = field(default_factory=time.time)
@@ -209,6 +221,9 @@ class SessionCounts:
     failed: int = 0
     hedged: int = 0  # requests copied to an idle server at the tail (dispatch's hedge)
     hedge_wins: int = 0  # prompts whose stored answer came from the copy
+    servers: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # server_entry() of each server preflight approved
 
 
 class RunStore:
@@ -250,11 +265,13 @@ class RunStore:
         *,
         clock: HardwareClock = WALL,
         prompt_scan: Mapping[str, Any] | None = None,
+        servers: Iterable[Mapping[str, Any]] = (),
     ) -> RunStore:
         """Lock ``out_dir``, clear leftovers of a crash, check the fingerprint, read the stored ids.
 
         ``clock`` is the servers' (recorded with each session); ``prompt_scan`` preflight's counts of the prompt
-        file (``PromptScan.as_dict``), recorded in the manifest."""
+        file (``PromptScan.as_dict``), recorded in the manifest; ``servers`` the session's servers
+        (``server_entry``: url, engine, version, token-id source), recorded with the session."""
         out_dir = Path(config.out_dir)
         try:
             (out_dir / SHARDS).mkdir(parents=True, exist_ok=True)
@@ -277,6 +294,7 @@ class RunStore:
                 )
             store = cls(config, stored_ids=ids, manifest=manifest, clock=clock, prompt_scan=prompt_scan)
             store._lock_handle = handle
+            store.session.servers = [dict(server) for server in servers]
             store._load_failures()
         except BaseException:
             handle.close()
@@ -428,6 +446,7 @@ class RunStore:
                 "hedged": self.session.hedged,
                 "hedge_wins": self.session.hedge_wins,
                 "clock_factor": self.clock.factor,  # started_at/ended_at are wall clock; × this = hardware seconds
+                "servers": self.session.servers,
                 "status": status,
                 "detail": detail[:2000],
             }

@@ -17,6 +17,7 @@ from draftgen.client.errors import RequestError
 from draftgen.client.records import ChatResult
 from draftgen.prompts.rows import PromptRow
 from draftgen.training.conversation import answer_points, request_messages
+from draftgen.training.token_ids import compact
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ class Conversation:
             (r.spec_accept_length, r.completion_tokens) for r in results if r.spec_accept_length is not None
         ]
         weight = sum(tokens or 0 for _, tokens in accept)
+        output_ids = [r.output_ids for r in results]
+        prompt_shared, prompt_suffixes = compact([r.prompt_ids for r in results], output_ids)
         if not accept:
             accept_length = None
         elif weight > 0:
@@ -120,6 +123,9 @@ class Conversation:
             "turn_spec_accept_length": [r.spec_accept_length for r in results],
             "turn_spec_verify_ct": [r.spec_verify_ct for r in results],
             "turns_mode": self.mode,
+            "turn_output_ids": output_ids,
+            "turn_prompt_ids": prompt_suffixes,
+            "turn_prompt_shared": prompt_shared,
         }
 
     def failure_row(self, error: RequestError, attempts: int, server: str | None) -> dict[str, Any]:

@@ -66,6 +66,16 @@ def shard_of(prompt_id: str, count: int) -> int:
     return int.from_bytes(digest, "little") % count
 
 
+HOLDOUT_KEY = b"draftgen-holdout"  # keys the hash, so the held-out set is independent of the shards
+
+
+def holdout_fraction(prompt_id: str) -> float:
+    """A stable point in [0, 1) for an id: the held-out split takes the ids below its share, on every node and every
+    rerun alike (a keyed hash, unrelated to ``shard_of``)."""
+    digest = hashlib.blake2b(prompt_id.encode(), digest_size=8, key=HOLDOUT_KEY).digest()
+    return int.from_bytes(digest, "little") / 2**64
+
+
 def _truncate(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

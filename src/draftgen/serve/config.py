@@ -15,7 +15,10 @@ from draftgen.sim.profiles import get_profile
 ENGINES = ("sglang", "sim")
 DEFAULT_BASE_PORT = 30000
 DEFAULT_ROUTER_PORT = 30100
-ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+ROUTER_MODULE = "smg"  # SMG, SGLang's gateway: `python -m smg launch` (PyPI smg, a Rust binary in the wheel)
+ROUTER_PIN = "smg==1.13.0"  # the release docs/engines.md measured (pyproject's dev extra pins the same)
+# SMG's names (`smg launch --help`, --policy) for the policies that spread one model over equal workers.
+ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load", "power_of_two", "random")
 LOCAL_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "")
 
 # --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4: the MTP setting that

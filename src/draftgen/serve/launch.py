@@ -123,15 +123,18 @@ def router_argv(
     metrics_port: int,
     policy: str = "cache_aware",
 ) -> list[str]:
-    """SGLang's router (``sglang-router``, a Rust binary in a Python wheel) in front of ``workers``.
+    """SMG, SGLang's gateway (PyPI ``smg``: a Rust binary in a Python wheel), in front of ``workers``.
 
-    Its Prometheus metrics listen on their own port (``--prometheus-port``; 29000 when not given, which two
-    routers on one machine would fight over), not on the API port.
+    ``python -m smg launch`` is the ``smg launch`` command run by the interpreter ``--python`` names, so one
+    check (``import smg``) tells whether it can start. Its Prometheus metrics listen on their own port
+    (``--prometheus-port``; 29000 when not given, which two gateways on one machine would fight over), not on
+    the API port. The policy names are SMG's own (:data:`draftgen.serve.config.ROUTER_POLICIES`).
     """
     return [
         python,
         "-m",
-        "sglang_router.launch_router",
+        "smg",
+        "launch",
         "--worker-urls",
         *workers,
         "--policy",
@@ -148,7 +151,7 @@ def router_argv(
 
 
 def router_spec(config: ServeConfig) -> LaunchSpec:
-    """SGLang's router in front of this node's servers and any --router-worker URLs."""
+    """SMG in front of this node's servers and any --router-worker URLs."""
     argv = router_argv(
         config.python,
         [*config.urls, *config.router_workers],
@@ -165,8 +168,9 @@ def router_spec(config: ServeConfig) -> LaunchSpec:
         gpus=(),
         argv=tuple(argv),
         env=(("PYTHONUNBUFFERED", "1"),),
-        # /health answers 200 as soon as the router listens, while its workers may still be registering in the
-        # background; /readiness answers 503 until at least one worker is registered and healthy.
+        # SMG's /health (and /liveness) answer 200 as soon as it listens, while its workers may still be registering
+        # in the background; /readiness answers 503 until at least one worker is registered and healthy (measured:
+        # docs/engines.md).
         health_path="/readiness",
     )
 

@@ -1,9 +1,8 @@
-"""SGLang's router as a child process on free ports, for tests and benchmarks (``draftgen serve --router`` runs
-the same command line under its supervisor), and the router's worker list.
+"""SMG, SGLang's gateway, as a child process on free ports, for tests and benchmarks (``draftgen serve --router``
+runs the same command line under its supervisor), and the gateway's worker list.
 
-``with RouterProcess(worker_urls, policy="round_robin") as router: router.url ...`` starts
-``python -m sglang_router.launch_router`` in its own process group, waits until every worker is registered and
-healthy, and stops the whole group on exit.
+``with RouterProcess(worker_urls, policy="round_robin") as router: router.url ...`` starts ``python -m smg launch``
+in its own process group, waits until every worker is registered and healthy, and stops the whole group on exit.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ START_TIMEOUT_S = 60.0
 
 
 class RouterError(RuntimeError):
-    """The router did not come up; the message quotes its log."""
+    """The gateway did not come up; the message quotes its log."""
 
 
 def _get_json(url: str, timeout_s: float = 5.0) -> object | None:
@@ -39,7 +38,7 @@ def _get_json(url: str, timeout_s: float = 5.0) -> object | None:
 
 
 def healthy_workers(router_url: str) -> dict[str, bool]:
-    """``GET /workers`` of a running router: worker URL → healthy (empty when the router does not answer)."""
+    """``GET /workers`` of a running gateway: worker URL → healthy (empty when it does not answer)."""
     data = _get_json(f"{router_url}/workers")
     workers = data.get("workers") if isinstance(data, dict) else None
     if not isinstance(workers, list):
@@ -69,7 +68,8 @@ class RouterProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
+    def start(self, timeout_s: float = START_TIMEOUT_S, *, wait: bool = True) -> str:
+        """Start SMG; with ``wait``, return once every worker is registered and healthy."""
         if not self.port:
             base = find_free_base_port(2)
             self.port, self.metrics_port = base, base + 1
@@ -94,18 +94,20 @@ class RouterProcess:
                 start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
+        if not wait:
+            return self.url
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:
                 self.stop()
-                raise RouterError(f"the router exited with code {code}:\n{self._tail()}")
+                raise RouterError(f"SMG exited with code {code}:\n{self._tail()}")
             seen = healthy_workers(self.url)
             if len(seen) == len(self.workers) and all(seen.values()):
                 return self.url
             time.sleep(0.2)
         self.stop()
-        raise RouterError(f"the router did not register {len(self.workers)} healthy workers:\n{self._tail()}")
+        raise RouterError(f"SMG did not register {len(self.workers)} healthy workers:\n{self._tail()}")
 
     def _tail(self, lines: int = 20) -> str:
         if self.log_path is None or not self.log_path.exists():

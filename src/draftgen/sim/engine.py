@@ -9,11 +9,13 @@ stays exact even when individual sleeps overshoot; ``speed`` divides every wait.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from draftgen.sim.adaptive import AdaptiveRuntime, step_seconds
 from draftgen.sim.profiles import Profile
 from draftgen.sim.textgen import CompletionPlan
 
@@ -27,9 +29,13 @@ class SimRequest:
     kind: str  # "chat", "generate", "warmup", "health"
     prompt_tokens: int
     plan: CompletionPlan
-    draws: list[int]  # tokens gained per verify step; sums to len(plan.tokens) + EOS
+    draws: list[
+        int
+    ]  # tokens gained per verify step; sums to len(plan.tokens) + EOS (adaptive: filled as it runs)
     stream: bool
     seed: int | None = None  # what the completion was drawn from (a hash of the messages and sampling seed)
+    rng: random.Random | None = None  # adaptive speculation: draws are made per step, at that step's count
+    proposed_drafts: int = 0  # drafts proposed over its verifies (adaptive: the steps in force each time)
     arrival: float = field(default_factory=time.time)
     admitted: float | None = None
     first_token: float | None = None
@@ -100,6 +106,12 @@ class Engine:
         self._next_deadline: float | None = None
         self.wedged = False
         self.last_step_at = 0.0  # time.time() of the last step that produced tokens (SGLang's "last receive")
+        costs = profile.spec_costs
+        self.adaptive = (
+            AdaptiveRuntime(costs, profile.adaptive_steps)
+            if profile.adaptive_steps is not None and costs is not None
+            else None
+        )
 
     def mark_ready(self) -> None:
         """Warm-up done: admit everything (and wake the loop, which may be idle with requests queued)."""
@@ -169,11 +181,17 @@ class Engine:
             # Admitted requests are running from now on, so an abort during the step (client gone) removes
             # them for good: the step's results go only to requests still in ``running`` when it ends.
             self.running.extend(admitted)
-            sim_seconds = self.profile.step_seconds(len(self.running)) * self.slow
+            if self.adaptive is not None:  # the steps this batch size's slot is at now
+                steps = self.adaptive.steps_for(len(self.running))
+                assert self.profile.spec_costs is not None
+                sim_seconds = step_seconds(self.profile.spec_costs, len(self.running), steps) * self.slow
+            else:
+                steps = self.profile.spec_steps
+                sim_seconds = self.profile.step_seconds(len(self.running)) * self.slow
             sim_seconds += sum(self.profile.prefill_seconds(r.prompt_tokens) for r in admitted)
             await self._wait_step(sim_seconds / self.speed)
             if self.running and not self.wedged:  # every request of the step may have been aborted meanwhile
-                self._apply_step(time.time())
+                self._apply_step(time.time(), steps)
             self.stats.step_planned_s += sim_seconds / self.speed
             self.stats.step_actual_s += time.monotonic() - cycle_started
 
@@ -195,13 +213,17 @@ class Engine:
         else:
             await asyncio.sleep(0)
 
-    def _apply_step(self, now: float) -> None:
+    def _apply_step(self, now: float, steps: int) -> None:
         self.last_step_at = now
         stats = self.stats
         finished: list[SimRequest] = []
         step_tokens = 0
         for request in self.running:
+            if self.adaptive is not None and request.rng is not None:
+                left = request.plan.completion_tokens - request.emitted
+                request.draws.append(self.adaptive.draw(request.rng, steps, left))
             gained = request.draws[request.step_index]
+            request.proposed_drafts += steps
             request.step_index += 1
             request.emitted += gained
             step_tokens += gained
@@ -211,9 +233,15 @@ class Engine:
                 request.emit_times.append(now)
                 request.emit_counts.append(gained)
                 request.progress.set()
-            if request.step_index >= len(request.draws):
+            if request.rng is not None:  # adaptive: its completion is whole
+                done = request.emitted >= request.plan.completion_tokens
+            else:
+                done = request.step_index >= len(request.draws)
+            if done:
                 finished.append(request)
         verifies = len(self.running)
+        if self.adaptive is not None:
+            self.adaptive.observe(verifies, [r.draws[r.step_index - 1] - 1 for r in self.running])
         # Counted as produced, like SGLang's scheduler: aborted requests' tokens count too.
         stats.generation_tokens_total += step_tokens
         stats.verify_steps_total += verifies

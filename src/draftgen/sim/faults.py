@@ -30,6 +30,7 @@ class Faults:
     omit_usage: bool = False  # never send usage (some engines don't)
     omit_done: bool = False  # end SSE streams without "data: [DONE]"
     sglang_version: str = "0.5.23"  # which response shapes to speak
+    noncanonical_ids: float = 0.0  # share of answers whose ids spell one token as smaller ones (same text)
 
     def crash_after_requests(self) -> int | None:
         value = self.crash_after.strip()
@@ -53,7 +54,7 @@ def _parse_bool(text: str) -> bool:
 
 
 def _check(key: str, value: object) -> None:
-    if key.endswith("_rate") and not 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
+    if (key.endswith("_rate") or key == "noncanonical_ids") and not 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
         raise ValueError("must be between 0 and 1")
     if key in ("overload", "wedge_after", "load_delay", "startup_delay") and float(value) < 0:  # type: ignore[arg-type]
         raise ValueError("must be >= 0")

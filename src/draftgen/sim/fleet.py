@@ -22,6 +22,7 @@ from pathlib import Path
 from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_PORT_IN_USE, PARENT_PID_ENV
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
+from draftgen.sim.tokenizer import SimTokenizer, TokenizerFolderError, default_tokenizer
 
 
 class FleetError(RuntimeError):
@@ -108,6 +109,9 @@ class SimFleet:
     ] = ()  # SGLang flags every server gets, e.g. ("--speculative-num-steps", "2", ...)
     work_dir: Path | None = None  # truth files and logs; a temporary folder when None
     host: str = "127.0.0.1"
+    # The servers' tokenizer folder (their ids, prompt_tokens, completion_tokens); None: the tiny Qwen3-format
+    # tokenizer, built once into work_dir/tokenizer when the fleet starts.
+    tokenizer: Path | None = None
     _procs: dict[int, subprocess.Popen] = field(default_factory=dict, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False, repr=False)
 
@@ -148,6 +152,13 @@ class SimFleet:
             self._tmp = tempfile.TemporaryDirectory(prefix="draftgen-sim-")
             self.work_dir = Path(self._tmp.name)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.tokenizer is None:
+            self.tokenizer = default_tokenizer(self.work_dir / "tokenizer")
+        else:
+            try:
+                SimTokenizer(self.tokenizer)
+            except TokenizerFolderError as exc:
+                raise FleetError(str(exc)) from exc
         if self.base_port is None:
             self.base_port = find_free_base_port(self.servers)
         busy = [self.port(i) for i in range(self.servers) if not port_is_free(self.port(i), self.host)]
@@ -182,6 +193,8 @@ class SimFleet:
             "--truth",
             str(self.truth_path(index)),
             "--die-with-parent",
+            "--tokenizer",
+            str(self.tokenizer),
         ]
         if self.max_running_requests:
             command += ["--max-running-requests", str(self.max_running_requests)]

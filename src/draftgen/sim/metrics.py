@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from draftgen.sim.engine import Engine, SimRequest
@@ -67,6 +67,9 @@ class _EngineCollector:
 
 class ServerMetrics:
     def __init__(self, engine: Engine, model_name: str):
+        # SGLang 0.5.23 exposes no ``*_created`` series; prometheus_client adds one per histogram unless told not
+        # to (a per-process library setting, and each simulated server is its own process).
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(engine, model_name))  # type: ignore[arg-type]
         self.model_name = model_name

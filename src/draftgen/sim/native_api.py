@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from draftgen.sim.engine import SimRequest
-from draftgen.sim.textgen import EOS_TOKEN_ID, THINK_END, count_text_tokens, request_seed
+from draftgen.sim.textgen import THINK_END, request_seed
 from draftgen.sim.wire import BadRequest, sse
 
 if TYPE_CHECKING:
@@ -103,6 +104,7 @@ class NativeApi:
                 "speculative_eagle_topk": self.sim.profile.spec_topk if spec else None,
                 "speculative_num_draft_tokens": self.sim.profile.draft_tokens if spec else None,
                 "mem_fraction_static": self.sim.profile.mem_fraction_static,
+                "speculative_adaptive": self.sim.profile.adaptive_steps is not None,
                 "version": self.sim.faults.sglang_version,
                 "internal_states": [state],
             }
@@ -148,15 +150,17 @@ class NativeApi:
             await self.sim.wait_for(request)
             return web.json_response(self._generate_body(request))
         async with self.sim.event_stream(http, request) as response:
+            first = True
             while True:
                 await request.progress.wait()
                 request.progress.clear()
-                await response.write(sse(self._generate_body(request)))
+                await response.write(sse(self._generate_body(request, first=first)))
+                first = False
                 if request.done.is_set():
                     break
         return response
 
-    def _parse_generate(self, body: object) -> dict:
+    def _parse_generate(self, body: object, headers: Mapping[str, str]) -> dict:
         if not isinstance(body, dict):
             raise BadRequest("Request body must be a JSON object.")
         text, input_ids = body.get("text"), body.get("input_ids")
@@ -171,38 +175,68 @@ class NativeApi:
         sampling = body.get("sampling_params") or {}
         if not isinstance(sampling, dict):
             raise BadRequest("sampling_params must be an object.")
-        prompt_tokens = count_text_tokens(text) if text is not None else len(input_ids)  # type: ignore[arg-type]
+        prompt_ids = self.sim.tokenizer.encode(text) if text is not None else list(input_ids)  # type: ignore[arg-type]
         raw_max = sampling.get("max_new_tokens", 128)
-        max_tokens = self.sim.max_tokens(raw_max, prompt_tokens, "max_new_tokens")
-        thinking = not (isinstance(text, str) and text.rstrip(" ").endswith(THINK_END + "\n\n"))
+        max_tokens = self.sim.max_tokens(raw_max, len(prompt_ids), "max_new_tokens")
+        if text is None:
+            text = self.sim.tokenizer.decode(prompt_ids)
+        thinking = not text.rstrip(" ").endswith(THINK_END + "\n\n")
         return {
             "rid": str(body.get("rid") or uuid.uuid4().hex),
-            "prompt_tokens": prompt_tokens,
+            "prompt_tokens": len(prompt_ids),
             "max_tokens": max_tokens,
             "thinking": thinking,
             "stream": bool(body.get("stream")),
-            "seed": request_seed({"text": text, "input_ids": input_ids}, sampling.get("sampling_seed")),
+            "seed": request_seed(
+                {"text": body.get("text"), "input_ids": input_ids}, sampling.get("sampling_seed")
+            ),
             "ignore_eos": bool(sampling.get("ignore_eos")),
         }
 
-    def _generate_body(self, request: SimRequest) -> dict:
+    def _generate_body(self, request: SimRequest, *, first: bool = False) -> dict:
+        """SGLang 0.5.23's reply (or, streaming, one cumulative event): raw text with ``</think>`` (no reasoning
+        parser here), the output ids so far (the EOS included once generated), and ``meta_info``; the final
+        event adds the end-of-request timings, as SGLang's does."""
         shown = request.shown_tokens
-        text = "".join(request.plan.tokens[:shown])
+        now = time.time()
+        done = request.done.is_set()
         meta: dict[str, object] = {
             "id": request.rid,
             "finish_reason": None,
             "prompt_tokens": request.prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "storage_prefetch_wait": 0.0,
+            "storage_staging_wait": 0.0,
+            "forward_entry_time": request.admitted or request.arrival,
+            "prefill_finished_time": request.first_token or request.admitted or request.arrival,
+            "queue_time": max(0.0, (request.admitted or request.arrival) - request.arrival),
+            "reasoning_tokens": 0,
             "completion_tokens": request.emitted,
             "cached_tokens": 0,
-            "e2e_latency": (request.finished or time.time()) - request.arrival,
+            "cached_tokens_details": None,  # SGLang's, with nothing cached (no prefix cache here)
+            "dp_rank": None,
         }
-        if request.done.is_set():
+        if done:
             if request.outcome != "ok":
                 meta["finish_reason"] = {"type": "abort", "message": request.outcome}
             elif request.plan.finish_type == "stop":
-                meta["finish_reason"] = {"type": "stop", "matched": EOS_TOKEN_ID}
+                meta["finish_reason"] = {"type": "stop", "matched": request.plan.eos_id}
             else:
                 meta["finish_reason"] = {"type": "length", "length": request.emitted}
+            finished = request.finished or now
+            first_token = request.first_token or finished
+            meta["weight_versions"] = [{"version": "default", "start": 0, "end": request.emitted}]
+            meta["e2e_latency"] = finished - request.arrival
+            meta["request_received_ts"] = request.arrival
+            meta["first_token_latency"] = first_token - request.arrival
+            meta["api_server_dispatch_finish_ts"] = request.arrival
+            meta["request_finished_ts"] = finished
+            decode_s = finished - first_token
+            meta["decode_throughput"] = request.emitted / decode_s if decode_s > 0 else 0.0
         if self.sim.profile.speculative:
             meta.update(self.sim.spec_fields(request, self.sim.faults.sglang_version))
-        return {"text": text, "output_ids": list(range(request.emitted)), "meta_info": meta}
+        if done or first:
+            meta["response_sent_to_client_ts"] = now
+        text = "".join(request.plan.tokens[:shown])
+        return {"text": text, "output_ids": request.plan.output_ids(request.emitted), "meta_info": meta}

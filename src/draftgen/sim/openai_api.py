@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from draftgen.sim.engine import SimRequest
-from draftgen.sim.textgen import EOS_TOKEN_ID, count_text_tokens, render_chat_prompt, request_seed
+from draftgen.sim.textgen import request_seed
 from draftgen.sim.wire import BadRequest, sse
 
 if TYPE_CHECKING:
@@ -54,12 +55,12 @@ class OpenAIApi:
         await self.sim.wait_for(request)
         return web.json_response(self._chat_body(request, parsed))
 
-    def _parse_chat(self, body: object) -> dict:
+    def _parse_chat(self, body: object, headers: Mapping[str, str]) -> dict:
         if not isinstance(body, dict):
             raise BadRequest("Request body must be a JSON object.")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list.")
+            raise BadRequest("Messages cannot be empty.")
         for index, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message:
                 raise BadRequest(f"messages[{index}] must be an object with a 'role'.")
@@ -68,15 +69,20 @@ class OpenAIApi:
             raise BadRequest("draftgen sim supports n=1 only.")
         kwargs = body.get("chat_template_kwargs") or {}
         thinking = bool(kwargs.get("enable_thinking", True)) if isinstance(kwargs, dict) else True
-        prompt_tokens = count_text_tokens(render_chat_prompt(messages, thinking))
+        tokenizer = self.sim.tokenizer
+        try:
+            prompt_ids = tokenizer.encode(tokenizer.render(messages, thinking))
+        except Exception as exc:  # a template error is the client's request, as in SGLang
+            raise BadRequest(f"the chat template could not render these messages: {exc}") from exc
         max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = self.sim.max_tokens(body.get(max_key), prompt_tokens, max_key)
+        max_tokens = self.sim.max_tokens(body.get(max_key), len(prompt_ids), max_key)
         stream_options = body.get("stream_options") or {}
         seed_payload = {"messages": messages, "thinking": thinking}
         return {
             "rid": str(body.get("rid") or uuid.uuid4().hex),
             "model": body.get("model") or self.sim.config.model,
-            "prompt_tokens": prompt_tokens,
+            "prompt_ids": prompt_ids,
+            "prompt_tokens": len(prompt_ids),
             "max_tokens": max_tokens,
             "thinking": thinking,
             "separate": body.get("separate_reasoning", True) is not False,
@@ -85,6 +91,11 @@ class OpenAIApi:
             if isinstance(stream_options, dict)
             else False,
             "spec_details": bool(body.get("return_spec_tokens_details")),
+            # SGLang 0.5.23: the body fields, or their headers
+            "input_ids": bool(body.get("return_input_ids_in_sglext"))
+            or headers.get("x-sglext-return-input-ids") == "1",
+            "output_ids": bool(body.get("return_output_ids_in_sglext"))
+            or headers.get("x-sglext-return-output-ids") == "1",
             "seed": request_seed(seed_payload, body.get("seed")),
             "ignore_eos": bool(body.get("ignore_eos")),
         }
@@ -96,32 +107,46 @@ class OpenAIApi:
             return None, answer
         return reasoning, answer
 
-    def _usage(self, request: SimRequest) -> dict:
+    def _usage(self, request: SimRequest, parsed: dict) -> dict:
+        """SGLang 0.5.23's usage: reasoning tokens (up to ``</think>``) at the top and in the details, which are
+        null when there are none."""
+        reasoning = request.plan.reasoning_tokens(request.emitted) if parsed["separate"] else 0
         return {
             "prompt_tokens": request.prompt_tokens,
-            "completion_tokens": request.emitted,
             "total_tokens": request.prompt_tokens + request.emitted,
+            "completion_tokens": request.emitted,
             "prompt_tokens_details": None,
-            "reasoning_tokens": 0,
+            "reasoning_tokens": reasoning,
+            "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
         }
 
     def _finish_reason(self, request: SimRequest) -> tuple[str, int | None]:
         if request.outcome != "ok":
             return "abort", None
         if request.plan.finish_type == "stop":
-            return "stop", EOS_TOKEN_ID
+            return "stop", request.plan.eos_id
         return "length", None
 
     def _sglext(self, request: SimRequest, parsed: dict) -> dict | None:
-        if not (
-            parsed["spec_details"]
-            and self.sim.profile.speculative
-            and self.sim.faults.sglang_version == "0.5.23"
-        ):
+        """The response-level ``sglext`` of 0.5.23 (spec details and/or ids), or None when nothing was asked for
+        (or the request did not finish: SGLang omits the ids after an abort)."""
+        if self.sim.faults.sglang_version != "0.5.23" or request.outcome != "ok":
             return None
-        if request.outcome != "ok":
-            return None
-        return {"spec_tokens_details": self.sim.spec_fields(request, "0.5.23")}
+        sglext: dict[str, object] = {}
+        if parsed["spec_details"] and self.sim.profile.speculative:
+            sglext["spec_tokens_details"] = self.sim.spec_tokens_details(request)
+        if parsed["input_ids"]:
+            sglext["input_ids"] = parsed["prompt_ids"]
+        if parsed["output_ids"]:
+            sglext["output_ids"] = [request.plan.output_ids(request.emitted)]
+        return sglext or None
+
+    @staticmethod
+    def _metadata(request: SimRequest) -> dict:
+        return {
+            "weight_version": "default",
+            "weight_versions": [{"version": "default", "start": 0, "end": request.emitted}],
+        }
 
     def _chat_body(self, request: SimRequest, parsed: dict) -> dict:
         reasoning, content = self._texts(request, parsed, 0, request.shown_tokens)
@@ -136,17 +161,16 @@ class OpenAIApi:
                     "index": 0,
                     "message": {
                         "role": "assistant",
-                        "content": content or None,
-                        "reasoning_content": reasoning or None,
-                        "tool_calls": None,
+                        "content": content,
+                        "reasoning_content": reasoning if reasoning is not None else None,
                     },
                     "logprobs": None,
                     "finish_reason": finish_reason,
                     "matched_stop": matched,
                 }
             ],
-            "usage": None if self.sim.faults.omit_usage else self._usage(request),
-            "metadata": {"weight_version": "default"},
+            "usage": None if self.sim.faults.omit_usage else self._usage(request, parsed),
+            "metadata": self._metadata(request),
         }
         sglext = self._sglext(request, parsed)
         if sglext is not None:
@@ -170,14 +194,25 @@ class OpenAIApi:
                     "matched_stop": finish[1],
                 }
             ],
-            "usage": None,
+        }
+
+    def _tail_chunk(self, request: SimRequest, parsed: dict, **fields: object) -> dict:
+        """A ``choices: []`` chunk (the sglext one, the usage one)."""
+        return {
+            "id": request.rid,
+            "object": "chat.completion.chunk",
+            "created": int(request.arrival),
+            "model": parsed["model"],
+            "choices": [],
+            **fields,
         }
 
     async def _stream_chat(self, http: web.Request, request: SimRequest, parsed: dict) -> web.StreamResponse:
+        """SGLang 0.5.23's stream: the role chunk, reasoning deltas, content deltas (a step that crosses
+        ``</think>`` sends one of each), the finish chunk, then ``choices: []`` chunks: sglext, then usage."""
         async with self.sim.event_stream(http, request) as response:
-            await response.write(
-                sse(self._chunk(request, parsed, {"role": "assistant", "content": ""}, (None, None)))
-            )
+            first = {"reasoning_content": None, "role": "assistant", "content": ""}
+            await response.write(sse(self._chunk(request, parsed, first, (None, None))))
             sent = 0
             while True:
                 await request.progress.wait()
@@ -185,27 +220,21 @@ class OpenAIApi:
                 upto = request.shown_tokens
                 if upto > sent:
                     reasoning, content = self._texts(request, parsed, sent, upto)
-                    delta: dict[str, object] = {}
                     if reasoning:
-                        delta["reasoning_content"] = reasoning
+                        delta = {"reasoning_content": reasoning}
+                        await response.write(sse(self._chunk(request, parsed, delta, (None, None))))
                     if content:
-                        delta["content"] = content
-                    if delta:
-                        delta.setdefault("content", None)
+                        delta = {"reasoning_content": None, "content": content}
                         await response.write(sse(self._chunk(request, parsed, delta, (None, None))))
                     sent = upto
                 if request.done.is_set():
                     break
-            await response.write(sse(self._chunk(request, parsed, {}, self._finish_reason(request))))
-            if parsed["include_usage"] and not self.sim.faults.omit_usage:
-                usage_chunk = self._chunk(request, parsed, {}, (None, None))
-                usage_chunk["choices"] = []
-                usage_chunk["usage"] = self._usage(request)
-                await response.write(sse(usage_chunk))
+            finish = self._chunk(request, parsed, {"reasoning_content": None}, self._finish_reason(request))
+            await response.write(sse(finish))
             sglext = self._sglext(request, parsed)
             if sglext is not None:
-                ext_chunk = self._chunk(request, parsed, {}, (None, None))
-                ext_chunk["choices"] = []
-                ext_chunk["sglext"] = sglext
-                await response.write(sse(ext_chunk))
+                await response.write(sse(self._tail_chunk(request, parsed, usage=None, sglext=sglext)))
+            if parsed["include_usage"] and not self.sim.faults.omit_usage:
+                usage = self._usage(request, parsed)
+                await response.write(sse(self._tail_chunk(request, parsed, usage=usage)))
         return response

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from draftgen.sim import adaptive
 from draftgen.sim.textgen import acceptance_probability
 
 
@@ -75,6 +76,7 @@ class Profile:
     memory: MemoryModel | None = None  # None: no memory limit at start
     mem_fraction_static: float | None = None  # as launched, when the memory model applies
     kv_admission: bool = False  # admit a request only while the KV cache can hold it to the end
+    adaptive_steps: int | None = None  # --speculative-adaptive: the steps every slot starts from (None: off)
 
     def position_probabilities(self) -> tuple[float, ...]:
         """Conditional acceptance of draft positions 1..draft_tokens-1 (each only if the previous was accepted)."""
@@ -85,10 +87,20 @@ class Profile:
         return (acceptance_probability(self.accept_mean, self.draft_tokens),) * (self.draft_tokens - 1)
 
     def step_seconds(self, batch: int) -> float:
-        """Duration of one decode step with ``batch`` running requests."""
+        """Duration of one decode step with ``batch`` running requests (adaptive: at the steps it settles on)."""
         if self.instant or batch <= 0:
             return 0.0
+        if self.adaptive_steps is not None and self.spec_costs is not None:
+            steps = adaptive.settled_steps(self.spec_costs, self.adaptive_steps, batch)
+            return adaptive.step_seconds(self.spec_costs, batch, steps)
         return self.step_base_s + self.step_per_req_s * batch
+
+    def accept_mean_at(self, batch: int) -> float:
+        """Mean tokens per verify at a steady ``batch`` (adaptive: at the steps it settles on there)."""
+        if self.adaptive_steps is not None and self.spec_costs is not None:
+            steps = adaptive.settled_steps(self.spec_costs, self.adaptive_steps, batch)
+            return 1.0 + adaptive.expected_accepted(self.spec_costs, steps)
+        return self.accept_mean
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
         if self.instant:
@@ -99,7 +111,7 @@ class Profile:
         """Aggregate decode throughput at a steady batch size (the capacity curve, prefill excluded)."""
         batch = min(batch, self.max_running_requests)
         step = self.step_seconds(batch)
-        return float("inf") if step == 0 else batch * self.accept_mean / step
+        return float("inf") if step == 0 else batch * self.accept_mean_at(batch) / step
 
     def with_overrides(self, **changes: object) -> Profile:
         return replace(self, **changes)

@@ -19,12 +19,13 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from draftgen.sim.adaptive import candidate_steps as adaptive_candidates
 from draftgen.sim.admin_api import AdminApi
 from draftgen.sim.defaults import (
     DEFAULT_MODEL,
@@ -47,6 +48,7 @@ from draftgen.sim.speculative import (
     startup_warnings,
 )
 from draftgen.sim.textgen import CompletionPlan, plan_acceptance_by_position, plan_completion
+from draftgen.sim.tokenizer import SimTokenizer, TokenizerFolderError, default_tokenizer
 from draftgen.sim.wire import BadRequest, error_response
 
 WARMUP_MAX_TOKENS = 8
@@ -64,6 +66,9 @@ class ServerConfig:
     truth_path: Path | None = None
     seed: int = 0  # salts fault draws (which request fails), never the completion text
     max_running_requests: int | None = None  # overrides the profile, like --max-running-requests
+    tokenizer: Path | None = (
+        None  # a Hugging Face tokenizer folder; None: the tiny Qwen3-format one, built here
+    )
 
 
 class SimServer:
@@ -77,6 +82,7 @@ class SimServer:
         self.engine = Engine(profile, speed=config.speed, slow=config.faults.slow, on_finish=self._on_finish)
         self.metrics = ServerMetrics(self.engine, config.model)
         self.accept_probs = profile.position_probabilities()
+        self.tokenizer = SimTokenizer(config.tokenizer or default_tokenizer())
         self.fault_rng = random.Random(config.seed ^ config.port)
         self.healthy = False
         self.started = time.time()
@@ -110,6 +116,7 @@ class SimServer:
                 "completion_tokens": request.emitted,
                 "verify_steps": request.verify_steps,
                 "seed": request.seed,
+                "noncanonical": request.plan.noncanonical,
                 "emit_times": request.emit_times if request.stream else None,
                 "emit_counts": request.emit_counts if request.stream else None,
             }
@@ -187,9 +194,11 @@ class SimServer:
         ignore_eos: bool,
         stream: bool,
         empty_answer: bool = False,
+        noncanonical: bool = False,
     ) -> SimRequest:
         plan: CompletionPlan = plan_completion(
             seed,
+            self.tokenizer,
             max_tokens=max_tokens,
             enable_thinking=enable_thinking,
             reasoning_median=self.profile.reasoning_median,
@@ -197,14 +206,25 @@ class SimServer:
             sigma=self.profile.length_sigma,
             empty_answer=empty_answer,
             ignore_eos=ignore_eos,
+            noncanonical=noncanonical,
         )
         total = plan.completion_tokens
+        rng = None
         if self.profile.instant:
             draws = [total]
+        elif self.profile.adaptive_steps is not None:
+            draws, rng = [], random.Random(seed)  # drawn step by step, at the steps in force then
         else:
             draws = plan_acceptance_by_position(seed, total, self.accept_probs, self.profile.draft_tokens)
         return SimRequest(
-            rid=rid, kind=kind, prompt_tokens=prompt_tokens, plan=plan, draws=draws, stream=stream, seed=seed
+            rid=rid,
+            kind=kind,
+            prompt_tokens=prompt_tokens,
+            plan=plan,
+            draws=draws,
+            stream=stream,
+            seed=seed,
+            rng=rng,
         )
 
     def max_tokens(self, value: object, prompt_tokens: int, name: str) -> int:
@@ -246,10 +266,11 @@ class SimServer:
         return None
 
     async def accept(
-        self, http: web.Request, parse: Callable[[object], dict], kind: str
+        self, http: web.Request, parse: Callable[[object, Mapping[str, str]], dict], kind: str
     ) -> tuple[dict, SimRequest] | web.Response:
         """A generation request's arrival, shared by ``/generate`` and ``/v1/chat/completions``: reads the JSON
-        body, ``parse`` turns it into the request's fields (``rid``, ``prompt_tokens``, ``seed``, ``max_tokens``,
+        body, ``parse`` turns it (and the request's headers) into the request's fields (``rid``, ``prompt_tokens``,
+        ``seed``, ``max_tokens``,
         ``thinking``, ``ignore_eos``, ``stream``) or raises BadRequest, then the injected arrival faults, then it
         is queued. Returns the parsed fields and the queued request, or the response to send instead."""
         try:
@@ -257,7 +278,7 @@ class SimServer:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return error_response(400, "Request body is not valid JSON.", "BadRequestError")
         try:
-            parsed = parse(body)
+            parsed = parse(body, http.headers)
         except BadRequest as exc:
             return error_response(400, str(exc), "BadRequestError")
         rid = parsed["rid"]
@@ -276,6 +297,7 @@ class SimServer:
             ignore_eos=parsed["ignore_eos"],
             stream=parsed["stream"],
             empty_answer=self.draw(self.faults.empty_answer_rate),
+            noncanonical=self.draw(self.faults.noncanonical_ids),
         )
         self.engine.submit(request)
         if self.draw(self.faults.abort_rate):
@@ -321,23 +343,39 @@ class SimServer:
         verify = request.verify_steps
         tokens = request.emitted
         accepted_drafts = max(0, tokens - verify)
-        proposed = verify * max(0, self.profile.draft_tokens - 1)
-        histogram = [0] * self.profile.draft_tokens
+        if request.rng is not None:  # adaptive: the steps changed from verify to verify
+            proposed = request.proposed_drafts
+            width = max(adaptive_candidates()) + 1
+        else:
+            proposed = verify * max(0, self.profile.draft_tokens - 1)
+            width = self.profile.draft_tokens
+        histogram = [0] * width
         for gained in request.draws[:verify]:
-            histogram[min(gained, self.profile.draft_tokens) - 1] += 1
+            histogram[min(gained, width) - 1] += 1
         fields: dict[str, object] = {"spec_verify_ct": verify}
         if shape == "0.5.4":
             return fields
         fields["spec_accept_length"] = tokens / verify if verify else None
         fields["spec_accept_rate"] = accepted_drafts / proposed if proposed else None
-        fields["spec_accept_histogram"] = histogram
         if shape == "0.5.9":
+            fields["spec_accept_histogram"] = histogram
             fields["spec_accept_token_num"] = accepted_drafts
             fields["spec_draft_token_num"] = proposed
         else:
             fields["spec_num_correct_drafts"] = accepted_drafts
             fields["spec_num_proposed_drafts"] = proposed
+            fields["spec_correct_drafts_histogram"] = histogram  # verify steps by drafts accepted: 0, 1, ...
         return fields
+
+    def spec_tokens_details(self, request: SimRequest) -> dict:
+        """0.5.23's ``sglext.spec_tokens_details``: meta_info's fields plus the capped-draft ones, which stay
+        zero and empty without a draft-length cap (as real SGLang sends them for NGRAM and EAGLE)."""
+        return {
+            **self.spec_fields(request, "0.5.23"),
+            "spec_cap_length": 0.0,
+            "spec_block_accept_length": 0.0,
+            "spec_cap_lens_histogram": [],
+        }
 
 
 # ----- process entry point -----------------------------------------------------------------------------------
@@ -397,6 +435,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault", action="append", default=[])
     parser.add_argument("--truth", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", type=Path, default=None)
     add_sglang_flags(parser)
     parser.add_argument("--die-with-parent", action="store_true")
     return parser.parse_args(argv)
@@ -440,7 +479,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults=faults,
         truth_path=args.truth,
         seed=args.seed,
+        tokenizer=args.tokenizer,
     )
+    try:
+        if args.tokenizer is not None:
+            SimTokenizer(args.tokenizer)  # a bad folder fails here, in one line, before the port opens
+    except TokenizerFolderError as exc:
+        print(f"draftgen sim: error: {exc}", file=sys.stderr)
+        return 2
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields, replace
 
+from draftgen.sim import adaptive
 from draftgen.sim.profiles import MemoryModel, Profile, SpecCosts
 
 SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang's batch cap with EAGLE/NEXTN when --max-running-requests is not given
@@ -46,10 +47,11 @@ class SimSettings:
     speculative_num_draft_tokens: int | None = None
     max_running_requests: int | None = None
     mem_fraction_static: float | None = None
+    speculative_adaptive: bool = False  # --speculative-adaptive (SGLang 0.5.23): steps chosen at run time
 
     @property
     def touches_speculation(self) -> bool:
-        return any(
+        return self.speculative_adaptive or any(
             v is not None
             for v in (
                 self.speculative_algorithm,
@@ -79,6 +81,11 @@ def add_sglang_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mem-fraction-static", type=float, default=None, help="share of GPU memory for weights and caches"
     )
+    parser.add_argument(
+        "--speculative-adaptive",
+        action="store_true",
+        help="SGLang 0.5.23's adaptive speculation: draft steps chosen per batch size at run time (top-k 1)",
+    )
 
 
 def sim_settings(args: argparse.Namespace) -> SimSettings:
@@ -89,6 +96,7 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
         max_running_requests=args.max_running_requests,
         mem_fraction_static=args.mem_fraction_static,
+        speculative_adaptive=bool(args.speculative_adaptive),
     )
 
 
@@ -97,7 +105,9 @@ def settings_argv(flags: SimSettings) -> list[str]:
     argv: list[str] = []
     for item in fields(flags):
         value = getattr(flags, item.name)
-        if value is not None:
+        if isinstance(value, bool):
+            argv += ["--" + item.name.replace("_", "-")] if value else []
+        elif value is not None:
             argv += [
                 "--" + item.name.replace("_", "-"),
                 f"{value:g}" if isinstance(value, float) else str(value),
@@ -151,6 +161,8 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
             after_load=False,
         )
     steps, topk, drafts = numbers
+    if flags.speculative_adaptive and (topk is None or topk == 1):
+        return (True, *_resolve_adaptive(steps))
     if steps is None:
         if topk is not None or drafts is not None:
             # SGLang asserts all three are unset before choosing them itself.
@@ -182,10 +194,40 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
     return True, steps, topk, drafts
 
 
+def _adaptive_algorithm(flags: SimSettings) -> bool:
+    """SGLang runs adaptive speculation with EAGLE (NEXTN is its alias) only."""
+    return (flags.speculative_algorithm or "").upper() in ("NEXTN", "EAGLE")
+
+
+def _resolve_adaptive(steps: int | None) -> tuple[int, int, int]:
+    """Adaptive (top-k 1): the steps start at the middle candidate unless given, which must be a candidate;
+    SGLang sets the draft tokens to steps + 1 whatever was given."""
+    candidates = adaptive.candidate_steps()
+    if steps is None:
+        steps = candidates[len(candidates) // 2]
+    if steps not in candidates:
+        raise _fail(
+            f"ValueError: --speculative-num-steps={steps} is not in the adaptive config candidate_steps "
+            f"{candidates}. Pass one of those values.",
+            after_load=False,
+        )
+    return steps, 1, steps + 1
+
+
 def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
     """What SGLang logs about these flags while accepting them (its adjustments)."""
     lines = []
     speculative, _, topk, drafts = _resolve(profile, flags)
+    if flags.speculative_adaptive and not _adaptive_algorithm(flags):
+        lines.append(
+            f"WARNING speculative_adaptive disabled: speculative_algorithm={flags.speculative_algorithm} "
+            "(only EAGLE/EAGLE3 are supported). Falling back to static speculative params."
+        )
+    elif flags.speculative_adaptive and topk != 1:
+        lines.append(
+            f"WARNING speculative_adaptive disabled: speculative_eagle_topk={topk} (only topk=1 is supported). "
+            "Falling back to static speculative params."
+        )
     if speculative and topk == 1 and flags.speculative_num_draft_tokens not in (None, drafts):
         lines.append(
             f"WARNING speculative_num_draft_tokens {flags.speculative_num_draft_tokens} adjusted to "
@@ -239,8 +281,11 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
     if not speculative:
         asked = flags.max_running_requests or NO_SPEC_MAX_RUNNING_FLOOR
         running = min(asked, _state_pool_cap(memory, fraction))  # SGLang caps the batch by the state pool
+    adaptive_on = speculative and flags.speculative_adaptive and topk == 1 and _adaptive_algorithm(flags)
+    adaptive_steps = steps if adaptive_on else None
     return replace(
         profile,
+        adaptive_steps=adaptive_steps,
         step_base_s=step_base,
         step_per_req_s=per_req,
         speculative=speculative,

@@ -1,11 +1,10 @@
-"""Deterministic Qwen3-style completions and the simulator's documented tokenization.
+"""Deterministic Qwen3-style completions, planned in the served tokenizer's own tokens.
 
-Simulated tokenization (what ``prompt_tokens`` and ``completion_tokens`` count):
-  * each chat-template special marker (``<|im_start|>``, ``<|im_end|>``, ``<think>``, ``</think>``) is one token;
-  * every other piece of text splits into tokens by ``TOKEN_PATTERN``: a newline, or optional spaces followed by
-    at most 8 non-space characters, or a run of spaces.
-Generated text is built from such tokens, so ``count_text_tokens(reasoning) + count_text_tokens(answer)`` plus
-the markers equals ``completion_tokens`` exactly.
+A completion is filler text with the right structure (reasoning, ``</think>``, answer) and long-tailed lengths in
+tokens of the server's tokenizer (``draftgen.sim.tokenizer.SimTokenizer``): its ids are the canonical encoding of
+its text, so ``completion_tokens`` is the number of ids, a stream's chunks are cut at token boundaries and the
+ids the server reports decode to exactly the text it sends. The ``noncanonical_ids`` fault spells one token as
+smaller vocabulary tokens instead: the same text, ids that re-encoding the text does not give back.
 """
 
 from __future__ import annotations
@@ -14,14 +13,14 @@ import hashlib
 import json
 import math
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-TOKEN_PATTERN = re.compile(r"\n|[^\S\n]*[^\s]{1,8}|[^\S\n]+")
-SPECIAL_PATTERN = re.compile(r"(<\|im_start\|>|<\|im_end\|>|<think>|</think>)")
+if TYPE_CHECKING:
+    from draftgen.sim.tokenizer import SimTokenizer
+
 THINK_END = "</think>"
-EOS_TOKEN_ID = 151645  # Qwen's <|im_end|>, reported as matched_stop like SGLang does
 
 _WORDS = (
     "the",
@@ -90,29 +89,6 @@ _OPENERS = ("Okay,", "Alright,", "Let", "So", "First,", "Hmm,")
 _PUNCT = (",", ".", ":", "?")
 
 
-def count_text_tokens(text: str | None) -> int:
-    if not text:
-        return 0
-    return sum(
-        1 if SPECIAL_PATTERN.fullmatch(piece) else len(TOKEN_PATTERN.findall(piece))
-        for piece in SPECIAL_PATTERN.split(text)
-        if piece
-    )
-
-
-def render_chat_prompt(messages: Sequence[dict], enable_thinking: bool) -> str:
-    """Qwen3.5/3.6-style ChatML prompt with the generation prompt, as the server would tokenize it."""
-    parts = []
-    for message in messages:
-        content = message.get("content")
-        if not isinstance(content, str):
-            content = json.dumps(content, ensure_ascii=False)
-        parts.append(f"<|im_start|>{message.get('role', 'user')}\n{content}<|im_end|>\n")
-    parts.append("<|im_start|>assistant\n")
-    parts.append("<think>\n" if enable_thinking else "<think>\n\n</think>\n\n")
-    return "".join(parts)
-
-
 def request_seed(payload: object, seed: int | None) -> int:
     """Same prompt (and seed) → same completion, on every server: retries and resumes stay comparable.
 
@@ -128,16 +104,35 @@ def _lognormal_length(rng: random.Random, median: int, sigma: float) -> int:
 
 @dataclass(frozen=True)
 class CompletionPlan:
-    """Everything a request will emit: token strings (EOS excluded), where thinking ends, and the finish."""
+    """Everything a request will emit: its ids and each one's text (EOS excluded), where thinking ends, the finish."""
 
-    tokens: tuple[str, ...]
-    think_end_index: int | None  # index of the "</think>" token in tokens, None if thinking is off or cut
+    ids: tuple[int, ...]
+    tokens: tuple[str, ...]  # the text of each id (what a stream shows when that token is produced)
+    think_end_index: int | None  # index of "</think>" in ids; past the end when cut before it; None if off
     finish_type: str  # "stop" or "length"
-    counts_eos: bool  # the EOS token is generated (counted in completion_tokens) but not shown
+    counts_eos: (
+        bool  # the EOS token is generated (counted in completion_tokens, reported in the ids) but not shown
+    )
+    eos_id: int
+    noncanonical: bool = False  # one token spelled as smaller ones (the noncanonical_ids fault)
 
     @property
     def completion_tokens(self) -> int:
-        return len(self.tokens) + (1 if self.counts_eos else 0)
+        return len(self.ids) + (1 if self.counts_eos else 0)
+
+    def output_ids(self, emitted: int) -> list[int]:
+        """The ids of the first ``emitted`` generated tokens, the EOS included once generated (as SGLang sends)."""
+        ids = list(self.ids[:emitted])
+        if self.counts_eos and emitted > len(self.ids):
+            ids.append(self.eos_id)
+        return ids
+
+    def reasoning_tokens(self, emitted: int) -> int:
+        """SGLang's ``reasoning_tokens``: the generated tokens up to and including ``</think>`` (all of them while
+        thinking has not ended; 0 with thinking off)."""
+        if self.think_end_index is None:
+            return 0
+        return min(emitted, self.think_end_index + 1, len(self.ids))
 
     def split_range(self, start: int, end: int, *, separate: bool = True) -> tuple[str, str]:
         """(reasoning, answer) text of tokens[start:end], split at "</think>" as a reasoning parser would.
@@ -154,8 +149,8 @@ class CompletionPlan:
 
 
 def _words(rng: random.Random, count: int, opener: str | None, *, continuing: bool = False) -> list[str]:
-    """``count`` tokens of filler text; each is exactly one token under TOKEN_PATTERN (at most 8 non-space
-    characters), and ``continuing`` text starts with a space so it never fuses with the text before it."""
+    """``count`` words of filler text, with punctuation and occasional newlines; ``continuing`` text starts with a
+    space so it never fuses with the text before it."""
     out: list[str] = []
     since_newline = 0
     while len(out) < count:
@@ -175,8 +170,59 @@ def _words(rng: random.Random, count: int, opener: str | None, *, continuing: bo
     return out[:count]
 
 
+def filler_text(seed: int, words: int) -> str:
+    """Reasoning-style filler of about ``words`` words, for training a tokenizer on text like the simulator's
+    (``draftgen.training.local_tokenizer``): needs no tokenizer itself."""
+    rng = random.Random(seed)
+    return "".join(_words(rng, words, rng.choice(_OPENERS)))
+
+
+def _units(words: Sequence[str]) -> list[str]:
+    """Filler words grouped so that no tokenizer merge crosses a unit's edge: a newline joins the word before it
+    (Qwen-style pre-tokenizers take punctuation + newline as one piece); every unit but the first starts a piece."""
+    units: list[str] = []
+    for word in words:
+        if word == "\n" and units:
+            units[-1] += word
+        else:
+            units.append(word)
+    return units
+
+
+FILLER_CHUNK = 12  # words drawn at a time: fixed, so a shorter filler is always a prefix of a longer one
+
+
+def _filler(
+    rng: random.Random, tokenizer: SimTokenizer, tokens: int, opener: str | None
+) -> tuple[list[str], int]:
+    """(units, their token count): filler of about ``tokens`` tokens of ``tokenizer`` (the first unit that reaches
+    it ends it). Drawn from ``rng`` in fixed chunks, so asking for fewer tokens gives a prefix of the same units."""
+    units: list[str] = []
+    count = 0
+    while count < tokens:
+        first = not units
+        for unit in _units(_words(rng, FILLER_CHUNK, opener if first else None, continuing=not first)):
+            units.append(unit)
+            count += len(tokenizer.encode_unit(unit))
+            if count >= tokens:
+                break
+    return units, count
+
+
+def _noncanonical(
+    rng: random.Random, tokenizer: SimTokenizer, ids: list[int], within: int
+) -> list[int] | None:
+    """``ids`` with one token among the first ``within`` spelled as smaller vocabulary tokens (same text)."""
+    candidates = [i for i in range(min(within, len(ids))) if tokenizer.split(ids[i]) is not None]
+    if not candidates:
+        return None
+    at = rng.choice(candidates)
+    return ids[:at] + list(tokenizer.split(ids[at]) or ()) + ids[at + 1 :]
+
+
 def plan_completion(
     seed: int,
+    tokenizer: SimTokenizer,
     *,
     max_tokens: int,
     enable_thinking: bool,
@@ -185,30 +231,59 @@ def plan_completion(
     sigma: float,
     empty_answer: bool = False,
     ignore_eos: bool = False,
+    noncanonical: bool = False,
 ) -> CompletionPlan:
-    """Deterministic completion for one request: long-tailed lengths, truncated at ``max_tokens``."""
+    """Deterministic completion for one request: long-tailed lengths in tokens, truncated at ``max_tokens``."""
+    # Lengths, reasoning words, answer words and the fault's choice each have their own stream, and only the
+    # first max_tokens + 1 tokens are ever drawn (one more decides stop or length): a request costs what it
+    # shows, and a smaller max_tokens cuts the very same completion.
     rng = random.Random(seed)
+    words_r, words_a, fault = (random.Random((seed << 2) | k) for k in (1, 2, 3))
+    budget = max_tokens + 1
     if empty_answer:
-        # The 6-token failure: "\n</think>\n\nOK." + EOS after a "<think>\n" generation prompt.
-        body = ["\n", THINK_END, "\n", "\n", "OK."] if enable_thinking else ["OK."]
-        think_end: int | None = 1 if enable_thinking else None
+        # The short failure: "\n</think>\n\nOK." + EOS after a "<think>\n" generation prompt.
+        units = ["\n", THINK_END, "\n\n", "OK."] if enable_thinking else ["OK."]
     else:
-        answer = _words(rng, _lognormal_length(rng, answer_median, sigma), None)
+        answer_length = _lognormal_length(rng, answer_median, sigma)
+        reasoning_length = _lognormal_length(rng, reasoning_median, sigma)
+        opener = rng.choice(_OPENERS)
+        units: list[str] = []
+        spent, answering = 0, not enable_thinking
         if enable_thinking:
-            reasoning = _words(rng, _lognormal_length(rng, reasoning_median, sigma), rng.choice(_OPENERS))
-            body = [*reasoning, "\n", THINK_END, "\n", "\n", *answer]
-            think_end = len(reasoning) + 1
-        else:
-            body = answer
-            think_end = None
-        if ignore_eos:
-            while len(body) < max_tokens:
-                body.extend(_words(rng, 64, None, continuing=True))
-    if not ignore_eos and len(body) + 1 <= max_tokens:
-        return CompletionPlan(tuple(body), think_end, "stop", counts_eos=True)
-    # A length cut (with ignore_eos, max_tokens is the only way to end). A cut before "</think>" leaves
-    # think_end_index past the end, so everything emitted is reasoning.
-    return CompletionPlan(tuple(body[:max_tokens]), think_end, "length", counts_eos=False)
+            units, spent = _filler(words_r, tokenizer, min(reasoning_length, budget), opener)
+            # Thinking ends within the budget (or the unit that reached it also completed the reasoning):
+            # "\n</think>\n\n" and the answer follow, exactly as they would with a larger max_tokens.
+            answering = spent >= reasoning_length
+            if answering:
+                units = [*units[:-1], units[-1] + "\n", THINK_END, "\n\n"]
+                spent = sum(len(tokenizer.encode_unit(u)) for u in units)
+        if answering:
+            wanted = max(answer_length, budget) if ignore_eos else answer_length
+            units += _filler(words_a, tokenizer, max(1, min(wanted, budget - spent)), None)[0]
+    ids = tokenizer.encode_units(units)
+    split = _noncanonical(fault, tokenizer, ids, max_tokens) if noncanonical else None
+    if split is not None:
+        ids = split
+    if enable_thinking:  # past the end when thinking was cut before "</think>"
+        think_end: int | None = (
+            ids.index(tokenizer.think_end_id) if tokenizer.think_end_id in ids else len(ids) + 1
+        )
+    else:
+        think_end = None
+    stops = not ignore_eos and len(ids) + 1 <= max_tokens
+    if not stops:
+        # A length cut (with ignore_eos, max_tokens is the only way to end). A cut before "</think>" leaves
+        # think_end_index past the end, so everything emitted is reasoning.
+        ids = ids[:max_tokens]
+    return CompletionPlan(
+        ids=tuple(ids),
+        tokens=tuple(tokenizer.piece(i) for i in ids),
+        think_end_index=think_end,
+        finish_type="stop" if stops else "length",
+        counts_eos=stops,
+        eos_id=tokenizer.eos_id,
+        noncanonical=split is not None,
+    )
 
 
 def acceptance_probability(mean: float, draft_tokens: int) -> float:

@@ -123,7 +123,7 @@ def request_messages(
     return tuple(out)
 
 
-def _generated_turns(row: Mapping[str, Any]) -> tuple[str, list[int], list[Any], list[Any]]:
+def generated_turns(row: Mapping[str, Any]) -> tuple[str, list[int], list[Any], list[Any]]:
     """(mode, turn_after, contents, reasonings) of a row; rows without ``turn_after`` are single-turn 'last'."""
     messages = row["messages"]
     points = row.get("turn_after")
@@ -146,7 +146,7 @@ def assemble(row: Mapping[str, Any]) -> list[Turn]:
     its messages raises ValueError naming the row's id.
     """
     messages = row["messages"]
-    mode, points, contents, reasonings = _generated_turns(row)
+    mode, points, contents, reasonings = generated_turns(row)
     name = row.get("id", "?")
     if mode not in MODES:
         raise ValueError(f"row {name}: turns_mode {mode!r} is not one of {', '.join(MODES)}")

@@ -65,13 +65,10 @@ def _training_texts(prompts: Path) -> Iterator[str]:
     yield from ["\n\n"] * 64
     # Text in the style of the simulator's completions, so a demo's simulated answers tokenize about as compactly
     # as the simulator counts them (a real target tokenizer does the same for real text).
-    from draftgen.sim.textgen import plan_completion
+    from draftgen.sim.textgen import filler_text
 
     for seed in range(64):
-        plan = plan_completion(
-            seed, max_tokens=2048, enable_thinking=True, reasoning_median=400, answer_median=150, sigma=0.5
-        )
-        yield "".join(plan.tokens)
+        yield filler_text(seed, 600)
     with Path(prompts).open(encoding="utf-8") as handle:
         for line in handle:
             record = json.loads(line)

@@ -69,6 +69,7 @@ class MaskSpec:
     trainer: Trainer = DEFAULT_TRAINER  # whose loss mask to reproduce (legacy convention names accepted)
     enable_thinking: bool = True  # the generation's setting (generated-turn conventions render with it)
     max_length: int | None = None  # span trainers cut input_ids (and the mask) here; None: no cut
+    last_turn_only: bool = False  # span trainers: supervise only the last assistant turn (a row per turn)
     end_of_turn: str = END_OF_TURN
     think_opener: str = THINK_OPENER
 
@@ -292,7 +293,15 @@ def _span_batch(
 ) -> MaskBatch:
     texts, errors = render_conversations(tokenizer, conversations, rules)
     max_length = spec.max_length if spec.max_length is not None else 1 << 62
-    result = span_masks(tokenizer, texts, errors, rules, max_length, flag_boundaries=spec.enable_thinking)
+    result = span_masks(
+        tokenizer,
+        texts,
+        errors,
+        rules,
+        max_length,
+        flag_boundaries=spec.enable_thinking,
+        last_only=spec.last_turn_only,
+    )
     size = len(texts)
     n_prompt = np.zeros(size, dtype=np.int64)
     mask_end = np.zeros(size, dtype=np.int64)

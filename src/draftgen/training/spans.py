@@ -139,6 +139,7 @@ def span_masks(
     max_length: int,
     *,
     flag_boundaries: bool = True,
+    last_only: bool = False,
 ) -> SpanMasks:
     """The trainer's input_ids and loss_mask for a batch of rendered conversations.
 
@@ -146,6 +147,8 @@ def span_masks(
     sample's first problem, and the mask is still the trainer's. ``flag_boundaries`` False: a boundary the full
     text merges across is not reported (a corpus generated with thinking off has the template's empty think block
     in every sample: the trainer starts one token later, on text the server sent, which is expected).
+    ``last_only``: only the last assistant span is supervised (SpecForge's ``train_only_last_turn``: one row per
+    generated turn, its history context only).
     """
     backend = tokenizer.backend_tokenizer
     index = AddedTokenIndex(tokenizer)
@@ -158,6 +161,8 @@ def span_masks(
     literal: list[_Boundary] = []
     for i, text in enumerate(texts):
         sample_spans = find_spans(text, spec)  # "" when the template raised: no spans
+        if last_only:
+            sample_spans = sample_spans[-1:]
         sample_ignored = find_ignored(text, spec)
         spans.append(sample_spans)
         ignored.append(sample_ignored)

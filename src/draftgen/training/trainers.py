@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import pairwise
 from typing import Any
 
 
 class Trainer(StrEnum):
     SPECFORGE_QWEN35 = "specforge-qwen3.5"
     SPECFORGE_QWEN3_THINKING = "specforge-qwen3-thinking"
+    SPECFORGE_DFLASH_QWEN35 = "specforge-dflash-qwen3.5"
     DRAFTGEN_THINK_IN_PROMPT = "draftgen-think-in-prompt"
     DRAFTGEN_THINK_IN_TARGET = "draftgen-think-in-target"
 
@@ -53,6 +55,16 @@ class SpanTrainer:
     system_prompt: str = ""  # added as the first message when the conversation has no system message
     ignore_strings: tuple[str, ...] = ()  # occurrences are unmasked after the spans are set
     render_thinking: bool = True  # enable_thinking passed to the chat template when rendering
+    # What the trainer's data loader keeps of a pre-tokenized row (after its max_length cut): at least this many
+    # supervised tokens, and (DFlash) two of them adjacent; anything else it drops without a word.
+    min_loss_tokens: int = 1
+    needs_consecutive: bool = False
+
+    def accepts(self, loss_mask: Sequence[int]) -> bool:
+        """Whether the trainer's loader keeps a row with this (already cut) loss mask."""
+        if sum(loss_mask) < self.min_loss_tokens:
+            return False
+        return not self.needs_consecutive or any(a and b for a, b in pairwise(loss_mask))
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,14 @@ TRAINERS: dict[Trainer, TrainerSpec] = {
         assistant_header="<|im_start|>assistant\n",
         end_of_turn="<|im_end|>\n",
         system_prompt="You are a helpful assistant.",
+    ),
+    # SpecForge 0.2.0's DFlash recipe for Qwen3.6-27B: chat template qwen3.5, max_length 4096, reading pre-tokenized
+    # rows (data.prompts_path); its loader drops rows with fewer than 2 supervised tokens or no two adjacent ones.
+    Trainer.SPECFORGE_DFLASH_QWEN35: SpanTrainer(
+        assistant_header="<|im_start|>assistant\n<think>\n",
+        end_of_turn="<|im_end|>\n",
+        min_loss_tokens=2,
+        needs_consecutive=True,
     ),
     Trainer.DRAFTGEN_THINK_IN_PROMPT: GeneratedTurnTrainer(think_in_prompt=True),
     Trainer.DRAFTGEN_THINK_IN_TARGET: GeneratedTurnTrainer(think_in_prompt=False),

@@ -1,7 +1,8 @@
 """The tune notebook's validated, frozen configuration, and the candidates it expands to.
 
 The search space is the product of the speculative settings (MTP off, each ``[steps, topk, draft tokens]`` of
-``speculative_algorithm``, and each NGRAM draft-token count) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
+``speculative_algorithm``, SGLang 0.5.23's adaptive speculation from each of ``adaptive_steps``, and each NGRAM
+draft-token count) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
 its own batch cap when ``concurrency`` is 0. A candidate SGLang would refuse, or would silently run as another
 one, is refused here with the reason, before any server starts.
 """
@@ -55,6 +56,8 @@ class Candidate:
             spec = "nomtp"
         elif s.speculative_algorithm == NGRAM:
             spec = f"ngram{s.speculative_num_draft_tokens}"
+        elif s.speculative_adaptive:
+            spec = f"adapt{numbers}"
         elif s.speculative_algorithm in MTP_ALGORITHMS:
             spec = f"mtp{numbers}"
         else:
@@ -71,8 +74,8 @@ class TuneConfig(SamplingParams):
         ("what SGLang allows", "attention_backend spec_v2"),
         (
             "the search space",
-            "mtp_off speculative_algorithm spec_candidates speculative_draft_model_path ngram_draft_tokens "
-            "max_running_requests mem_fraction_static concurrency",
+            "mtp_off speculative_algorithm spec_candidates speculative_draft_model_path adaptive_steps "
+            "ngram_draft_tokens max_running_requests mem_fraction_static concurrency",
         ),
         (
             "prompts and sampling (production settings)",
@@ -119,6 +122,10 @@ class TuneConfig(SamplingParams):
     )
     speculative_draft_model_path: str = param(
         "", 'the draft model for STANDALONE (or an EAGLE head) ("": none, as NEXTN needs)'
+    )
+    adaptive_steps: list[Annotated[int, Field(ge=1)]] = param(
+        default_factory=list,
+        help="--speculative-adaptive candidates (SGLang 0.5.23; top-k 1): the steps each starts from",
     )
     ngram_draft_tokens: list[Annotated[int, Field(ge=2)]] = param(
         default_factory=list,
@@ -182,15 +189,22 @@ class TuneConfig(SamplingParams):
 
     @model_validator(mode="after")
     def _check_space(self) -> TuneConfig:
-        if not self.spec_candidates and not self.ngram_draft_tokens and not self.mtp_off:
+        if (
+            not self.spec_candidates
+            and not self.mtp_off
+            and not self.adaptive_steps
+            and not self.ngram_draft_tokens
+        ):
             raise ValueError(
-                "the search space is empty: give spec_candidates, ngram_draft_tokens or set mtp_off"
+                "the search space is empty: give spec_candidates, adaptive_steps or ngram_draft_tokens, or set mtp_off"
             )
         if len(parse_gpus(self.gpus)) % self.tp:
             raise ValueError(f"gpus {self.gpus!r} do not split into groups of tp={self.tp}")
         refused = []
         if self.engine == "sim":
-            if self.spec_candidates and self.speculative_algorithm not in MTP_ALGORITHMS:
+            if (
+                self.spec_candidates or self.adaptive_steps
+            ) and self.speculative_algorithm not in MTP_ALGORITHMS:
                 refused.append(
                     f"speculative_algorithm {self.speculative_algorithm}: the simulator models NEXTN and EAGLE "
                     "only (engine sglang runs it)"
@@ -199,12 +213,26 @@ class TuneConfig(SamplingParams):
                 refused.append(
                     "ngram_draft_tokens: the simulator does not model NGRAM (engine sglang runs it)"
                 )
-        for i, (steps, topk, drafts) in enumerate(self.spec_candidates):
-            settings = self._spec_settings(steps, topk, drafts)
+        named = [
+            (f"spec_candidates[{i}] {triple}", settings)
+            for i, (triple, settings) in enumerate(zip(self.spec_candidates, self._static(), strict=True))
+        ]
+        named += [
+            (f"adaptive_steps[{i}] {steps}", settings)
+            for i, (steps, settings) in enumerate(zip(self.adaptive_steps, self._adaptive(), strict=True))
+        ]
+        named += [
+            (f"ngram_draft_tokens[{i}] {drafts}", settings)
+            for i, (drafts, settings) in enumerate(zip(self.ngram_draft_tokens, self._ngram(), strict=True))
+        ]
+        for name, settings in named:
             for reason in sglang_problems(
-                settings, attention_backend=self.attention_backend or None, spec_v2=self.spec_v2
+                settings,
+                attention_backend=self.attention_backend or None,
+                spec_v2=self.spec_v2,
+                extra_args=self.extra_args,
             ):
-                refused.append(f"spec_candidates[{i}] {[steps, topk, drafts]}: {reason}")
+                refused.append(f"{name}: {reason}")
         if refused:
             raise ValueError("candidates SGLang would not run as given:\n    " + "\n    ".join(refused))
         return self
@@ -222,14 +250,37 @@ class TuneConfig(SamplingParams):
     def settings_path(self) -> Path:
         return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / "settings.yaml"
 
-    def _spec_settings(self, steps: int, topk: int, drafts: int) -> ServerSettings:
-        return ServerSettings(
-            speculative_algorithm=self.speculative_algorithm,
-            speculative_num_steps=steps,
-            speculative_eagle_topk=topk,
-            speculative_num_draft_tokens=drafts,
-            speculative_draft_model_path=self.speculative_draft_model_path or None,
-        )
+    def _static(self) -> list[ServerSettings]:
+        return [
+            ServerSettings(
+                speculative_algorithm=self.speculative_algorithm,
+                speculative_num_steps=steps,
+                speculative_eagle_topk=topk,
+                speculative_num_draft_tokens=drafts,
+                speculative_draft_model_path=self.speculative_draft_model_path or None,
+            )
+            for steps, topk, drafts in self.spec_candidates
+        ]
+
+    def _adaptive(self) -> list[ServerSettings]:
+        """SGLang's adaptive speculation from each start: top-k 1 and steps + 1 draft tokens, as it resolves them."""
+        return [
+            ServerSettings(
+                speculative_algorithm=self.speculative_algorithm,
+                speculative_num_steps=steps,
+                speculative_eagle_topk=1,
+                speculative_num_draft_tokens=steps + 1,
+                speculative_draft_model_path=self.speculative_draft_model_path or None,
+                speculative_adaptive=True,
+            )
+            for steps in self.adaptive_steps
+        ]
+
+    def _ngram(self) -> list[ServerSettings]:
+        return [
+            ServerSettings(speculative_algorithm=NGRAM, speculative_num_draft_tokens=drafts)
+            for drafts in self.ngram_draft_tokens
+        ]
 
     def candidates(self) -> list[Candidate]:
         specs: list[ServerSettings] = []
@@ -242,11 +293,7 @@ class TuneConfig(SamplingParams):
                     speculative_num_draft_tokens=None,
                 )
             )
-        specs += [self._spec_settings(*triple) for triple in self.spec_candidates]
-        specs += [
-            ServerSettings(speculative_algorithm=NGRAM, speculative_num_draft_tokens=drafts)
-            for drafts in self.ngram_draft_tokens
-        ]
+        specs += self._static() + self._adaptive() + self._ngram()
         out = []
         for spec in specs:
             for cap in self.max_running_requests:

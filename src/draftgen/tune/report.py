@@ -56,6 +56,7 @@ def candidate_table(run: TuneRun) -> pl.DataFrame:
                 "num_steps": s.speculative_num_steps,
                 "eagle_topk": s.speculative_eagle_topk,
                 "num_draft_tokens": s.speculative_num_draft_tokens,
+                "adaptive": s.speculative_adaptive,
                 "max_running_requests": s.max_running_requests,
                 "concurrency": cand.concurrency,
                 "tok_s_per_gpu": est.tok_s_per_gpu if est else None,

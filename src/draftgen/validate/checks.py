@@ -14,8 +14,10 @@ import polars as pl
 
 from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.training.masks import MaskBatch
+from draftgen.training.trainers import SpanTrainer
 from draftgen.validate.config import FLAGS, ValidateConfig
 from draftgen.validate.reader import GenerationOutput, read_shard
+from draftgen.validate.token_rows import TokenRows
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -166,25 +168,88 @@ def text_flags(
     )
 
 
+def _token_columns(tokens: TokenRows | None, masks: MaskBatch, frame: pl.DataFrame) -> pl.DataFrame:
+    """Where each row's tokens came from and what they cost: the record's token columns."""
+    size = frame.height
+    if tokens is None:  # rows built from the text alone (a conversation per row, or token_ids: retokenize)
+        made = (
+            frame["completion_tokens"].fill_null(0).to_numpy()
+            if "completion_tokens" in frame
+            else np.zeros(size)
+        )
+        return pl.DataFrame(
+            {
+                "token_source": ["retokenized"] * size,
+                "differs_at": pl.Series([None] * size, dtype=pl.Int64),
+                "difference": pl.Series([None] * size, dtype=pl.String),
+                "ids_problem": pl.Series([None] * size, dtype=pl.String),
+                "generated_tokens": pl.Series(made, dtype=pl.Int64),
+                "supervised_generated": pl.Series(np.minimum(made, masks.mask_sum), dtype=pl.Int64),
+                "cut_generated": pl.Series(np.zeros(size), dtype=pl.Int64),
+            }
+        )
+    return pl.DataFrame(
+        {
+            "token_source": tokens.source,
+            "differs_at": pl.Series(tokens.differs_at, dtype=pl.Int64),
+            "difference": pl.Series(tokens.difference, dtype=pl.String),
+            "ids_problem": pl.Series(tokens.ids_problem, dtype=pl.String),
+            "generated_tokens": pl.Series(tokens.generated, dtype=pl.Int64),
+            "supervised_generated": pl.Series(tokens.supervised_generated, dtype=pl.Int64),
+            "cut_generated": pl.Series(tokens.cut_generated, dtype=pl.Int64),
+        }
+    )
+
+
+def _rejected_by_trainer(masks: MaskBatch, config: ValidateConfig) -> np.ndarray:
+    rules = config.mask_spec().rules
+    if not isinstance(rules, SpanTrainer):
+        return masks.mask_sum < 1
+    return np.array([not rules.accepts(masks.loss_mask(i).tolist()) for i in range(len(masks))], dtype=bool)
+
+
 def flag_batch(
     frame: pl.DataFrame,
     masks: MaskBatch,
     config: ValidateConfig,
     index: CorpusIndex,
     foreign: np.ndarray | None = None,
+    tokens: TokenRows | None = None,
 ) -> pl.DataFrame:
     """All flags for one batch, plus the mask figures: the per-sample record the report is built from.
-    ``foreign``: per sample, whether its conversation holds assistant text the target did not write."""
+    ``foreign``: per sample, whether its conversation holds assistant text the target did not write; ``tokens``:
+    the rows' tokens as exported (server ids or re-tokenized; None: re-tokenized, ``masks`` are the export's)."""
     flags = text_flags(frame, config, index, foreign).with_columns(
         pl.Series("tiny_mask", masks.mask_sum <= config.min_assistant_tokens),
         pl.Series("over_max_length", masks.n_tokens > config.max_length),
         pl.Series("template_mismatch", np.array([m is not None for m in masks.mismatch], dtype=bool)),
+        pl.Series(
+            "retokenized_differs",
+            np.array([d is not None for d in tokens.differs_at], dtype=bool)
+            if tokens is not None
+            else np.zeros(frame.height, dtype=bool),
+        ),
+        pl.Series(
+            "ids_missing", tokens.ids_missing if tokens is not None else np.zeros(frame.height, dtype=bool)
+        ),
+        pl.Series(
+            "ids_unusable",
+            np.array([p is not None for p in tokens.ids_problem], dtype=bool)
+            if tokens is not None
+            else np.zeros(frame.height, dtype=bool),
+        ),
+        pl.Series("trainer_rejects", _rejected_by_trainer(masks, config)),
     )
     flags = flags.select(list(FLAGS))
     drop = [f for f in FLAGS if f in config.drop_flags]
+    where = [
+        c
+        for c in ("id", "prompt_id", "turn", "folder", "shard", "row", "finish_reason")
+        if c in frame.columns
+    ]
     return pl.concat(
         [
-            frame.select("id", "folder", "shard", "row", "finish_reason"),
+            frame.select(where),
             pl.DataFrame(
                 {
                     "n_tokens": masks.n_tokens,
@@ -193,6 +258,7 @@ def flag_batch(
                     "mismatch": pl.Series(masks.mismatch, dtype=pl.String),
                 }
             ),
+            _token_columns(tokens, masks, frame),
             flags,
             frame.select(
                 pl.col("content").fill_null("").str.len_chars().alias("answer_chars"),

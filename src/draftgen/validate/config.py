@@ -29,6 +29,13 @@ FLAGS: dict[str, str] = {
     "duplicate_id": "an id already seen in an earlier row (the export keeps the first)",
     "foreign_assistant_turn": "an assistant turn in the history the target model did not write (turns: last); "
     "the trainer would supervise it",
+    "retokenized_differs": "re-tokenizing the text gives other tokens than the target produced (the export uses the "
+    "server's; where they first differ in difference)",
+    "ids_missing": "the server sent no token ids for this turn: its row is re-tokenized from the text",
+    "ids_unusable": "the server's token ids do not fit this tokenizer or this answer (reason in ids_problem): "
+    "another tokenizer, ids that do not decode to the stored text, or corrupt stored ids",
+    "trainer_rejects": "the trainer's loader would drop the row (DFlash: fewer than 2 supervised tokens after the "
+    "max_length cut, or no two adjacent)",
 }
 FlagName = Literal[
     "empty_answer",
@@ -43,12 +50,20 @@ FlagName = Literal[
     "invalid_text",
     "duplicate_id",
     "foreign_assistant_turn",
+    "retokenized_differs",
+    "ids_missing",
+    "ids_unusable",
+    "trainer_rejects",
 ]
 # Flags that mean "the length budget ran out", not "the model produced garbage": a thinking model at
 # max_tokens 4096 truncates a predictable share of samples. They are dropped from the export like any flag, but
 # the gate judges them against their own threshold (max_truncated_share), so expected truncation does not
 # masquerade as garbage and garbage cannot hide inside the truncation budget.
 LENGTH_FLAGS: tuple[str, ...] = ("truncated", "unclosed_think", "over_max_length")
+# Reported, not dropped, unless the user asks: a row over max_length is cut as the trainer cuts it (its first
+# max_length tokens still train), a re-tokenized difference is what the server's ids fix, and a turn without ids is
+# exported from its text (the card says how many).
+KEPT_BY_DEFAULT: tuple[str, ...] = ("over_max_length", "retokenized_differs", "ids_missing")
 Share = Annotated[float, Field(ge=0, le=1)]
 
 
@@ -57,8 +72,9 @@ class ValidateConfig(Params):
         (
             "",
             "generation_dir prompt_file tokenizer out_dir trainer mask_convention enable_thinking "
-            "min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share max_truncated_share "
-            "keep_flagged export_jsonl export_tokens batch_size examples_per_flag",
+            "rows token_ids min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share "
+            "max_truncated_share keep_flagged holdout_share export_jsonl export_prompts export_tokens batch_size "
+            "examples_per_flag",
         )
     )
 
@@ -107,7 +123,26 @@ class ValidateConfig(Params):
         0.25, "the gate: fail when more than this share is cut by max_tokens / max_length"
     )
     keep_flagged: list[FlagName] = param(
-        default_factory=list, help='flags to report but not drop, e.g. ["over_max_length"]'
+        default_factory=lambda: list(KEPT_BY_DEFAULT),
+        help="flags to report but not drop (a row over max_length is then cut as the trainer cuts it)",
+    )
+    rows: Literal["per_turn", "per_conversation"] = param(
+        "per_turn",
+        "per_turn: one training row per generated turn, its history as the target saw it, that turn supervised; "
+        "per_conversation: one row per conversation, every assistant turn as the template renders it",
+    )
+    token_ids: Literal["server", "retokenize"] = param(
+        "server",
+        "server: rows from the target's own token ids where the server sent them; retokenize: from the text",
+    )
+    holdout_share: Share = param(
+        0.01,
+        "share of prompt ids held out of the training export (stable id hash; whole conversations), written to "
+        "export/holdout/ for the drafter verdict (0: none)",
+    )
+    export_prompts: bool = param(
+        True,
+        "write SpecForge's pre-tokenized data.prompts_path JSONL {id, input_ids, loss_mask} (DFlash reads it)",
     )
     export_jsonl: bool = param(True, 'write clean samples as JSONL {"id", "conversations"}')
     export_tokens: bool = param(False, "also write parquet with input_ids and loss_mask per clean sample")
@@ -189,5 +224,8 @@ class ValidateConfig(Params):
 
     def mask_spec(self) -> MaskSpec:
         return MaskSpec(
-            trainer=self.trainer, enable_thinking=self.enable_thinking, max_length=self.max_length
+            trainer=self.trainer,
+            enable_thinking=self.enable_thinking,
+            max_length=self.max_length,
+            last_turn_only=self.rows == "per_turn",
         )

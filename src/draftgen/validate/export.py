@@ -7,8 +7,14 @@ the gate has passed, so a corpus that failed the gate never leaves an export tha
                                  assistant turn the target model's own answer {"role": "assistant", "content",
                                  "reasoning_content"} (validate.turns; a source assistant turn appears only in a
                                  turns: last row kept despite foreign_assistant_turn, as {"role", "content"})
+  export/prompts.jsonl         {"id", "input_ids", "loss_mask"}: SpecForge's pre-tokenized data.prompts_path rows
+                                 (DFlash reads them), the target's own ids where the server sent them, cut at
+                                 max_length as the trainer cuts                                        (export_prompts)
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
+  export/holdout/prompts.jsonl the held-out prompts as prompt rows {"id", "messages"} (holdout_share of the ids, whole
+                                 conversations): never in the training files; the drafter verdict benchmarks on them
   export/counts.json           samples in, out, dropped, and dropped per flag
+  export/README.md, export/dataset_info.json   the dataset card (validate.card)
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ import polars as pl
 from draftgen.training.masks import MaskBatch
 
 STAGING = "export.partial"
+PROMPTS = "prompts.jsonl"
+HOLDOUT = "holdout"
 FINAL = "export"
 
 
 class ExportWriter:
     """Appends the kept rows of each batch to the staging folder."""
 
-    def __init__(self, out_dir: Path, *, jsonl: bool, tokens: bool):
+    def __init__(self, out_dir: Path, *, jsonl: bool, tokens: bool, prompts: bool = False):
         self.out_dir = Path(out_dir)
         self.staging = self.out_dir / STAGING
         self.jsonl = jsonl
@@ -40,6 +48,9 @@ class ExportWriter:
         self.staging.mkdir(parents=True)
         self._parts = 0
         self._handle = (self.staging / "train.jsonl").open("w", encoding="utf-8") if jsonl else None
+        self._prompts = (self.staging / PROMPTS).open("w", encoding="utf-8") if prompts else None
+        self._holdout: Any = None
+        self._held: set[str] = set()  # prompt ids written (an id stored twice is held out once)
 
     def write(
         self,
@@ -59,6 +70,21 @@ class ExportWriter:
                 for i in rows
             ]
             self._handle.write("\n".join(lines) + "\n")
+        if self._prompts is not None:
+            if masks.input_ids is None:
+                raise ValueError("the prompts export needs masks built with keep_ids=True")
+            ids = frame["id"].to_list()
+            lines = [
+                json.dumps(
+                    {
+                        "id": ids[i],
+                        "input_ids": [int(t) for t in masks.input_ids[i]],
+                        "loss_mask": masks.loss_mask(int(i)).tolist(),
+                    }
+                )
+                for i in rows
+            ]
+            self._prompts.write("\n".join(lines) + "\n")
         if self.tokens:
             if masks.input_ids is None:
                 raise ValueError("token export needs masks built with keep_ids=True")
@@ -74,10 +100,23 @@ class ExportWriter:
             self._parts += 1
         return int(rows.size)
 
+    def write_holdout(self, stored: pl.DataFrame) -> None:
+        """The held-out conversations' source prompts, as generate and benchmark read prompt rows."""
+        rows = [r for r in stored.select("id", "messages").iter_rows(named=True) if r["id"] not in self._held]
+        if not rows:
+            return
+        if self._holdout is None:
+            (self.staging / HOLDOUT).mkdir()
+            self._holdout = (self.staging / HOLDOUT / "prompts.jsonl").open("w", encoding="utf-8")
+        self._held.update(r["id"] for r in rows)
+        lines = [json.dumps({"id": r["id"], "messages": r["messages"]}, ensure_ascii=False) for r in rows]
+        self._holdout.write("\n".join(lines) + "\n")
+
     def close(self, counts: dict[str, Any]) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        for handle in (self._handle, self._prompts, self._holdout):
+            if handle is not None:
+                handle.close()
+        self._handle = self._prompts = self._holdout = None
         (self.staging / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
 
 

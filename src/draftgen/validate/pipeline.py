@@ -14,16 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
-from draftgen.training.masks import build_conversation_masks, load_tokenizer
-from draftgen.validate import export
+from draftgen.prompts.rows import holdout_fraction
+from draftgen.training.id_rows import IdsLayout, ids_layout
+from draftgen.training.masks import MaskSpec, build_conversation_masks, load_tokenizer
+from draftgen.training.trainers import SpanTrainer
+from draftgen.validate import card, export
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
 from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
 from draftgen.validate.coverage import Coverage, check_coverage
 from draftgen.validate.folders import GenerationSet, open_generations
 from draftgen.validate.reader import iter_batches
-from draftgen.validate.turns import assemble_batch
+from draftgen.validate.token_rows import server_rows
+from draftgen.validate.turns import assemble_batch, turn_rows
 
 RECORDS_FILE = "samples.parquet"
 SUMMARY_FILE = "summary.json"
@@ -74,6 +79,12 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
     """Samples in, out and dropped; a sample with several flags counts under each, and once in dropped."""
     flagged = {f: int(records[f].sum()) for f in FLAGS} if records.height else dict.fromkeys(FLAGS, 0)
     dropped = int(records["dropped"].sum()) if records.height else 0
+    held = (
+        records.filter(pl.col("held_out"))
+        if records.height and "held_out" in records.columns
+        else records.head(0)
+    )
+    key = "prompt_id" if "prompt_id" in records.columns else "id"
     # A sample cut inside its reasoning has no answer: that empty answer is the truncation's doing, not a defect.
     defect = [pl.col(f) for f in config.drop_flags if f not in LENGTH_FLAGS and f != "empty_answer"]
     if "empty_answer" in config.drop_flags:
@@ -84,7 +95,12 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
         degenerate = 0
     return {
         "in": records.height,
-        "out": records.height - dropped,
+        "out": records.height - dropped - int((~held["dropped"]).sum())
+        if held.height
+        else records.height - dropped,
+        "held_out": {"rows": held.height, "prompts": held[key].n_unique() if held.height else 0},
+        "yield": token_yield(records, config),
+        "token_source": _token_sources(records),
         "dropped": dropped,
         "degenerate": degenerate,  # dropped for a defect (a sample with a defect and a length flag counts here)
         "length_limited": dropped - degenerate,  # dropped only for length flags
@@ -93,10 +109,112 @@ def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
     }
 
 
+def token_yield(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]:
+    """Generated tokens that a kept training row supervises ÷ every token the target generated, and where the
+    rest went: a dropped row's tokens under its first drop flag (length flags first), a kept row's under the max_length cut or, what
+    its mask leaves out (an earlier turn re-rendered without its reasoning, say), "not supervised"."""
+    if not records.height:
+        return {"generated_tokens": 0, "supervised_generated": 0, "share": None, "lost": {}}
+    generated = int(records["generated_tokens"].sum())
+    held = pl.col("held_out") if "held_out" in records.columns else pl.lit(False)
+    kept = records.filter(~pl.col("dropped") & ~held)
+    supervised = int(kept["supervised_generated"].sum())
+    lost: dict[str, int] = {}
+    dropped = records.filter(pl.col("dropped"))
+    if dropped.height:
+        # A row cut by max_tokens has an empty answer too: the cut is why, so length flags are named first.
+        order = [f for f in LENGTH_FLAGS if f in config.drop_flags] + [
+            f for f in config.drop_flags if f not in LENGTH_FLAGS
+        ]
+        first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in order] or [pl.lit("?")])
+        by_flag = dropped.group_by(first.alias("flag")).agg(pl.col("generated_tokens").sum())
+        lost.update({f"dropped: {flag}": int(n) for flag, n in by_flag.iter_rows() if n})
+    withheld = int(records.filter(~pl.col("dropped") & held)["generated_tokens"].sum())
+    if withheld:
+        lost["held out (the drafter verdict's prompts)"] = withheld
+    cut = int(kept["cut_generated"].sum())
+    if cut:
+        lost["cut at max_length"] = cut
+    rest = int(
+        (kept["generated_tokens"] - kept["supervised_generated"] - kept["cut_generated"]).clip(0).sum()
+    )
+    if rest:
+        lost["not supervised"] = rest
+    return {
+        "generated_tokens": generated,
+        "supervised_generated": supervised,
+        "share": supervised / generated if generated else None,
+        "lost": dict(sorted(lost.items(), key=lambda item: -item[1])),
+    }
+
+
+def _token_sources(records: pl.DataFrame) -> dict[str, Any]:
+    """How many rows came from the server's ids and how many were re-tokenized; how often re-tokenizing differs."""
+    sources = dict(records.group_by("token_source").len().iter_rows()) if records.height else {}
+    server = int(sources.get("server", 0))
+    differs = int(records["retokenized_differs"].sum()) if records.height else 0
+    return {
+        "server": server,
+        "retokenized": int(sources.get("retokenized", 0)),
+        "retokenized_differs": differs,
+        "retokenized_differs_rate": differs / server if server else None,
+    }
+
+
 def _progress(total: int):
     from draftgen.display.progressbar import bar_stream, tqdm
 
     return tqdm(total=total, unit="sample", desc="validate", mininterval=1.0, file=bar_stream())
+
+
+def _ids_layout(tokenizer: Any, spec: MaskSpec, config: ValidateConfig) -> IdsLayout | None:
+    """The trainer's markers in ids, when rows are built from the server's ids (span trainers only)."""
+    if config.token_ids != "server" or not isinstance(spec.rules, SpanTrainer):
+        return None
+    return ids_layout(tokenizer, spec.rules)
+
+
+def _validate_batch(
+    stored: pl.DataFrame,
+    tokenizer: Any,
+    spec: MaskSpec,
+    layout: IdsLayout | None,
+    config: ValidateConfig,
+    index: CorpusIndex,
+    writer: export.ExportWriter,
+) -> pl.DataFrame:
+    """One batch of stored rows → its training rows, checked, flagged and (the kept ones) exported."""
+    stored_problems = None
+    if config.rows == "per_turn":
+        turns = turn_rows(stored)
+        frame, foreign, stored_problems = turns.frame, turns.foreign, turns.problems
+        conversations = assemble_batch(frame).conversations
+    else:
+        frame = stored
+        assembled = assemble_batch(frame)  # what the trainer sees: the target's own answers in place
+        conversations, foreign = assembled.conversations, assembled.foreign
+    retokenized = build_conversation_masks(tokenizer, conversations, spec, keep_ids=True)
+    tokens = None
+    if layout is not None and "output_ids" in frame.columns:
+        tokens = server_rows(
+            tokenizer,
+            layout,
+            frame,
+            retokenized,
+            last_only=spec.last_turn_only,
+            max_length=spec.max_length,
+            stored_problems=stored_problems,
+        )
+    masks = tokens.masks if tokens is not None else retokenized
+    records = flag_batch(frame, masks, config, index, foreign, tokens)
+    key = "prompt_id" if "prompt_id" in records.columns else "id"
+    held = np.array([holdout_fraction(i) < config.holdout_share for i in records[key].to_list()], dtype=bool)
+    records = records.with_columns(pl.Series("held_out", held))
+    writer.write(frame, conversations, masks, (~records["dropped"]).to_numpy() & ~held)
+    writer.write_holdout(
+        stored.filter(pl.Series([holdout_fraction(i) < config.holdout_share for i in stored["id"]]))
+    )
+    return records
 
 
 def validate_generation(
@@ -111,20 +229,17 @@ def validate_generation(
     coverage = check_coverage(output)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    writer = export.ExportWriter(out_dir, jsonl=config.export_jsonl, tokens=config.export_tokens)
+    writer = export.ExportWriter(
+        out_dir, jsonl=config.export_jsonl, tokens=config.export_tokens, prompts=config.export_prompts
+    )
+    layout = _ids_layout(tokenizer, spec, config)
     parts: list[pl.DataFrame] = []
     bar = _progress(output.rows) if progress else None
     try:
         for batch in iter_batches(output.outputs, config.batch_size):
-            frame = batch.frame
-            assembled = assemble_batch(frame)  # what the trainer sees: the target's own answers in place
-            conversations = assembled.conversations
-            masks = build_conversation_masks(tokenizer, conversations, spec, keep_ids=config.export_tokens)
-            records = flag_batch(frame, masks, config, index, assembled.foreign)
-            writer.write(frame, conversations, masks, (~records["dropped"]).to_numpy())
-            parts.append(records)
+            parts.append(_validate_batch(batch.frame, tokenizer, spec, layout, config, index, writer))
             if bar is not None:
-                bar.update(frame.height)
+                bar.update(batch.frame.height)
     finally:
         if bar is not None:
             bar.close()
@@ -140,6 +255,7 @@ def validate_generation(
         counts=counts,
         seconds=time.perf_counter() - started,
     )
+    card.write_card(writer.staging, result)
     records.write_parquet(out_dir / RECORDS_FILE)
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary(result), indent=2) + "\n")
     return result

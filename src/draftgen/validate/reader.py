@@ -23,7 +23,19 @@ OPTIONAL_COLUMNS = ("prompt_tokens", "completion_tokens", "server", "attempts")
 TEXT_COLUMNS = ("id", "reasoning_content", "content", "finish_reason")
 # Multi-turn rows (draftgen.training.conversation): every generated turn's text. Shards written before these columns
 # existed lack them; they are read as null there (single-turn rows: the answer is content/reasoning_content).
-TURN_COLUMNS = ("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode")
+TURN_COLUMNS = (
+    "turn_after",
+    "turn_content",
+    "turn_reasoning",
+    "turn_finish_reason",
+    "turn_prompt_tokens",
+    "turn_completion_tokens",
+    "turns_mode",
+    # The server's token ids per turn (draftgen.training.token_ids); null where it sent none, or in older shards.
+    "turn_prompt_shared",
+    "turn_prompt_ids",
+    "turn_output_ids",
+)
 
 
 class GenerationDataError(ValueError):

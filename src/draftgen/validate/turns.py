@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from draftgen.training.conversation import Turn, assemble
+from draftgen.training.conversation import Turn, assemble, generated_turns, request_messages
+from draftgen.training.token_ids import TokenIdsError, expand
 from draftgen.validate.reader import GenerationDataError
 
 ROW_COLUMNS = (
@@ -62,6 +63,13 @@ def _legacy(row: dict[str, Any]) -> list[dict[str, Any]]:
     return turns
 
 
+def _place(frame: pl.DataFrame, index: int) -> str:
+    """Where row ``index`` of a batch was read from: folder/shards/file, row n."""
+    if "folder" not in frame:
+        return "?"
+    return f"{frame['folder'][index]}/shards/{frame['shard'][index]}, row {frame['row'][index]}"
+
+
 def assemble_batch(frame: pl.DataFrame) -> AssembledBatch:
     """The trainer's conversation for every row of a batch (the last turn is always a generated answer)."""
     conversations: list[list[dict[str, Any]]] = []
@@ -74,11 +82,8 @@ def assemble_batch(frame: pl.DataFrame) -> AssembledBatch:
             assembled = assemble(row)
         except ValueError as exc:
             if row.get("turn_after") is not None:
-                place = (
-                    f"{frame['folder'][index]}/shards/{frame['shard'][index]}" if "folder" in frame else "?"
-                )
                 raise GenerationDataError(
-                    f"row {row['id']!r} ({place}, row {frame['row'][index] if 'row' in frame else '?'}): its turn "
+                    f"row {row['id']!r} ({_place(frame, index)}): its turn "
                     f"columns do not fit its messages ({exc}); the shard was not written by draftgen generate as "
                     "it is — move it aside and resume generate to regenerate its prompts"
                 ) from None
@@ -89,3 +94,108 @@ def assemble_batch(frame: pl.DataFrame) -> AssembledBatch:
             foreign[index] = any(t.role == "assistant" and not t.generated for t in assembled)
         conversations.append(turns)
     return AssembledBatch(conversations=conversations, foreign=foreign)
+
+
+# ----- one training row per generated turn ------------------------------------------------------------------------
+ID_COLUMNS = ("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids")
+TURN_EXTRA = ("turn_finish_reason", "turn_prompt_tokens", "turn_completion_tokens")
+TURN_ROW_SCHEMA = {
+    "id": pl.String,  # the training row's id: the prompt id, with "#k" for turn k of a multi-turn conversation
+    "prompt_id": pl.String,
+    "turn": pl.Int64,
+    "turns": pl.Int64,
+    "folder": pl.String,
+    "shard": pl.String,
+    "row": pl.Int64,
+    "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+    "reasoning_content": pl.String,
+    "content": pl.String,
+    "finish_reason": pl.String,
+    "prompt_tokens": pl.Int64,
+    "completion_tokens": pl.Int64,
+    "prompt_ids": pl.List(pl.UInt32),
+    "output_ids": pl.List(pl.UInt32),
+}
+
+
+@dataclass(frozen=True)
+class TurnRows:
+    frame: pl.DataFrame  # TURN_ROW_SCHEMA: one row per generated turn, its history as the target saw it
+    foreign: (
+        np.ndarray
+    )  # bool per row: the history holds assistant text the target did not write (turns: last)
+    problems: list[str | None]  # per row: why its server ids could not be read back (corrupt compact columns)
+
+
+def _per_turn(row: dict[str, Any], turn_column: str, column: str, turns: int) -> list[Any]:
+    """A row's per-turn values; rows without turn columns hold one turn (the scalar column)."""
+    if row.get("turn_after") is None:
+        return [row.get(column)]
+    values = row.get(turn_column)
+    return list(values) if values is not None else [None] * turns
+
+
+def turn_rows(frame: pl.DataFrame) -> TurnRows:
+    """Each stored conversation as one row per generated turn: the messages that turn's request carried (the
+    source up to its answer point, earlier answers the target's own content, as generate sent them), the turn's
+    answer, and the server's prompt and output ids for it where the server sent them."""
+    out: dict[str, list[Any]] = {name: [] for name in TURN_ROW_SCHEMA}
+    foreign: list[bool] = []
+    problems: list[str | None] = []
+    wanted = (*ROW_COLUMNS, "turns_mode", "finish_reason", "prompt_tokens", "completion_tokens", *TURN_EXTRA)
+    columns = [c for c in (*wanted, *ID_COLUMNS, "folder", "shard", "row") if c in frame.columns]
+    for index, row in enumerate(frame.select(columns).iter_rows(named=True)):
+        if row.get("turn_after") is not None:
+            try:
+                assemble(row)  # the turn columns must fit the messages: the one place that checks
+            except ValueError as exc:
+                raise GenerationDataError(
+                    f"row {row['id']!r} ({_place(frame, index)}): its turn columns do not fit its messages "
+                    f"({exc}); the shard was not written by draftgen generate as it is — move it aside and "
+                    "resume generate to regenerate its prompts"
+                ) from None
+        mode, points, contents, reasonings = generated_turns(row)
+        k = len(points)
+        finish = _per_turn(row, "turn_finish_reason", "finish_reason", k)
+        prompt_tokens = _per_turn(row, "turn_prompt_tokens", "prompt_tokens", k)
+        completion = _per_turn(row, "turn_completion_tokens", "completion_tokens", k)
+        outputs = row.get("turn_output_ids")
+        problem = None
+        try:
+            prompts = expand(row.get("turn_prompt_shared"), row.get("turn_prompt_ids"), outputs)
+        except TokenIdsError as exc:
+            prompts, problem = [], f"stored ids: {exc}"
+        prompts = prompts or [None] * k
+        outputs = list(outputs) if outputs is not None else [None] * k
+        earlier: list[tuple[int, str | None]] = []
+        for j, point in enumerate(points):
+            try:
+                history = request_messages(row["messages"], point, earlier, mode)
+            except ValueError as exc:
+                raise GenerationDataError(
+                    f"row {row['id']!r} ({_place(frame, index)}): its turn columns do not fit its messages ({exc}); "
+                    "the shard was not written by draftgen generate as it is — move it aside and resume generate"
+                ) from None
+            values = {
+                "id": row["id"] if k == 1 else f"{row['id']}#{j}",
+                "prompt_id": row["id"],
+                "turn": j,
+                "turns": k,
+                "folder": row.get("folder"),
+                "shard": row.get("shard"),
+                "row": row.get("row"),
+                "messages": list(history),
+                "reasoning_content": reasonings[j],
+                "content": contents[j],
+                "finish_reason": finish[j],
+                "prompt_tokens": prompt_tokens[j],
+                "completion_tokens": completion[j],
+                "prompt_ids": prompts[j],
+                "output_ids": outputs[j],
+            }
+            for name, value in values.items():
+                out[name].append(value)
+            foreign.append(mode == "last" and any(m["role"] == "assistant" for m in history))
+            problems.append(problem)
+            earlier.append((point, contents[j]))
+    return TurnRows(pl.DataFrame(out, schema=TURN_ROW_SCHEMA), np.asarray(foreign, dtype=bool), problems)

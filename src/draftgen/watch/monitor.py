@@ -9,7 +9,6 @@ columns the plots need, so a million-row run reads in seconds.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.display.humanize import short_label
-from draftgen.display.plots import Plot, message
+from draftgen.display.plots import Plot, completion_length_histogram, message
 from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
 from draftgen.watch.progress_file import read_history, read_progress
@@ -313,14 +312,13 @@ def plot_completion_lengths(rows: pl.DataFrame, max_tokens: int | None = None) -
     tokens = rows["completion_tokens"].drop_nulls().to_numpy() if not rows.is_empty() else np.array([])
     if tokens.size == 0:
         return message(figure, axes, "no completion lengths yet")
-    bins = min(80, max(10, int(math.sqrt(tokens.size))))
-    axes.hist(tokens, bins=bins, color="#55a868")
-    if max_tokens:
-        axes.axvline(max_tokens, color="#c44e52", linestyle="--", label=f"max_tokens {max_tokens}")
-        axes.legend(fontsize=8)
-    axes.set_title("How long are the completions so far (reasoning + answer)?")
-    axes.set_xlabel("completion tokens")
-    axes.set_ylabel("completions")
+    completion_length_histogram(
+        axes,
+        tokens,
+        max_tokens,
+        title="How long are the completions so far (reasoning + answer)?",
+        ylabel="completions",
+    )
     return Plot(figure)
 
 

@@ -1,0 +1,191 @@
+"""The dataset card written with every export: ``README.md`` for people, ``dataset_info.json`` for programs.
+
+A training export outlives the run that made it: whoever trains on it next week needs to know which model wrote
+it, with which engine and sampling, what was dropped and why, whose loss mask it carries, whether its tokens are
+the target's own or re-tokenized, and how much of what the GPUs generated it supervises. The README's YAML header
+names the files as configurations, so ``datasets.load_dataset(EXPORT_DIR, "prompts")`` (or "conversations") loads
+them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from draftgen.training.trainers import SpanTrainer
+from draftgen.validate import export
+
+FORMAT = "draftgen.export/1"
+INFO_FILE = "dataset_info.json"
+CARD_FILE = "README.md"
+SAMPLING_KEYS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "enable_thinking", "turns")
+
+
+def _engines(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each distinct server of every session (url, engine, version, where its token ids came from)."""
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for manifest in manifests:
+        for session in manifest.get("sessions", []):
+            for server in session.get("servers", []) or []:
+                key = (
+                    server.get("url"),
+                    server.get("engine"),
+                    server.get("version"),
+                    server.get("token_ids"),
+                )
+                seen.setdefault(key, dict(server))
+    return list(seen.values())
+
+
+def dataset_info(result: Any) -> dict[str, Any]:
+    """Everything the card says, as one JSON-able mapping (``result``: a validate ``ValidationResult``)."""
+    config = result.config
+    manifests = [m for m in result.output.manifests if m]
+    parameters = manifests[0].get("parameters", {}) if manifests else {}
+    rules = config.mask_spec().rules
+    counts = result.counts
+    files: dict[str, str] = {}
+    if config.export_jsonl:
+        files["conversations"] = "train.jsonl"
+    if config.export_prompts:
+        files["prompts"] = export.PROMPTS
+    if config.export_tokens:
+        files["tokens"] = "tokens/*.parquet"
+    if counts["held_out"]["prompts"]:
+        files["holdout"] = "holdout/prompts.jsonl"
+    trainer: dict[str, Any] = {
+        "name": config.trainer.value,
+        "max_length": config.max_length,
+        "rows": config.rows,
+        "last_turn_only": config.rows == "per_turn",
+    }
+    if isinstance(rules, SpanTrainer):
+        trainer.update(
+            assistant_header=rules.assistant_header,
+            end_of_turn=rules.end_of_turn,
+            min_loss_tokens=rules.min_loss_tokens,
+            needs_consecutive=rules.needs_consecutive,
+        )
+    return {
+        "format": FORMAT,
+        "target_model": parameters.get("model"),
+        "engines": _engines(manifests),
+        "sampling": {k: parameters[k] for k in SAMPLING_KEYS if k in parameters},
+        "generation": [
+            {"folder": str(folder), "fingerprint": (m or {}).get("fingerprint")}
+            for folder, m in zip(result.output.directories, result.output.manifests, strict=True)
+        ],
+        "counts": {
+            "samples": counts["in"],
+            "exported": counts["out"],
+            "dropped": counts["dropped"],
+            "dropped_by_flag": counts["dropped_by_flag"],
+            "flagged_but_kept": counts["flagged_but_kept"],
+            "held_out": counts["held_out"],
+        },
+        "holdout": {
+            "share": config.holdout_share,
+            "rule": "blake2b keyed 'draftgen-holdout' of the prompt id, as a fraction of 2**64, below the share",
+            "file": files.get("holdout"),
+        },
+        "trainer": trainer,
+        "token_source": counts["token_source"],
+        "yield": counts["yield"],
+        "files": files,
+    }
+
+
+def _yaml_header(files: dict[str, str]) -> str:
+    lines = ["---", "configs:"]
+    default = "prompts" if "prompts" in files else next(iter(files), None)
+    for name, path in files.items():
+        if name in ("tokens", "holdout"):
+            continue
+        lines += [f"- config_name: {name}", f"  data_files: {path}"]
+        if name == default:
+            lines.append("  default: true")
+    lines.append("---")
+    return "\n".join(lines)
+
+
+def render_readme(info: dict[str, Any]) -> str:
+    trainer, source, made = info["trainer"], info["token_source"], info["yield"]
+    engines = (
+        ", ".join(
+            f"{e.get('engine')} {e.get('version') or ''}".strip()
+            + f" ({e.get('token_ids') or 'no token ids'})"
+            for e in info["engines"]
+        )
+        or "not recorded"
+    )
+    share = f"{made['share']:.1%}" if made.get("share") is not None else "n/a"
+    lost = "\n".join(f"| {why} | {n:,} |" for why, n in made.get("lost", {}).items()) or "| (nothing) | 0 |"
+    dropped = (
+        "\n".join(f"| {flag} | {n:,} |" for flag, n in info["counts"]["dropped_by_flag"].items() if n)
+        or "| (none) | 0 |"
+    )
+    rows_note = (
+        "one row per generated turn: the history as the target saw it when it wrote that turn, that turn "
+        "supervised (SpecForge: `data.train_only_last_turn: true` for train.jsonl; prompts.jsonl carries its masks)"
+        if trainer["last_turn_only"]
+        else "one row per conversation: every assistant turn as the chat template renders it"
+    )
+    tokens = (
+        f"{source['server']:,} rows from the target's own token ids (as its server returned them), "
+        f"{source['retokenized']:,} re-tokenized from the text"
+    )
+    if source.get("retokenized_differs_rate") is not None:
+        tokens += (
+            f"; re-tokenizing would have changed {source['retokenized_differs']:,} of the server-id rows "
+            f"({source['retokenized_differs_rate']:.1%})"
+        )
+    sampling = ", ".join(f"{k} {v}" for k, v in info["sampling"].items() if k != "model")
+    prompts_path = info["files"].get("prompts")
+    training = (
+        f"SpecForge: `data.prompts_path: {prompts_path}`, `data.max_length: {trainer['max_length']}` "
+        "(the rows are already cut there; the loader keeps every one)"
+        if prompts_path
+        else "SpecForge: `data.train_data_path: train.jsonl`"
+    )
+    return f"""{_yaml_header(info["files"])}
+# Drafter training data regenerated with {info["target_model"] or "the target model"}
+
+Written by draftgen validate ({info["format"]}). Target model: **{info["target_model"]}**, served by {engines}.
+Sampling: {sampling or "not recorded"}.
+
+| | |
+|---|---|
+| samples checked | {info["counts"]["samples"]:,} |
+| exported | {info["counts"]["exported"]:,} |
+| dropped | {info["counts"]["dropped"]:,} |
+| held out (never trained on; for the drafter verdict) | {info["counts"]["held_out"]["prompts"]:,} prompts, {info["counts"]["held_out"]["rows"]:,} rows |
+| trainer (loss mask) | {trainer["name"]}, max_length {trainer["max_length"]} |
+| rows | {rows_note} |
+| tokens | {tokens} |
+| yield: generated tokens a row supervises | **{share}** ({made.get("supervised_generated", 0):,} of {made.get("generated_tokens", 0):,}) |
+
+Train with {training}.
+
+## Where the rest of the generated tokens went
+
+| reason | tokens |
+|---|---|
+{lost}
+
+## Dropped, by flag
+
+| flag | rows |
+|---|---|
+{dropped}
+
+Files: {", ".join(f"`{path}` ({name})" for name, path in info["files"].items())}. Machine-readable: `{INFO_FILE}`.
+"""
+
+
+def write_card(folder: Path, result: Any) -> dict[str, Any]:
+    """Write README.md and dataset_info.json into ``folder`` (the staged export); returns the info."""
+    info = dataset_info(result)
+    (Path(folder) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    (Path(folder) / CARD_FILE).write_text(render_readme(info), encoding="utf-8")
+    return info
