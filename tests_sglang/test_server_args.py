@@ -213,7 +213,11 @@ def test_adaptive_candidates_are_what_sglang_runs_adaptively(sglang_parser, draf
         args = ["EAGLE" if a == "NEXTN" else a for a in server_args_of(argv)]
         return ServerArgs.from_cli_args(sglang_parser.parse_args(args))
 
-    adaptive = [(label, argv) for label, argv in tune_commands(draftgen) if "--speculative-adaptive" in argv]
+    adaptive = [
+        (label, argv)
+        for label, argv in tune_commands(draftgen, REPO / "params" / "tune.yaml")
+        if "--speculative-adaptive" in argv
+    ]
     assert adaptive and all("adaptive" in label for label, _ in adaptive), [label for label, _ in adaptive]
     for label, argv in adaptive:
         args = resolved(argv)
