@@ -12,7 +12,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 import yaml
-from tier_runs import TuneRun
+from tier_runs import TUNE_GROUPS, TuneRun
 
 LABELS = [
     "MTP off, 4 running",
@@ -50,7 +50,7 @@ def test_tune_measured_every_real_candidate_and_chose_the_fastest(tune_run):
     assert settings["tuned"]["chosen_label"] == chosen
     jobs = pl.read_parquet(tune_run.run_dir / "jobs.parquet")
     assert jobs.height == len(LABELS) and jobs["ok"].all()
-    assert sorted(set(jobs["gpu_group"].to_list())) == [0, 1]  # two candidates at a time
+    assert sorted(set(jobs["gpu_group"].to_list())) == list(range(TUNE_GROUPS))  # two candidates at a time
 
 
 def test_each_candidate_ran_its_own_flags_through_the_wrapper(tune_run, models):

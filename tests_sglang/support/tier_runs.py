@@ -7,6 +7,7 @@ why its parameters differ from production, where they do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -27,8 +28,10 @@ from serve_runs import CPU_ARGS, SGLANG_PYTHON, ServeRun, start_serve
 SERVED_MODEL = "tiny-qwen3"  # --served-model-name of the fleet's three servers
 STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 answers. Under 10 prompts, so
 # validate's duplicate_answer flag (the same answer to >= 10 prompts) stays quiet for the designed model.
-RESUME_PROMPTS = 16
-HEDGE_PROMPTS = 56
+RESUME_PROMPTS = 8
+HEDGE_PROMPTS = 48
+FAILOVER_PROMPTS = 16
+TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
 ABORTED = "sglang:num_aborted_requests_total"
 
@@ -85,9 +88,9 @@ def validate_stream(draftgen: str, stream: GenerateRun, tokenizer_dir: Path, roo
     return draftgen_run(draftgen, "validate", root, "stream", params)
 
 
-BENCH_LEVELS = [1, 3]
-BENCH_PER_LEVEL = 3
-BENCH_MAX_TOKENS = 24
+BENCH_LEVELS = [1, 2]
+BENCH_PER_LEVEL = 2
+BENCH_MAX_TOKENS = 12
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
         "enable_thinking": False,
         "temperature": 0.0,
         "top_p": 1.0,
-        "max_tokens": 16,
+        "max_tokens": 8,
         "concurrency_per_server": 3,
         "batch_save_size": 8,
         "hedge_slow_ratio": 0.9,
@@ -218,7 +221,7 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
     Thinking off (the random model on ngram never closes </think>), so truncation is the rule there:
     max_truncated_rate 1.0. Two consecutive failures mark a server down (server_down_after 2), so the run moves
     on at once; no hedging, so every answer is one server's."""
-    prompts = write_rows(root / "prompts" / "failover.jsonl", single_turn("failover", 30))
+    prompts = write_rows(root / "prompts" / "failover.jsonl", single_turn("failover", FAILOVER_PROMPTS))
     params = {
         "servers": [plain.url, ngram.url],
         "model": SERVED_MODEL,
@@ -227,7 +230,7 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
         "enable_thinking": False,
         "temperature": 0.0,
         "top_p": 1.0,
-        "max_tokens": 24,
+        "max_tokens": 16,
         "concurrency_per_server": 2,
         "batch_save_size": 4,
         "server_down_after": 2,
@@ -249,32 +252,37 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
     return KilledRun(run_dir, prompts, killed_at, launcher.pid, output)
 
 
-def free_port_pair() -> int:
-    """A port P with P and P + 1 free (tune's two GPU groups listen on base_port + i)."""
+def free_port_run(count: int) -> int:
+    """A port P with P .. P + count - 1 free (tune's GPU groups listen on base_port + i)."""
     for _ in range(200):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        with socket.socket() as other:
-            try:
-                other.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
+        if port + count > 65536:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for offset in range(1, count):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
         return port
-    raise RuntimeError("no two consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def tune_cpu(draftgen: str, target: Path, draft: Path, root: Path, start_timeout_s: float) -> Path:
-    """tune.ipynb over four real candidates of the random model, two GPU groups (two servers) at a time, each
+    """tune.ipynb over four real candidates of the random model, two GPU groups (two servers at a time), each
     started by tune's launcher through the tier's wrapper with the CPU arguments as ``extra_args``: speculation
     off, NGRAM at 2 and 4 draft tokens, STANDALONE 3/1/4 with the draft model. One round (max_rounds 1), 8
     requests a job (tune's floor), short answers; no seeds' baseline (NEXTN needs MTP heads the tiny model lacks).
-    """
+    Two groups, not four: four candidates starting beside the fleet's three servers took the machine's 24 GiB
+    down to 0.5 GiB free, and one candidate then failed SGLang's own memory check at start ("Loaded weights leave
+    no GPU memory for the KV cache": on the CPU it counts what other processes took meanwhile)."""
     params = {
         "engine": "sglang",
         "model": str(target),
-        "gpus": "0-1",
-        "base_port": free_port_pair(),
+        "gpus": f"0-{TUNE_GROUPS - 1}",
+        "base_port": free_port_run(TUNE_GROUPS),
         "python": str(SGLANG_PYTHON),
         "extra_args": [*CPU_ARGS, "--dtype", "bfloat16"],
         "startup_timeout_s": start_timeout_s,
@@ -286,7 +294,7 @@ def tune_cpu(draftgen: str, target: Path, draft: Path, root: Path, start_timeout
         "max_running_requests": [4],
         "concurrency": TUNE_CONCURRENCY,
         "sample_size": 16,
-        "max_tokens": 16,
+        "max_tokens": 12,
         "temperature": 0.0,
         "top_p": 1.0,
         "enable_thinking": False,
