@@ -236,10 +236,10 @@ class NotebookRuns:
       * ``benchmark``: ngram and standalone, alone on them (its acceptance check reads their /metrics counter
         differences, which another client's request would change).
       * ``hedge``: ngram and standalone, after ``benchmark`` and once the tests that talk to those servers
-        directly have run (``release``: the first test reading a notebook run; the collection order puts those
-        tests before it).
-      * ``failover``: plain and ngram, after ``stream``, ``resume`` and ``hedge``, and after ``release``: it
-        SIGKILLs plain's SGLang.
+        directly have run (``released``: set by the first test reading a notebook run; the collection order puts
+        those tests before it).
+      * ``failover``: plain and ngram, after every other run on them, and after ``released``: it SIGKILLs
+        plain's SGLang.
     """
 
     def __init__(self, pool: ThreadPoolExecutor, jobs: dict[str, Callable[[], object]], after: dict) -> None:
