@@ -60,3 +60,68 @@ def test_failures_raise_classified_request_errors(sim_fleet):
     with pytest.raises(RequestError) as caught:
         asyncio.run(go("http://127.0.0.1:9"))  # nothing listens on the discard port
     assert caught.value.kind == "connection"
+
+
+# SGLang 0.5.23's own non-streamed answer (recorded from the real server in the SGLang tier): its `metadata` holds
+# a list, where the openai SDK's model declares `metadata: dict[str, str]`.
+SGLANG_0_5_23_ANSWER = {
+    "id": "c77c91fd6fd340ad9e4f2464702076ef",
+    "object": "chat.completion",
+    "created": 1796120062,
+    "model": "tiny",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "The answer is forty-two.",
+                "reasoning_content": None,
+            },
+            "logprobs": None,
+            "finish_reason": "stop",
+            "matched_stop": 151645,
+        }
+    ],
+    "usage": {
+        "prompt_tokens": 13,
+        "total_tokens": 20,
+        "completion_tokens": 7,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    },
+    "metadata": {
+        "weight_version": "default",
+        "weight_versions": [{"version": "default", "start": 0, "end": 7}],
+    },
+}
+
+
+def test_sglangs_answer_metadata_reads_without_a_warning():
+    """Every non-streamed SGLang answer used to print a pydantic serializer warning into the notebook."""
+    import warnings
+
+    from aiohttp import web
+
+    async def answer(_request: web.Request) -> web.Response:
+        return web.json_response(SGLANG_0_5_23_ANSWER)
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with ServerClient(f"http://127.0.0.1:{port}") as client:
+                return await client.chat(MESSAGES, SAMPLING, "tiny")
+        finally:
+            await runner.cleanup()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = asyncio.run(go())
+    assert result.content == "The answer is forty-two." and result.completion_tokens == 7
+    assert [str(w.message) for w in caught] == []

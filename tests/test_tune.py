@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from draftgen.params import ParameterError, build_config
-from draftgen.server_settings import ServerSettings, load_settings, sglang_problems
+from draftgen.server_settings import ServerSettings, load_settings, save_settings, sglang_problems
 from draftgen.sim.fleet import find_free_base_port, http_status
 from draftgen.sim.profiles import get_profile
 from draftgen.sim.speculative import SimSettings, StartupError, apply_settings
@@ -337,3 +337,130 @@ def test_tune_notebook_runs_under_papermill_with_the_params_file(tmp_path):
     assert info["chosen_label"] == "MTP 3/1/4, 4 running"  # 1.5x the tok/s of 1/1/2 at batch 4
     assert load_settings(run_dir / "settings.yaml").speculative_num_steps == 3
     assert (run_dir / "tok_s_per_gpu.png").exists() and (run_dir / "acceptance.png").exists()
+
+
+def test_ngram_and_standalone_candidates_expand_to_sglangs_own_flags(tmp_path):
+    config = build_config(
+        TuneConfig,
+        {
+            "model": "/models/target",
+            "gpus": "0-1",
+            "speculative_algorithm": "STANDALONE",
+            "speculative_draft_model_path": "/models/draft",
+            "spec_candidates": [[3, 1, 4]],
+            "ngram_draft_tokens": [2, 4],
+            "max_running_requests": [4],
+            "out_dir": str(tmp_path / "tune"),
+        },
+    )
+    by_label = {c.label: c for c in config.candidates()}
+    assert list(by_label) == [
+        "MTP off, 4 running",
+        "STANDALONE 3/1/4, 4 running",
+        "NGRAM 2 drafts, 4 running",
+        "NGRAM 4 drafts, 4 running",
+    ]
+    standalone = by_label["STANDALONE 3/1/4, 4 running"].settings
+    assert standalone.sglang_args() == [
+        "--speculative-algorithm",
+        "STANDALONE",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--speculative-draft-model-path",
+        "/models/draft",
+        "--max-running-requests",
+        "4",
+    ]
+    ngram = by_label["NGRAM 4 drafts, 4 running"]
+    # NGRAM has no steps or top-k of its own: SGLang derives them, so none is sent
+    assert ngram.settings.sglang_args() == [
+        "--speculative-algorithm",
+        "NGRAM",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--max-running-requests",
+        "4",
+    ]
+    assert ngram.slug == "c03-ngram4-mrr4" and by_label["STANDALONE 3/1/4, 4 running"].slug.startswith(
+        "c01-standalone3-1-4"
+    )
+    assert all(not sglang_problems(c.settings) for c in config.candidates())
+    # a settings file of each round-trips, and an NGRAM file written by hand needs no nulls
+    for candidate in config.candidates():
+        path = save_settings(tmp_path / f"{candidate.slug}.yaml", candidate.settings, {})
+        assert load_settings(path) == candidate.settings
+    (tmp_path / "hand.yaml").write_text(
+        "settings: {speculative_algorithm: NGRAM, speculative_num_draft_tokens: 8}\n"
+    )
+    assert load_settings(tmp_path / "hand.yaml").sglang_args()[:4] == [
+        "--speculative-algorithm",
+        "NGRAM",
+        "--speculative-num-draft-tokens",
+        "8",
+    ]
+
+
+def test_what_sglang_would_not_run_as_given_for_ngram_and_standalone(tmp_path):
+    assert "NGRAM takes only speculative_num_draft_tokens" in " ".join(
+        sglang_problems(
+            ServerSettings(
+                speculative_algorithm="NGRAM", speculative_num_steps=2, speculative_num_draft_tokens=4
+            )
+        )
+    )
+    assert sglang_problems(
+        ServerSettings(speculative_algorithm="NGRAM", speculative_num_draft_tokens=None)
+    ) == ["NGRAM needs speculative_num_draft_tokens (tokens verified per request and step)"]
+    with pytest.raises(ParameterError) as caught:
+        build_config(
+            TuneConfig,
+            {"model": "m", "speculative_algorithm": "STANDALONE", "spec_candidates": [[3, 1, 4], [3, 1, 6]]},
+        )
+    text = str(caught.value)
+    assert "spec_candidates[0] [3, 1, 4]: STANDALONE needs speculative_draft_model_path" in text
+    assert "spec_candidates[1] [3, 1, 6]: STANDALONE needs" in text
+    with pytest.raises(ParameterError) as caught:
+        sim_config(tmp_path, ngram_draft_tokens=[4])
+    assert "ngram_draft_tokens: the simulator does not model NGRAM" in str(caught.value)
+    with pytest.raises(ParameterError, match="ngram_draft_tokens"):
+        sim_config(tmp_path, engine="sglang", ngram_draft_tokens=[1])
+
+
+def test_serve_refuses_settings_the_simulator_cannot_model_and_runs_them_on_sglang(tmp_path):
+    path = save_settings(
+        tmp_path / "ngram.yaml",
+        ServerSettings(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4),
+        {},
+    )
+    base = [sys.executable, "-m", "draftgen", "serve", "--model", "m", "--gpus", "0", "--settings", str(path)]
+    sim = subprocess.run([*base, "--engine", "sim", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert sim.returncode == 2 and "--engine sim models MTP (NEXTN, EAGLE) or speculation off" in sim.stderr
+    real = subprocess.run(
+        [*base, "--dry-run", "--python", sys.executable], capture_output=True, text=True, timeout=60
+    )
+    assert real.returncode == 0, real.stderr
+    assert "--speculative-algorithm NGRAM --speculative-num-draft-tokens 4" in real.stdout
+    assert "--speculative-num-steps" not in real.stdout
+
+
+def test_a_candidate_whose_port_another_process_took_is_not_started(tmp_path):
+    """tune's preflight saw the port free; a process that took it since must not pass for the candidate."""
+    import socket
+
+    from draftgen.tune.launch import FailedStart, launch_spec, start
+
+    config = sim_config(tmp_path)
+    spec = launch_spec(config, config.candidates()[0], 0, run_name="taken")
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", spec.port))
+        taken.listen()
+        log = tmp_path / "server.log"
+        result = asyncio.run(start(spec, log, timeout_s=30))
+    assert isinstance(result, FailedStart)
+    assert f"port {spec.port} on 127.0.0.1 already in use by another process" in result.reason
+    assert not log.exists()  # nothing was spawned

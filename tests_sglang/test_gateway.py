@@ -9,6 +9,8 @@ as the worker gives directly.
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import signal
 import socket
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 from chat import chat
+from tier_runs import SERVED_MODEL
 
 PROMPT = "Tell me something about the weather today."
 TOKENS = 16
@@ -39,8 +42,9 @@ def _free_port_pair() -> int:
     raise RuntimeError("no two free neighbouring ports on 127.0.0.1")
 
 
-def _gateway_argv(draftgen: str, first: int, second: str, port: int) -> list[str]:
-    """SMG's command as ``draftgen serve --router --dry-run`` prints it for these two workers."""
+def _gateway_argv(draftgen: str, first: int, second: str, port: int) -> tuple[dict[str, str], list[str]]:
+    """SMG's command as ``draftgen serve --router --dry-run`` prints it for these two workers: the environment
+    it sets first (``PYTHONUNBUFFERED=1``), then the command line."""
     python = str(Path(draftgen).with_name("python"))
     dry = subprocess.run(
         [
@@ -53,18 +57,24 @@ def _gateway_argv(draftgen: str, first: int, second: str, port: int) -> list[str
         timeout=60,
         check=True,
     )
-    argv = shlex.split(dry.stdout.strip().splitlines()[-1])
-    assert argv[1:4] == ["-m", "smg", "launch"], argv
-    return argv
+    words = shlex.split(dry.stdout.strip().splitlines()[-1])
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    assert words[1:4] == ["-m", "smg", "launch"], words
+    return env, words
 
 
 @pytest.fixture(scope="module")
 def gateway(fleet, draftgen: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port_pair()
-    argv = _gateway_argv(draftgen, fleet.ngram.port, fleet.standalone.url, port)
+    env, argv = _gateway_argv(draftgen, fleet.ngram.port, fleet.standalone.url, port)
     log = tmp_path_factory.mktemp("smg") / "smg.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env}
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + READY_S
@@ -88,8 +98,9 @@ def gateway(fleet, draftgen: str, tmp_path_factory: pytest.TempPathFactory) -> I
             process.wait(timeout=20)
 
 
-def test_a_chat_through_smg_keeps_each_real_workers_sglext(gateway: str, fleet, models) -> None:
-    model = str(models.random)
+def test_a_chat_through_smg_keeps_each_real_workers_sglext(gateway: str, fleet) -> None:
+    # SMG routes by the name its workers serve (--served-model-name); SGLang itself answers any name
+    model = SERVED_MODEL
     assert requests.get(f"{gateway}/readiness", timeout=10).json()["healthy_workers"] == 2
     listed = {w["url"] for w in requests.get(f"{gateway}/workers", timeout=10).json()["workers"]}
     assert listed == {fleet.ngram.url, fleet.standalone.url}

@@ -1,7 +1,8 @@
 """``draftgen serve`` supervising real SGLang: a crash at start, a SIGKILLed server brought back, a clean stop.
 
 The restart and stop tests change the shared servers, so they are marked ``stops_servers`` and run after every
-other test of the session (conftest.py orders them), restart first.
+other test of the session (conftest.py orders them), restart first. The server the restart test watches come
+back was SIGKILLed mid-run by ``plain_killed_mid_run`` (a generate run that fails over meanwhile).
 """
 
 from __future__ import annotations
@@ -30,10 +31,9 @@ def test_a_server_that_crashes_at_start_is_reported_with_its_log_tail(fleet):
 
 
 @pytest.mark.stops_servers
-def test_restart_brings_a_sigkilled_server_back(fleet, models):
+def test_restart_brings_a_sigkilled_server_back(fleet, models, plain_killed_mid_run):
+    """plain's SGLang was SIGKILLed in the middle of a generate run (conftest.py, plain_killed_mid_run)."""
     run = fleet.plain
-    [launcher] = run.launchers()
-    launcher.send_signal(signal.SIGKILL)
     restarting = "restarting in 1s (restart 1 of at most 2 in a row)"
     run.wait_output(restarting, 60)
     assert "exited with code -9" in run.output().partition(restarting)[0]
@@ -42,7 +42,7 @@ def test_restart_brings_a_sigkilled_server_back(fleet, models):
     assert "starting (pid " in after.partition("ready after")[0]
     run.wait_output(f"servers.yaml: servers {run.url}", 60, after=restarting)
     [new] = run.launchers()
-    assert new.pid != launcher.pid
+    assert new.pid != plain_killed_mid_run.launcher_pid
     assert http_status(run.url + "/health") == 200
     reply = chat(run.url, str(models.designed), "Again?", thinking=False, max_tokens=64)
     assert reply["choices"][0]["message"]["content"] == DESIGNED_ANSWER

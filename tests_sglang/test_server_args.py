@@ -1,8 +1,9 @@
 """Every SGLang command draftgen would run on the GPU node, parsed by SGLang 0.5.23's own argument parser.
 
 The commands come from draftgen itself: ``draftgen serve --dry-run`` (7 GPUs; ``--tp 2``; ``--no-mtp`` with a memory
-fraction and a cap; ``--settings FILE`` written as ``draftgen tune`` writes them) and tune's launcher for every
-candidate of ``params/tune.yaml`` (support/tune_commands.py). Each is parsed with ``ServerArgs.add_cli_args`` and
+fraction and a cap; ``--settings FILE`` written as ``draftgen tune`` writes them, NGRAM and STANDALONE ones too) and
+tune's launcher for every candidate of ``params/tune.yaml`` and of a space with STANDALONE (a draft model) and NGRAM
+candidates (support/tune_commands.py). Each is parsed with ``ServerArgs.add_cli_args`` and
 built into ``ServerArgs`` as ``python -m sglang.launch_server`` does, and fails on anything SGLang rejects, any
 warning it logs or raises while parsing (its retired flags log "... is deprecated ..."), and any flag whose help
 text SGLang marks as deprecated. What does not run here: SGLang's resolution against the real model's config
@@ -22,14 +23,32 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "/dev/shm/Qwen3.6-27B"
+DRAFT = "/dev/shm/Qwen3-0.6B"  # STANDALONE's draft: a smaller model of the family
+# A tune space with the algorithms the SGLang tier runs for real on the CPU (test_tune_sglang.py), as the GPU
+# node would tune them: STANDALONE with a draft model (chain and tree) and NGRAM at two draft-token counts.
+TUNE_OTHER_ALGORITHMS = {
+    "engine": "sglang",
+    "model": MODEL,
+    "mtp_off": True,
+    "speculative_algorithm": "STANDALONE",
+    "speculative_draft_model_path": DRAFT,
+    "spec_candidates": [[3, 1, 4], [2, 4, 8]],
+    "ngram_draft_tokens": [4, 8],
+    "max_running_requests": [48, 96],
+}
 SETTINGS = {
     "mtp-4-1-5": "settings:\n  speculative_algorithm: NEXTN\n  speculative_num_steps: 4\n  speculative_eagle_topk: 1\n"
     "  speculative_num_draft_tokens: 5\n  max_running_requests: 96\n  mem_fraction_static: 0.85\n",
     "mtp-off": "settings:\n  speculative_algorithm: null\n  speculative_num_steps: null\n  speculative_eagle_topk: null\n"
     "  speculative_num_draft_tokens: null\n  max_running_requests: 128\n",
+    "ngram-8": "settings:\n  speculative_algorithm: NGRAM\n  speculative_num_draft_tokens: 8\n  max_running_requests: 64\n",
+    "standalone-3-1-4": "settings:\n  speculative_algorithm: STANDALONE\n  speculative_num_steps: 3\n"
+    "  speculative_eagle_topk: 1\n  speculative_num_draft_tokens: 4\n"
+    f"  speculative_draft_model_path: {DRAFT}\n  max_running_requests: 48\n",
 }
 SERVE_VARIANTS = {
     "default (MTP on)": ["--gpus", "0-6"],
@@ -45,6 +64,8 @@ SERVE_VARIANTS = {
     ],
     "--settings mtp-4-1-5": ["--gpus", "0-6", "--settings", "{mtp-4-1-5}"],
     "--tp 2 --settings mtp-off": ["--gpus", "0-5", "--tp", "2", "--settings", "{mtp-off}"],
+    "--settings ngram-8": ["--gpus", "0-6", "--settings", "{ngram-8}"],
+    "--tp 2 --settings standalone-3-1-4": ["--gpus", "0-5", "--tp", "2", "--settings", "{standalone-3-1-4}"],
 }
 
 
@@ -127,12 +148,10 @@ def serve_commands(draftgen: str, tmp_path: Path) -> list[tuple[str, list[str]]]
     return out
 
 
-def tune_commands(draftgen: str) -> list[tuple[str, list[str]]]:
+def tune_commands(draftgen: str, params: Path) -> list[tuple[str, list[str]]]:
     python = str(Path(draftgen).with_name("python"))
     script = Path(__file__).resolve().parent / "support" / "tune_commands.py"
-    result = subprocess.run(
-        [python, str(script), str(REPO / "params" / "tune.yaml")], capture_output=True, text=True, timeout=120
-    )
+    result = subprocess.run([python, str(script), str(params)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     return [(c["label"], c["argv"]) for c in json.loads(result.stdout)]
 
@@ -151,9 +170,19 @@ def test_the_parser_catches_what_this_test_relies_on(sglang_parser):
 
 
 def test_every_serve_and_tune_command_for_the_gpu_node_parses_cleanly(sglang_parser, draftgen, tmp_path):
-    commands = serve_commands(draftgen, tmp_path) + tune_commands(draftgen)
+    other = tmp_path / "tune-other-algorithms.yaml"
+    other.write_text(yaml.safe_dump(TUNE_OTHER_ALGORITHMS))
+    commands = (
+        serve_commands(draftgen, tmp_path)
+        + tune_commands(draftgen, REPO / "params" / "tune.yaml")
+        + tune_commands(draftgen, other)
+    )
     labels = {label.split(" group")[0] for label, _ in commands}
     assert len(commands) > 200 and any("tp2" in label for label in labels), labels
+    assert any("NGRAM 8 drafts" in label for label in labels) and any(
+        "STANDALONE 2/4/8" in label for label in labels
+    )
+    assert any("--speculative-draft-model-path" in argv for _, argv in commands)
     failures = {}
     for label, argv in commands:
         problems = sglang_problems(sglang_parser, server_args_of(argv))
@@ -184,7 +213,11 @@ def test_adaptive_candidates_are_what_sglang_runs_adaptively(sglang_parser, draf
         args = ["EAGLE" if a == "NEXTN" else a for a in server_args_of(argv)]
         return ServerArgs.from_cli_args(sglang_parser.parse_args(args))
 
-    adaptive = [(label, argv) for label, argv in tune_commands(draftgen) if "--speculative-adaptive" in argv]
+    adaptive = [
+        (label, argv)
+        for label, argv in tune_commands(draftgen, REPO / "params" / "tune.yaml")
+        if "--speculative-adaptive" in argv
+    ]
     assert adaptive and all("adaptive" in label for label, _ in adaptive), [label for label, _ in adaptive]
     for label, argv in adaptive:
         args = resolved(argv)

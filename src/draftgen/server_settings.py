@@ -1,7 +1,8 @@
 """SGLang server settings that decide tokens per second per GPU, as one validated record and a YAML file.
 
 The settings are the speculative-decoding flags (``--speculative-algorithm / -num-steps / -eagle-topk /
--num-draft-tokens``), ``--max-running-requests`` and ``--mem-fraction-static``. ``draftgen tune`` measures
+-num-draft-tokens``, and ``--speculative-draft-model-path`` for a separate draft model), ``--max-running-requests``
+and ``--mem-fraction-static``. ``draftgen tune`` measures
 candidates of them and writes the winner with :func:`save_settings`; ``draftgen serve --settings FILE`` launches
 it; benchmark and estimate record the file they were given.
 
@@ -10,7 +11,12 @@ candidate (facts read from SGLang 0.5.9 ``server_args.py``, see docs/simulator.m
 ``EAGLE``; with top-k 1 a draft-token count other than steps + 1 is silently changed to steps + 1 (so a
 measurement of it would measure another candidate); top-k > 1 is refused with the ``trtllm_mha`` attention
 backend and with the overlap scheduler of spec v2; and the tree keeps the best ``num_draft_tokens - 1`` of its
-``topk + (steps - 1) * topk**2`` candidates, so more draft tokens than that cannot run.
+``topk + (steps - 1) * topk**2`` candidates, so more draft tokens than that cannot run. Two more algorithms
+(facts from SGLang 0.5.23's ``arg_groups/speculative_hook.py``, run for real by the SGLang tier): ``STANDALONE``
+runs the EAGLE worker with an ordinary smaller model of the family as the draft (``--speculative-draft-model-path``,
+required), with EAGLE's rules; ``NGRAM`` drafts from the text so far, needs no draft model and takes only
+``--speculative-num-draft-tokens`` (SGLang sets top-k from ``--speculative-ngram-max-bfs-breadth`` and the steps
+from draft tokens // top-k, so values given for those would not be what runs).
 
 ``speculative_adaptive`` is SGLang 0.5.23's ``--speculative-adaptive`` (facts from its
 ``speculative/adaptive_spec_params.py`` and ``arg_groups/speculative_hook.py``): the draft steps move at run time
@@ -27,9 +33,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE")
+SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE", "STANDALONE", "NGRAM")
+MTP_ALGORITHMS = ("NEXTN", "EAGLE")  # the target's own MTP heads or an EAGLE head: labelled "MTP s/k/d"
+DRAFT_MODEL_ALGORITHMS = ("STANDALONE",)  # need --speculative-draft-model-path
+NGRAM = "NGRAM"
 SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang resets max_running_requests to 48 with EAGLE/NEXTN unless given
 TOPK_ONE_ONLY_BACKENDS = ("trtllm_mha",)
 # SGLang 0.5.23's default adaptive table (no --speculative-adaptive-config): every slot's candidate steps
@@ -57,18 +66,27 @@ SETTINGS_KEY = "settings"
 
 
 class ServerSettings(BaseModel):
-    """One candidate: MTP off (``speculative_algorithm`` None) or on with its three numbers."""
+    """One candidate: MTP off (``speculative_algorithm`` None) or on with its numbers (NGRAM: draft tokens only)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    speculative_algorithm: Literal["NEXTN", "EAGLE"] | None = "NEXTN"
+    speculative_algorithm: Literal["NEXTN", "EAGLE", "STANDALONE", "NGRAM"] | None = "NEXTN"
     speculative_num_steps: Annotated[int, Field(ge=1)] | None = 3
     speculative_eagle_topk: Annotated[int, Field(ge=1)] | None = 1
     speculative_num_draft_tokens: Annotated[int, Field(ge=2)] | None = 4
+    speculative_draft_model_path: str | None = None  # STANDALONE's draft model (None: none)
     max_running_requests: Annotated[int, Field(ge=1)] | None = None  # None: SGLang's default
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None  # None: SGLang's default
     # --speculative-adaptive (SGLang 0.5.23): the steps move at run time; speculative_num_steps is where they start
     speculative_adaptive: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ngram_takes_draft_tokens_only(cls, data: Any) -> Any:
+        """NGRAM without steps or top-k given means none (SGLang derives them), not the MTP defaults 3 and 1."""
+        if isinstance(data, dict) and data.get("speculative_algorithm") == NGRAM:
+            data = {"speculative_num_steps": None, "speculative_eagle_topk": None, **data}
+        return data
 
     @property
     def speculative(self) -> bool:
@@ -76,34 +94,40 @@ class ServerSettings(BaseModel):
 
     @property
     def label(self) -> str:
-        """``MTP 3/1/4, 48 running`` or ``MTP off, 128 running`` (steps/topk/draft tokens)."""
+        """``MTP 3/1/4, 48 running``, ``MTP adaptive from 3/1/4, ...``, ``STANDALONE 3/1/4, ...``,
+        ``NGRAM 4 drafts, ...`` or ``MTP off, 128 running`` (steps/topk/draft tokens)."""
         numbers = (
             f"{self.speculative_num_steps}/{self.speculative_eagle_topk}/{self.speculative_num_draft_tokens}"
         )
         if not self.speculative:
             spec = "MTP off"
+        elif self.speculative_algorithm == NGRAM:
+            spec = f"NGRAM {self.speculative_num_draft_tokens} drafts"
         elif self.speculative_adaptive:
             spec = f"MTP adaptive from {numbers}"
-        else:
+        elif self.speculative_algorithm in MTP_ALGORITHMS:
             spec = f"MTP {numbers}"
+        else:
+            spec = f"{self.speculative_algorithm} {numbers}"
         running = f"{self.max_running_requests} running" if self.max_running_requests else "default running"
         mem = f", mem {self.mem_fraction_static:g}" if self.mem_fraction_static else ""
         return f"{spec}, {running}{mem}"
 
     def sglang_args(self) -> list[str]:
-        """The flags ``python -m sglang.launch_server`` takes for these settings (MTP off: none of the four)."""
+        """The flags ``python -m sglang.launch_server`` takes for these settings (MTP off: no speculative flag).
+
+        Each speculative number is written only when set (NGRAM has no steps or top-k of its own)."""
         args: list[str] = []
         if self.speculative:
-            args += [
-                "--speculative-algorithm",
-                str(self.speculative_algorithm),
-                "--speculative-num-steps",
-                str(self.speculative_num_steps),
-                "--speculative-eagle-topk",
-                str(self.speculative_eagle_topk),
-                "--speculative-num-draft-tokens",
-                str(self.speculative_num_draft_tokens),
-            ]
+            args += ["--speculative-algorithm", str(self.speculative_algorithm)]
+            for flag, value in (
+                ("--speculative-num-steps", self.speculative_num_steps),
+                ("--speculative-eagle-topk", self.speculative_eagle_topk),
+                ("--speculative-num-draft-tokens", self.speculative_num_draft_tokens),
+                ("--speculative-draft-model-path", self.speculative_draft_model_path),
+            ):
+                if value is not None:
+                    args += [flag, str(value)]
             if self.speculative_adaptive:
                 args.append("--speculative-adaptive")
         if self.max_running_requests is not None:
@@ -112,8 +136,18 @@ class ServerSettings(BaseModel):
             args += ["--mem-fraction-static", f"{self.mem_fraction_static:g}"]
         return args
 
+    @property
+    def simulated(self) -> bool:
+        """Whether ``draftgen sim`` models these settings: MTP off, NEXTN or EAGLE (its cost model is MTP's)."""
+        return self.speculative_algorithm is None or self.speculative_algorithm in MTP_ALGORITHMS
+
     def sim_args(self) -> list[str]:
         """The same flags for a simulated server, where MTP off must be said (its default profile has MTP on)."""
+        if not self.simulated:
+            raise ValueError(
+                f"the simulator models MTP (NEXTN, EAGLE) or speculation off, not {self.speculative_algorithm}: "
+                "run these settings on real SGLang"
+            )
         if self.speculative:
             return self.sglang_args()
         return ["--speculative-algorithm", "none", *self.sglang_args()]
@@ -134,6 +168,12 @@ def adaptive_problems(settings: ServerSettings, extra_args: Sequence[str] = ()) 
         ]
     off = "SGLang: speculative_adaptive disabled: {}. Falling back to static speculative params"
     problems = []
+    if settings.speculative_algorithm not in MTP_ALGORITHMS:
+        problems.append(
+            off.format(
+                f"speculative_algorithm={settings.speculative_algorithm} (only EAGLE/EAGLE3 are supported)"
+            )
+        )
     steps, topk = settings.speculative_num_steps, settings.speculative_eagle_topk
     if topk is not None and topk != 1:
         problems.append(off.format(f"speculative_eagle_topk={topk} (only topk=1 is supported)"))
@@ -168,6 +208,14 @@ def sglang_problems(
     adaptive = adaptive_problems(settings, extra_args)
     if not settings.speculative:
         return adaptive
+    algorithm = settings.speculative_algorithm
+    if algorithm == NGRAM:
+        return adaptive + _ngram_problems(settings)
+    if algorithm in DRAFT_MODEL_ALGORITHMS and not settings.speculative_draft_model_path:
+        return [
+            *adaptive,
+            f"{algorithm} needs speculative_draft_model_path (the draft model SGLang loads beside the target)",
+        ]
     steps, topk, drafts = (
         settings.speculative_num_steps,
         settings.speculative_eagle_topk,
@@ -206,6 +254,29 @@ def sglang_problems(
                 f"num_draft_tokens {drafts}: the draft tree of {steps} steps x top-{topk} holds only {candidates} "
                 f"candidates + the verified token; SGLang's tree selection would fail at the first decode step"
             )
+    return problems
+
+
+def _ngram_problems(settings: ServerSettings) -> list[str]:
+    problems = []
+    given = [
+        name
+        for name, value in (
+            ("speculative_num_steps", settings.speculative_num_steps),
+            ("speculative_eagle_topk", settings.speculative_eagle_topk),
+        )
+        if value is not None
+    ]
+    if given:
+        problems.append(
+            f"NGRAM takes only speculative_num_draft_tokens: SGLang sets eagle_topk from "
+            f"--speculative-ngram-max-bfs-breadth and num_steps from draft tokens // topk, so {', '.join(given)} "
+            "would not be what runs (leave them null)"
+        )
+    if settings.speculative_num_draft_tokens is None:
+        problems.append("NGRAM needs speculative_num_draft_tokens (tokens verified per request and step)")
+    if settings.speculative_draft_model_path:
+        problems.append("NGRAM drafts from the text so far: it loads no speculative_draft_model_path")
     return problems
 
 

@@ -32,8 +32,12 @@ CPU_ARGS = (
     "cpu",
     "--attention-backend",
     "intel_amx",  # kept by sitecustomize.py; our stand-in provides its two ops
+    # On the CPU SGLang sizes memory from the machine's available memory (psutil), so memory other processes take
+    # while a server loads counts as its weights: at 0.3, starts beside others on a shared machine failed with
+    # "Loaded weights leave no GPU memory for the KV cache" (speculation needs > 0.101 in any case). The KV cache
+    # itself is capped by --max-total-tokens, so the high fraction allocates nothing more.
     "--mem-fraction-static",
-    "0.3",  # speculation needs > 0.101
+    "0.9",
     "--max-total-tokens",
     "8192",
     "--skip-server-warmup",
@@ -178,9 +182,14 @@ def start_serve(
     server_args: tuple[str, ...] = (),
     serve_args: tuple[str, ...] = (),
     dtype: str = "bfloat16",
+    settings: Path | None = None,
 ) -> ServeRun:
-    """``draftgen serve --engine sglang --python support/sglang-python --model MODEL --gpus 0 ... -- CPU ARGS``."""
+    """``draftgen serve --engine sglang --python support/sglang-python --model MODEL --gpus 0 ... -- CPU ARGS``.
+
+    Speculation comes from the CPU args (``--no-mtp``: serve's default MTP flags need the target's MTP heads), or
+    from ``settings``: ``--settings FILE``, a file ``draftgen tune`` wrote."""
     port = free_port()
+    speculation = ["--settings", str(settings)] if settings is not None else ["--no-mtp"]
     command = [
         draftgen,
         "serve",
@@ -194,7 +203,7 @@ def start_serve(
         "0",  # one server; CUDA_VISIBLE_DEVICES=0 means nothing to a CPU server
         "--base-port",
         str(port),
-        "--no-mtp",  # speculation, when wanted, comes from the CPU args (NGRAM, STANDALONE)
+        *speculation,
         "--out",
         str(runs),
         "--run",

@@ -173,6 +173,11 @@ class ServeConfig:
             ]
             if given:
                 raise ValueError(f"--settings already sets what {', '.join(given)} would; drop one of them")
+            if self.engine == "sim" and not self.settings.simulated:
+                raise ValueError(
+                    f"--settings {self.settings.label}: --engine sim models MTP (NEXTN, EAGLE) or speculation "
+                    "off only; serve these settings with --engine sglang"
+                )
         if self.mem_fraction is not None and not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"--mem-fraction {self.mem_fraction} must be between 0 and 1 (e.g. 0.85)")
         if self.max_running_requests is not None and self.max_running_requests < 1:

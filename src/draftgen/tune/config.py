@@ -1,7 +1,8 @@
 """The tune notebook's validated, frozen configuration, and the candidates it expands to.
 
-The search space is the product of the speculative settings (MTP off, each ``[steps, topk, draft tokens]``, and
-SGLang 0.5.23's adaptive speculation from each of ``adaptive_steps``) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
+The search space is the product of the speculative settings (MTP off, each ``[steps, topk, draft tokens]`` of
+``speculative_algorithm``, SGLang 0.5.23's adaptive speculation from each of ``adaptive_steps``, and each NGRAM
+draft-token count) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
 its own batch cap when ``concurrency`` is 0. A candidate SGLang would refuse, or would silently run as another
 one, is refused here with the reason, before any server starts.
 """
@@ -26,7 +27,13 @@ from draftgen.params import (
 )
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.serve.config import parse_gpus
-from draftgen.server_settings import ServerSettings, effective_max_running, sglang_problems
+from draftgen.server_settings import (
+    MTP_ALGORITHMS,
+    NGRAM,
+    ServerSettings,
+    effective_max_running,
+    sglang_problems,
+)
 
 MIN_JOB_REQUESTS = 8
 
@@ -44,12 +51,17 @@ class Candidate:
     @property
     def slug(self) -> str:
         s = self.settings
-        kind = "adapt" if s.speculative_adaptive else "mtp"
-        spec = (
-            f"{kind}{s.speculative_num_steps}-{s.speculative_eagle_topk}-{s.speculative_num_draft_tokens}"
-            if s.speculative
-            else "nomtp"
-        )
+        numbers = f"{s.speculative_num_steps}-{s.speculative_eagle_topk}-{s.speculative_num_draft_tokens}"
+        if not s.speculative:
+            spec = "nomtp"
+        elif s.speculative_algorithm == NGRAM:
+            spec = f"ngram{s.speculative_num_draft_tokens}"
+        elif s.speculative_adaptive:
+            spec = f"adapt{numbers}"
+        elif s.speculative_algorithm in MTP_ALGORITHMS:
+            spec = f"mtp{numbers}"
+        else:
+            spec = f"{str(s.speculative_algorithm).lower()}{numbers}"
         return f"c{self.index:02d}-{spec}-mrr{s.max_running_requests or 'default'}"
 
 
@@ -62,8 +74,8 @@ class TuneConfig(SamplingParams):
         ("what SGLang allows", "attention_backend spec_v2"),
         (
             "the search space",
-            "mtp_off speculative_algorithm spec_candidates adaptive_steps max_running_requests mem_fraction_static "
-            "concurrency",
+            "mtp_off speculative_algorithm spec_candidates speculative_draft_model_path adaptive_steps "
+            "ngram_draft_tokens max_running_requests mem_fraction_static concurrency",
         ),
         (
             "prompts and sampling (production settings)",
@@ -101,14 +113,23 @@ class TuneConfig(SamplingParams):
     )
     spec_v2: bool = param(False, "SGLANG_ENABLE_SPEC_V2 set: top-k 1 only")
     mtp_off: bool = param(True, "include speculative decoding off")
-    speculative_algorithm: Literal["NEXTN", "EAGLE"] = param("NEXTN", "NEXTN (MTP) or EAGLE")
+    speculative_algorithm: Literal["NEXTN", "EAGLE", "STANDALONE"] = param(
+        "NEXTN", "of spec_candidates: NEXTN (MTP), EAGLE, or STANDALONE (a smaller model as the draft)"
+    )
     spec_candidates: list[list[int]] = param(
         default_factory=lambda: [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]],
         help="[steps, topk, draft tokens] each",
     )
+    speculative_draft_model_path: str = param(
+        "", 'the draft model for STANDALONE (or an EAGLE head) ("": none, as NEXTN needs)'
+    )
     adaptive_steps: list[Annotated[int, Field(ge=1)]] = param(
         default_factory=list,
         help="--speculative-adaptive candidates (SGLang 0.5.23; top-k 1): the steps each starts from",
+    )
+    ngram_draft_tokens: list[Annotated[int, Field(ge=2)]] = param(
+        default_factory=list,
+        help="NGRAM candidates (drafts from the text so far, no draft model): draft tokens each",
     )
     max_running_requests: list[PositiveInt] = param(
         default_factory=lambda: [48, 96, 128],
@@ -168,13 +189,30 @@ class TuneConfig(SamplingParams):
 
     @model_validator(mode="after")
     def _check_space(self) -> TuneConfig:
-        if not self.spec_candidates and not self.mtp_off and not self.adaptive_steps:
+        if (
+            not self.spec_candidates
+            and not self.mtp_off
+            and not self.adaptive_steps
+            and not self.ngram_draft_tokens
+        ):
             raise ValueError(
-                "the search space is empty: give spec_candidates or adaptive_steps, or set mtp_off"
+                "the search space is empty: give spec_candidates, adaptive_steps or ngram_draft_tokens, or set mtp_off"
             )
         if len(parse_gpus(self.gpus)) % self.tp:
             raise ValueError(f"gpus {self.gpus!r} do not split into groups of tp={self.tp}")
         refused = []
+        if self.engine == "sim":
+            if (
+                self.spec_candidates or self.adaptive_steps
+            ) and self.speculative_algorithm not in MTP_ALGORITHMS:
+                refused.append(
+                    f"speculative_algorithm {self.speculative_algorithm}: the simulator models NEXTN and EAGLE "
+                    "only (engine sglang runs it)"
+                )
+            if self.ngram_draft_tokens:
+                refused.append(
+                    "ngram_draft_tokens: the simulator does not model NGRAM (engine sglang runs it)"
+                )
         named = [
             (f"spec_candidates[{i}] {triple}", settings)
             for i, (triple, settings) in enumerate(zip(self.spec_candidates, self._static(), strict=True))
@@ -182,6 +220,10 @@ class TuneConfig(SamplingParams):
         named += [
             (f"adaptive_steps[{i}] {steps}", settings)
             for i, (steps, settings) in enumerate(zip(self.adaptive_steps, self._adaptive(), strict=True))
+        ]
+        named += [
+            (f"ngram_draft_tokens[{i}] {drafts}", settings)
+            for i, (drafts, settings) in enumerate(zip(self.ngram_draft_tokens, self._ngram(), strict=True))
         ]
         for name, settings in named:
             for reason in sglang_problems(
@@ -215,6 +257,7 @@ class TuneConfig(SamplingParams):
                 speculative_num_steps=steps,
                 speculative_eagle_topk=topk,
                 speculative_num_draft_tokens=drafts,
+                speculative_draft_model_path=self.speculative_draft_model_path or None,
             )
             for steps, topk, drafts in self.spec_candidates
         ]
@@ -227,9 +270,16 @@ class TuneConfig(SamplingParams):
                 speculative_num_steps=steps,
                 speculative_eagle_topk=1,
                 speculative_num_draft_tokens=steps + 1,
+                speculative_draft_model_path=self.speculative_draft_model_path or None,
                 speculative_adaptive=True,
             )
             for steps in self.adaptive_steps
+        ]
+
+    def _ngram(self) -> list[ServerSettings]:
+        return [
+            ServerSettings(speculative_algorithm=NGRAM, speculative_num_draft_tokens=drafts)
+            for drafts in self.ngram_draft_tokens
         ]
 
     def candidates(self) -> list[Candidate]:
@@ -243,7 +293,7 @@ class TuneConfig(SamplingParams):
                     speculative_num_draft_tokens=None,
                 )
             )
-        specs += self._static() + self._adaptive()
+        specs += self._static() + self._adaptive() + self._ngram()
         out = []
         for spec in specs:
             for cap in self.max_running_requests:

@@ -12,12 +12,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.launch import LaunchSpec, server_specs
-from draftgen.serve.preflight import check_engine, check_ports
+from draftgen.serve.preflight import check_engine, check_ports, port_in_use
 from draftgen.serve.probe import Stage, probe
 from draftgen.serve.process import log_tail, spawn, stop_group
 from draftgen.tune.config import Candidate, TuneConfig
@@ -75,7 +76,18 @@ def preflight(config: TuneConfig, candidate: Candidate) -> None:
 async def start(spec: LaunchSpec, log_path: Path, timeout_s: float) -> Started | FailedStart:
     """Spawn and probe until ``/health_generate`` answers 200; on exit or timeout stop it and say why.
 
-    Each job has a log of its own, so the whole log is this attempt's."""
+    Each job has a log of its own, so the whole log is this attempt's. The port is checked again first: tune's
+    preflight saw it free, but another process may have taken it since, and then that process's health answers
+    would pass for the candidate's (a shared machine showed exactly that: a simulator answered 200 while the
+    candidate was still importing, and the job measured the wrong server)."""
+    host = urlsplit(spec.url).hostname or "127.0.0.1"
+    if port_in_use(host, spec.port):
+        return FailedStart(
+            f"port {spec.port} on {host} already in use by another process; nothing was started "
+            "(free it, or choose another base_port)",
+            (),
+            log_path,
+        )
     began = time.monotonic()
     process = await spawn(spec, log_path)
     async with aiohttp.ClientSession() as session:
