@@ -38,6 +38,15 @@ TUNE_OTHER_ALGORITHMS = {
     "speculative_draft_model_path": DRAFT,
     "spec_candidates": [[3, 1, 4], [2, 4, 8]],
     "ngram_draft_tokens": [4, 8],
+    # the trained drafters beside them (DFLASH and EAGLE3 need a GPU to run; their commands still parse)
+    "drafters": [
+        {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": DRAFT, "block_sizes": [8, 16]},
+        {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": DRAFT,
+            "spec_candidates": [[3, 1, 4]],
+        },
+    ],
     "max_running_requests": [48, 96],
 }
 SETTINGS = {
@@ -46,6 +55,8 @@ SETTINGS = {
     "mtp-off": "settings:\n  speculative_algorithm: null\n  speculative_num_steps: null\n  speculative_eagle_topk: null\n"
     "  speculative_num_draft_tokens: null\n  max_running_requests: 128\n",
     "ngram-8": "settings:\n  speculative_algorithm: NGRAM\n  speculative_num_draft_tokens: 8\n  max_running_requests: 64\n",
+    "dflash-8": "settings:\n  speculative_algorithm: DFLASH\n  speculative_num_draft_tokens: 8\n"
+    f"  speculative_draft_model_path: {DRAFT}\n  max_running_requests: 64\n",
     "standalone-3-1-4": "settings:\n  speculative_algorithm: STANDALONE\n  speculative_num_steps: 3\n"
     "  speculative_eagle_topk: 1\n  speculative_num_draft_tokens: 4\n"
     f"  speculative_draft_model_path: {DRAFT}\n  max_running_requests: 48\n",
@@ -65,6 +76,7 @@ SERVE_VARIANTS = {
     "--settings mtp-4-1-5": ["--gpus", "0-6", "--settings", "{mtp-4-1-5}"],
     "--tp 2 --settings mtp-off": ["--gpus", "0-5", "--tp", "2", "--settings", "{mtp-off}"],
     "--settings ngram-8": ["--gpus", "0-6", "--settings", "{ngram-8}"],
+    "--settings dflash-8": ["--gpus", "0-6", "--settings", "{dflash-8}"],
     "--tp 2 --settings standalone-3-1-4": ["--gpus", "0-5", "--tp", "2", "--settings", "{standalone-3-1-4}"],
 }
 
@@ -181,6 +193,9 @@ def test_every_serve_and_tune_command_for_the_gpu_node_parses_cleanly(sglang_par
     assert len(commands) > 200 and any("tp2" in label for label in labels), labels
     assert any("NGRAM 8 drafts" in label for label in labels) and any(
         "STANDALONE 2/4/8" in label for label in labels
+    )
+    assert any("DFLASH block 16" in label for label in labels) and any(
+        "EAGLE3 3/1/4" in label for label in labels
     )
     assert any("--speculative-draft-model-path" in argv for _, argv in commands)
     failures = {}

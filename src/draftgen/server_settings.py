@@ -105,6 +105,8 @@ class ServerSettings(BaseModel):
         and 1."""
         if isinstance(data, dict) and data.get("speculative_algorithm") in (NGRAM, DFLASH):
             data = {"speculative_num_steps": None, "speculative_eagle_topk": None, **data}
+        if isinstance(data, dict) and data.get("speculative_algorithm") == DFLASH:
+            data = {"speculative_num_draft_tokens": None, **data}  # the block size: given, or refused
         return data
 
     @property
