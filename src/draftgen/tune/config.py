@@ -31,6 +31,7 @@ from draftgen.params import (
     _unset_if_empty,
     param,
 )
+from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.serve.config import parse_gpus
 from draftgen.server_settings import (
@@ -249,8 +250,10 @@ class TuneConfig(SamplingParams):
         None, 'NAME of the environment variable holding the API key, never the key ("": none)'
     )
     request_timeout_s: PositiveFloat = param(1800.0, "one request's time limit (s)")
-    out_dir: str = param("outputs/tune/interactive", "results go here (draftgen run sets its run folder)")
-    settings_file: str = param("", 'where the chosen settings go ("": out_dir/settings.yaml)')
+    out_dir: ProjectPath = param(
+        "outputs/tune/interactive", "results go here (draftgen run sets its run folder)"
+    )
+    settings_file: ProjectPath = param("", 'where the chosen settings go ("": out_dir/settings.yaml)')
 
     _unset = field_validator("mem_fraction_static", "api_key_env", mode="before")(_unset_if_empty)
 
