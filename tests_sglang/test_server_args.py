@@ -265,3 +265,26 @@ def test_adaptive_candidates_are_what_sglang_runs_adaptively(sglang_parser, draf
         "speculative_num_draft_tokens=6, speculative_adaptive=True)))",
     )
     assert f"speculative_adaptive disabled: {reason}" in refusal
+
+
+def test_dflash_refuses_this_cpu_with_the_reason_draftgen_gives(sglang_parser, draftgen):
+    """DFLASH cannot run on this tier: SGLang's own check says why, and draftgen refuses it with the same words."""
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+    from sglang.srt.server_args import ServerArgs
+
+    argv = [
+        *("--model-path", MODEL, "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8"),
+        *("--speculative-draft-model-path", DRAFT, "--device", "cpu"),
+    ]
+    args = ServerArgs.from_cli_args(sglang_parser.parse_args(argv))
+    with pytest.raises(ValueError) as refused:
+        _handle_dflash(args)
+    reason = str(refused.value)
+    assert "DFLASH speculative decoding is not supported" in reason and "'cpu'" in reason
+    ours = _draftgen_python(
+        draftgen,
+        "from draftgen.server_settings import ServerSettings, sglang_problems; "
+        "print(sglang_problems(ServerSettings(speculative_algorithm='DFLASH', speculative_num_draft_tokens=8, "
+        f"speculative_draft_model_path='{DRAFT}'), device='cpu'))",
+    )
+    assert reason in ours, (reason, ours)

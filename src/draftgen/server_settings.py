@@ -320,8 +320,9 @@ def _dflash_problems(settings: ServerSettings, device: str | None) -> list[str]:
     """SGLang 0.5.23's ``_handle_dflash`` checks, quoted: it refuses or overrides, so the candidate is refused."""
     problems = []
     if device is not None and not any(device.startswith(ok) for ok in DFLASH_DEVICES):
+        # as SGLang 0.5.23 words it on the SGLang tier's CPU (tests_sglang/test_server_args.py)
         problems.append(
-            f"SGLang: DFLASH speculative decoding is not supported by the platform on device {device!r}."
+            f"SGLang: DFLASH speculative decoding is not supported by SRTPlatform on device {device!r}."
         )
     if not settings.speculative_draft_model_path:
         problems.append(
