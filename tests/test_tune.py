@@ -438,7 +438,7 @@ def test_serve_refuses_settings_the_simulator_cannot_model_and_runs_them_on_sgla
     )
     base = [sys.executable, "-m", "draftgen", "serve", "--model", "m", "--gpus", "0", "--settings", str(path)]
     sim = subprocess.run([*base, "--engine", "sim", "--dry-run"], capture_output=True, text=True, timeout=60)
-    assert sim.returncode == 2 and "--engine sim models MTP (NEXTN, EAGLE) or speculation off" in sim.stderr
+    assert sim.returncode == 2 and "--engine sim models MTP (NEXTN, EAGLE), drafters" in sim.stderr
     real = subprocess.run(
         [*base, "--dry-run", "--python", sys.executable], capture_output=True, text=True, timeout=60
     )

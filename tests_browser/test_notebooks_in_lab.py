@@ -1,4 +1,4 @@
-"""The four notebooks in JupyterLab, in a real (headless) browser: Run All against a simulated fleet.
+"""The notebooks in JupyterLab, in a real (headless) browser: Run All against a simulated fleet.
 
 Each test opens a copy of the committed notebook whose parameters cell points at the test fleet with small
 settings (everything else as committed, including the relative default ``out_dir``), runs Run → Run All Cells
@@ -9,6 +9,7 @@ file order, as the pipeline does: estimate reads the newest benchmark, validate 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from project import copy_notebook
 
 from draftgen.prompts.rows import PromptRow, iter_prompts
 from draftgen.prompts.synthetic import BUNDLED_PROMPTS
+from draftgen.sim.fleet import find_free_base_port
 
 RUN_TIMEOUT_S = 240
 GENERATE_CELL = "await generate(config, plan)"
@@ -151,12 +153,55 @@ def test_validate(page, lab, project, screenshots):
     copy_notebook(
         "validate",
         project,
-        {"generation_dir": "outputs/generate/interactive", "tokenizer": "models/tokenizer"},
+        # a tenth held out (default 1%): enough held-out prompts for tune's verdict below
+        {
+            "generation_dir": "outputs/generate/interactive",
+            "tokenizer": "models/tokenizer",
+            "holdout_share": 0.1,
+        },
     )
     tab = NotebookTab(page, lab, "notebooks/validate.ipynb").open()
     run_all_cleanly(tab, screenshots, min_figures=2)
     folder = assert_run_folder(project, "outputs/validate/interactive", "export/train.jsonl")
     assert (folder / "export" / "train.jsonl").read_text().count("\n") > 0
+
+
+def test_tune_verdict_on_the_held_out_prompts(page, lab, project, screenshots):
+    """The verdict alone (race off): MTP and a DFlash drafter profile at 1 and 16 in flight on the prompts
+    validate held out, on two simulated GPUs tune starts itself."""
+    holdout = "outputs/validate/interactive/export/holdout/prompts.jsonl"
+    assert (project / holdout).read_text().count("\n") >= 5, "validate held out too few prompts"
+    copy_notebook(
+        "tune",
+        project,
+        {
+            "engine": "sim",
+            "gpus": "0-1",
+            "base_port": find_free_base_port(2),
+            "sim_speed": 2.0,
+            "prompts": str(project / holdout),  # the kernel runs in notebooks/
+            "max_tokens": 96,
+            "sample_size": 32,
+            "warmup_requests": 1,
+            "race": False,
+            "verdict_levels": [1, 16],
+            "dataset_size": 10_000,
+            "drafters": [
+                {
+                    "speculative_algorithm": "DFLASH",
+                    "speculative_draft_model_path": "sim:dflash",
+                    "block_sizes": [8],
+                }
+            ],
+        },
+    )
+    tab = NotebookTab(page, lab, "notebooks/tune.ipynb").open()
+    run_all_cleanly(tab, screenshots, min_figures=2)
+    folder = assert_run_folder(project, "outputs/tune/interactive", "verdict.parquet", "verdict.json")
+    verdict = json.loads((folder / "verdict.json").read_text())
+    assert verdict["production_concurrency"] == 16 and verdict["prompts"].endswith("holdout/prompts.jsonl")
+    assert {row["candidate"].split(",")[0] for row in verdict["money"]} == {"MTP 3/1/4", "DFLASH block 8"}
+    assert (folder / "verdict_tok_s_per_gpu.png").is_file() and (folder / "settings.yaml").is_file()
 
 
 # ----- interrupt from the toolbar, then Run All again ------------------------------------------------------

@@ -38,6 +38,15 @@ TUNE_OTHER_ALGORITHMS = {
     "speculative_draft_model_path": DRAFT,
     "spec_candidates": [[3, 1, 4], [2, 4, 8]],
     "ngram_draft_tokens": [4, 8],
+    # the trained drafters beside them (DFLASH and EAGLE3 need a GPU to run; their commands still parse)
+    "drafters": [
+        {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": DRAFT, "block_sizes": [8, 16]},
+        {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": DRAFT,
+            "spec_candidates": [[3, 1, 4]],
+        },
+    ],
     "max_running_requests": [48, 96],
 }
 SETTINGS = {
@@ -46,6 +55,8 @@ SETTINGS = {
     "mtp-off": "settings:\n  speculative_algorithm: null\n  speculative_num_steps: null\n  speculative_eagle_topk: null\n"
     "  speculative_num_draft_tokens: null\n  max_running_requests: 128\n",
     "ngram-8": "settings:\n  speculative_algorithm: NGRAM\n  speculative_num_draft_tokens: 8\n  max_running_requests: 64\n",
+    "dflash-8": "settings:\n  speculative_algorithm: DFLASH\n  speculative_num_draft_tokens: 8\n"
+    f"  speculative_draft_model_path: {DRAFT}\n  max_running_requests: 64\n",
     "standalone-3-1-4": "settings:\n  speculative_algorithm: STANDALONE\n  speculative_num_steps: 3\n"
     "  speculative_eagle_topk: 1\n  speculative_num_draft_tokens: 4\n"
     f"  speculative_draft_model_path: {DRAFT}\n  max_running_requests: 48\n",
@@ -65,6 +76,7 @@ SERVE_VARIANTS = {
     "--settings mtp-4-1-5": ["--gpus", "0-6", "--settings", "{mtp-4-1-5}"],
     "--tp 2 --settings mtp-off": ["--gpus", "0-5", "--tp", "2", "--settings", "{mtp-off}"],
     "--settings ngram-8": ["--gpus", "0-6", "--settings", "{ngram-8}"],
+    "--settings dflash-8": ["--gpus", "0-6", "--settings", "{dflash-8}"],
     "--tp 2 --settings standalone-3-1-4": ["--gpus", "0-5", "--tp", "2", "--settings", "{standalone-3-1-4}"],
 }
 
@@ -182,6 +194,9 @@ def test_every_serve_and_tune_command_for_the_gpu_node_parses_cleanly(sglang_par
     assert any("NGRAM 8 drafts" in label for label in labels) and any(
         "STANDALONE 2/4/8" in label for label in labels
     )
+    assert any("DFLASH block 16" in label for label in labels) and any(
+        "EAGLE3 3/1/4" in label for label in labels
+    )
     assert any("--speculative-draft-model-path" in argv for _, argv in commands)
     failures = {}
     for label, argv in commands:
@@ -254,3 +269,26 @@ def test_adaptive_candidates_are_what_sglang_runs_adaptively(sglang_parser, draf
         "speculative_num_draft_tokens=6, speculative_adaptive=True)))",
     )
     assert f"speculative_adaptive disabled: {reason}" in refusal
+
+
+def test_dflash_refuses_this_cpu_with_the_reason_draftgen_gives(sglang_parser, draftgen):
+    """DFLASH cannot run on this tier: SGLang's own check says why, and draftgen refuses it with the same words."""
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+    from sglang.srt.server_args import ServerArgs
+
+    argv = [
+        *("--model-path", MODEL, "--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "8"),
+        *("--speculative-draft-model-path", DRAFT, "--device", "cpu"),
+    ]
+    args = ServerArgs.from_cli_args(sglang_parser.parse_args(argv))
+    with pytest.raises(ValueError) as refused:
+        _handle_dflash(args)
+    reason = str(refused.value)
+    assert "DFLASH speculative decoding is not supported" in reason and "'cpu'" in reason
+    ours = _draftgen_python(
+        draftgen,
+        "from draftgen.server_settings import ServerSettings, sglang_problems; "
+        "print(sglang_problems(ServerSettings(speculative_algorithm='DFLASH', speculative_num_draft_tokens=8, "
+        f"speculative_draft_model_path='{DRAFT}'), device='cpu'))",
+    )
+    assert reason in ours, (reason, ours)

@@ -24,6 +24,14 @@ between the candidates of a per-batch-size table, starting from ``--speculative-
 them (else SGLang refuses to start); the draft tokens are set to steps + 1. With top-k other than 1, attention
 data parallelism, multi-layer EAGLE, two-batch overlap or PD multiplexing SGLang switches it off with a warning
 and runs static speculation (another candidate than asked); with HiSparse or LoRA it refuses to start.
+
+Trained drafters (facts from SGLang 0.5.23's ``arg_groups/speculative_hook.py`` and ``speculative/spec_info.py``):
+``EAGLE3`` runs the EAGLE worker with an EAGLE-3 head (``--speculative-draft-model-path``; the draft worker reads
+its model config from that path, so without one it cannot start), with EAGLE's steps/top-k/draft-token rules and
+adaptive allowed. ``DFLASH`` (block drafting) needs ``--speculative-draft-model-path`` (SGLang: "DFLASH
+speculative decoding requires setting --speculative-draft-model-path."), has one natural number, the block size
+(verify window; ``--speculative-num-draft-tokens``, alias ``--speculative-dflash-block-size``), and overrides
+steps and top-k other than 1 to 1 with a warning; it runs on CUDA, NPU and XPU only.
 """
 
 from __future__ import annotations
@@ -35,10 +43,18 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE", "STANDALONE", "NGRAM")
+SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "NGRAM")
 MTP_ALGORITHMS = ("NEXTN", "EAGLE")  # the target's own MTP heads or an EAGLE head: labelled "MTP s/k/d"
-DRAFT_MODEL_ALGORITHMS = ("STANDALONE",)  # need --speculative-draft-model-path
+# trained or separate drafters: need --speculative-draft-model-path
+DRAFT_MODEL_ALGORITHMS = ("EAGLE3", "STANDALONE", "DFLASH")
+ADAPTIVE_ALGORITHMS = (
+    "NEXTN",
+    "EAGLE",
+    "EAGLE3",
+)  # SGLang: "only EAGLE/EAGLE3 are supported" (NEXTN = EAGLE)
 NGRAM = "NGRAM"
+DFLASH = "DFLASH"
+DFLASH_DEVICES = ("cuda", "npu", "xpu")  # SGLang 0.5.23 refuses DFLASH on any other device
 SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang resets max_running_requests to 48 with EAGLE/NEXTN unless given
 TOPK_ONE_ONLY_BACKENDS = ("trtllm_mha",)
 # SGLang 0.5.23's default adaptive table (no --speculative-adaptive-config): every slot's candidate steps
@@ -70,11 +86,13 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    speculative_algorithm: Literal["NEXTN", "EAGLE", "STANDALONE", "NGRAM"] | None = "NEXTN"
+    speculative_algorithm: Literal["NEXTN", "EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "NGRAM"] | None = (
+        "NEXTN"
+    )
     speculative_num_steps: Annotated[int, Field(ge=1)] | None = 3
     speculative_eagle_topk: Annotated[int, Field(ge=1)] | None = 1
     speculative_num_draft_tokens: Annotated[int, Field(ge=2)] | None = 4
-    speculative_draft_model_path: str | None = None  # STANDALONE's draft model (None: none)
+    speculative_draft_model_path: str | None = None  # EAGLE3/STANDALONE/DFLASH's draft model (None: none)
     max_running_requests: Annotated[int, Field(ge=1)] | None = None  # None: SGLang's default
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None  # None: SGLang's default
     # --speculative-adaptive (SGLang 0.5.23): the steps move at run time; speculative_num_steps is where they start
@@ -83,9 +101,12 @@ class ServerSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _ngram_takes_draft_tokens_only(cls, data: Any) -> Any:
-        """NGRAM without steps or top-k given means none (SGLang derives them), not the MTP defaults 3 and 1."""
-        if isinstance(data, dict) and data.get("speculative_algorithm") == NGRAM:
+        """NGRAM or DFLASH without steps or top-k given means none (SGLang sets them), not the MTP defaults 3
+        and 1."""
+        if isinstance(data, dict) and data.get("speculative_algorithm") in (NGRAM, DFLASH):
             data = {"speculative_num_steps": None, "speculative_eagle_topk": None, **data}
+        if isinstance(data, dict) and data.get("speculative_algorithm") == DFLASH:
+            data = {"speculative_num_draft_tokens": None, **data}  # the block size: given, or refused
         return data
 
     @property
@@ -94,8 +115,8 @@ class ServerSettings(BaseModel):
 
     @property
     def label(self) -> str:
-        """``MTP 3/1/4, 48 running``, ``MTP adaptive from 3/1/4, ...``, ``STANDALONE 3/1/4, ...``,
-        ``NGRAM 4 drafts, ...`` or ``MTP off, 128 running`` (steps/topk/draft tokens)."""
+        """``MTP 3/1/4, 48 running``, ``MTP adaptive from 3/1/4, ...``, ``EAGLE3 3/1/4, ...``,
+        ``DFLASH block 16, ...``, ``NGRAM 4 drafts, ...`` or ``MTP off, 128 running`` (steps/topk/draft tokens)."""
         numbers = (
             f"{self.speculative_num_steps}/{self.speculative_eagle_topk}/{self.speculative_num_draft_tokens}"
         )
@@ -103,8 +124,11 @@ class ServerSettings(BaseModel):
             spec = "MTP off"
         elif self.speculative_algorithm == NGRAM:
             spec = f"NGRAM {self.speculative_num_draft_tokens} drafts"
+        elif self.speculative_algorithm == DFLASH:
+            spec = f"DFLASH block {self.speculative_num_draft_tokens}"
         elif self.speculative_adaptive:
-            spec = f"MTP adaptive from {numbers}"
+            who = "MTP" if self.speculative_algorithm in MTP_ALGORITHMS else self.speculative_algorithm
+            spec = f"{who} adaptive from {numbers}"
         elif self.speculative_algorithm in MTP_ALGORITHMS:
             spec = f"MTP {numbers}"
         else:
@@ -137,16 +161,22 @@ class ServerSettings(BaseModel):
         return args
 
     @property
+    def drafter(self) -> bool:
+        """A separate draft model (EAGLE3, STANDALONE, DFLASH) rather than the target's MTP heads or n-grams."""
+        return self.speculative_algorithm in DRAFT_MODEL_ALGORITHMS
+
+    @property
     def simulated(self) -> bool:
-        """Whether ``draftgen sim`` models these settings: MTP off, NEXTN or EAGLE (its cost model is MTP's)."""
-        return self.speculative_algorithm is None or self.speculative_algorithm in MTP_ALGORITHMS
+        """Whether ``draftgen sim`` models these settings: all but NGRAM (a drafter through its drafter profile,
+        docs/simulator.md "Drafter profiles")."""
+        return self.speculative_algorithm != NGRAM
 
     def sim_args(self) -> list[str]:
         """The same flags for a simulated server, where MTP off must be said (its default profile has MTP on)."""
         if not self.simulated:
             raise ValueError(
-                f"the simulator models MTP (NEXTN, EAGLE) or speculation off, not {self.speculative_algorithm}: "
-                "run these settings on real SGLang"
+                f"the simulator models MTP (NEXTN, EAGLE), drafters (EAGLE3, STANDALONE, DFLASH) or speculation "
+                f"off, not {self.speculative_algorithm}: run these settings on real SGLang"
             )
         if self.speculative:
             return self.sglang_args()
@@ -168,7 +198,7 @@ def adaptive_problems(settings: ServerSettings, extra_args: Sequence[str] = ()) 
         ]
     off = "SGLang: speculative_adaptive disabled: {}. Falling back to static speculative params"
     problems = []
-    if settings.speculative_algorithm not in MTP_ALGORITHMS:
+    if settings.speculative_algorithm not in ADAPTIVE_ALGORITHMS:
         problems.append(
             off.format(
                 f"speculative_algorithm={settings.speculative_algorithm} (only EAGLE/EAGLE3 are supported)"
@@ -203,18 +233,24 @@ def sglang_problems(
     attention_backend: str | None = None,
     spec_v2: bool = False,
     extra_args: Sequence[str] = (),
+    device: str | None = None,
 ) -> list[str]:
-    """Why SGLang would refuse these settings, or run something else than asked; empty when it runs them."""
+    """Why SGLang would refuse these settings, or run something else than asked; empty when it runs them.
+
+    ``device`` ("cuda", "cpu", ...; None: not known) adds SGLang's device checks (DFLASH runs on CUDA/NPU/XPU)."""
     adaptive = adaptive_problems(settings, extra_args)
     if not settings.speculative:
         return adaptive
     algorithm = settings.speculative_algorithm
     if algorithm == NGRAM:
         return adaptive + _ngram_problems(settings)
+    if algorithm == DFLASH:
+        return adaptive + _dflash_problems(settings, device)
     if algorithm in DRAFT_MODEL_ALGORITHMS and not settings.speculative_draft_model_path:
         return [
             *adaptive,
-            f"{algorithm} needs speculative_draft_model_path (the draft model SGLang loads beside the target)",
+            f"{algorithm} needs speculative_draft_model_path (the draft model SGLang loads beside the target; "
+            "its draft worker reads the model config from that path, so without one it cannot start)",
         ]
     steps, topk, drafts = (
         settings.speculative_num_steps,
@@ -277,6 +313,36 @@ def _ngram_problems(settings: ServerSettings) -> list[str]:
         problems.append("NGRAM needs speculative_num_draft_tokens (tokens verified per request and step)")
     if settings.speculative_draft_model_path:
         problems.append("NGRAM drafts from the text so far: it loads no speculative_draft_model_path")
+    return problems
+
+
+def _dflash_problems(settings: ServerSettings, device: str | None) -> list[str]:
+    """SGLang 0.5.23's ``_handle_dflash`` checks, quoted: it refuses or overrides, so the candidate is refused."""
+    problems = []
+    if device is not None and not any(device.startswith(ok) for ok in DFLASH_DEVICES):
+        # as SGLang 0.5.23 words it on the SGLang tier's CPU (tests_sglang/test_server_args.py)
+        problems.append(
+            f"SGLang: DFLASH speculative decoding is not supported by SRTPlatform on device {device!r}."
+        )
+    if not settings.speculative_draft_model_path:
+        problems.append(
+            "SGLang: DFLASH speculative decoding requires setting --speculative-draft-model-path. "
+            "(set speculative_draft_model_path to the trained DFlash drafter)"
+        )
+    for name, value in (
+        ("speculative_num_steps", settings.speculative_num_steps),
+        ("speculative_eagle_topk", settings.speculative_eagle_topk),
+    ):
+        if value is not None and value != 1:
+            problems.append(
+                f"SGLang: DFLASH only supports {name} == 1; overriding {name}={value} to 1. (DFLASH drafts a "
+                "whole block in one forward: leave it null and set the block size as speculative_num_draft_tokens)"
+            )
+    if settings.speculative_num_draft_tokens is None:
+        problems.append(
+            "DFLASH needs speculative_num_draft_tokens, the block size (verify window): without it SGLang reads "
+            "it from the draft's config or defaults to 16, so the candidate measured would not be known here"
+        )
     return problems
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from draftgen.params import SHARED_PARAMETERS, build_config
 from draftgen.runner import add_parameter_options, cli_parameters
-from draftgen.tune import report
+from draftgen.tune import report, verdict_report
 from draftgen.tune.config import TuneConfig
 from draftgen.tune.run import run_tune
 
@@ -43,6 +43,17 @@ def run(args: argparse.Namespace) -> int:
     config = build_config(TuneConfig, values)
     result = asyncio.run(run_tune(config))
     info = report.save_report(result)
+    verdict = report.verdict_of(result)
+    if verdict is not None:
+        for value, name in (
+            ("tok_s_per_gpu", "verdict_tok_s_per_gpu"),
+            ("accept_length", "verdict_acceptance"),
+        ):
+            report.save_figure(verdict_report.plot_verdict(verdict, value), config.out_dir, name)
+        print(verdict_report.format_table(verdict))
+        print(verdict_report.headline(verdict))
+    if not config.race:
+        return 0 if verdict is not None and verdict.winner is not None else 1
     table = report.candidate_table(result)
     report.save_figure(report.plot_throughput(table, config.interval), config.out_dir, "tok_s_per_gpu")
     report.save_figure(report.plot_acceptance(table, config.interval), config.out_dir, "acceptance")

@@ -175,8 +175,9 @@ class ServeConfig:
                 raise ValueError(f"--settings already sets what {', '.join(given)} would; drop one of them")
             if self.engine == "sim" and not self.settings.simulated:
                 raise ValueError(
-                    f"--settings {self.settings.label}: --engine sim models MTP (NEXTN, EAGLE) or speculation "
-                    "off only; serve these settings with --engine sglang"
+                    f"--settings {self.settings.label}: --engine sim models MTP (NEXTN, EAGLE), drafters "
+                    "(EAGLE3, STANDALONE, DFLASH: docs/simulator.md) or speculation off, not NGRAM; serve these "
+                    "settings with --engine sglang"
                 )
         if self.mem_fraction is not None and not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"--mem-fraction {self.mem_fraction} must be between 0 and 1 (e.g. 0.85)")

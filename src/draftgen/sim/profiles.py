@@ -77,6 +77,11 @@ class Profile:
     mem_fraction_static: float | None = None  # as launched, when the memory model applies
     kv_admission: bool = False  # admit a request only while the KV cache can hold it to the end
     adaptive_steps: int | None = None  # --speculative-adaptive: the steps every slot starts from (None: off)
+    # As reported in /server_info once speculative flags are given: the algorithm, the draft model path and
+    # the drafter profile it named (draftgen.sim.drafters); None: as the profile was defined.
+    spec_algorithm: str | None = None
+    draft_model_path: str | None = None
+    drafter: str | None = None
 
     def position_probabilities(self) -> tuple[float, ...]:
         """Conditional acceptance of draft positions 1..draft_tokens-1 (each only if the previous was accepted)."""

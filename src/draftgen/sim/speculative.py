@@ -1,6 +1,8 @@
 """What speculative-decoding settings cost a simulated GPU: step time, acceptance per draft position, memory.
 
-A profile with a ``SpecCosts`` and a ``MemoryModel`` (b200-mtp) accepts SGLang's flags. :func:`apply_settings`
+A profile with a ``SpecCosts`` and a ``MemoryModel`` (b200-mtp) accepts SGLang's flags; with a draft model
+(``EAGLE3``, ``STANDALONE``, ``DFLASH`` and ``--speculative-draft-model-path``) the draft part of the step and the
+acceptance come from the drafter profile that path names (``draftgen.sim.drafters``). :func:`apply_settings`
 turns the flags into the profile the scheduler runs (still ``t0 + t1 · batch`` per step, so the engine is
 unchanged), or raises :class:`StartupError` with the message SGLang would print before its port opens. The
 formulas and their calibration are in docs/simulator.md ("Speculative settings").
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields, replace
 
-from draftgen.sim import adaptive
+from draftgen.sim import adaptive, drafters
 from draftgen.sim.profiles import MemoryModel, Profile, SpecCosts
 
 SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang's batch cap with EAGLE/NEXTN when --max-running-requests is not given
@@ -25,6 +27,9 @@ NO_SPEC_MAX_RUNNING_FLOOR = 2048  # SGLang sizes its request pool at >= 2048 slo
 MAMBA_POOL_RATIO = 3  # SGLang keeps 3 recurrent-state slots per running request (radix cache on, MTP off)
 MAMBA_FULL_MEMORY_RATIO = 0.9  # SGLang's default split of memory between recurrent states and KV (MTP off)
 GIB = 1 << 30
+MTP_ALGORITHMS = ("NEXTN", "EAGLE")
+DRAFTER_ALGORITHMS = ("EAGLE3", "STANDALONE", "DFLASH")
+DFLASH_DEFAULT_BLOCK = 16  # SGLang's block size when neither the flags nor the draft's config give one
 
 
 class StartupError(Exception):
@@ -48,6 +53,7 @@ class SimSettings:
     max_running_requests: int | None = None
     mem_fraction_static: float | None = None
     speculative_adaptive: bool = False  # --speculative-adaptive (SGLang 0.5.23): steps chosen at run time
+    speculative_draft_model_path: str | None = None  # a drafter: sim:NAME, or a folder with sim_drafter.json
 
     @property
     def touches_speculation(self) -> bool:
@@ -55,6 +61,7 @@ class SimSettings:
             v is not None
             for v in (
                 self.speculative_algorithm,
+                self.speculative_draft_model_path,
                 self.speculative_num_steps,
                 self.speculative_eagle_topk,
                 self.speculative_num_draft_tokens,
@@ -68,7 +75,14 @@ def add_sglang_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speculative-algorithm",
         default=None,
-        help="NEXTN or EAGLE (MTP on), none (off); default: the profile's",
+        help="NEXTN or EAGLE (MTP on); EAGLE3, STANDALONE or DFLASH (a draft model); none (off); "
+        "default: the profile's",
+    )
+    parser.add_argument(
+        "--speculative-draft-model-path",
+        default=None,
+        help="the drafter: sim:NAME (mtp, eagle3, dflash, standalone) or a folder holding sim_drafter.json "
+        "(docs/simulator.md, 'Drafter profiles')",
     )
     parser.add_argument("--speculative-num-steps", type=int, default=None, help="draft steps per decode step")
     parser.add_argument("--speculative-eagle-topk", type=int, default=None, help="branches per draft step")
@@ -97,6 +111,7 @@ def sim_settings(args: argparse.Namespace) -> SimSettings:
         max_running_requests=args.max_running_requests,
         mem_fraction_static=args.mem_fraction_static,
         speculative_adaptive=bool(args.speculative_adaptive),
+        speculative_draft_model_path=args.speculative_draft_model_path,
     )
 
 
@@ -155,12 +170,28 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
         if not profile.speculative:
             return False, 0, 1, 1
         return True, profile.spec_steps, profile.spec_topk, profile.draft_tokens
-    if algorithm.upper() not in ("NEXTN", "EAGLE"):
+    if algorithm.upper() not in (*MTP_ALGORITHMS, *DRAFTER_ALGORITHMS):
         raise _fail(
-            f"ValueError: the simulator models --speculative-algorithm NEXTN, EAGLE or none, not {algorithm!r}",
+            "ValueError: the simulator models --speculative-algorithm NEXTN, EAGLE, EAGLE3, STANDALONE, DFLASH or "
+            f"none, not {algorithm!r}",
             after_load=False,
         )
     steps, topk, drafts = numbers
+    if algorithm.upper() in DRAFTER_ALGORITHMS:
+        if flags.speculative_adaptive:
+            raise _fail(
+                f"ValueError: the simulator models --speculative-adaptive with MTP (NEXTN, EAGLE) only, not "
+                f"{algorithm.upper()}",
+                after_load=False,
+            )
+        if not flags.speculative_draft_model_path:
+            raise _fail(
+                f"ValueError: {algorithm.upper()} speculative decoding requires setting "
+                "--speculative-draft-model-path.",
+                after_load=False,
+            )
+        if algorithm.upper() == "DFLASH":
+            return True, 1, 1, drafts or DFLASH_DEFAULT_BLOCK  # SGLang overrides steps and top-k to 1
     if flags.speculative_adaptive and (topk is None or topk == 1):
         return (True, *_resolve_adaptive(steps))
     if steps is None:
@@ -218,6 +249,23 @@ def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
     """What SGLang logs about these flags while accepting them (its adjustments)."""
     lines = []
     speculative, _, topk, drafts = _resolve(profile, flags)
+    if (flags.speculative_algorithm or "").upper() == "DFLASH":
+        for name, value in (
+            ("speculative_num_steps", flags.speculative_num_steps),
+            ("speculative_eagle_topk", flags.speculative_eagle_topk),
+        ):
+            if value is not None and value != 1:
+                lines.append(f"WARNING DFLASH only supports {name} == 1; overriding {name}={value} to 1.")
+        if flags.speculative_num_draft_tokens is None:
+            lines.append(
+                f"WARNING speculative_num_draft_tokens is not set; defaulting to {drafts} for DFLASH."
+            )
+        if flags.max_running_requests is None:
+            lines.append(
+                f"WARNING max_running_requests set to {SPEC_DEFAULT_MAX_RUNNING} for speculative decoding "
+                "(--max-running-requests overrides it)"
+            )
+        return lines
     if flags.speculative_adaptive and not _adaptive_algorithm(flags):
         lines.append(
             f"WARNING speculative_adaptive disabled: speculative_algorithm={flags.speculative_algorithm} "
@@ -265,7 +313,20 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
         )
     speculative, steps, topk, drafts = _resolve(profile, flags)
     fraction = flags.mem_fraction_static or memory.default_mem_fraction(speculative)
-    if speculative:
+    algorithm = (flags.speculative_algorithm or "").upper()
+    drafter = (
+        _drafter(algorithm, flags.speculative_draft_model_path) if algorithm in DRAFTER_ALGORITHMS else None
+    )
+    if speculative and drafter is not None:
+        probs = drafters.position_probabilities(drafter, steps, topk, drafts)
+        running = flags.max_running_requests or SPEC_DEFAULT_MAX_RUNNING
+        draft_base, draft_per_req = drafters.draft_seconds(drafter, steps, topk, drafts)
+        verify = (
+            costs.verify_per_token_s if drafter.verify_per_token_s is None else drafter.verify_per_token_s
+        )
+        step_base = costs.target_base_s + draft_base
+        per_req = costs.target_per_req_s + verify * drafts + draft_per_req
+    elif speculative:
         probs = position_probabilities(costs, steps, topk, drafts)
         running = flags.max_running_requests or SPEC_DEFAULT_MAX_RUNNING
         step_base = costs.target_base_s + steps * costs.draft_step_s
@@ -298,7 +359,26 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
         kv_capacity_tokens=kv_tokens,
         mem_fraction_static=fraction,
         kv_admission=True,
+        spec_algorithm=(algorithm if algorithm in DRAFTER_ALGORITHMS else "NEXTN") if speculative else None,
+        draft_model_path=flags.speculative_draft_model_path if drafter is not None else None,
+        drafter=drafter.name if drafter is not None else ("mtp" if speculative else None),
     )
+
+
+def _drafter(algorithm: str, path: str | None) -> drafters.DrafterProfile:
+    """The drafter profile ``path`` names, for ``algorithm``; SGLang-like start-up errors otherwise."""
+    assert path  # _resolve refused a drafter algorithm without one
+    try:
+        drafter = drafters.load_drafter(path)
+    except drafters.DrafterError as exc:
+        raise _fail(f"OSError: {exc}", after_load=False) from None
+    if algorithm not in drafter.algorithms:
+        raise _fail(
+            f"ValueError: draft model {path} is a {drafter.name} drafter (for --speculative-algorithm "
+            f"{'/'.join(drafter.algorithms)}), not one {algorithm} loads",
+            after_load=False,
+        )
+    return drafter
 
 
 def kv_budget_gib(

@@ -2,9 +2,13 @@
 
 The search space is the product of the speculative settings (MTP off, each ``[steps, topk, draft tokens]`` of
 ``speculative_algorithm``, SGLang 0.5.23's adaptive speculation from each of ``adaptive_steps``, and each NGRAM
-draft-token count) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight, or at
-its own batch cap when ``concurrency`` is 0. A candidate SGLang would refuse, or would silently run as another
+draft-token count, and each trained drafter's settings in ``drafters``: EAGLE3, STANDALONE or DFLASH with its draft
+model) with the ``max_running_requests`` values; each candidate is measured at ``concurrency`` requests in flight,
+or at its own batch cap when ``concurrency`` is 0. A candidate SGLang would refuse, or would silently run as another
 one, is refused here with the reason, before any server starts.
+
+The verdict (``verdict_levels``; docs/tune.md "The verdict") measures MTP (``verdict_baseline``) and every drafter
+setting at each of those concurrencies on the prompts given (the held-out split), and prices the full prompt set.
 """
 
 from __future__ import annotations
@@ -18,16 +22,20 @@ from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import (
     NOTEBOOK_MODEL,
+    NonNegativeFloat,
     NotebookCell,
+    Params,
     PositiveFloat,
     PositiveInt,
     SamplingParams,
     _unset_if_empty,
     param,
 )
+from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.serve.config import parse_gpus
 from draftgen.server_settings import (
+    DFLASH,
     MTP_ALGORITHMS,
     NGRAM,
     ServerSettings,
@@ -36,6 +44,59 @@ from draftgen.server_settings import (
 )
 
 MIN_JOB_REQUESTS = 8
+
+
+class DrafterSpace(Params):
+    """One trained (or separate) draft model and the settings to try it with."""
+
+    speculative_algorithm: Literal["EAGLE3", "STANDALONE", "DFLASH"]
+    speculative_draft_model_path: str = Field(
+        min_length=1
+    )  # the drafter's folder (sim: sim:NAME or sim_drafter.json)
+    spec_candidates: list[list[int]] = Field(
+        default_factory=list
+    )  # EAGLE3 / STANDALONE: [steps, topk, draft tokens] each
+    # DFLASH: block sizes (its --speculative-num-draft-tokens)
+    block_sizes: list[Annotated[int, Field(ge=2)]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _numbers(self) -> DrafterSpace:
+        name = f"drafter {self.speculative_algorithm} {self.speculative_draft_model_path}"
+        if self.speculative_algorithm == DFLASH:
+            if self.spec_candidates:
+                raise ValueError(
+                    f"{name}: DFLASH takes block_sizes, not spec_candidates (SGLang: DFLASH only supports "
+                    "speculative_num_steps == 1 and speculative_eagle_topk == 1)"
+                )
+            if not self.block_sizes:
+                raise ValueError(f"{name}: give block_sizes, e.g. [8, 16]")
+        else:
+            if self.block_sizes:
+                raise ValueError(
+                    f"{name}: block_sizes are DFLASH's; give spec_candidates [steps, topk, draft tokens]"
+                )
+            if not self.spec_candidates:
+                raise ValueError(f"{name}: give spec_candidates, e.g. [[3, 1, 4], [5, 1, 6]]")
+            for i, triple in enumerate(self.spec_candidates):
+                if len(triple) != 3 or any(v < 1 for v in triple):
+                    raise ValueError(
+                        f"{name}: spec_candidates[{i}] {triple}: write [steps, topk, draft tokens]"
+                    )
+        return self
+
+    def settings(self) -> list[ServerSettings]:
+        common = {
+            "speculative_algorithm": self.speculative_algorithm,
+            "speculative_draft_model_path": self.speculative_draft_model_path,
+        }
+        if self.speculative_algorithm == DFLASH:
+            return [ServerSettings(**common, speculative_num_draft_tokens=b) for b in self.block_sizes]
+        return [
+            ServerSettings(
+                **common, speculative_num_steps=s, speculative_eagle_topk=k, speculative_num_draft_tokens=d
+            )
+            for s, k, d in self.spec_candidates
+        ]
 
 
 @dataclass(frozen=True)
@@ -56,6 +117,8 @@ class Candidate:
             spec = "nomtp"
         elif s.speculative_algorithm == NGRAM:
             spec = f"ngram{s.speculative_num_draft_tokens}"
+        elif s.speculative_algorithm == DFLASH:
+            spec = f"dflash{s.speculative_num_draft_tokens}"
         elif s.speculative_adaptive:
             spec = f"adapt{numbers}"
         elif s.speculative_algorithm in MTP_ALGORITHMS:
@@ -75,7 +138,11 @@ class TuneConfig(SamplingParams):
         (
             "the search space",
             "mtp_off speculative_algorithm spec_candidates speculative_draft_model_path adaptive_steps "
-            "ngram_draft_tokens max_running_requests mem_fraction_static concurrency",
+            "ngram_draft_tokens drafters max_running_requests mem_fraction_static concurrency race",
+        ),
+        (
+            "the verdict: MTP against each drafter, on the held-out prompts",
+            "verdict_levels verdict_baseline concurrency_per_server dataset_size fleet_gpus gpu_hour_usd",
         ),
         (
             "prompts and sampling (production settings)",
@@ -131,6 +198,11 @@ class TuneConfig(SamplingParams):
         default_factory=list,
         help="NGRAM candidates (drafts from the text so far, no draft model): draft tokens each",
     )
+    drafters: list[DrafterSpace] = param(
+        default_factory=list,
+        help="trained drafters: {speculative_algorithm: DFLASH|EAGLE3|STANDALONE, speculative_draft_model_path, "
+        "block_sizes (DFLASH) or spec_candidates}",
+    )
     max_running_requests: list[PositiveInt] = param(
         default_factory=lambda: [48, 96, 128],
         help="batch caps, each combined with every setting above",
@@ -142,6 +214,23 @@ class TuneConfig(SamplingParams):
     concurrency: Annotated[int, Field(ge=0)] = param(
         0, "requests in flight while measuring (0: each candidate's own max_running_requests)"
     )
+    race: bool = param(True, "run the successive-halving race (off: the verdict only)")
+    verdict_levels: list[PositiveInt] = param(
+        default_factory=list,
+        help="the verdict's concurrencies, e.g. [1, 8, 32, 64] ([]: no verdict); use the held-out prompts",
+    )
+    verdict_baseline: list[int] = param(
+        default_factory=lambda: [3, 1, 4],
+        help="MTP's [steps, topk, draft tokens] the drafters are judged against",
+    )
+    concurrency_per_server: Annotated[int, Field(ge=0)] = param(
+        0, "the verdict's production concurrency (0: the largest of verdict_levels)"
+    )
+    dataset_size: PositiveInt = param(1_000_000, "prompts in the full set the verdict prices")
+    fleet_gpus: Annotated[int, Field(ge=0)] = param(
+        0, "GPUs of the fleet the verdict prices (0: those of gpus)"
+    )
+    gpu_hour_usd: NonNegativeFloat = param(6.0, "price of one GPU-hour in dollars (as the estimate's)")
     prompts: str = param(SYNTHETIC, 'a .jsonl/.parquet sample of YOUR prompts, or "synthetic"')
     sample_size: PositiveInt = param(512, "prompts sampled once; each job sends a slice")
     rounds_per_job: PositiveFloat = param(3.0, "a job sends ceil(this x concurrency) requests (at least 8)")
@@ -161,8 +250,10 @@ class TuneConfig(SamplingParams):
         None, 'NAME of the environment variable holding the API key, never the key ("": none)'
     )
     request_timeout_s: PositiveFloat = param(1800.0, "one request's time limit (s)")
-    out_dir: str = param("outputs/tune/interactive", "results go here (draftgen run sets its run folder)")
-    settings_file: str = param("", 'where the chosen settings go ("": out_dir/settings.yaml)')
+    out_dir: ProjectPath = param(
+        "outputs/tune/interactive", "results go here (draftgen run sets its run folder)"
+    )
+    settings_file: ProjectPath = param("", 'where the chosen settings go ("": out_dir/settings.yaml)')
 
     _unset = field_validator("mem_fraction_static", "api_key_env", mode="before")(_unset_if_empty)
 
@@ -189,14 +280,29 @@ class TuneConfig(SamplingParams):
 
     @model_validator(mode="after")
     def _check_space(self) -> TuneConfig:
-        if (
+        if self.race and (
             not self.spec_candidates
             and not self.mtp_off
             and not self.adaptive_steps
             and not self.ngram_draft_tokens
+            and not self.drafters
         ):
             raise ValueError(
-                "the search space is empty: give spec_candidates, adaptive_steps or ngram_draft_tokens, or set mtp_off"
+                "the search space is empty: give spec_candidates, adaptive_steps, ngram_draft_tokens or drafters, "
+                "or set mtp_off"
+            )
+        if not self.race and not self.verdict_levels:
+            raise ValueError("race is off and verdict_levels is empty: nothing to measure")
+        if self.verdict_levels and not self.drafters:
+            raise ValueError("verdict_levels given without drafters: the verdict judges drafters against MTP")
+        if (
+            self.concurrency_per_server
+            and self.verdict_levels
+            and (self.concurrency_per_server not in self.verdict_levels)
+        ):
+            raise ValueError(
+                f"concurrency_per_server {self.concurrency_per_server} is not one of verdict_levels "
+                f"{self.verdict_levels}: the verdict measures the production concurrency, it does not extrapolate"
             )
         if len(parse_gpus(self.gpus)) % self.tp:
             raise ValueError(f"gpus {self.gpus!r} do not split into groups of tp={self.tp}")
@@ -213,6 +319,7 @@ class TuneConfig(SamplingParams):
                 refused.append(
                     "ngram_draft_tokens: the simulator does not model NGRAM (engine sglang runs it)"
                 )
+            refused += _sim_drafter_problems(self.drafters)
         named = [
             (f"spec_candidates[{i}] {triple}", settings)
             for i, (triple, settings) in enumerate(zip(self.spec_candidates, self._static(), strict=True))
@@ -225,6 +332,12 @@ class TuneConfig(SamplingParams):
             (f"ngram_draft_tokens[{i}] {drafts}", settings)
             for i, (drafts, settings) in enumerate(zip(self.ngram_draft_tokens, self._ngram(), strict=True))
         ]
+        named += [
+            (f"drafters[{i}] {settings.label.split(',')[0]}", settings)
+            for i, drafter in enumerate(self.drafters)
+            for settings in drafter.settings()
+        ]
+        named += [(f"verdict_baseline {self.verdict_baseline}", self.verdict_baseline_settings())]
         for name, settings in named:
             for reason in sglang_problems(
                 settings,
@@ -276,6 +389,33 @@ class TuneConfig(SamplingParams):
             for steps in self.adaptive_steps
         ]
 
+    def verdict_baseline_settings(self) -> ServerSettings:
+        if len(self.verdict_baseline) != 3:
+            return ServerSettings(speculative_num_steps=None)  # refused by sglang_problems: numbers missing
+        steps, topk, drafts = self.verdict_baseline
+        return ServerSettings(
+            speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=drafts
+        )
+
+    @property
+    def production_concurrency(self) -> int:
+        return self.concurrency_per_server or max(self.verdict_levels, default=0)
+
+    def verdict_candidates(self) -> list[Candidate]:
+        """MTP first, then every drafter setting, each capped at the largest level (index 1000 + i)."""
+        cap = max(self.verdict_levels)
+        specs = [self.verdict_baseline_settings()] + [s for d in self.drafters for s in d.settings()]
+        return [
+            Candidate(
+                1000 + i,
+                spec.model_copy(
+                    update={"max_running_requests": cap, "mem_fraction_static": self.mem_fraction_static}
+                ),
+                cap,
+            )
+            for i, spec in enumerate(specs)
+        ]
+
     def _ngram(self) -> list[ServerSettings]:
         return [
             ServerSettings(speculative_algorithm=NGRAM, speculative_num_draft_tokens=drafts)
@@ -294,6 +434,7 @@ class TuneConfig(SamplingParams):
                 )
             )
         specs += self._static() + self._adaptive() + self._ngram()
+        specs += [s for drafter in self.drafters for s in drafter.settings()]
         out = []
         for spec in specs:
             for cap in self.max_running_requests:
@@ -310,3 +451,22 @@ class TuneConfig(SamplingParams):
 
     def job_requests(self, concurrency: int) -> int:
         return max(MIN_JOB_REQUESTS, math.ceil(self.rounds_per_job * concurrency))
+
+
+def _sim_drafter_problems(drafters: list[DrafterSpace]) -> list[str]:
+    """engine sim: the drafter profile each draft model path names must load (as the server would at start)."""
+    from draftgen.sim.drafters import DrafterError, load_drafter
+
+    problems = []
+    for i, drafter in enumerate(drafters):
+        try:
+            profile = load_drafter(drafter.speculative_draft_model_path)
+        except DrafterError as exc:
+            problems.append(f"drafters[{i}]: {exc}")
+            continue
+        if drafter.speculative_algorithm not in profile.algorithms:
+            problems.append(
+                f"drafters[{i}]: {drafter.speculative_draft_model_path} is a {profile.name} drafter (for "
+                f"{'/'.join(profile.algorithms)}), not one {drafter.speculative_algorithm} loads"
+            )
+    return problems

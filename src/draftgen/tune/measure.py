@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftgen.bench.config import BenchmarkConfig
@@ -67,6 +67,9 @@ class JobResult:
     steady_verify: tuple[int | None, ...] = ()  # their verify steps (sglext), None when not reported
     accept_length: float | None = None  # the level's acceptance, benchmark's first available source
     accept_source: str = ""
+    clock_factor: float = 1.0  # hardware seconds per wall second (draftgen sim's --speed), from the server
+    # every finished request's (prompt id, completion tokens, cut at max_tokens): the lengths the verdict prices
+    completions: tuple[tuple[str, float, bool], ...] = ()
 
     @property
     def start_failed(self) -> bool:
@@ -116,44 +119,104 @@ async def run_job(
     replica: int = 0,
     clock: RoundClock | None = None,
 ) -> JobResult:
+    """Start ``candidate`` on GPU group ``group``, measure one level of ``rows``, stop it."""
+    results = await run_levels(
+        config, candidate, [(candidate.concurrency, rows)], round_index, group, replica, clock
+    )
+    return results[0]
+
+
+async def run_levels(
+    config: TuneConfig,
+    candidate: Candidate,
+    levels: Sequence[tuple[int, Sequence[PromptRow]]],
+    round_index: int,
+    group: int,
+    replica: int = 0,
+    clock: RoundClock | None = None,
+    name: str | None = None,
+) -> list[JobResult]:
+    """Start ``candidate`` once and measure each ``(concurrency, rows)`` level in order on it (the verdict's
+    levels share one start-up); one result per level, the candidate's concurrency replaced by the level's."""
     began = time.time()
-    who = candidate.slug if candidate.index >= 0 else f"seeds-c{candidate.concurrency}"
+    who = name or (candidate.slug if candidate.index >= 0 else f"seeds-c{candidate.concurrency}")
     run_name = f"r{round_index}-{who}-g{group}"
     spec = launch_spec(config, candidate, group, run_name)
     run_dir = Path(config.out_dir) / "servers" / run_name
     started = await start(spec, run_dir / f"{spec.name}.log", config.startup_timeout_s)
-    base = {
-        "candidate": candidate,
-        "round": round_index,
-        "replica": replica,
-        "group": group,
-        "started_at": began,
-    }
+
+    def base(level: int) -> dict:
+        return {
+            "candidate": replace(candidate, concurrency=level),
+            "round": round_index,
+            "replica": replica,
+            "group": group,
+            "started_at": began,
+        }
+
     if isinstance(started, FailedStart):
-        return JobResult(
-            **base,
-            finished_at=time.time(),
-            ok=False,
-            failure=f"failed to start: {started.reason} (log {started.log_path})",
-            log_tail=started.log_tail,
-        )
-    bench = _bench_config(config, spec.url, candidate, len(rows), run_dir)
-    client = ServerClient(spec.url, api_key=bench.api_key(), timeout_s=config.request_timeout_s)
+        return [
+            JobResult(
+                **base(level),
+                finished_at=time.time(),
+                ok=False,
+                failure=f"failed to start: {started.reason} (log {started.log_path})",
+                log_tail=started.log_tail,
+            )
+            for level, _ in levels
+        ]
+    results: list[JobResult] = []
+    client = None
     try:
-        facts = await read_server_facts(group, client, bench)
-        if config.warmup_requests:
-            await warm_up(client, bench)
-        limit = SendLimit(
-            stop_sending=clock.limit(max(MIN_JOB_REQUESTS, candidate.concurrency)) if clock else None,
-            cancel_in_flight=True,
-            on_end=clock.offer if clock else None,
-        )
-        level = await run_level(client, facts, bench, candidate.concurrency, rows, limit)
-    except BenchmarkError as exc:
-        return JobResult(**base, finished_at=time.time(), ok=False, failure=f"measurement failed: {exc}")
+        for level, rows in levels:
+            at_level = replace(candidate, concurrency=level)
+            bench = _bench_config(config, spec.url, at_level, len(rows), run_dir)
+            if client is None:
+                client = ServerClient(spec.url, api_key=bench.api_key(), timeout_s=config.request_timeout_s)
+            level_began = time.time()
+            try:
+                facts = await read_server_facts(group, client, bench)
+                if config.warmup_requests and not results:
+                    await warm_up(client, bench)
+                result = await _measure(config, client, facts, bench, at_level, rows, clock, started.seconds)
+            except BenchmarkError as exc:
+                result = JobResult(
+                    **base(level), finished_at=time.time(), ok=False, failure=f"measurement failed: {exc}"
+                )
+            first = not results  # the first level's job time includes the start-up, as a one-level job's does
+            results.append(
+                replace(
+                    result,
+                    started_at=began if first else level_began,
+                    round=round_index,
+                    replica=replica,
+                    group=group,
+                )
+            )
     finally:
-        await client.close()
+        if client is not None:
+            await client.close()
         await stop(started)
+    return results
+
+
+async def _measure(
+    config: TuneConfig,
+    client: ServerClient,
+    facts,  # type: ignore[no-untyped-def]
+    bench: BenchmarkConfig,
+    candidate: Candidate,
+    rows: Sequence[PromptRow],
+    clock: RoundClock | None,
+    startup_s: float,
+) -> JobResult:
+    began = time.time()
+    limit = SendLimit(
+        stop_sending=clock.limit(max(MIN_JOB_REQUESTS, candidate.concurrency)) if clock else None,
+        cancel_in_flight=True,
+        on_end=clock.offer if clock else None,
+    )
+    level = await run_level(client, facts, bench, candidate.concurrency, rows, limit)
     tokens = resolve_request_tokens(level)
     records = level.requests
     chosen = steady_requests(
@@ -167,11 +230,15 @@ async def run_job(
     failed = sum(not r.ok for r in records)
     sent = len(records) + level.cancelled
     return JobResult(
-        **base,
+        candidate=candidate,
+        round=0,
+        replica=0,
+        group=0,
+        started_at=began,
         finished_at=time.time(),
         ok=failed < len(records),
         failure=None if failed < len(records) else f"every one of {len(records)} finished requests failed",
-        startup_s=started.seconds,
+        startup_s=startup_s,
         requests=sent,
         failed_requests=failed,
         cancelled_requests=level.cancelled,
@@ -182,4 +249,10 @@ async def run_job(
         steady_verify=tuple(records[i].spec_verify_ct for i in chosen),
         accept_length=accept,
         accept_source=source,
+        clock_factor=facts.clock_factor,
+        completions=tuple(
+            (r.prompt_id, float(t.tokens), r.finish_reason == "length")
+            for r, t in zip(records, tokens, strict=True)
+            if r.ok and t.tokens is not None
+        ),
     )

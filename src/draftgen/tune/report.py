@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from draftgen.bench.report import save_figure
 from draftgen.display.plots import Plot, new_figure
 from draftgen.server_settings import save_settings
+from draftgen.tune import verdict_report
 from draftgen.tune.estimate import estimate
 from draftgen.tune.run import TuneRun
 
@@ -134,12 +135,17 @@ def summary(run: TuneRun) -> dict:
     }
 
 
+def verdict_of(run: TuneRun) -> verdict_report.Verdict | None:
+    return verdict_report.verdict(run.verdict) if run.verdict is not None else None
+
+
 def save_report(run: TuneRun) -> dict:
     """Write candidates.parquet, jobs.parquet, tune.json and (when a candidate won) the settings file."""
     out = Path(run.config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    candidate_table(run).write_parquet(out / CANDIDATES_FILE)
-    jobs_table(run).write_parquet(out / JOBS_FILE)
+    if run.candidates:  # the race ran
+        candidate_table(run).write_parquet(out / CANDIDATES_FILE)
+        jobs_table(run).write_parquet(out / JOBS_FILE)
     info = summary(run)
     if run.chosen is not None:
         provenance = {
@@ -154,6 +160,23 @@ def save_report(run: TuneRun) -> dict:
         }
         provenance |= {"engine": run.config.engine, "model": run.config.model, "tune_dir": str(out)}
         save_settings(run.config.settings_path, run.chosen.settings, provenance)
+    verdict = verdict_of(run)
+    if verdict is not None:
+        info["verdict"] = verdict_report.save_verdict(verdict, out)
+        if run.chosen is None and verdict.winner is not None:  # the verdict alone (race off): its winner
+            best = verdict.point(verdict.winner, verdict.production)
+            provenance = {
+                "chosen_label": verdict.winner.label,
+                "concurrency": verdict.production,
+                "tok_s_per_gpu": best.tok_s_per_gpu if best else None,
+                "accept_length": best.accept_length if best else None,
+                "engine": run.config.engine,
+                "model": run.config.model,
+                "tune_dir": str(out),
+                "from": "the verdict",
+            }
+            save_settings(run.config.settings_path, verdict.winner.settings, provenance)
+            info["settings_file"] = str(run.config.settings_path)
     (out / SUMMARY_FILE).write_text(json.dumps(info, indent=2, default=str))
     return info
 

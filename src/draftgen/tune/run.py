@@ -15,7 +15,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.prompts.rows import PromptRow
@@ -23,6 +23,7 @@ from draftgen.tune.config import Candidate, TuneConfig
 from draftgen.tune.estimate import Estimate, estimate
 from draftgen.tune.launch import preflight
 from draftgen.tune.measure import JobResult, RoundClock, run_job
+from draftgen.tune.verdict import VerdictRun, run_verdict
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class TuneRun:
     seeds_jobs: tuple[JobResult, ...]  # every job of the seeds' 3/1/4 (one per finalist concurrency)
     started_at: float
     finished_at: float
+    verdict: VerdictRun | None = None  # MTP against each drafter at verdict_levels (None: not asked)
 
 
 def _rows(sample: PromptSample, config: TuneConfig, job: Job, groups: int) -> list[PromptRow]:
@@ -138,6 +140,20 @@ def jobs_per_candidate(ranked: Sequence[Candidate], groups: int, extra: int) -> 
 
 
 async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> TuneRun:
+    """The race (unless ``race`` is off), then the verdict (when ``verdict_levels`` are given)."""
+    started_at = time.time()
+    if config.race:
+        run = await run_race(config, log)
+    else:
+        preflight(config, config.verdict_candidates()[0])
+        run = TuneRun(config, (), (), {}, {}, None, None, None, (), started_at, started_at)
+    if not config.verdict_levels:
+        return run
+    verdict = await run_verdict(config, log)
+    return replace(run, verdict=verdict, finished_at=time.time())
+
+
+async def run_race(config: TuneConfig, log: Callable[[str], None] = print) -> TuneRun:
     candidates = config.candidates()
     groups = list(range(len(config.groups)))
     preflight(config, candidates[0])

@@ -1,0 +1,453 @@
+"""The verdict's figures: tok/s per GPU and acceptance per candidate and concurrency (bootstrap intervals), the
+winner at the production concurrency, why the ranking at concurrency 1 differs when it does, and the days and
+dollars each drafter saves or costs on the full prompt set against MTP, with the estimate's own model.
+
+Rates are on the hardware's clock: a simulated server's (``draftgen sim --speed X``) are divided by X, as the
+estimate does. The money: each candidate's measured levels are the estimate's occupancy points (at ``c`` in
+flight, Σ request seconds / c seconds and Σ tokens), fitted by ``estimate.model.fit_rate_model`` to
+``tpot(b) = alpha + beta·b``; the completion lengths are every verdict request's (speculative decoding does not
+change what is generated, so all candidates share them: the difference is the rate alone); and
+``estimate.model.estimate_wall`` gives the wall time of ``dataset_size`` prompts on ``fleet_gpus`` servers at the
+production concurrency. The interval refits the rate on steady requests resampled at each level.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from matplotlib.figure import Figure
+
+from draftgen.display.plots import new_figure
+from draftgen.estimate.model import LengthSample, RateModel, estimate_wall, fit_rate_model
+from draftgen.tune.config import Candidate
+from draftgen.tune.estimate import estimate
+from draftgen.tune.measure import JobResult
+from draftgen.tune.verdict import VerdictRun
+
+DAY_S = 86_400.0
+MONEY_RESAMPLES = 40  # rate refits behind the days/dollars interval (each one a fleet simulation)
+VERDICT_TABLE = "verdict.parquet"
+VERDICT_SUMMARY = "verdict.json"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One candidate at one concurrency."""
+
+    candidate: Candidate
+    level: int
+    tok_s_per_gpu: float | None  # hardware clock
+    tok_s_low: float | None
+    tok_s_high: float | None
+    accept_length: float | None
+    accept_low: float | None
+    accept_high: float | None
+    accept_source: str
+    steady_requests: int
+    failure: str | None
+
+
+@dataclass(frozen=True)
+class Money:
+    """One candidate's wall time and cost for the full prompt set (the estimate's model)."""
+
+    candidate: Candidate
+    rate: RateModel
+    tok_s_per_gpu: float  # the fitted rate at the production concurrency
+    days: float
+    days_low: float
+    days_high: float
+    cost_usd: float
+    cost_low_usd: float
+    cost_high_usd: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    run: VerdictRun
+    points: tuple[Point, ...]
+    production: int
+    lowest: int
+    winner: Candidate | None  # best tok/s per GPU at the production concurrency
+    winner_at_lowest: Candidate | None
+    reasons: tuple[str, ...]  # plain sentences: why a ranking at the lowest concurrency turns at production
+    money: tuple[Money, ...]
+    lengths: LengthSample | None
+    servers: int
+    dataset_size: int
+    gpu_hour_usd: float
+
+    @property
+    def baseline(self) -> Candidate:
+        return self.run.candidates[0]
+
+    def point(self, candidate: Candidate, level: int) -> Point | None:
+        return next(
+            (p for p in self.points if p.candidate.index == candidate.index and p.level == level), None
+        )
+
+    def money_of(self, candidate: Candidate) -> Money | None:
+        return next((m for m in self.money if m.candidate.index == candidate.index), None)
+
+
+def _point(result: JobResult, run: VerdictRun) -> Point:
+    candidate = next(c for c in run.candidates if c.index == result.candidate.index)
+    level = result.candidate.concurrency
+    if not result.ok or not result.steady_tokens:
+        return Point(candidate, level, None, None, None, None, None, None, "", 0, result.failure)
+    est = estimate([result], run.config)
+    hw = 1.0 / result.clock_factor
+    return Point(
+        candidate,
+        level,
+        est.tok_s_per_gpu * hw,
+        est.tok_s_low * hw,
+        est.tok_s_high * hw,
+        est.accept_length,
+        est.accept_low,
+        est.accept_high,
+        est.accept_source,
+        est.steady_requests,
+        None,
+    )
+
+
+def occupancy(results: list[JobResult], picks: dict[int, np.ndarray] | None = None) -> pl.DataFrame:
+    """The estimate's occupancy rows from measured levels: at ``c`` in flight, Σ seconds / c (on the hardware's
+    clock: x the server's clock factor) and
+    Σ tokens of its steady requests (``picks``: resampled request indices per level)."""
+    rows = []
+    for r in results:
+        if not r.ok or not r.steady_tokens:
+            continue
+        tokens = np.asarray(r.steady_tokens, dtype=float)
+        seconds = np.asarray(r.steady_seconds, dtype=float)
+        if picks is not None:
+            tokens, seconds = tokens[picks[r.candidate.concurrency]], seconds[picks[r.candidate.concurrency]]
+        c = r.candidate.concurrency
+        rows.append(
+            {
+                "in_flight": c,
+                "seconds": float(seconds.sum()) / c * r.clock_factor,
+                "tokens": float(tokens.sum()),
+            }
+        )
+    return pl.DataFrame(rows, schema={"in_flight": pl.Int64, "seconds": pl.Float64, "tokens": pl.Float64})
+
+
+def lengths_of(run: VerdictRun) -> LengthSample | None:
+    rows = [
+        {"prompt_id": pid, "ok": True, "completion_tokens": tokens, "truncated": cut}
+        for results in run.results.values()
+        for r in results
+        for pid, tokens, cut in r.completions
+    ]
+    if not rows:
+        return None
+    return LengthSample.from_requests(pl.DataFrame(rows), run.config.max_tokens)
+
+
+def _money(
+    candidate: Candidate,
+    results: list[JobResult],
+    lengths: LengthSample,
+    run: VerdictRun,
+    servers: int,
+    production: int,
+) -> Money | None:
+    config = run.config
+    frame = occupancy(results)
+    if frame.is_empty():
+        return None
+    cap = candidate.settings.max_running_requests
+    rate = fit_rate_model(frame, cap, source=f"verdict: {candidate.label}").model
+    per_prompt = lengths.per_prompt(config.max_tokens)
+    gpus = servers * config.tp
+
+    def wall(model: RateModel, draw: np.random.Generator) -> float:
+        return estimate_wall(per_prompt, config.dataset_size, servers, production, model, draw).wall_s
+
+    point = wall(rate, np.random.default_rng(config.seed))
+    rng = np.random.default_rng(config.seed + 1)
+    walls = []
+    for _ in range(MONEY_RESAMPLES):
+        picks = {
+            r.candidate.concurrency: rng.integers(0, len(r.steady_tokens), len(r.steady_tokens))
+            for r in results
+            if r.ok and r.steady_tokens
+        }
+        model = fit_rate_model(occupancy(results, picks), cap).model
+        walls.append(wall(model, np.random.default_rng(config.seed)))
+    tail = (1 - config.interval) / 2
+    low, high = (float(q) for q in np.quantile(walls, [tail, 1 - tail]))
+    low, high = min(low, point), max(high, point)
+    usd = gpus * config.gpu_hour_usd / 3600.0
+    return Money(
+        candidate=candidate,
+        rate=rate,
+        tok_s_per_gpu=rate.tok_s(production) / config.tp,
+        days=point / DAY_S,
+        days_low=low / DAY_S,
+        days_high=high / DAY_S,
+        cost_usd=point * usd,
+        cost_low_usd=low * usd,
+        cost_high_usd=high * usd,
+    )
+
+
+def _best(points: list[Point]) -> Candidate | None:
+    measured = [p for p in points if p.tok_s_per_gpu is not None]
+    return max(measured, key=lambda p: p.tok_s_per_gpu or 0.0).candidate if measured else None
+
+
+def _short(candidate: Candidate) -> str:
+    return candidate.label.split(",")[0]
+
+
+def _verify_tokens(candidate: Candidate) -> int:
+    return candidate.settings.speculative_num_draft_tokens or 1
+
+
+def reason(baseline_low: Point, baseline_prod: Point, low: Point, prod: Point) -> str | None:
+    """Why a drafter's ranking against MTP at the lowest concurrency turns at production (None: it does not)."""
+    values = (baseline_low, baseline_prod, low, prod)
+    if any(p.tok_s_per_gpu is None or p.accept_length is None for p in values):
+        return None
+    better_low = (low.tok_s_per_gpu or 0) > (baseline_low.tok_s_per_gpu or 0)
+    better_prod = (prod.tok_s_per_gpu or 0) > (baseline_prod.tok_s_per_gpu or 0)
+    if better_low == better_prod:
+        return None
+    who, mtp = _short(low.candidate), _short(baseline_low.candidate)
+    # one step of a request: tokens per step / tokens per second per request (both measured)
+    step_ratio = (prod.accept_length / prod.tok_s_per_gpu) / (  # type: ignore[operator]
+        baseline_prod.accept_length / baseline_prod.tok_s_per_gpu  # type: ignore[operator]
+    )
+    verify = f"its verify of {_verify_tokens(prod.candidate)} tokens per request against MTP's {_verify_tokens(baseline_prod.candidate)}"
+    at_low = (
+        f"{who} accepts {low.accept_length:.1f} tokens per step against {mtp}'s {baseline_low.accept_length:.1f} "
+        f"at {low.level} in flight ({low.tok_s_per_gpu:,.0f} vs {baseline_low.tok_s_per_gpu:,.0f} tok/s per GPU)"
+    )
+    at_prod = f"{prod.tok_s_per_gpu:,.0f} vs {baseline_prod.tok_s_per_gpu:,.0f} tok/s per GPU"
+    if better_low:
+        return (
+            f"{at_low}, but at {prod.level} in flight its step takes {step_ratio:.1f}x {mtp}'s ({verify}): "
+            f"{at_prod}."
+        )
+    return (
+        f"{at_low}, yet at {prod.level} in flight its step costs only {step_ratio:.1f}x {mtp}'s ({verify}) for "
+        f"{prod.accept_length:.1f} tokens against {baseline_prod.accept_length:.1f}: {at_prod}."
+    )
+
+
+def verdict(run: VerdictRun) -> Verdict:
+    config = run.config
+    points = tuple(_point(r, run) for results in run.results.values() for r in results)
+    production = config.production_concurrency
+    lowest = min(run.levels)
+    at = {level: [p for p in points if p.level == level] for level in run.levels}
+    winner, winner_low = _best(at[production]), _best(at[lowest])
+    base = run.candidates[0]
+    reasons = []
+    by = {(p.candidate.index, p.level): p for p in points}
+    if lowest != production:
+        for candidate in run.candidates[1:]:
+            line = reason(
+                by[(base.index, lowest)],
+                by[(base.index, production)],
+                by[(candidate.index, lowest)],
+                by[(candidate.index, production)],
+            )
+            if line:
+                reasons.append(line)
+        if winner is not None and winner_low is not None and winner.index != winner_low.index:
+            reasons.insert(
+                0,
+                f"The ranking turns: at {lowest} in flight {_short(winner_low)} is fastest, at the production "
+                f"{production} in flight {_short(winner)} is.",
+            )
+    lengths = lengths_of(run)
+    servers = (config.fleet_gpus or len(config.groups) * config.tp) // config.tp
+    money = []
+    if lengths is not None:
+        for candidate in run.candidates:
+            m = _money(
+                candidate,
+                list(run.results.get(candidate.index, ())),
+                lengths,
+                run,
+                max(1, servers),
+                production,
+            )
+            if m is not None:
+                money.append(m)
+    return Verdict(
+        run=run,
+        points=points,
+        production=production,
+        lowest=lowest,
+        winner=winner,
+        winner_at_lowest=winner_low,
+        reasons=tuple(reasons),
+        money=tuple(money),
+        lengths=lengths,
+        servers=max(1, servers),
+        dataset_size=config.dataset_size,
+        gpu_hour_usd=config.gpu_hour_usd,
+    )
+
+
+def table(v: Verdict) -> pl.DataFrame:
+    """One row per candidate and concurrency."""
+    return pl.DataFrame(
+        [
+            {
+                "candidate": p.candidate.label,
+                "role": "MTP baseline" if p.candidate.index == v.baseline.index else "drafter",
+                "concurrency": p.level,
+                "production": p.level == v.production,
+                "tok_s_per_gpu": p.tok_s_per_gpu,
+                "tok_s_per_gpu_low": p.tok_s_low,
+                "tok_s_per_gpu_high": p.tok_s_high,
+                "accept_length": p.accept_length,
+                "accept_length_low": p.accept_low,
+                "accept_length_high": p.accept_high,
+                "accept_length_source": p.accept_source or None,
+                "steady_requests": p.steady_requests,
+                "failure": p.failure,
+            }
+            for p in sorted(v.points, key=lambda p: (p.level, p.candidate.index))
+        ],
+        infer_schema_length=None,
+    )
+
+
+def money_table(v: Verdict) -> pl.DataFrame:
+    """Days and dollars of the full prompt set per candidate, and what each saves against MTP."""
+    base = v.money_of(v.baseline)
+    return pl.DataFrame(
+        [
+            {
+                "candidate": m.candidate.label,
+                "tok_s_per_gpu": round(m.tok_s_per_gpu, 1),
+                "days": round(m.days, 3),
+                "days_low": round(m.days_low, 3),
+                "days_high": round(m.days_high, 3),
+                "cost_usd": round(m.cost_usd, 0),
+                "cost_low_usd": round(m.cost_low_usd, 0),
+                "cost_high_usd": round(m.cost_high_usd, 0),
+                "days_saved_vs_mtp": round(base.days - m.days, 3) if base else None,
+                "usd_saved_vs_mtp": round(base.cost_usd - m.cost_usd, 0) if base else None,
+            }
+            for m in v.money
+        ],
+        infer_schema_length=None,
+    )
+
+
+def headline(v: Verdict) -> str:
+    """The verdict in one paragraph: the winner at production and what it saves or costs against MTP."""
+    if v.winner is None:
+        return "verdict: no candidate could be measured at the production concurrency"
+    best = v.point(v.winner, v.production)
+    base = v.point(v.baseline, v.production)
+    lines = [
+        f"verdict at the production concurrency {v.production}: {_short(v.winner)} wins with "
+        f"{best.tok_s_per_gpu:,.0f} tok/s per GPU"  # type: ignore[union-attr]
+        + (
+            f" against {_short(v.baseline)}'s {base.tok_s_per_gpu:,.0f}"
+            if base is not None and base.tok_s_per_gpu is not None and v.winner.index != v.baseline.index
+            else " (MTP, the baseline, stays)"
+        )
+    ]
+    base_money = v.money_of(v.baseline)
+    for m in v.money:
+        if base_money is None or m.candidate.index == v.baseline.index:
+            continue
+        saved = base_money.days - m.days
+        usd = base_money.cost_usd - m.cost_usd
+        verb = "saves" if saved > 0 else "costs"
+        lines.append(
+            f"  {_short(m.candidate)} {verb} {abs(saved):,.3g} days and ${abs(usd):,.0f} against MTP on "
+            f"{v.dataset_size:,} prompts with {v.servers * v.run.config.tp} GPUs ({m.days:,.3g} vs "
+            f"{base_money.days:,.3g} days)"
+        )
+    lines += [f"  {r}" for r in v.reasons]
+    return "\n".join(lines)
+
+
+def summary(v: Verdict) -> dict:
+    return {
+        "production_concurrency": v.production,
+        "levels": list(v.run.levels),
+        "prompts": v.run.prompts_path,
+        "winner": v.winner.label if v.winner else None,
+        "winner_settings": v.winner.settings.model_dump(mode="json") if v.winner else None,
+        "winner_at_lowest_concurrency": v.winner_at_lowest.label if v.winner_at_lowest else None,
+        "baseline": v.baseline.label,
+        "reasons": list(v.reasons),
+        "headline": headline(v),
+        "money": money_table(v).to_dicts(),
+        "dataset_size": v.dataset_size,
+        "fleet_gpus": v.servers * v.run.config.tp,
+        "gpu_hour_usd": v.gpu_hour_usd,
+        "wall_time_s": v.run.finished_at - v.run.started_at,
+    }
+
+
+def save_verdict(v: Verdict, out_dir: str | Path) -> dict:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table(v).write_parquet(out / VERDICT_TABLE)
+    info = summary(v)
+    (out / VERDICT_SUMMARY).write_text(json.dumps(info, indent=2, default=str))
+    return info
+
+
+def plot_verdict(v: Verdict, value: str = "tok_s_per_gpu") -> Figure:
+    """tok/s per GPU (or acceptance) against concurrency per candidate, production concurrency marked."""
+    frame = table(v).filter(pl.col(value).is_not_null())
+    fig, ax = new_figure((8, 4.5))
+    for label in dict.fromkeys(frame["candidate"].to_list()):
+        rows = frame.filter(pl.col("candidate") == label).sort("concurrency")
+        x = rows["concurrency"].to_list()
+        y = rows[value].to_list()
+        lows, highs = rows[f"{value}_low"].to_list(), rows[f"{value}_high"].to_list()
+        err = [
+            [v_ - (lo if lo is not None else v_) for v_, lo in zip(y, lows, strict=True)],
+            [(hi if hi is not None else v_) - v_ for v_, hi in zip(y, highs, strict=True)],
+        ]
+        style = "--" if rows["role"][0] == "MTP baseline" else "-"
+        ax.errorbar(x, y, yerr=err, fmt=style + "o", capsize=3, label=label.split(",")[0])
+    ax.axvline(v.production, color="grey", linestyle=":", label=f"production: {v.production} in flight")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("requests in flight per server")
+    ax.set_ylabel(
+        "output tok/s per GPU" if value == "tok_s_per_gpu" else "acceptance length (tokens per verify step)"
+    )
+    ax.set_title(
+        "The verdict: "
+        + ("throughput" if value == "tok_s_per_gpu" else "acceptance")
+        + f" per candidate ({v.run.config.interval:.0%} intervals)"
+    )
+    ax.legend(fontsize="small")
+    return fig
+
+
+def format_table(v: Verdict) -> str:
+    lines = [f"{'candidate':<30} {'c':>4} {'tok/s per GPU':>24} {'acceptance':>20}"]
+    for row in table(v).iter_rows(named=True):
+        if row["tok_s_per_gpu"] is None:
+            lines.append(f"{row['candidate'].split(',')[0]:<30} {row['concurrency']:>4}   {row['failure']}")
+            continue
+        rate = (
+            f"{row['tok_s_per_gpu']:,.0f} [{row['tok_s_per_gpu_low']:,.0f}-{row['tok_s_per_gpu_high']:,.0f}]"
+        )
+        accept = f"{row['accept_length']:.2f}" if row["accept_length"] is not None else "-"
+        if row["accept_length_low"] is not None:
+            accept += f" [{row['accept_length_low']:.2f}-{row['accept_length_high']:.2f}]"
+        lines.append(f"{row['candidate'].split(',')[0]:<30} {row['concurrency']:>4} {rate:>24} {accept:>20}")
+    return "\n".join(lines)

@@ -1,0 +1,298 @@
+"""The verdict (issue 21): MTP against drafters at several concurrencies on the simulator, where each drafter
+profile's numbers decide its tok/s at every batch size; drafter candidates SGLang would refuse are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from draftgen.estimate.model import RateModel, estimate_wall
+from draftgen.params import ParameterError, build_config
+from draftgen.server_settings import ServerSettings, sglang_problems
+from draftgen.sim.drafters import load_drafter
+from draftgen.sim.fleet import find_free_base_port
+from draftgen.sim.profiles import get_profile
+from draftgen.sim.speculative import SimSettings, StartupError, apply_settings
+from draftgen.tune import report, verdict_report
+from draftgen.tune.config import TuneConfig
+from draftgen.tune.run import run_tune
+
+LEVELS = [1, 64]
+# A block drafter better than MTP alone and worse at 64 by its own numbers: DFlash's acceptance, a draft forward
+# that costs 0.2 ms per request and block token (the verify of 8 tokens per request on top).
+COSTLY_BLOCK = {"profile": "dflash", "draft_per_token_s": 0.0002}
+# An EAGLE-3 head that accepts more than MTP at the same 3/1/4 and costs about the same: better everywhere.
+STRONG_HEAD = {"profile": "eagle3", "accept_p": [0.99, 0.99, 0.99]}
+
+
+def truth(settings: ServerSettings, level: int) -> float:
+    """The simulated GPU's steady tok/s at ``level`` for these settings (the profile's formula)."""
+    flags = SimSettings(
+        speculative_algorithm=settings.speculative_algorithm,
+        speculative_num_steps=settings.speculative_num_steps,
+        speculative_eagle_topk=settings.speculative_eagle_topk,
+        speculative_num_draft_tokens=settings.speculative_num_draft_tokens,
+        max_running_requests=settings.max_running_requests,
+        speculative_draft_model_path=settings.speculative_draft_model_path,
+    )
+    return apply_settings(get_profile("b200-mtp"), flags).tokens_per_second(level)
+
+
+def drafter_dir(root, name: str, profile: dict):  # type: ignore[no-untyped-def]
+    folder = root / name
+    folder.mkdir()
+    (folder / "sim_drafter.json").write_text(json.dumps(profile))
+    return str(folder)
+
+
+def verdict_config(tmp_path, **values: object) -> TuneConfig:
+    base = {
+        "engine": "sim",
+        "model": "Qwen/Qwen3.6-27B",
+        "gpus": "0-2",
+        "base_port": find_free_base_port(3),
+        "sim_speed": 2.0,
+        "max_tokens": 192,
+        "sample_size": 64,
+        "warmup_requests": 1,
+        "race": False,
+        "verdict_levels": LEVELS,
+        "dataset_size": 200_000,
+        "gpu_hour_usd": 5.0,
+        "out_dir": str(tmp_path / "tune"),
+    }
+    return build_config(TuneConfig, {**base, **values})
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("verdict")
+    config = verdict_config(
+        tmp_path,
+        drafters=[
+            {
+                "speculative_algorithm": "DFLASH",
+                "speculative_draft_model_path": drafter_dir(tmp_path, "block", COSTLY_BLOCK),
+                "block_sizes": [8],
+            },
+            {
+                "speculative_algorithm": "EAGLE3",
+                "speculative_draft_model_path": drafter_dir(tmp_path, "head", STRONG_HEAD),
+                "spec_candidates": [[3, 1, 4]],
+            },
+        ],
+    )
+    lines: list[str] = []
+    run = asyncio.run(run_tune(config, log=lines.append))
+    info = report.save_report(run)
+    return config, run, report.verdict_of(run), info, lines
+
+
+def test_the_profiles_numbers_make_the_block_drafter_win_alone_and_lose_at_64(judged):
+    config, *_ = judged
+    mtp, block, head = (c.settings for c in config.verdict_candidates())
+    # the premise, from the profiles alone: the test would mean nothing if it did not hold
+    assert truth(block, 1) > 1.2 * truth(mtp, 1) and truth(block, 64) < 0.8 * truth(mtp, 64)
+    assert truth(head, 64) > 1.05 * truth(mtp, 64) and truth(head, 1) < truth(block, 1)
+
+
+def test_the_ranking_at_each_concurrency_is_the_measured_one_and_matches_the_profiles(judged):
+    config, _run, verdict, info, _ = judged
+    candidates = config.verdict_candidates()
+    for level in LEVELS:
+        measured = {c.index: verdict.point(c, level).tok_s_per_gpu for c in candidates}
+        assert all(v is not None for v in measured.values()), verdict_report.format_table(verdict)
+        expected = max(candidates, key=lambda c: truth(c.settings, level)).index
+        assert max(measured, key=measured.get) == expected, (level, verdict_report.format_table(verdict))
+    mtp, block, head = candidates
+    assert verdict.winner.index == head.index and verdict.winner_at_lowest.index == block.index
+    assert verdict.point(block, 1).tok_s_per_gpu > verdict.point(mtp, 1).tok_s_per_gpu
+    assert verdict.point(block, 64).tok_s_per_gpu < verdict.point(mtp, 64).tok_s_per_gpu
+    # acceptance as the profiles have it: the block drafter's 7 positions accept more than MTP's 3
+    assert verdict.point(block, 1).accept_length > verdict.point(mtp, 1).accept_length + 1
+    assert info["verdict"]["winner"] == head.label
+    assert (config.settings_path).is_file()  # race off: the verdict's winner is the settings file
+
+
+def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
+    config, _run, verdict, info, _ = judged
+    mtp, block, _head = config.verdict_candidates()
+    why = [r for r in verdict.reasons if r.startswith("DFLASH block 8")]
+    assert len(why) == 1, verdict.reasons
+    low, prod = verdict.point(block, 1), verdict.point(block, 64)
+    assert f"accepts {low.accept_length:.1f} tokens per step" in why[0]
+    assert "at 64 in flight its step takes" in why[0] and "verify of 8 tokens per request" in why[0]
+    assert f"{prod.tok_s_per_gpu:,.0f} vs {verdict.point(mtp, 64).tok_s_per_gpu:,.0f} tok/s per GPU" in why[0]
+    assert not any(r.startswith("EAGLE3") for r in verdict.reasons)  # better at both: nothing to explain
+    assert any("The ranking turns" in r for r in verdict.reasons)
+    assert (
+        "DFLASH block 8" in info["verdict"]["headline"] and "EAGLE3 3/1/4 wins" in info["verdict"]["headline"]
+    )
+
+
+def test_days_and_dollars_are_the_estimates_model_on_the_verdicts_measurements(judged):
+    config, _run, verdict, _, _ = judged
+    per_prompt = verdict.lengths.per_prompt(config.max_tokens)
+    base = verdict.money_of(verdict.baseline)
+    for candidate in config.verdict_candidates():
+        # Two levels: the estimate's line tpot(b) = alpha + beta b goes through both measured points.
+        tpot = {level: level / verdict.point(candidate, level).tok_s_per_gpu for level in LEVELS}
+        beta = (tpot[64] - tpot[1]) / 63
+        rate = RateModel(tpot[1] - beta, beta, 64)
+        wall = estimate_wall(per_prompt, 200_000, 3, 64, rate, np.random.default_rng(config.seed)).wall_s
+        money = verdict.money_of(candidate)
+        assert money.days == pytest.approx(wall / 86_400, rel=1e-6)
+        assert money.cost_usd == pytest.approx(wall / 3600 * 3 * 5.0, rel=1e-6)
+        assert money.days_low <= money.days <= money.days_high
+    table = verdict_report.money_table(verdict)
+    head = table.filter(table["candidate"].str.starts_with("EAGLE3")).row(0, named=True)
+    assert head["days_saved_vs_mtp"] == pytest.approx(
+        base.days - verdict.money_of(verdict.winner).days, abs=1e-3
+    )
+    assert head["usd_saved_vs_mtp"] > 0
+
+
+def test_the_verdict_files_and_plot(judged):
+    config, _run, verdict, _info, lines = judged
+    out = config.out_dir
+    import polars as pl
+
+    table = pl.read_parquet(f"{out}/verdict.parquet")
+    assert table.height == 3 * len(LEVELS) and set(table["concurrency"]) == set(LEVELS)
+    assert json.loads(open(f"{out}/verdict.json").read())["production_concurrency"] == 64
+    fig = verdict_report.plot_verdict(verdict)
+    assert [line.get_xdata()[0] for line in fig.axes[0].lines if line.get_linestyle() == ":"] == [64]
+    assert any(line.startswith("verdict: 3 candidates") for line in lines)
+
+
+# ----- refusals ---------------------------------------------------------------------------------------------
+
+
+def test_drafter_settings_sglang_would_refuse_are_refused_with_its_reason():
+    dflash = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 16}
+    assert any(
+        "DFLASH speculative decoding requires setting --speculative-draft-model-path" in p
+        for p in sglang_problems(ServerSettings(**dflash))
+    )
+    path = {"speculative_draft_model_path": "/models/dflash"}
+    assert sglang_problems(ServerSettings(**dflash, **path)) == []
+    assert sglang_problems(ServerSettings(**dflash, **path)) == []
+    assert any(
+        "DFLASH only supports speculative_num_steps == 1; overriding speculative_num_steps=3 to 1" in p
+        for p in sglang_problems(ServerSettings(**dflash, **path, speculative_num_steps=3))
+    )
+    assert any(
+        "not supported" in p and "'cpu'" in p
+        for p in sglang_problems(ServerSettings(**dflash, **path), device="cpu")
+    )
+    assert sglang_problems(ServerSettings(**dflash, **path), device="cuda") == []
+    assert any(
+        "block size" in p for p in sglang_problems(ServerSettings(speculative_algorithm="DFLASH", **path))
+    )
+    eagle3 = ServerSettings(speculative_algorithm="EAGLE3")
+    assert any("needs speculative_draft_model_path" in p for p in sglang_problems(eagle3))
+    assert sglang_problems(eagle3.model_copy(update=path)) == []
+    assert any(
+        "SGLang changes num_draft_tokens 6" in p
+        for p in sglang_problems(eagle3.model_copy(update={**path, "speculative_num_draft_tokens": 6}))
+    )
+    # adaptive: SGLang supports EAGLE3, not DFLASH
+    assert sglang_problems(eagle3.model_copy(update={**path, "speculative_adaptive": True})) == []
+    assert ServerSettings(**dflash, **path).sglang_args() == [
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-num-draft-tokens",
+        "16",
+        "--speculative-draft-model-path",
+        "/models/dflash",
+    ]
+
+
+def test_tune_refuses_drafters_before_anything_starts(tmp_path):
+    with pytest.raises(ParameterError, match="DFLASH takes block_sizes"):
+        verdict_config(
+            tmp_path,
+            drafters=[
+                {
+                    "speculative_algorithm": "DFLASH",
+                    "speculative_draft_model_path": "sim:dflash",
+                    "spec_candidates": [[3, 1, 4]],
+                }
+            ],
+        )
+    with pytest.raises(ParameterError, match=r"no sim_drafter\.json there"):
+        verdict_config(
+            tmp_path,
+            drafters=[
+                {
+                    "speculative_algorithm": "DFLASH",
+                    "speculative_draft_model_path": str(tmp_path),
+                    "block_sizes": [8],
+                }
+            ],
+        )
+    with pytest.raises(ParameterError, match="is a dflash drafter"):
+        verdict_config(
+            tmp_path,
+            drafters=[
+                {
+                    "speculative_algorithm": "EAGLE3",
+                    "speculative_draft_model_path": "sim:dflash",
+                    "spec_candidates": [[3, 1, 4]],
+                }
+            ],
+        )
+    with pytest.raises(ParameterError, match="without drafters"):
+        verdict_config(tmp_path)
+    with pytest.raises(ParameterError, match="is not one of verdict_levels"):
+        verdict_config(
+            tmp_path,
+            concurrency_per_server=48,
+            drafters=[
+                {
+                    "speculative_algorithm": "DFLASH",
+                    "speculative_draft_model_path": "sim:dflash",
+                    "block_sizes": [8],
+                }
+            ],
+        )
+    with pytest.raises(ParameterError, match=r"EAGLE3 3/1/6.*SGLang changes num_draft_tokens"):
+        verdict_config(
+            tmp_path,
+            drafters=[
+                {
+                    "speculative_algorithm": "EAGLE3",
+                    "speculative_draft_model_path": "sim:eagle3",
+                    "spec_candidates": [[3, 1, 6]],
+                }
+            ],
+        )
+
+
+def test_the_simulator_reads_the_drafter_next_to_the_draft_model(tmp_path):
+    folder = drafter_dir(tmp_path, "mine", {"profile": "dflash", "accept_p": [0.5]})
+    assert load_drafter(folder).accept_p == (0.5,)
+    assert load_drafter("sim:eagle3").name == "eagle3"
+    mine = apply_settings(
+        get_profile("b200-mtp"),
+        SimSettings("DFLASH", speculative_num_draft_tokens=4, speculative_draft_model_path=folder),
+    )
+    assert mine.accept_probs == (0.5, 0.5 * 0.975, 0.5 * 0.975**2)
+    assert (mine.spec_algorithm, mine.draft_model_path, mine.drafter) == ("DFLASH", folder, mine.drafter)
+    with pytest.raises(StartupError, match="requires setting --speculative-draft-model-path"):
+        apply_settings(get_profile("b200-mtp"), SimSettings("EAGLE3", 3, 1, 4))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "sim_drafter.json").write_text('{"profile": "dflash", "accept": 1}')
+    with pytest.raises(StartupError, match="unknown drafter field"):
+        apply_settings(
+            get_profile("b200-mtp"),
+            SimSettings(
+                "DFLASH", speculative_num_draft_tokens=4, speculative_draft_model_path=str(tmp_path / "bad")
+            ),
+        )
+    # MTP through the sim is unchanged by drafters: the mtp drafter profile has today's numbers
+    mtp = apply_settings(get_profile("b200-mtp"), SimSettings("NEXTN", 3, 1, 4))
+    assert mtp.accept_probs == pytest.approx(load_drafter("sim:mtp").accept_p)
