@@ -510,6 +510,7 @@ def test_client_detects_smg_its_release_and_workers(routed: Gateway) -> None:
     assert sorted(caps.workers) == sorted(p.url for p in routed.proxies)
     assert caps.extra_fields and caps.template_kwargs  # top_k / chat_template_kwargs are passed on
     assert caps.spec_details  # sglext survives the gateway
+    assert caps.token_ids == "sglext"  # asked for, and the workers' ids came back through it
     assert not caps.metrics  # no /metrics on its API port
 
 
@@ -563,6 +564,10 @@ def test_generate_through_smg_stores_acceptance_per_request(routed: Gateway, tmp
     # every turn of every row against every chat the workers answered during the run
     assert frame["spec_verify_ct"].sum() == sum(r["verify_steps"] for r in records)
     assert frame["completion_tokens"].sum() == sum(r["completion_tokens"] for r in records)
+    # the workers' own token ids, through the gateway, for every turn: as many output ids as completion tokens
+    assert "token ids from the server (sglext)" in engine.detail
+    for row in frame.iter_rows(named=True):
+        assert [len(ids) for ids in row["turn_output_ids"]] == row["turn_completion_tokens"]
 
 
 @pytest.fixture(scope="module")

@@ -187,7 +187,8 @@ PROBE_STEPS = (
     {"extra_fields": False, "template_kwargs": False, "spec_details": False, "ids": False},
 )
 # Which way of asking for token ids each engine has (client.server.TOKEN_ID_FIELDS); others are asked for none.
-TOKEN_ID_FLAVOURS = {"sglang": "sglext", "sglang-router": "sglext", "vllm": "vllm"}
+# SMG passes SGLang's id fields to its workers and their sglext back unchanged (docs/engines.md's SMG table).
+TOKEN_ID_FLAVOURS = {"sglang": "sglext", GATEWAY: "sglext", "vllm": "vllm"}
 
 
 async def probe(client: ServerClient, model: str, sampling: SamplingParams) -> Capabilities:
