@@ -1,13 +1,15 @@
 """The per-sample flags: text checks (vectorized with polars), mask checks, and corpus-wide duplicate checks.
 
 Duplicates need the whole corpus, so ``index_corpus`` reads only ``id`` and ``content`` of every shard first
-(one shard at a time) and keeps hashes; ``flag_batch`` then flags one batch of samples with its masks.
+(one shard at a time) and keeps hashes and row positions, then the few repeated rows' texts; ``flag_batch`` then
+flags one batch of samples with its masks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -42,37 +44,74 @@ def _answer_key(column: pl.Expr) -> pl.Expr:
     return column.fill_null("").str.strip_chars()
 
 
-def index_corpus(outputs: Sequence[GenerationOutput], min_prompts: int) -> CorpusIndex:
-    """Hash every answer and id (reading two columns per shard, every folder) to find corpus-wide duplicates."""
-    parts = []
-    for output, shard in ((o, s) for o in outputs for s in o.shards):
-        frame = read_shard(shard, ["id", "content"])
-        parts.append(
-            frame.select(
-                pl.col("id"),
-                pl.lit(str(output.directory)).alias("folder"),
-                pl.lit(shard.name).alias("shard"),
-                pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
-                _answer_key(pl.col("content")).hash(HASH_SEED).alias("answer_hash"),
-                _answer_key(pl.col("content")).str.slice(0, 80).alias("answer"),
-            )
+def _shard_hashes(frame: pl.DataFrame, number: int) -> pl.DataFrame:
+    """What duplicate detection needs of one shard's rows, in 24 bytes a row: hashes and the row's place."""
+    answer = _answer_key(pl.col("content"))
+    return frame.select(
+        pl.col("id").hash(HASH_SEED).alias("id_hash"),
+        pl.when(answer != "").then(answer.hash(HASH_SEED)).alias("answer_hash"),  # null: no answer
+        pl.lit(number, dtype=pl.UInt32).alias("shard"),
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"),
+    )
+
+
+def _repeated_ids(
+    candidates: pl.DataFrame, shards: list[tuple[GenerationOutput, Path]]
+) -> frozenset[tuple[str, str, int]]:
+    """(folder, shard, row) of every row whose id an earlier row holds, among rows whose id hash repeats: the
+    ids themselves are compared (re-read from just those shards), so a hash collision flags nothing."""
+    if not candidates.height:
+        return frozenset()
+    found = []
+    for (number,), rows in candidates.sort("shard", "row").group_by("shard", maintain_order=True):
+        ids = read_shard(shards[number][1], ["id"])["id"].gather(rows["row"])
+        found.append(
+            rows.select("row").with_columns(ids.alias("id"), pl.lit(number, pl.UInt32).alias("shard"))
         )
-    corpus = pl.concat(parts)
-    repeats = corpus.filter(~pl.col("id").is_first_distinct())
-    duplicate_rows = frozenset(
-        zip(repeats["folder"].to_list(), repeats["shard"].to_list(), repeats["row"].to_list(), strict=True)
+    repeats = pl.concat(found).filter(~pl.col("id").is_first_distinct())
+    return frozenset(
+        (str(shards[n][0].directory), shards[n][1].name, int(row))
+        for n, row in repeats.select("shard", "row").iter_rows()
     )
+
+
+def _answer_previews(shared: pl.DataFrame, shards: list[tuple[GenerationOutput, Path]]) -> pl.Series:
+    """The first 80 characters of each shared answer, read from the shard holding its first occurrence."""
+    previews: dict[int, str] = {}
+    for (number,), rows in shared.group_by("shard"):
+        content = read_shard(shards[number][1], ["content"]).select(
+            _answer_key(pl.col("content")).str.slice(0, 80)
+        )
+        texts = content.to_series().gather(rows["row"]).to_list()
+        previews.update(zip(rows["answer_hash"].to_list(), texts, strict=True))
+    return pl.Series("answer", [previews[h] for h in shared["answer_hash"].to_list()], dtype=pl.String)
+
+
+def index_corpus(outputs: Sequence[GenerationOutput], min_prompts: int) -> CorpusIndex:
+    """Hash every answer and id (reading two columns per shard, every folder) to find corpus-wide duplicates.
+
+    Only hashes and row positions are kept per row (not the ids or answers: a 1M-row corpus then costs ~24 MB
+    here, not ~400); the texts are read back for just the rows that turn out repeated."""
+    shards = [(o, s) for o in outputs for s in o.shards]
+    corpus = pl.concat(
+        [_shard_hashes(read_shard(shard, ["id", "content"]), n) for n, (_, shard) in enumerate(shards)]
+    )
+    duplicate_rows = _repeated_ids(corpus.filter(pl.col("id_hash").is_duplicated()), shards)
     shared = (
-        corpus.filter(pl.col("answer") != "")
+        corpus.filter(pl.col("answer_hash").is_not_null())
         .group_by("answer_hash")
-        .agg(pl.len().alias("count"), pl.col("answer").first())
+        .agg(
+            pl.len().alias("count"), pl.col("shard").first(), pl.col("row").first()
+        )  # first: in corpus order
         .filter(pl.col("count") >= min_prompts)
-        .sort("count", descending=True)
+        .sort("count", "shard", "row", descending=[True, False, False])
     )
+    del corpus
+    examples = shared.select("answer_hash", "count").with_columns(_answer_previews(shared, shards))
     return CorpusIndex(
-        duplicate_answers=shared["answer_hash"],
+        duplicate_answers=examples["answer_hash"],
         duplicate_rows=duplicate_rows,
-        duplicate_answer_examples=shared,
+        duplicate_answer_examples=examples,
     )
 
 
