@@ -37,7 +37,9 @@ def _config(generation: Path, tokenizer_dir: Path, out: Path, **overrides) -> Va
 def _corpus(folder: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
     """Clean rows, every planted defect, an id stored twice in different shards; the server's ids on all."""
     clean = clean_rows(30)
-    repeat = row(clean[2]["id"], reasoning="a second answer for an id", content="Stored twice by a bad resume.")
+    repeat = row(
+        clean[2]["id"], reasoning="a second answer for an id", content="Stored twice by a bad resume."
+    )
     rows = clean[:15] + [r for r, _ in planted_rows()] + clean[15:] + [repeat]
     write_generation(folder, [with_server_ids(r, tokenizer) for r in rows], shard_size=9)
 
