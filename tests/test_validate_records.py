@@ -16,6 +16,8 @@ from draftgen.params import build_config
 from draftgen.validate import report
 from draftgen.validate.checks import index_corpus
 from draftgen.validate.config import ValidateConfig
+from draftgen.validate.coverage import check_coverage
+from draftgen.validate.folders import open_generations
 from draftgen.validate.pipeline import RECORDS_FILE, SUMMARY_FILE, count_flags, validate_generation
 from draftgen.validate.reader import open_generation
 from draftgen.validate.records import PARTS, RecordsWriter
@@ -131,3 +133,8 @@ def test_index_of_hashes_finds_what_the_whole_corpus_in_memory_finds(tmp_path):
     examples = index.duplicate_answer_examples
     assert dict(examples.select("answer", "count").iter_rows()) == shared
     assert examples["answer_hash"].to_list() == index.duplicate_answers.to_list()
+    coverage = check_coverage(open_generations([str(tmp_path / "gen")]))
+    ids = [r["id"] for r in rows]
+    assert coverage.stored == len(set(ids)) == len(ids) - 2
+    assert coverage.duplicates.select("id", "copies").rows() == [(clean[1]["id"], 3)]
+    assert coverage.duplicates["folders"].to_list() == [[str(tmp_path / "gen")] * 3]

@@ -18,6 +18,7 @@ from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.training.masks import MaskBatch
 from draftgen.training.trainers import SpanTrainer
 from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.hashes import HASH_SEED, candidate_ids, place_columns, repeated
 from draftgen.validate.reader import GenerationOutput, read_shard
 from draftgen.validate.token_rows import TokenRows
 
@@ -30,7 +31,6 @@ INVALID_CHARS = r"[\x00\x{FFFD}\x{FFFE}\x{FFFF}]"
 # double JSON encoding. A lone one is a high escape without a low escape right after it, or the reverse.
 SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
 SURROGATE_PAIR_ESCAPE = r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-HASH_SEED = 20240611
 
 
 @dataclass(frozen=True)
@@ -50,36 +50,15 @@ def _shard_hashes(frame: pl.DataFrame, number: int) -> pl.DataFrame:
     return frame.select(
         pl.col("id").hash(HASH_SEED).alias("id_hash"),
         pl.when(answer != "").then(answer.hash(HASH_SEED)).alias("answer_hash"),  # null: no answer
-        pl.lit(number, dtype=pl.UInt32).alias("shard"),
-        pl.int_range(pl.len(), dtype=pl.UInt32).alias("row"),
+        *place_columns(number),
     )
 
 
-def _repeated_ids(
-    candidates: pl.DataFrame, shards: list[tuple[GenerationOutput, Path]]
-) -> frozenset[tuple[str, str, int]]:
-    """(folder, shard, row) of every row whose id an earlier row holds, among rows whose id hash repeats: the
-    ids themselves are compared (re-read from just those shards), so a hash collision flags nothing."""
-    if not candidates.height:
-        return frozenset()
-    found = []
-    for (number,), rows in candidates.sort("shard", "row").group_by("shard", maintain_order=True):
-        ids = read_shard(shards[number][1], ["id"])["id"].gather(rows["row"])
-        found.append(
-            rows.select("row").with_columns(ids.alias("id"), pl.lit(number, pl.UInt32).alias("shard"))
-        )
-    repeats = pl.concat(found).filter(~pl.col("id").is_first_distinct())
-    return frozenset(
-        (str(shards[n][0].directory), shards[n][1].name, int(row))
-        for n, row in repeats.select("shard", "row").iter_rows()
-    )
-
-
-def _answer_previews(shared: pl.DataFrame, shards: list[tuple[GenerationOutput, Path]]) -> pl.Series:
+def _answer_previews(shared: pl.DataFrame, shards: Sequence[Path]) -> pl.Series:
     """The first 80 characters of each shared answer, read from the shard holding its first occurrence."""
     previews: dict[int, str] = {}
     for (number,), rows in shared.group_by("shard"):
-        content = read_shard(shards[number][1], ["content"]).select(
+        content = read_shard(shards[number], ["content"]).select(
             _answer_key(pl.col("content")).str.slice(0, 80)
         )
         texts = content.to_series().gather(rows["row"]).to_list()
@@ -90,21 +69,25 @@ def _answer_previews(shared: pl.DataFrame, shards: list[tuple[GenerationOutput, 
 def index_corpus(outputs: Sequence[GenerationOutput], min_prompts: int) -> CorpusIndex:
     """Hash every answer and id (reading two columns per shard, every folder) to find corpus-wide duplicates.
 
-    Only hashes and row positions are kept per row (not the ids or answers: a 1M-row corpus then costs ~24 MB
-    here, not ~400); the texts are read back for just the rows that turn out repeated."""
-    shards = [(o, s) for o in outputs for s in o.shards]
+    Only hashes and row positions are kept per row (not the ids or answers: a 1M-row corpus costs ~24 MB here,
+    not ~400; validate.hashes); the texts are read back for just the rows that turn out repeated."""
+    places = [(o, s) for o in outputs for s in o.shards]
+    shards = [s for _, s in places]
     corpus = pl.concat(
-        [_shard_hashes(read_shard(shard, ["id", "content"]), n) for n, (_, shard) in enumerate(shards)]
+        [_shard_hashes(read_shard(shard, ["id", "content"]), n) for n, shard in enumerate(shards)]
     )
-    duplicate_rows = _repeated_ids(corpus.filter(pl.col("id_hash").is_duplicated()), shards)
+    candidates = candidate_ids(corpus, shards)
+    repeats = candidates.filter(~pl.col("id").is_first_distinct())  # the first occurrence is kept
+    duplicate_rows = frozenset(
+        (str(places[n][0].directory), shards[n].name, int(row))
+        for n, row in repeats.select("shard", "row").iter_rows()
+    )
+    common = repeated(corpus["answer_hash"], max(min_prompts, 1))
     shared = (
-        corpus.filter(pl.col("answer_hash").is_not_null())
-        .group_by("answer_hash")
-        .agg(
-            pl.len().alias("count"), pl.col("shard").first(), pl.col("row").first()
-        )  # first: in corpus order
-        .filter(pl.col("count") >= min_prompts)
-        .sort("count", "shard", "row", descending=[True, False, False])
+        corpus.filter(pl.col("answer_hash").is_in(common.implode()))
+        .group_by("answer_hash", maintain_order=True)  # groups and their rows in corpus order
+        .agg(pl.len().alias("count"), pl.col("shard").first(), pl.col("row").first())
+        .sort("count", descending=True, maintain_order=True)
     )
     del corpus
     examples = shared.select("answer_hash", "count").with_columns(_answer_previews(shared, shards))

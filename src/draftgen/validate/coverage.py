@@ -9,7 +9,7 @@ examples. Ids stored more than once — across folders or within one — are lis
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import polars as pl
 from draftgen.generate.store import FAILED
 from draftgen.prompts.rows import PromptFileError, PromptRow, iter_prompts, shard_of
 from draftgen.validate.folders import FolderInfo, GenerationSet
+from draftgen.validate.hashes import candidate_ids, id_hashes
 from draftgen.validate.reader import read_shard
 
 MISSING_EXAMPLES = 10
@@ -89,28 +90,28 @@ class Coverage:
         }
 
 
-def stored_ids(generation: GenerationSet) -> pl.DataFrame:
-    """``id`` and ``folder`` (the folder's position in ``generation.outputs``) of every stored row, in folder then
-    shard order (reads one column per shard; a number, not the folder's path, per row)."""
-    parts = [
-        read_shard(shard, ["id"]).with_columns(pl.lit(number, dtype=pl.UInt32).alias("folder"))
-        for number, output in enumerate(generation.outputs)
-        for shard in output.shards
+def stored_ids(generation: GenerationSet) -> pl.Series:
+    """The ``id`` of every stored row, in folder then shard order (reads one column per shard)."""
+    parts = [read_shard(shard, ["id"])["id"] for shard in generation.shards]
+    return pl.concat(parts) if parts else pl.Series("id", [], dtype=pl.String)
+
+
+def duplicate_ids(generation: GenerationSet) -> tuple[pl.DataFrame, int]:
+    """Every id stored more than once — how many copies and which folders hold them (first: the kept one) — and
+    how many rows are such later copies. Found from id hashes; only the rows whose hash repeats are read again."""
+    shards = generation.shards
+    folder_of = [
+        label for label, o in zip(generation.labels, generation.outputs, strict=True) for _ in o.shards
     ]
-    return pl.concat(parts) if parts else pl.DataFrame(schema={"id": pl.String, "folder": pl.UInt32})
-
-
-def duplicate_ids(ids: pl.DataFrame, labels: Sequence[str]) -> pl.DataFrame:
-    """Every id stored more than once: how many copies and which folders hold them (first: the kept one)."""
+    candidates = candidate_ids(id_hashes(shards), shards)
     repeated = (
-        ids.filter(pl.col("id").is_duplicated())
+        candidates.filter(pl.col("id").is_duplicated())
         .group_by("id", maintain_order=True)
-        .agg(pl.len().alias("copies"), pl.col("folder").alias("folders"))
+        .agg(pl.len().alias("copies"), pl.col("shard").alias("folders"))
     )
-    folders = [[labels[n] for n in held] for held in repeated["folders"].to_list()]  # few: the repeated ids
-    return repeated.with_columns(pl.Series("folders", folders, dtype=pl.List(pl.String))).cast(
-        DUPLICATE_SCHEMA
-    )
+    folders = [[folder_of[n] for n in held] for held in repeated["folders"].to_list()]  # few: repeated ids
+    frame = repeated.with_columns(pl.Series("folders", folders, dtype=pl.List(pl.String)))
+    return frame.cast(DUPLICATE_SCHEMA), int(frame["copies"].sum()) - frame.height
 
 
 def _common_split(folders: Iterable[FolderInfo]) -> int | None:
@@ -165,16 +166,14 @@ def _selection(prompt_file: Path, count: int | None, per_index: dict[int, int]) 
 
 def check_coverage(generation: GenerationSet) -> Coverage:
     """Compare the stored ids with the prompt file's selection; list ids stored more than once."""
-    ids = stored_ids(generation)
-    duplicates = duplicate_ids(ids, generation.labels)
-    stored = ids["id"].unique()
-    del ids
+    duplicates, copies = duplicate_ids(generation)
     count = _common_split(generation.folders)
     missing_shards: tuple[str, ...] = ()
     if count is not None:
         held = {f.shard[0] if f.shard else 0 for f in generation.folders}
         missing_shards = tuple(f"{i}/{count}" for i in range(count) if i not in held)
-    base = {"prompt_file": generation.prompt_file, "stored": stored.len(), "duplicates": duplicates}
+    distinct = generation.rows - copies
+    base = {"prompt_file": generation.prompt_file, "stored": distinct, "duplicates": duplicates}
     if generation.prompt_file is None:
         note = "no manifest names the prompt file; pass prompt_file=PATH to check it"
         return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)
@@ -196,6 +195,7 @@ def check_coverage(generation: GenerationSet) -> Coverage:
         note = f"{exc}; pass prompt_file=PATH where the file is on this machine"
         return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)
     expected = pl.concat(chunks) if chunks else pl.DataFrame(schema={"id": pl.String, "index": pl.UInt32})
+    stored = stored_ids(generation)  # the strings, only here: whether an id is present must be exact
     missing = expected.filter(~pl.col("id").is_in(stored.implode()))  # in file order
     failed = _failed_ids(generation)
     by_shard = {
@@ -213,6 +213,6 @@ def check_coverage(generation: GenerationSet) -> Coverage:
         missing_failed=int(missing["id"].is_in(failed.implode()).sum()),
         missing_by_shard=dict(sorted(by_shard.items())),
         missing_examples=tuple(missing["id"].head(MISSING_EXAMPLES).to_list()),
-        unexpected=int((~stored.is_in(expected["id"].implode())).sum()),
+        unexpected=stored.filter(~stored.is_in(expected["id"].implode())).n_unique(),
         **base,
     )
