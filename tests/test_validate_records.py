@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 from validate_helpers import clean_rows, planted_rows, row, with_server_ids, write_generation
 
@@ -72,6 +73,23 @@ def test_records_streamed_in_small_batches_equal_one_batch_of_everything(tmp_pat
         assert report.flag_examples(streamed, flag).equals(report.flag_examples(whole, flag))
         assert report.flag_examples(streamed, flag).height
     assert report.flag_table(streamed).equals(report.flag_table(whole))
+
+
+def test_mask_sum_histogram_from_counts_per_value_has_the_bars_of_every_sample(
+    tmp_path, tokenizer_dir, tokenizer
+):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _corpus(tmp_path / "gen", tokenizer)
+    result = validate_generation(
+        _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out"), tokenizer=tokenizer, progress=False
+    )
+    bars = report.plot_mask_sums(result).patches
+    edges = [bar.get_x() for bar in bars] + [bars[-1].get_x() + bars[-1].get_width()]
+    expected, _ = np.histogram(result.records["mask_sum"].to_numpy(), bins=edges)
+    assert [bar.get_height() for bar in bars] == expected.tolist()
+    assert expected.sum() == result.samples
 
 
 def test_records_writer_gives_every_part_one_schema_and_keeps_batch_order(tmp_path):
