@@ -6,9 +6,9 @@ million rows validate in tens of minutes; ``--source`` takes any run folder, e.g
 is the simulator's real output, so validate does its full work per row: per-turn rows from the server's ids, the
 comparison with re-tokenizing, every check, the export). Then validate runs in a fresh interpreter at ``--rows``
 and at a tenth of it, and the script prints each run's peak RSS, time and rows/s, and the memory slope between them
-in bytes per row: what grows with the corpus (the per-row record the report is built from: flags, counts, 80-char
-previews; the corpus-wide id and answer-hash index), beside what does not (one batch of ``batch_size`` rows in flight,
-however long the answers are).
+in bytes per row: what grows with the corpus (the corpus-wide index of id and answer hashes, 24 bytes a stored row
+while it is built; the records are streamed to samples.parquet, not held), beside what does not (one batch of
+``batch_size`` rows in flight, however long the answers are; the streaming sink's buffers).
 
 The replicated answers repeat, so ``duplicate_answer_min_prompts`` is set past the replication factor (the check
 still runs over every answer's hash; it just flags none), and no row is dropped for being a copy.
@@ -45,8 +45,8 @@ result = validate_generation(ValidateConfig(**args), progress=False)
 print(json.dumps({
     "seconds": time.perf_counter() - started,
     "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    "rows": result.records.height,
-    "kept": int((~result.records["dropped"]).sum()),
+    "rows": result.counts["in"],  # not result.records: that reads every record into this process
+    "kept": result.counts["in"] - result.counts["dropped"],
     "server_id_rows": int(result.counts["token_source"]["server"]),
 }))
 """

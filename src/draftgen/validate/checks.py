@@ -1,13 +1,15 @@
 """The per-sample flags: text checks (vectorized with polars), mask checks, and corpus-wide duplicate checks.
 
 Duplicates need the whole corpus, so ``index_corpus`` reads only ``id`` and ``content`` of every shard first
-(one shard at a time) and keeps hashes; ``flag_batch`` then flags one batch of samples with its masks.
+(one shard at a time) and keeps hashes and row positions, then the few repeated rows' texts; ``flag_batch`` then
+flags one batch of samples with its masks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -16,6 +18,7 @@ from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.training.masks import MaskBatch
 from draftgen.training.trainers import SpanTrainer
 from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.hashes import HASH_SEED, candidate_ids, place_columns, repeated
 from draftgen.validate.reader import GenerationOutput, read_shard
 from draftgen.validate.token_rows import TokenRows
 
@@ -28,7 +31,6 @@ INVALID_CHARS = r"[\x00\x{FFFD}\x{FFFE}\x{FFFF}]"
 # double JSON encoding. A lone one is a high escape without a low escape right after it, or the reverse.
 SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
 SURROGATE_PAIR_ESCAPE = r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-HASH_SEED = 20240611
 
 
 @dataclass(frozen=True)
@@ -42,37 +44,57 @@ def _answer_key(column: pl.Expr) -> pl.Expr:
     return column.fill_null("").str.strip_chars()
 
 
-def index_corpus(outputs: Sequence[GenerationOutput], min_prompts: int) -> CorpusIndex:
-    """Hash every answer and id (reading two columns per shard, every folder) to find corpus-wide duplicates."""
-    parts = []
-    for output, shard in ((o, s) for o in outputs for s in o.shards):
-        frame = read_shard(shard, ["id", "content"])
-        parts.append(
-            frame.select(
-                pl.col("id"),
-                pl.lit(str(output.directory)).alias("folder"),
-                pl.lit(shard.name).alias("shard"),
-                pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
-                _answer_key(pl.col("content")).hash(HASH_SEED).alias("answer_hash"),
-                _answer_key(pl.col("content")).str.slice(0, 80).alias("answer"),
-            )
+def _shard_hashes(frame: pl.DataFrame, number: int) -> pl.DataFrame:
+    """What duplicate detection needs of one shard's rows, in 24 bytes a row: hashes and the row's place."""
+    answer = _answer_key(pl.col("content"))
+    return frame.select(
+        pl.col("id").hash(HASH_SEED).alias("id_hash"),
+        pl.when(answer != "").then(answer.hash(HASH_SEED)).alias("answer_hash"),  # null: no answer
+        *place_columns(number),
+    )
+
+
+def _answer_previews(shared: pl.DataFrame, shards: Sequence[Path]) -> pl.Series:
+    """The first 80 characters of each shared answer, read from the shard holding its first occurrence."""
+    previews: dict[int, str] = {}
+    for (number,), rows in shared.group_by("shard"):
+        content = read_shard(shards[number], ["content"]).select(
+            _answer_key(pl.col("content")).str.slice(0, 80)
         )
-    corpus = pl.concat(parts)
-    repeats = corpus.filter(~pl.col("id").is_first_distinct())
+        texts = content.to_series().gather(rows["row"]).to_list()
+        previews.update(zip(rows["answer_hash"].to_list(), texts, strict=True))
+    return pl.Series("answer", [previews[h] for h in shared["answer_hash"].to_list()], dtype=pl.String)
+
+
+def index_corpus(outputs: Sequence[GenerationOutput], min_prompts: int) -> CorpusIndex:
+    """Hash every answer and id (reading two columns per shard, every folder) to find corpus-wide duplicates.
+
+    Only hashes and row positions are kept per row (not the ids or answers: a 1M-row corpus costs ~24 MB here,
+    not ~400; validate.hashes); the texts are read back for just the rows that turn out repeated."""
+    places = [(o, s) for o in outputs for s in o.shards]
+    shards = [s for _, s in places]
+    corpus = pl.concat(
+        [_shard_hashes(read_shard(shard, ["id", "content"]), n) for n, shard in enumerate(shards)]
+    )
+    candidates = candidate_ids(corpus, shards)
+    repeats = candidates.filter(~pl.col("id").is_first_distinct())  # the first occurrence is kept
     duplicate_rows = frozenset(
-        zip(repeats["folder"].to_list(), repeats["shard"].to_list(), repeats["row"].to_list(), strict=True)
+        (str(places[n][0].directory), shards[n].name, int(row))
+        for n, row in repeats.select("shard", "row").iter_rows()
     )
+    common = repeated(corpus["answer_hash"], max(min_prompts, 1))
     shared = (
-        corpus.filter(pl.col("answer") != "")
-        .group_by("answer_hash")
-        .agg(pl.len().alias("count"), pl.col("answer").first())
-        .filter(pl.col("count") >= min_prompts)
-        .sort("count", descending=True)
+        corpus.filter(pl.col("answer_hash").is_in(common.implode()))
+        .group_by("answer_hash", maintain_order=True)  # groups and their rows in corpus order
+        .agg(pl.len().alias("count"), pl.col("shard").first(), pl.col("row").first())
+        .sort("count", descending=True, maintain_order=True)
     )
+    del corpus
+    examples = shared.select("answer_hash", "count").with_columns(_answer_previews(shared, shards))
     return CorpusIndex(
-        duplicate_answers=shared["answer_hash"],
+        duplicate_answers=examples["answer_hash"],
         duplicate_rows=duplicate_rows,
-        duplicate_answer_examples=shared,
+        duplicate_answer_examples=examples,
     )
 
 

@@ -9,7 +9,7 @@ examples. Ids stored more than once — across folders or within one — are lis
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import polars as pl
 from draftgen.generate.store import FAILED
 from draftgen.prompts.rows import PromptFileError, PromptRow, iter_prompts, shard_of
 from draftgen.validate.folders import FolderInfo, GenerationSet
+from draftgen.validate.hashes import candidate_ids, id_hashes
 from draftgen.validate.reader import read_shard
 
 MISSING_EXAMPLES = 10
@@ -89,24 +90,28 @@ class Coverage:
         }
 
 
-def stored_ids(generation: GenerationSet) -> pl.DataFrame:
-    """``id`` and ``folder`` of every stored row, in folder then shard order (reads one column per shard)."""
-    parts = [
-        read_shard(shard, ["id"]).with_columns(pl.lit(str(output.directory)).alias("folder"))
-        for output in generation.outputs
-        for shard in output.shards
+def stored_ids(generation: GenerationSet) -> pl.Series:
+    """The ``id`` of every stored row, in folder then shard order (reads one column per shard)."""
+    parts = [read_shard(shard, ["id"])["id"] for shard in generation.shards]
+    return pl.concat(parts) if parts else pl.Series("id", [], dtype=pl.String)
+
+
+def duplicate_ids(generation: GenerationSet) -> tuple[pl.DataFrame, int]:
+    """Every id stored more than once — how many copies and which folders hold them (first: the kept one) — and
+    how many rows are such later copies. Found from id hashes; only the rows whose hash repeats are read again."""
+    shards = generation.shards
+    folder_of = [
+        label for label, o in zip(generation.labels, generation.outputs, strict=True) for _ in o.shards
     ]
-    return pl.concat(parts) if parts else pl.DataFrame(schema={"id": pl.String, "folder": pl.String})
-
-
-def duplicate_ids(ids: pl.DataFrame) -> pl.DataFrame:
-    """Every id stored more than once: how many copies and which folders hold them (first: the kept one)."""
-    return (
-        ids.filter(pl.col("id").is_duplicated())
+    candidates = candidate_ids(id_hashes(shards), shards)
+    repeated = (
+        candidates.filter(pl.col("id").is_duplicated())
         .group_by("id", maintain_order=True)
-        .agg(pl.len().alias("copies"), pl.col("folder").alias("folders"))
-        .cast(DUPLICATE_SCHEMA)
+        .agg(pl.len().alias("copies"), pl.col("shard").alias("folders"))
     )
+    folders = [[folder_of[n] for n in held] for held in repeated["folders"].to_list()]  # few: repeated ids
+    frame = repeated.with_columns(pl.Series("folders", folders, dtype=pl.List(pl.String)))
+    return frame.cast(DUPLICATE_SCHEMA), int(frame["copies"].sum()) - frame.height
 
 
 def _common_split(folders: Iterable[FolderInfo]) -> int | None:
@@ -119,29 +124,56 @@ def _limit(limits: list[int]) -> int:
     return 0 if not limits or 0 in limits else max(limits)
 
 
-def _failed_ids(generation: GenerationSet) -> set[str]:
-    failed: set[str] = set()
+def _failed_ids(generation: GenerationSet) -> pl.Series:
+    parts = []
     for directory in generation.directories:
         path = directory / FAILED
         if path.exists():
             try:
-                failed.update(pl.read_parquet(path, columns=["id"])["id"].to_list())
+                parts.append(pl.read_parquet(path, columns=["id"])["id"].cast(pl.String))
             except Exception:  # a damaged failed.parquet only costs the "resume retries them" count
                 continue
-    return failed
+    return pl.concat(parts) if parts else pl.Series("id", [], dtype=pl.String)
+
+
+def _chunks(items: Iterator[tuple[str, int]], size: int = 65_536) -> Iterator[pl.DataFrame]:
+    """(id, shard index) pairs gathered into frames of ``size`` rows: a prompt file's ids held as one polars
+    column, not as a Python set of strings (~100 bytes an id)."""
+    ids: list[str] = []
+    shards: list[int] = []
+    for prompt_id, index in items:
+        ids.append(prompt_id)
+        shards.append(index)
+        if len(ids) >= size:
+            yield pl.DataFrame({"id": ids, "index": shards}, schema={"id": pl.String, "index": pl.UInt32})
+            ids, shards = [], []
+    if ids:
+        yield pl.DataFrame({"id": ids, "index": shards}, schema={"id": pl.String, "index": pl.UInt32})
+
+
+def _selection(prompt_file: Path, count: int | None, per_index: dict[int, int]) -> Iterator[tuple[str, int]]:
+    """The ids the folders' runs selected from the prompt file, in file order, with the shard index of each."""
+    taken = dict.fromkeys(per_index, 0)
+    for item in iter_prompts(prompt_file):
+        if not isinstance(item, PromptRow):
+            continue
+        index = shard_of(item.id, count) if count else 0
+        if per_index[index] and taken[index] >= per_index[index]:
+            continue
+        taken[index] += 1
+        yield item.id, index
 
 
 def check_coverage(generation: GenerationSet) -> Coverage:
     """Compare the stored ids with the prompt file's selection; list ids stored more than once."""
-    ids = stored_ids(generation)
-    duplicates = duplicate_ids(ids)
-    stored = set(ids["id"].to_list())
+    duplicates, copies = duplicate_ids(generation)
     count = _common_split(generation.folders)
     missing_shards: tuple[str, ...] = ()
     if count is not None:
         held = {f.shard[0] if f.shard else 0 for f in generation.folders}
         missing_shards = tuple(f"{i}/{count}" for i in range(count) if i not in held)
-    base = {"prompt_file": generation.prompt_file, "stored": len(stored), "duplicates": duplicates}
+    distinct = generation.rows - copies
+    base = {"prompt_file": generation.prompt_file, "stored": distinct, "duplicates": duplicates}
     if generation.prompt_file is None:
         note = "no manifest names the prompt file; pass prompt_file=PATH to check it"
         return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)
@@ -157,39 +189,30 @@ def check_coverage(generation: GenerationSet) -> Coverage:
         else _limit(limits)
         for i in range(count or 1)
     }
-    taken = dict.fromkeys(per_index, 0)
-    expected: set[str] = set()
-    missing: list[tuple[str, int]] = []
     try:
-        for item in iter_prompts(Path(generation.prompt_file)):
-            if not isinstance(item, PromptRow):
-                continue
-            index = shard_of(item.id, count) if count else 0
-            if per_index[index] and taken[index] >= per_index[index]:
-                continue
-            taken[index] += 1
-            expected.add(item.id)
-            if item.id not in stored:
-                missing.append((item.id, index))
+        chunks = list(_chunks(_selection(Path(generation.prompt_file), count, per_index)))
     except (PromptFileError, OSError) as exc:
         note = f"{exc}; pass prompt_file=PATH where the file is on this machine"
         return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)
+    expected = pl.concat(chunks) if chunks else pl.DataFrame(schema={"id": pl.String, "index": pl.UInt32})
+    stored = stored_ids(generation)  # the strings, only here: whether an id is present must be exact
+    missing = expected.filter(~pl.col("id").is_in(stored.implode()))  # in file order
     failed = _failed_ids(generation)
-    by_shard: dict[str, int] = {}
-    for _, index in missing:
-        key = f"{index}/{count}" if count and count > 1 else "all"
-        by_shard[key] = by_shard.get(key, 0) + 1
+    by_shard = {
+        (f"{index}/{count}" if count and count > 1 else "all"): n
+        for index, n in missing.group_by("index").len().iter_rows()
+    }
     selection = "every valid row" if not any(per_index.values()) else "the first `limit` valid rows"
     selection += " of each shard" if count and count > 1 else ""
     return Coverage(
         checked=True,
         note=f"{selection} of {generation.prompt_file}",
         missing_shards=missing_shards,
-        expected=len(expected),
-        missing=len(missing),
-        missing_failed=sum(1 for prompt_id, _ in missing if prompt_id in failed),
+        expected=expected["id"].n_unique(),
+        missing=missing.height,
+        missing_failed=int(missing["id"].is_in(failed.implode()).sum()),
         missing_by_shard=dict(sorted(by_shard.items())),
-        missing_examples=tuple(prompt_id for prompt_id, _ in missing[:MISSING_EXAMPLES]),
-        unexpected=len(stored - expected),
+        missing_examples=tuple(missing["id"].head(MISSING_EXAMPLES).to_list()),
+        unexpected=stored.filter(~stored.is_in(expected["id"].implode())).n_unique(),
         **base,
     )

@@ -1,7 +1,8 @@
 """One validation run: read generate's shards, build loss masks, flag every sample, stage the export.
 
 ``validate_generation(config)`` reads one generation folder or several (the shards of one prompt file, checked
-for overlap and coverage by ``coverage.py``) and returns a ``ValidationResult`` (per-sample records, counts, the gate verdict);
+for overlap and coverage by ``coverage.py``) and returns a ``ValidationResult`` (per-sample records, streamed to
+``samples.parquet`` batch by batch and read back lazily; counts; the gate verdict);
 ``require_fit_to_train(result)`` raises when the degenerate share is over the threshold (the notebook's gate);
 ``finalize_export(result)`` publishes the staged export once the gate has passed.
 """
@@ -27,6 +28,7 @@ from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
 from draftgen.validate.coverage import Coverage, check_coverage
 from draftgen.validate.folders import GenerationSet, open_generations
 from draftgen.validate.reader import iter_batches
+from draftgen.validate.records import RecordsWriter
 from draftgen.validate.token_rows import server_rows
 from draftgen.validate.turns import assemble_batch, turn_rows
 
@@ -42,11 +44,22 @@ class ValidationGateError(RuntimeError):
 class ValidationResult:
     config: ValidateConfig
     output: GenerationSet  # the generation folder(s) read
-    records: pl.DataFrame  # one row per sample: id, folder, shard, row, token counts, mask sum, flags, text
+    records_path: (
+        Path  # samples.parquet: one row per sample (id, folder, shard, row, token counts, flags, text)
+    )
     index: CorpusIndex
     coverage: Coverage  # ids missing from the prompt file's selection, ids stored more than once
     counts: dict[str, Any]  # in, out, dropped, dropped_by_flag, flagged_but_kept
     seconds: float
+
+    @property
+    def records(self) -> pl.DataFrame:
+        """Every record, read from samples.parquet on each call (~330 bytes a row: ``scan()`` reads less)."""
+        return pl.read_parquet(self.records_path)
+
+    def scan(self) -> pl.LazyFrame:
+        """The records as a lazy frame: what the report reads, projecting only the columns it needs."""
+        return pl.scan_parquet(self.records_path)
 
     @property
     def samples(self) -> int:
@@ -75,71 +88,115 @@ class ValidationResult:
         return Path(self.config.out_dir)
 
 
-def count_flags(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]:
+def _totals(records: pl.LazyFrame, exprs: list[pl.Expr]) -> dict[str, Any]:
+    """One row of aggregates over the records, streamed (only the columns the expressions name are read)."""
+    return records.select(exprs).collect(engine="streaming").row(0, named=True)
+
+
+def count_flags(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) -> dict[str, Any]:
     """Samples in, out and dropped; a sample with several flags counts under each, and once in dropped."""
-    flagged = {f: int(records[f].sum()) for f in FLAGS} if records.height else dict.fromkeys(FLAGS, 0)
-    dropped = int(records["dropped"].sum()) if records.height else 0
-    held = (
-        records.filter(pl.col("held_out"))
-        if records.height and "held_out" in records.columns
-        else records.head(0)
-    )
-    key = "prompt_id" if "prompt_id" in records.columns else "id"
+    records = records.lazy()
+    columns = records.collect_schema().names()
+    size = _totals(records, [pl.len().alias("n")])["n"] if columns else 0
+    if not size:
+        return {
+            "in": 0,
+            "out": 0,
+            "held_out": {"rows": 0, "prompts": 0},
+            "yield": token_yield(records, config),
+            "token_source": _token_sources(records),
+            "dropped": 0,
+            "degenerate": 0,
+            "length_limited": 0,
+            "dropped_by_flag": {f: 0 for f in FLAGS if f in config.drop_flags},
+            "flagged_but_kept": {f: 0 for f in FLAGS if f not in config.drop_flags},
+        }
+    held = pl.col("held_out") if "held_out" in columns else pl.lit(False)
+    key = "prompt_id" if "prompt_id" in columns else "id"
     # A sample cut inside its reasoning has no answer: that empty answer is the truncation's doing, not a defect.
     defect = [pl.col(f) for f in config.drop_flags if f not in LENGTH_FLAGS and f != "empty_answer"]
     if "empty_answer" in config.drop_flags:
         defect.append(pl.col("empty_answer") & ~pl.col("truncated"))
-    if records.height and defect:
-        degenerate = int(records.select((pl.any_horizontal(defect) & pl.col("dropped")).sum()).item())
-    else:
-        degenerate = 0
+    degenerate = (pl.any_horizontal(defect) & pl.col("dropped")).sum() if defect else pl.lit(0)
+    totals = _totals(
+        records,
+        [
+            *(pl.col(f).sum().alias(f) for f in FLAGS),
+            pl.col("dropped").sum().alias("dropped"),
+            degenerate.alias("degenerate"),
+            held.sum().alias("held_rows"),
+            (held & ~pl.col("dropped")).sum().alias("held_kept"),
+            pl.col(key).filter(held).n_unique().alias("held_prompts"),
+        ],
+    )
+    flagged = {f: int(totals[f]) for f in FLAGS}
+    dropped, degenerate_rows = int(totals["dropped"]), int(totals["degenerate"])
+    held_rows = int(totals["held_rows"])
     return {
-        "in": records.height,
-        "out": records.height - dropped - int((~held["dropped"]).sum())
-        if held.height
-        else records.height - dropped,
-        "held_out": {"rows": held.height, "prompts": held[key].n_unique() if held.height else 0},
+        "in": size,
+        "out": size - dropped - int(totals["held_kept"]),
+        "held_out": {"rows": held_rows, "prompts": int(totals["held_prompts"]) if held_rows else 0},
         "yield": token_yield(records, config),
         "token_source": _token_sources(records),
         "dropped": dropped,
-        "degenerate": degenerate,  # dropped for a defect (a sample with a defect and a length flag counts here)
-        "length_limited": dropped - degenerate,  # dropped only for length flags
+        "degenerate": degenerate_rows,  # dropped for a defect (a sample with a defect and a length flag counts here)
+        "length_limited": dropped - degenerate_rows,  # dropped only for length flags
         "dropped_by_flag": {f: n for f, n in flagged.items() if f in config.drop_flags},
         "flagged_but_kept": {f: n for f, n in flagged.items() if f not in config.drop_flags},
     }
 
 
-def token_yield(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]:
+def token_yield(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) -> dict[str, Any]:
     """Generated tokens that a kept training row supervises ÷ every token the target generated, and where the
     rest went: a dropped row's tokens under its first drop flag (length flags first), a kept row's under the max_length cut or, what
     its mask leaves out (an earlier turn re-rendered without its reasoning, say), "not supervised"."""
-    if not records.height:
-        return {"generated_tokens": 0, "supervised_generated": 0, "share": None, "lost": {}}
-    generated = int(records["generated_tokens"].sum())
-    held = pl.col("held_out") if "held_out" in records.columns else pl.lit(False)
-    kept = records.filter(~pl.col("dropped") & ~held)
-    supervised = int(kept["supervised_generated"].sum())
-    lost: dict[str, int] = {}
-    dropped = records.filter(pl.col("dropped"))
-    if dropped.height:
-        # A row cut by max_tokens has an empty answer too: the cut is why, so length flags are named first.
-        order = [f for f in LENGTH_FLAGS if f in config.drop_flags] + [
-            f for f in config.drop_flags if f not in LENGTH_FLAGS
-        ]
-        first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in order] or [pl.lit("?")])
-        by_flag = dropped.group_by(first.alias("flag")).agg(pl.col("generated_tokens").sum())
-        lost.update({f"dropped: {flag}": int(n) for flag, n in by_flag.iter_rows() if n})
-    withheld = int(records.filter(~pl.col("dropped") & held)["generated_tokens"].sum())
-    if withheld:
-        lost["held out (the drafter verdict's prompts)"] = withheld
-    cut = int(kept["cut_generated"].sum())
-    if cut:
-        lost["cut at max_length"] = cut
-    rest = int(
-        (kept["generated_tokens"] - kept["supervised_generated"] - kept["cut_generated"]).clip(0).sum()
+    records = records.lazy()
+    columns = records.collect_schema().names()
+    empty = {"generated_tokens": 0, "supervised_generated": 0, "share": None, "lost": {}}
+    if not columns:
+        return empty
+    held = pl.col("held_out") if "held_out" in columns else pl.lit(False)
+    kept = ~pl.col("dropped") & ~held
+    totals = _totals(
+        records,
+        [
+            pl.len().alias("rows"),
+            pl.col("generated_tokens").sum().alias("generated"),
+            pl.col("supervised_generated").filter(kept).sum().alias("supervised"),
+            pl.col("generated_tokens").filter(~pl.col("dropped") & held).sum().alias("withheld"),
+            pl.col("cut_generated").filter(kept).sum().alias("cut"),
+            (pl.col("generated_tokens") - pl.col("supervised_generated") - pl.col("cut_generated"))
+            .filter(kept)
+            .clip(0)
+            .sum()
+            .alias("rest"),
+        ],
     )
-    if rest:
-        lost["not supervised"] = rest
+    if not totals["rows"]:
+        return empty
+    generated, supervised = int(totals["generated"]), int(totals["supervised"])
+    lost: dict[str, int] = {}
+    # A row cut by max_tokens has an empty answer too: the cut is why, so length flags are named first.
+    order = [f for f in LENGTH_FLAGS if f in config.drop_flags] + [
+        f for f in config.drop_flags if f not in LENGTH_FLAGS
+    ]
+    first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in order] or [pl.lit("?")])
+    by_flag = (
+        records.filter(pl.col("dropped"))
+        .group_by(first.alias("flag"))
+        .agg(pl.col("generated_tokens").sum())
+        .collect(engine="streaming")
+    )
+    rank = {f: i for i, f in enumerate(order)}
+    for flag, n in sorted(by_flag.iter_rows(), key=lambda item: rank.get(item[0], len(rank))):
+        if n:
+            lost[f"dropped: {flag}"] = int(n)
+    if totals["withheld"]:
+        lost["held out (the drafter verdict's prompts)"] = int(totals["withheld"])
+    if totals["cut"]:
+        lost["cut at max_length"] = int(totals["cut"])
+    if totals["rest"]:
+        lost["not supervised"] = int(totals["rest"])
     return {
         "generated_tokens": generated,
         "supervised_generated": supervised,
@@ -148,11 +205,14 @@ def token_yield(records: pl.DataFrame, config: ValidateConfig) -> dict[str, Any]
     }
 
 
-def _token_sources(records: pl.DataFrame) -> dict[str, Any]:
+def _token_sources(records: pl.LazyFrame) -> dict[str, Any]:
     """How many rows came from the server's ids and how many were re-tokenized; how often re-tokenizing differs."""
-    sources = dict(records.group_by("token_source").len().iter_rows()) if records.height else {}
+    if not records.collect_schema().names():
+        sources, differs = {}, 0
+    else:
+        sources = dict(records.group_by("token_source").len().collect(engine="streaming").iter_rows())
+        differs = int(_totals(records, [pl.col("retokenized_differs").sum().alias("n")])["n"] or 0)
     server = int(sources.get("server", 0))
-    differs = int(records["retokenized_differs"].sum()) if records.height else 0
     return {
         "server": server,
         "retokenized": int(sources.get("retokenized", 0)),
@@ -233,30 +293,29 @@ def validate_generation(
         out_dir, jsonl=config.export_jsonl, tokens=config.export_tokens, prompts=config.export_prompts
     )
     layout = _ids_layout(tokenizer, spec, config)
-    parts: list[pl.DataFrame] = []
+    samples = RecordsWriter(out_dir / RECORDS_FILE)  # each batch's records go to disk: memory stays bounded
     bar = _progress(output.rows) if progress else None
     try:
         for batch in iter_batches(output.outputs, config.batch_size):
-            parts.append(_validate_batch(batch.frame, tokenizer, spec, layout, config, index, writer))
+            samples.write(_validate_batch(batch.frame, tokenizer, spec, layout, config, index, writer))
             if bar is not None:
                 bar.update(batch.frame.height)
     finally:
         if bar is not None:
             bar.close()
-    records = pl.concat(parts, how="vertical_relaxed")
-    counts = count_flags(records, config)
+    path = samples.close()
+    counts = count_flags(pl.scan_parquet(path), config)
     writer.close(counts)
     result = ValidationResult(
         config=config,
         output=output,
-        records=records,
+        records_path=path,
         index=index,
         coverage=coverage,
         counts=counts,
         seconds=time.perf_counter() - started,
     )
     card.write_card(writer.staging, result)
-    records.write_parquet(out_dir / RECORDS_FILE)
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary(result), indent=2) + "\n")
     return result
 

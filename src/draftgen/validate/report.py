@@ -27,12 +27,13 @@ EXAMPLE_COLUMNS = (
 
 def flag_table(result: ValidationResult) -> pl.DataFrame:
     """One row per flag: how many samples carry it, the rate, whether it drops them, and what it means."""
-    records, total = result.records, max(result.samples, 1)
+    total = max(result.samples, 1)
+    counts = {**result.counts["dropped_by_flag"], **result.counts["flagged_but_kept"]}
     return (
         pl.DataFrame(
             {
                 "flag": list(FLAGS),
-                "samples": [int(records[f].sum()) if records.height else 0 for f in FLAGS],
+                "samples": [int(counts.get(f, 0)) for f in FLAGS],
                 "drops": [f in result.config.drop_flags for f in FLAGS],
                 "meaning": list(FLAGS.values()),
             }
@@ -55,7 +56,9 @@ def flag_examples(result: ValidationResult, flag: str, limit: int | None = None)
     columns = list(EXAMPLE_COLUMNS)
     if len(result.output.outputs) > 1:
         columns.insert(1, "folder")
-    return result.records.filter(pl.col(flag)).head(limit).select(columns)
+    if not result.samples:
+        return pl.DataFrame(schema=dict.fromkeys(columns, pl.String))
+    return result.scan().filter(pl.col(flag)).head(limit).select(columns).collect()
 
 
 def folder_table(result: ValidationResult) -> pl.DataFrame:
@@ -116,10 +119,17 @@ def spikes(
     A healthy corpus spreads mask sums over hundreds of values; one value held by >= ``min_share`` of all samples
     (and >= ``min_count``) is a template artefact: the 6-token empty answers of the user's last run, for one.
     """
-    if mask_sums.size == 0:
-        return []
     values, counts = np.unique(mask_sums, return_counts=True)
-    threshold = max(min_count, min_share * mask_sums.size)
+    return spikes_of_counts(values, counts, min_share=min_share, min_count=min_count, top=top)
+
+
+def spikes_of_counts(
+    values: np.ndarray, counts: np.ndarray, *, min_share: float = 0.02, min_count: int = 10, top: int = 5
+) -> list[tuple[int, int]]:
+    """``spikes`` from each distinct mask sum and how many samples hold it (ascending values)."""
+    if counts.size == 0:
+        return []
+    threshold = max(min_count, min_share * counts.sum())
     order = np.argsort(-counts, kind="stable")
     return [(int(values[i]), int(counts[i])) for i in order[:top] if counts[i] >= threshold]
 
@@ -134,20 +144,27 @@ def plot_mask_sums(result: ValidationResult, ax: Any = None) -> Any:
     """Histogram of supervised tokens per sample, log scale, with each spike annotated by an example."""
     import matplotlib.pyplot as plt
 
-    records = result.records
-    sums = records["mask_sum"].to_numpy()
+    # One row per distinct mask sum (at most max_length of them), not one per sample: the histogram of a 1M-row
+    # corpus from a few KB.
+    histogram = (
+        result.scan().group_by("mask_sum").len().sort("mask_sum").collect(engine="streaming")
+        if result.samples
+        else pl.DataFrame(schema={"mask_sum": pl.Int64, "len": pl.UInt32})
+    )
+    values, counts = histogram["mask_sum"].to_numpy(), histogram["len"].to_numpy()
+    total = int(counts.sum())
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 4.5))
     ax.set_title("How many tokens does each sample's loss mask supervise?")
     ax.set_xlabel("mask sum (supervised tokens per sample; linear to 32, log above)")
     ax.set_ylabel("samples (log)")
-    if sums.size == 0:
+    if total == 0:
         ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center")
         return ax
-    top = max(int(sums.max()), 33)
+    top = max(int(values.max()), 33)
     edges = np.unique(np.concatenate([np.arange(0, 33), np.geomspace(33, top + 1, 40).round()]))
     edges = np.append(edges, edges[-1] + 1)
-    ax.hist(sums, bins=edges - 0.5, color="#4c72b0", log=True)
+    ax.hist(values, bins=edges - 0.5, weights=counts, color="#4c72b0", log=True)
     ax.set_xscale("symlog", linthresh=32)
     ticks = [0, 1, 2, 4, 8, 16, 32] + [2**k for k in range(6, 17) if 2 ** (k - 1) <= top]
     ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -161,10 +178,17 @@ def plot_mask_sums(result: ValidationResult, ax: Any = None) -> Any:
         va="top",
         fontsize=8,
     )
-    for rank, (value, count) in enumerate(spikes(sums)):
-        example = records.filter(pl.col("mask_sum") == value).row(0, named=True)
+    for rank, (value, count) in enumerate(spikes_of_counts(values, counts)):
+        example = (
+            result.scan()
+            .filter(pl.col("mask_sum") == value)
+            .head(1)
+            .select("id", "answer", "reasoning")
+            .collect()
+            .row(0, named=True)
+        )
         label = (
-            f"mask sum {value}: {count} samples ({count / sums.size:.0%})\n"
+            f"mask sum {value}: {count} samples ({count / total:.0%})\n"
             f"e.g. {example['id']}: answer {_preview(example['answer'])}, "
             f"reasoning {_preview(example['reasoning'])}"
         )
