@@ -41,13 +41,26 @@ def test_validate_reads_every_row_and_renders_prompts_as_the_servers_did(generat
         [pl.read_parquet(p) for p in sorted((generate_run.run_dir / "shards").glob("*.parquet"))]
     )
     assert sorted(samples["id"].to_list()) == sorted(generate_run.expected_ids)
-    joined = samples.join(stored.select("id", "prompt_tokens", "finish_reason"), on="id", suffix="_stored")
+    joined = samples.join(
+        stored.select("id", "prompt_tokens", "finish_reason", "turn_finish_reason"), on="id", suffix="_stored"
+    )
     # The prompt validate renders with the tokenizer folder is, token for token, the prompt each server billed.
     assert (joined["n_prompt_tokens"] == joined["prompt_tokens"]).all(), joined.filter(
         pl.col("n_prompt_tokens") != pl.col("prompt_tokens")
     ).select("id", "n_prompt_tokens", "prompt_tokens")
-    truncated = joined["finish_reason_stored"] != "stop"
-    assert (joined["truncated"] == truncated).all()
+    # A sample is truncated when any of its generated turns is (turns: all generates every assistant turn of a
+    # multi-turn prompt; the row's finish_reason is its last turn's).
+    turn_reasons = (
+        pl.when(pl.col("turn_finish_reason").is_null())
+        .then(pl.concat_list(pl.col("finish_reason_stored")))
+        .otherwise(pl.col("turn_finish_reason"))
+    )
+    truncated = joined.select(turn_reasons.list.eval(pl.element() != "stop").list.any().alias("expected"))
+    assert (joined["truncated"] == truncated["expected"]).all(), joined.filter(
+        pl.col("truncated") != truncated["expected"]
+    ).select("id", "truncated", "finish_reason_stored", "turn_finish_reason")
+    # multi-turn prompts are among them, so the rule above is met
+    assert joined["turn_finish_reason"].list.len().max() > 1
     summary = json.loads((run_dir / "summary.json").read_text())
     counts = summary["counts"]
     assert counts["in"] == len(generate_run.expected_ids)
