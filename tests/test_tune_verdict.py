@@ -31,7 +31,7 @@ STRONG_HEAD = {"profile": "eagle3", "accept_p": [0.99, 0.99, 0.99]}
 def truth(settings: ServerSettings, level: int) -> float:
     """The simulated GPU's steady tok/s at ``level`` for these settings (the profile's formula)."""
     flags = SimSettings(
-        speculative_algorithm=settings.speculative_algorithm,
+        speculative_algorithm=settings.speculative_algorithm or "none",  # the simulator's default is MTP on
         speculative_num_steps=settings.speculative_num_steps,
         speculative_eagle_topk=settings.speculative_eagle_topk,
         speculative_num_draft_tokens=settings.speculative_num_draft_tokens,
@@ -149,10 +149,10 @@ def test_days_and_dollars_are_the_estimates_model_on_the_verdicts_measurements(j
         assert money.days_low <= money.days <= money.days_high
     table = verdict_report.money_table(verdict)
     head = table.filter(table["candidate"].str.starts_with("EAGLE3")).row(0, named=True)
-    assert head["days_saved_vs_mtp"] == pytest.approx(
+    assert head["days_saved_vs_baseline"] == pytest.approx(
         base.days - verdict.money_of(verdict.winner).days, abs=1e-3
     )
-    assert head["usd_saved_vs_mtp"] > 0
+    assert head["usd_saved_vs_baseline"] > 0
 
 
 def test_the_verdict_files_and_plot(judged):
@@ -166,6 +166,41 @@ def test_the_verdict_files_and_plot(judged):
     fig = verdict_report.plot_verdict(verdict)
     assert [line.get_xdata()[0] for line in fig.axes[0].lines if line.get_linestyle() == ":"] == [64]
     assert any(line.startswith("verdict: 3 candidates") for line in lines)
+
+
+def test_a_target_without_mtp_heads_is_judged_against_no_speculation(tmp_path):
+    """``verdict_baseline: []``: the baseline is speculation off (a target without MTP heads, as the SGLang
+    tier's tiny model), and the report names it so."""
+    config = verdict_config(
+        tmp_path,
+        verdict_levels=[1, 8],
+        verdict_baseline=[],
+        concurrency_per_server=1,
+        drafters=[
+            {
+                "speculative_algorithm": "EAGLE3",
+                "speculative_draft_model_path": drafter_dir(tmp_path, "head", STRONG_HEAD),
+                "spec_candidates": [[3, 1, 4]],
+            }
+        ],
+    )
+    off, head = config.verdict_candidates()
+    assert off.settings.speculative_algorithm is None and off.settings.sglang_args() == [
+        "--max-running-requests",
+        "8",
+    ]
+    run = asyncio.run(run_tune(config, log=lambda _line: None))
+    verdict = report.verdict_of(run)
+    for level in (1, 8):
+        assert verdict.point(off, level).accept_length == pytest.approx(1.0)
+        assert verdict.point(head, level).accept_length > 2.0
+    assert truth(head.settings, 1) > 1.5 * truth(off.settings, 1)  # the premise of the winner below
+    assert verdict.winner.index == head.index
+    headline = verdict_report.headline(verdict)
+    assert "against MTP off's" in headline and "against no speculation on 200,000 prompts" in headline
+    table = verdict_report.table(verdict)
+    roles = dict(zip(table["candidate"], table["role"], strict=True))
+    assert roles[off.label] == "baseline" and roles[head.label] == "drafter"
 
 
 # ----- refusals ---------------------------------------------------------------------------------------------

@@ -227,6 +227,15 @@ def adaptive_problems(settings: ServerSettings, extra_args: Sequence[str] = ()) 
     return problems
 
 
+# Speculation off: no algorithm and none of its numbers (SGLang refuses numbers without an algorithm).
+SPECULATION_OFF = ServerSettings(
+    speculative_algorithm=None,
+    speculative_num_steps=None,
+    speculative_eagle_topk=None,
+    speculative_num_draft_tokens=None,
+)
+
+
 def sglang_problems(
     settings: ServerSettings,
     *,

@@ -38,6 +38,7 @@ from draftgen.server_settings import (
     DFLASH,
     MTP_ALGORITHMS,
     NGRAM,
+    SPECULATION_OFF,
     ServerSettings,
     effective_max_running,
     sglang_problems,
@@ -221,7 +222,8 @@ class TuneConfig(SamplingParams):
     )
     verdict_baseline: list[int] = param(
         default_factory=lambda: [3, 1, 4],
-        help="MTP's [steps, topk, draft tokens] the drafters are judged against",
+        help="MTP's [steps, topk, draft tokens] the drafters are judged against ([]: speculation off, for a "
+        "target without MTP heads)",
     )
     concurrency_per_server: Annotated[int, Field(ge=0)] = param(
         0, "the verdict's production concurrency (0: the largest of verdict_levels)"
@@ -390,6 +392,8 @@ class TuneConfig(SamplingParams):
         ]
 
     def verdict_baseline_settings(self) -> ServerSettings:
+        if not self.verdict_baseline:
+            return SPECULATION_OFF
         if len(self.verdict_baseline) != 3:
             return ServerSettings(speculative_num_steps=None)  # refused by sglang_problems: numbers missing
         steps, topk, drafts = self.verdict_baseline
@@ -425,14 +429,7 @@ class TuneConfig(SamplingParams):
     def candidates(self) -> list[Candidate]:
         specs: list[ServerSettings] = []
         if self.mtp_off:
-            specs.append(
-                ServerSettings(
-                    speculative_algorithm=None,
-                    speculative_num_steps=None,
-                    speculative_eagle_topk=None,
-                    speculative_num_draft_tokens=None,
-                )
-            )
+            specs.append(SPECULATION_OFF)
         specs += self._static() + self._adaptive() + self._ngram()
         specs += [s for drafter in self.drafters for s in drafter.settings()]
         out = []

@@ -51,7 +51,7 @@ async def run_verdict(config: TuneConfig, log: Callable[[str], None] = print) ->
     )
     rows = level_rows(config, sample, levels)
     log(
-        f"verdict: {len(candidates)} candidates (MTP {candidates[0].label} and {len(candidates) - 1} drafter "
+        f"verdict: {len(candidates)} candidates (baseline {candidates[0].label} and {len(candidates) - 1} drafter "
         f"setting(s)) at concurrency {', '.join(map(str, levels))}, on {len(sample.rows)} prompts of {sample.path}"
     )
     started_at = time.time()

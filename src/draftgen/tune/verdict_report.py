@@ -85,6 +85,10 @@ class Verdict:
     def baseline(self) -> Candidate:
         return self.run.candidates[0]
 
+    @property
+    def baseline_name(self) -> str:
+        return baseline_name(self.baseline)
+
     def point(self, candidate: Candidate, level: int) -> Point | None:
         return next(
             (p for p in self.points if p.candidate.index == candidate.index and p.level == level), None
@@ -208,12 +212,19 @@ def _short(candidate: Candidate) -> str:
     return candidate.label.split(",")[0]
 
 
+def baseline_name(candidate: Candidate) -> str:
+    """What the drafters are judged against: the target's MTP heads, or no speculation at all
+    (``verdict_baseline: []``, a target without MTP heads)."""
+    return "MTP" if candidate.settings.speculative else "no speculation"
+
+
 def _verify_tokens(candidate: Candidate) -> int:
     return candidate.settings.speculative_num_draft_tokens or 1
 
 
 def reason(baseline_low: Point, baseline_prod: Point, low: Point, prod: Point) -> str | None:
-    """Why a drafter's ranking against MTP at the lowest concurrency turns at production (None: it does not)."""
+    """Why a drafter's ranking against the baseline (MTP) at the lowest concurrency turns at production (None:
+    it does not)."""
     values = (baseline_low, baseline_prod, low, prod)
     if any(p.tok_s_per_gpu is None or p.accept_length is None for p in values):
         return None
@@ -226,7 +237,10 @@ def reason(baseline_low: Point, baseline_prod: Point, low: Point, prod: Point) -
     step_ratio = (prod.accept_length / prod.tok_s_per_gpu) / (  # type: ignore[operator]
         baseline_prod.accept_length / baseline_prod.tok_s_per_gpu  # type: ignore[operator]
     )
-    verify = f"its verify of {_verify_tokens(prod.candidate)} tokens per request against MTP's {_verify_tokens(baseline_prod.candidate)}"
+    verify = (
+        f"its verify of {_verify_tokens(prod.candidate)} tokens per request against "
+        f"{baseline_name(baseline_prod.candidate)}'s {_verify_tokens(baseline_prod.candidate)}"
+    )
     at_low = (
         f"{who} accepts {low.accept_length:.1f} tokens per step against {mtp}'s {baseline_low.accept_length:.1f} "
         f"at {low.level} in flight ({low.tok_s_per_gpu:,.0f} vs {baseline_low.tok_s_per_gpu:,.0f} tok/s per GPU)"
@@ -306,7 +320,7 @@ def table(v: Verdict) -> pl.DataFrame:
         [
             {
                 "candidate": p.candidate.label,
-                "role": "MTP baseline" if p.candidate.index == v.baseline.index else "drafter",
+                "role": "baseline" if p.candidate.index == v.baseline.index else "drafter",
                 "concurrency": p.level,
                 "production": p.level == v.production,
                 "tok_s_per_gpu": p.tok_s_per_gpu,
@@ -326,7 +340,7 @@ def table(v: Verdict) -> pl.DataFrame:
 
 
 def money_table(v: Verdict) -> pl.DataFrame:
-    """Days and dollars of the full prompt set per candidate, and what each saves against MTP."""
+    """Days and dollars of the full prompt set per candidate, and what each saves against the baseline."""
     base = v.money_of(v.baseline)
     return pl.DataFrame(
         [
@@ -339,8 +353,8 @@ def money_table(v: Verdict) -> pl.DataFrame:
                 "cost_usd": round(m.cost_usd, 0),
                 "cost_low_usd": round(m.cost_low_usd, 0),
                 "cost_high_usd": round(m.cost_high_usd, 0),
-                "days_saved_vs_mtp": round(base.days - m.days, 3) if base else None,
-                "usd_saved_vs_mtp": round(base.cost_usd - m.cost_usd, 0) if base else None,
+                "days_saved_vs_baseline": round(base.days - m.days, 3) if base else None,
+                "usd_saved_vs_baseline": round(base.cost_usd - m.cost_usd, 0) if base else None,
             }
             for m in v.money
         ],
@@ -349,7 +363,7 @@ def money_table(v: Verdict) -> pl.DataFrame:
 
 
 def headline(v: Verdict) -> str:
-    """The verdict in one paragraph: the winner at production and what it saves or costs against MTP."""
+    """The verdict in one paragraph: the winner at production and what it saves or costs against the baseline."""
     if v.winner is None:
         return "verdict: no candidate could be measured at the production concurrency"
     best = v.point(v.winner, v.production)
@@ -360,7 +374,7 @@ def headline(v: Verdict) -> str:
         + (
             f" against {_short(v.baseline)}'s {base.tok_s_per_gpu:,.0f}"
             if base is not None and base.tok_s_per_gpu is not None and v.winner.index != v.baseline.index
-            else " (MTP, the baseline, stays)"
+            else f" ({v.baseline_name}, the baseline, stays)"
         )
     ]
     base_money = v.money_of(v.baseline)
@@ -371,7 +385,7 @@ def headline(v: Verdict) -> str:
         usd = base_money.cost_usd - m.cost_usd
         verb = "saves" if saved > 0 else "costs"
         lines.append(
-            f"  {_short(m.candidate)} {verb} {abs(saved):,.3g} days and ${abs(usd):,.0f} against MTP on "
+            f"  {_short(m.candidate)} {verb} {abs(saved):,.3g} days and ${abs(usd):,.0f} against {v.baseline_name} on "
             f"{v.dataset_size:,} prompts with {v.servers * v.run.config.tp} GPUs ({m.days:,.3g} vs "
             f"{base_money.days:,.3g} days)"
         )
@@ -420,7 +434,7 @@ def plot_verdict(v: Verdict, value: str = "tok_s_per_gpu") -> Figure:
             [v_ - (lo if lo is not None else v_) for v_, lo in zip(y, lows, strict=True)],
             [(hi if hi is not None else v_) - v_ for v_, hi in zip(y, highs, strict=True)],
         ]
-        style = "--" if rows["role"][0] == "MTP baseline" else "-"
+        style = "--" if rows["role"][0] == "baseline" else "-"
         ax.errorbar(x, y, yerr=err, fmt=style + "o", capsize=3, label=label.split(",")[0])
     ax.axvline(v.production, color="grey", linestyle=":", label=f"production: {v.production} in flight")
     ax.set_xscale("log", base=2)
