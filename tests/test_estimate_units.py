@@ -97,6 +97,25 @@ def test_a_single_batch_size_fits_a_flat_tpot_and_says_so():
     assert fit.model.beta_s == 0.0 and "one in-flight count" in fit.note
 
 
+def test_a_batch_faster_per_request_than_a_smaller_one_fits_flat_at_the_largest_real_batch():
+    """beta < 0 (a CPU server: a batch of 2 costs one step of 1): tpot flat at the largest in-flight count with a
+    real share of the time, so a run there is priced at its own speed; a stray sample above it is not that."""
+    slow_alone, fast_in_pairs = (
+        RateModel(0.14, 0.0, None),
+        RateModel(0.0, 0.042, None),
+    )  # tpot 0.14 s vs 0.084 s
+    frame = pl.concat(
+        [
+            _occupancy(slow_alone, {1: 60.0}),
+            _occupancy(fast_in_pairs, {2: 40.0}),
+            _occupancy(RateModel(0.5, 0.0, None), {3: 1.0}),  # 1% of the time at 3 in flight, very slow
+        ]
+    )
+    fit = fit_rate_model(frame, None)
+    assert fit.model.beta_s == 0.0 and "flat tpot at 2 in flight" in fit.note
+    assert fit.model.tok_s(2) == pytest.approx(fast_in_pairs.tok_s(2))
+
+
 # ----- lengths ------------------------------------------------------------------------------------------
 def test_lengths_clip_at_max_tokens_and_flag_a_lower_bound_above_the_benchmark():
     requests = pl.DataFrame(

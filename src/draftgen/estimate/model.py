@@ -98,8 +98,15 @@ def fit_rate_model(occupancy: pl.DataFrame, max_running: int | None, source: str
         beta = float(np.average((b - wb) * (y - wy), weights=w) / var) if var > 0 else 0.0
         alpha = float(wy - beta * wb)
         if beta < 0:
-            alpha, beta = float(wy), 0.0
-            note = "per-request speed did not fall with batch size: flat tpot fitted"
+            # Flat at the largest batch with a real share of the time (10%), not at the time-weighted mean: a
+            # full run spends its time at its largest batch, and the slower small batches (where the mean's weight
+            # is) would make the faster setting look slower. Seen on CPU servers, where a batch of 2 costs a step
+            # of 1.
+            steady = b[seconds >= 0.1 * seconds.sum()].max()
+            alpha, beta = float(y[b == steady][0]), 0.0
+            note = (
+                f"per-request speed did not fall with batch size: flat tpot at {int(steady)} in flight fitted"
+            )
         elif alpha < 0:
             alpha, beta = 0.0, float(np.sum(w * y * b) / np.sum(w * b * b))
             note = "tpot fitted through the origin"
