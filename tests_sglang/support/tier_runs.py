@@ -33,6 +33,7 @@ HEDGE_PROMPTS = 96  # STANDALONE (the slow one, ~1/3 of NGRAM's rate) needs 10 a
 FAILOVER_PROMPTS = 16
 TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
+VERDICT_LEVELS = (1, 2)  # the verdict's concurrencies; the production one is the largest
 ABORTED = "sglang:num_aborted_requests_total"
 
 
@@ -275,6 +276,7 @@ def tune_cpu(draftgen: str, target: Path, draft: Path, root: Path, start_timeout
     started by tune's launcher through the tier's wrapper with the CPU arguments as ``extra_args``: speculation
     off, NGRAM at 2 and 4 draft tokens, STANDALONE 3/1/4 with the draft model. One round (max_rounds 1), 8
     requests a job (tune's floor), short answers; no seeds' baseline (NEXTN needs MTP heads the tiny model lacks).
+    Then the verdict: STANDALONE as the drafter against speculation off, at ``VERDICT_LEVELS``.
     Two groups, not four: four candidates starting beside the fleet's three servers took the machine's 24 GiB
     down to 0.5 GiB free, and one candidate then failed SGLang's own memory check at start ("Loaded weights leave
     no GPU memory for the KV cache": on the CPU it counts what other processes took meanwhile)."""
@@ -287,9 +289,7 @@ def tune_cpu(draftgen: str, target: Path, draft: Path, root: Path, start_timeout
         "extra_args": [*CPU_ARGS, "--dtype", "bfloat16"],
         "startup_timeout_s": start_timeout_s,
         "mtp_off": True,
-        "speculative_algorithm": "STANDALONE",
-        "speculative_draft_model_path": str(draft),
-        "spec_candidates": [[3, 1, 4]],
+        "spec_candidates": [],  # STANDALONE 3/1/4 races as the drafter below (a drafter is a race candidate too)
         "ngram_draft_tokens": [2, 4],
         "max_running_requests": [4],
         "concurrency": TUNE_CONCURRENCY,
@@ -304,6 +304,18 @@ def tune_cpu(draftgen: str, target: Path, draft: Path, root: Path, start_timeout
         "baseline": False,
         "bootstrap": 50,
         "request_timeout_s": 300.0,
+        # The verdict after the race: the draft model as a trained drafter (STANDALONE 3/1/4) against speculation
+        # off (verdict_baseline []: no MTP heads), each started once and measured at 1 and 2 in flight.
+        "drafters": [
+            {
+                "speculative_algorithm": "STANDALONE",
+                "speculative_draft_model_path": str(draft),
+                "spec_candidates": [[3, 1, 4]],
+            }
+        ],
+        "verdict_levels": list(VERDICT_LEVELS),
+        "verdict_baseline": [],
+        "dataset_size": 10_000,
     }
     return draftgen_run(draftgen, "tune", root, "cpu", params)
 
