@@ -59,7 +59,8 @@ $(REAL_STAMP): pyproject.toml
 
 test-real: $(REAL_STAMP)
 	$(REAL_BIN)/ruff check tests_real
-	$(REAL_BIN)/python -m pytest tests_real --durations=5
+	$(REAL_BIN)/python -m pytest tests_real --durations=5 \
+		--basetemp=$(REAL_VENV)/pytest-tmp  # its own: it runs beside make test in .ci/run, and pytest prunes old /tmp/pytest-of-* folders
 
 $(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the SGLang tier needs Python 3.11 (its torch wheel is cp311), found " + sys.version.split()[0])'
