@@ -34,6 +34,8 @@ FAILOVER_PROMPTS = 16
 TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
 VERDICT_LEVELS = (1, 2)  # the verdict's concurrencies; the production one is the largest
+# What every generate and benchmark run of the tier sends: the one served name, greedy, a CPU-sized time limit.
+GREEDY = {"model": SERVED_MODEL, "temperature": 0.0, "top_p": 1.0, "request_timeout_s": 300.0}
 ABORTED = "sglang:num_aborted_requests_total"
 
 
@@ -60,18 +62,15 @@ def stream_generate(draftgen: str, plain: ServeRun, root: Path) -> GenerateRun:
         root / "prompts" / "stream.jsonl", single_turn("single", STREAM_PROMPTS) + three_turns("multi", 3)
     )
     params = {
+        **GREEDY,
         "servers": [plain.url],
-        "model": SERVED_MODEL,
         "prompts": str(prompts),
         "stream": True,
         "turns": "all",
         "enable_thinking": True,
-        "temperature": 0.0,
-        "top_p": 1.0,
         "max_tokens": 64,
         "concurrency_per_server": 4,
         "batch_save_size": 4,
-        "request_timeout_s": 300.0,
     }
     return GenerateRun(draftgen_run(draftgen, "generate", root, "stream", params), params, prompts)
 
@@ -110,17 +109,14 @@ def benchmark_spec(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: P
         root / "prompts" / "bench.jsonl", single_turn("bench", 2 * len(BENCH_LEVELS) * BENCH_PER_LEVEL)
     )
     params = {
+        **GREEDY,
         "servers": [proxies["ngram"].url, proxies["standalone"].url],
-        "model": SERVED_MODEL,
         "prompts": str(prompts),
         "max_tokens": BENCH_MAX_TOKENS,
-        "temperature": 0.0,
-        "top_p": 1.0,
         "enable_thinking": False,
         "concurrencies": BENCH_LEVELS,
         "num_prompts": BENCH_PER_LEVEL,
         "warmup_requests": 1,
-        "request_timeout_s": 300.0,
     }
     return BenchmarkRun(draftgen_run(draftgen, "benchmark", root, "spec", params), proxies)
 
@@ -138,17 +134,14 @@ def resume_after_kill(draftgen: str, plain: ServeRun, root: Path) -> ResumeRun:
     first shard with requests in flight on the real server, then ``draftgen run --resume``."""
     prompts = write_rows(root / "prompts" / "resume.jsonl", single_turn("resume", RESUME_PROMPTS))
     params = {
+        **GREEDY,
         "servers": [plain.url],
-        "model": SERVED_MODEL,
         "prompts": str(prompts),
         "stream": False,
         "enable_thinking": True,
-        "temperature": 0.0,
-        "top_p": 1.0,
         "max_tokens": 64,
         "concurrency_per_server": 1,
         "batch_save_size": 2,
-        "request_timeout_s": 300.0,
     }
     run_dir = root / "generate" / "resume"
     proc = start_run(draftgen, "generate", root, "resume", params)
@@ -186,19 +179,16 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
         root / "prompts" / "hedge.jsonl", [too_long("too-long"), *single_turn("hedge", HEDGE_PROMPTS)]
     )
     params = {
+        **GREEDY,
         "servers": [ngram.url, standalone.url],
-        "model": SERVED_MODEL,
         "prompts": str(prompts),
         "stream": True,
         "enable_thinking": False,
-        "temperature": 0.0,
-        "top_p": 1.0,
         "max_tokens": 8,
         "concurrency_per_server": 3,
         "batch_save_size": 8,
         "hedge_slow_ratio": 0.9,
         "max_truncated_rate": 1.0,
-        "request_timeout_s": 300.0,
     }
     urls = {"ngram": ngram.url, "standalone": standalone.url}
     before = {name: metric(url, ABORTED) for name, url in urls.items()}
@@ -224,20 +214,17 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
     on at once; no hedging, so every answer is one server's."""
     prompts = write_rows(root / "prompts" / "failover.jsonl", single_turn("failover", FAILOVER_PROMPTS))
     params = {
+        **GREEDY,
         "servers": [plain.url, ngram.url],
-        "model": SERVED_MODEL,
         "prompts": str(prompts),
         "stream": True,
         "enable_thinking": False,
-        "temperature": 0.0,
-        "top_p": 1.0,
         "max_tokens": 16,
         "concurrency_per_server": 2,
         "batch_save_size": 4,
         "server_down_after": 2,
         "max_truncated_rate": 1.0,
         "hedge_slow_ratio": 0.0,
-        "request_timeout_s": 300.0,
     }
     proc = start_run(draftgen, "generate", root, "failover", params)
     run_dir = root / "generate" / "failover"
