@@ -344,7 +344,9 @@ def tune_then_relaunch(
             max_tokens=8,
             return_spec_tokens_details=True,
         )
-        log, output = server.server_log.read_text(errors="replace"), server.output()
+        # serve reports readiness on its own probe schedule, which can lag the /health 200 seen above
+        output = server.wait_output("servers ready", 120)
+        log = server.server_log.read_text(errors="replace")
     finally:
         left = server.stop()
     settings = yaml.safe_load(settings_path.read_text())["settings"]
