@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from draftgen.estimate.model import RateModel, estimate_wall
 from draftgen.params import ParameterError, build_config
-from draftgen.server_settings import ServerSettings, sglang_problems
+from draftgen.server_settings import ServerSettings, load_settings, sglang_problems
 from draftgen.sim.drafters import load_drafter
 from draftgen.sim.fleet import find_free_base_port
 from draftgen.sim.profiles import get_profile
@@ -201,6 +204,85 @@ def test_a_target_without_mtp_heads_is_judged_against_no_speculation(tmp_path):
     table = verdict_report.table(verdict)
     roles = dict(zip(table["candidate"], table["role"], strict=True))
     assert roles[off.label] == "baseline" and roles[head.label] == "drafter"
+
+
+def test_the_race_is_saved_before_the_verdict_starts(tmp_path):
+    """``on_race`` (the notebook passes ``report.save_report``): the race's tables and settings file are on disk
+    before any verdict server starts, so an interrupted verdict loses none of the race, and ``serve --settings``
+    can launch the winner while the verdict measures (the SGLang tier does)."""
+    config = verdict_config(
+        tmp_path,
+        race=True,
+        mtp_off=True,
+        spec_candidates=[[3, 1, 4]],
+        max_running_requests=[8],
+        max_rounds=1,
+        verdict_levels=[1, 8],
+        concurrency_per_server=8,
+        drafters=[
+            {
+                "speculative_algorithm": "EAGLE3",
+                "speculative_draft_model_path": drafter_dir(tmp_path, "head", STRONG_HEAD),
+                "spec_candidates": [[3, 1, 4]],
+            }
+        ],
+    )
+    servers = Path(config.out_dir) / "servers"
+    seen: dict = {}
+
+    def on_race(run):  # type: ignore[no-untyped-def]
+        report.save_report(run)
+        seen["verdict"] = run.verdict
+        seen["settings"] = load_settings(config.settings_path)
+        seen["tables"] = sorted(p.name for p in Path(config.out_dir).glob("*.parquet"))
+        seen["servers"] = sorted(p.name for p in servers.iterdir())
+
+    run = asyncio.run(run_tune(config, log=lambda _line: None, on_race=on_race))
+    assert seen["verdict"] is None and run.verdict is not None  # called between the race and the verdict
+    assert seen["settings"] == run.chosen.settings
+    assert seen["tables"] == ["candidates.parquet", "jobs.parquet"]
+    assert seen["servers"] and not any(name.startswith("r99-") for name in seen["servers"])
+    assert any(p.name.startswith("r99-") for p in servers.iterdir())  # the verdict's servers came after
+
+
+def test_draftgen_tune_saves_the_race_before_its_verdict(tmp_path):
+    """The command does what the notebook does: the race saved (and said so) before the verdict's first line."""
+    values = {
+        "engine": "sim",
+        "model": "Qwen/Qwen3.6-27B",
+        "gpus": "0-1",
+        "base_port": find_free_base_port(2),
+        "sim_speed": 2.0,
+        "max_tokens": 128,
+        "sample_size": 48,
+        "warmup_requests": 1,
+        "mtp_off": False,
+        "spec_candidates": [[3, 1, 4]],
+        "max_running_requests": [8],
+        "max_rounds": 1,
+        "baseline": False,
+        "verdict_levels": [1, 8],
+        "verdict_baseline": [],
+        "drafters": [
+            {
+                "speculative_algorithm": "EAGLE3",
+                "speculative_draft_model_path": drafter_dir(tmp_path, "head", STRONG_HEAD),
+                "spec_candidates": [[3, 1, 4]],
+            }
+        ],
+    }
+    params = tmp_path / "tune.yaml"
+    params.write_text(json.dumps(values))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "draftgen", "tune", "-f", str(params), "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    saved = next(i for i, line in enumerate(lines) if line.startswith("draftgen tune: race saved, "))
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("verdict: 2 candidates"))
+    assert saved < verdict, done.stdout
+    assert str(out / "settings.yaml") in lines[saved]
+    assert (out / "settings.yaml").is_file() and (out / "verdict.json").is_file()
 
 
 # ----- refusals ---------------------------------------------------------------------------------------------

@@ -41,7 +41,15 @@ def run(args: argparse.Namespace) -> int:
         args.out or values.get("out_dir") or Path("outputs/tune") / time.strftime("%Y%m%d-%H%M%S")
     )
     config = build_config(TuneConfig, values)
-    result = asyncio.run(run_tune(config))
+
+    def save_race(race) -> None:  # type: ignore[no-untyped-def]
+        report.save_report(race)  # before the verdict: an interrupted verdict loses none of the race
+        if race.chosen is not None and config.verdict_levels:
+            print(
+                f"draftgen tune: race saved, {race.chosen.label} written to {config.settings_path}; the verdict next"
+            )
+
+    result = asyncio.run(run_tune(config, on_race=save_race))
     info = report.save_report(result)
     verdict = report.verdict_of(result)
     if verdict is not None:

@@ -139,11 +139,21 @@ def jobs_per_candidate(ranked: Sequence[Candidate], groups: int, extra: int) -> 
     return {c.index: each + (rank < spare) for rank, c in enumerate(ranked)}
 
 
-async def run_tune(config: TuneConfig, log: Callable[[str], None] = print) -> TuneRun:
-    """The race (unless ``race`` is off), then the verdict (when ``verdict_levels`` are given)."""
+async def run_tune(
+    config: TuneConfig,
+    log: Callable[[str], None] = print,
+    on_race: Callable[[TuneRun], object] | None = None,
+) -> TuneRun:
+    """The race (unless ``race`` is off), then the verdict (when ``verdict_levels`` are given).
+
+    ``on_race`` gets the race's result before the verdict starts (the notebook saves its report and settings
+    file there): a verdict that fails or is interrupted loses none of the race's GPU hours, and ``serve
+    --settings`` can start the winner while the verdict is still measuring."""
     started_at = time.time()
     if config.race:
         run = await run_race(config, log)
+        if on_race is not None:
+            on_race(run)
     else:
         preflight(config, config.verdict_candidates()[0])
         run = TuneRun(config, (), (), {}, {}, None, None, None, (), started_at, started_at)
