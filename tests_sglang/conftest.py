@@ -230,7 +230,8 @@ class NotebookRuns:
     server's counters or slots), so runs on different servers go on at the same time; ``start`` is idempotent.
 
     Which server each uses, and why it waits:
-      * ``tune``: servers of its own (at the session's start); then its winner relaunched by serve.
+      * ``tune``: servers of its own (at the session's start); its winner relaunched by serve once the race is
+        saved, beside the verdict.
       * ``stream``, ``resume``: plain (no counters read there), beside each other.
       * ``validate``: no server; after ``stream``.
       * ``benchmark``: ngram and standalone, alone on them (its acceptance check reads their /metrics counter

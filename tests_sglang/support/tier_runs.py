@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,16 +259,16 @@ def free_port_run(count: int) -> int:
     raise RuntimeError(f"no {count} consecutive free ports")
 
 
-def tune_cpu(draftgen: str, target: Path, draft: Path, root: Path, start_timeout_s: float) -> Path:
-    """tune.ipynb over four real candidates of the random model, two GPU groups (two servers at a time), each
-    started by tune's launcher through the tier's wrapper with the CPU arguments as ``extra_args``: speculation
+def tune_cpu_params(target: Path, draft: Path, start_timeout_s: float) -> dict:
+    """tune.ipynb's parameters: four real candidates of the random model on two GPU groups (two servers at a
+    time), each started by tune's launcher through the tier's wrapper with the CPU arguments as ``extra_args``: speculation
     off, NGRAM at 2 and 4 draft tokens, STANDALONE 3/1/4 with the draft model. One round (max_rounds 1), 8
     requests a job (tune's floor), short answers; no seeds' baseline (NEXTN needs MTP heads the tiny model lacks).
     Then the verdict: STANDALONE as the drafter against speculation off, at ``VERDICT_LEVELS``.
     Two groups, not four: four candidates starting beside the fleet's three servers took the machine's 24 GiB
     down to 0.5 GiB free, and one candidate then failed SGLang's own memory check at start ("Loaded weights leave
     no GPU memory for the KV cache": on the CPU it counts what other processes took meanwhile)."""
-    params = {
+    return {
         "engine": "sglang",
         "model": str(target),
         "gpus": f"0-{TUNE_GROUPS - 1}",
@@ -304,7 +305,6 @@ def tune_cpu(draftgen: str, target: Path, draft: Path, root: Path, start_timeout
         "verdict_baseline": [],
         "dataset_size": 10_000,
     }
-    return draftgen_run(draftgen, "tune", root, "cpu", params)
 
 
 @dataclass(frozen=True)
@@ -328,10 +328,28 @@ class TuneRun:
 def tune_then_relaunch(
     draftgen: str, target: Path, draft: Path, root: Path, start_timeout_s: float
 ) -> TuneRun:
-    """tune_cpu, then its winner started the production way and asked one chat, in the same background job (the
-    relaunch's start overlaps other tests instead of holding one up)."""
-    run_dir = tune_cpu(draftgen, target, draft, root, start_timeout_s)
+    """tune.ipynb (``tune_cpu_params``) in the background; as soon as its race has written settings.yaml, the
+    winner started the production way beside the verdict still measuring (the notebook saves the race before
+    the verdict starts, so an operator can do the same), asked one chat and stopped; then the tune run's end."""
+    run_dir = root / "tune" / "cpu"
     settings_path = run_dir / "settings.yaml"
+    proc = start_run(draftgen, "tune", root, "cpu", tune_cpu_params(target, draft, start_timeout_s))
+    with ThreadPoolExecutor(1) as pool:
+        tuned = pool.submit(finish, proc, "tune", run_dir)  # reads the run's output all along
+        while not settings_path.exists() and not tuned.done():
+            time.sleep(1.0)
+        if not settings_path.exists():
+            tuned.result()  # the run's own failure, if it failed
+            raise AssertionError(f"tune ended without {settings_path}")
+        relaunch = relaunch_winner(draftgen, target, root, settings_path, start_timeout_s)
+        tuned.result()  # the pool's exit waits for the run in any case, a failed relaunch included
+    return TuneRun(run_dir, relaunch)
+
+
+def relaunch_winner(
+    draftgen: str, target: Path, root: Path, settings_path: Path, start_timeout_s: float
+) -> Relaunch:
+    """``draftgen serve --settings <settings_path>``, one chat, stopped."""
     server = start_serve(draftgen, "winner", target, root / "serve", settings=settings_path)
     try:
         server.wait_ready(start_timeout_s)
@@ -350,7 +368,7 @@ def tune_then_relaunch(
     finally:
         left = server.stop()
     settings = yaml.safe_load(settings_path.read_text())["settings"]
-    return TuneRun(run_dir, Relaunch(settings, log, info, reply, output, left))
+    return Relaunch(settings, log, info, reply, output, left)
 
 
 def classify_refusal(draftgen: str, url: str) -> subprocess.CompletedProcess:
