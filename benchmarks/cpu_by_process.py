@@ -1,0 +1,106 @@
+"""Where a command's CPU time goes, by kind of process: what told us the SGLang tier is bound by SGLang's
+start-ups, and what to measure again before trying to make the tier faster.
+
+Runs the command, reads every process's CPU time (user + system, from /proc) every ``--every`` seconds while it
+runs, and prints core-seconds per kind (an SGLang launcher, SGLang's spawned scheduler and detokenizer, a notebook
+kernel, draftgen, pytest, other), the number of processes of each kind, the wall time and the cores used on
+average. Every process on the machine counts, so run it on a quiet one. Processes that live shorter than one
+interval are missed (a few core-seconds at most). Linux only.
+
+    .venv/bin/python benchmarks/cpu_by_process.py -- make test-sglang
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+KINDS = (  # first match wins: (kind, words of the command line that mark it)
+    ("SGLang scheduler/detokenizer (spawned)", ("multiprocessing.spawn",)),
+    ("SGLang launcher (tokenizer manager)", ("sglang.launch_server",)),
+    ("notebook kernel", ("ipykernel",)),
+    ("draftgen (serve, run, sim, dry runs)", ("draftgen",)),
+    ("pytest", ("pytest",)),
+)
+
+
+@dataclass
+class Seen:
+    command: str
+    first_cpu_s: float
+    last_cpu_s: float
+
+
+def cpu_seconds(pid: str) -> float | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def command_of(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kind_of(command: str) -> str:
+    for kind, words in KINDS:
+        if any(word in command for word in words):
+            return kind
+    return "other"
+
+
+def sample(seen: dict[str, Seen]) -> None:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        cpu = cpu_seconds(pid)
+        if cpu is None:
+            continue
+        if pid in seen:
+            seen[pid].last_cpu_s = cpu
+        else:  # a process already running counts from now on
+            seen[pid] = Seen(command_of(pid), cpu, cpu)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument("command", nargs="+", help="the command to run (after --)")
+    args = parser.parse_args()
+    seen: dict[str, Seen] = {}
+    sample(seen)
+    began = time.monotonic()
+    process = subprocess.Popen(args.command)
+    while process.poll() is None:
+        time.sleep(args.every)
+        sample(seen)
+    wall = time.monotonic() - began
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for record in seen.values():
+        used = record.last_cpu_s - record.first_cpu_s
+        if used > 0:
+            kind = kind_of(record.command)
+            totals[kind] += used
+            counts[kind] += 1
+    total = sum(totals.values())
+    print(f"\n{args.command!r} exited {process.returncode} after {wall:.0f} s")
+    print(f"{'core-s':>8} {'procs':>5}  kind")
+    for kind, used in sorted(totals.items(), key=lambda item: -item[1]):
+        print(f"{used:8.0f} {counts[kind]:5d}  {kind}")
+    print(f"{total:8.0f}        in all: {total / wall:.2f} of {os.cpu_count()} cores on average")
+    return process.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
