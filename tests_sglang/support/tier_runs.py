@@ -30,7 +30,12 @@ SERVED_MODEL = "tiny-qwen3"  # --served-model-name of the fleet's three servers
 STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 answers. Under 10 prompts, so
 # validate's duplicate_answer flag (the same answer to >= 10 prompts) stays quiet for the designed model.
 RESUME_PROMPTS = 8
-HEDGE_PROMPTS = 96  # STANDALONE (the slow one, ~1/3 of NGRAM's rate) needs 10 answers before the tail: 48 left it 12 in all
+# STANDALONE (the slow one: 0.87 s against NGRAM's 0.37 s a request of 8 tokens) needs 10 answers before the tail
+# (it gets about 30% of them; 48 prompts once left it 12 in all). Answers of HEDGE_TOKENS: with 8, a loser was
+# often a step from its end when the winner landed and finished before SGLang saw its client gone (one hedge, no
+# abort, under load); at 24 it has about a second left.
+HEDGE_PROMPTS = 64
+HEDGE_TOKENS = 24
 FAILOVER_PROMPTS = 16
 TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
@@ -185,7 +190,7 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
         "prompts": str(prompts),
         "stream": True,
         "enable_thinking": False,
-        "max_tokens": 8,
+        "max_tokens": HEDGE_TOKENS,
         "concurrency_per_server": 3,
         "batch_save_size": 8,
         "hedge_slow_ratio": 0.9,
