@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     def save_race(race) -> None:  # type: ignore[no-untyped-def]
         report.save_report(race)  # before the verdict: an interrupted verdict loses none of the race
-        if race.chosen is not None and config.verdict_levels:
+        if race.chosen is not None:
             print(
                 f"draftgen tune: race saved, {race.chosen.label} written to {config.settings_path}; the verdict next"
             )

@@ -146,13 +146,13 @@ async def run_tune(
 ) -> TuneRun:
     """The race (unless ``race`` is off), then the verdict (when ``verdict_levels`` are given).
 
-    ``on_race`` gets the race's result before the verdict starts (the notebook saves its report and settings
+    ``on_race`` gets the race's result before a verdict starts (the notebook saves its report and settings
     file there): a verdict that fails or is interrupted loses none of the race's GPU hours, and ``serve
     --settings`` can start the winner while the verdict is still measuring."""
     started_at = time.time()
     if config.race:
         run = await run_race(config, log)
-        if on_race is not None:
+        if on_race is not None and config.verdict_levels:
             on_race(run)
     else:
         preflight(config, config.verdict_candidates()[0])
