@@ -375,6 +375,6 @@ def hedged_run(fleet_runs: NotebookRuns) -> HedgedRun:
 
 @pytest.fixture(scope="session")
 def plain_killed_mid_run(fleet_runs: NotebookRuns) -> KilledRun:
-    """generate on plain and ngram, plain's SGLang SIGKILLed after the first shard, once nothing else uses plain.
-    serve (``--restart``) brings it back; the failover test and the restart test read this."""
+    """generate on plain and ngram, plain's SGLang SIGKILLed once a shard holds one of its answers, once nothing
+    else uses plain. serve (``--restart``) brings it back; the failover test and the restart test read this."""
     return read_run(fleet_runs, "failover")

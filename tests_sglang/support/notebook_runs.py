@@ -127,6 +127,23 @@ def wait_for_shards(run_dir: Path, count: int, proc: subprocess.Popen, timeout_s
         time.sleep(0.05)
 
 
+def wait_for_a_row_from(server: str, run_dir: Path, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    """Until a stored shard holds a row ``server`` answered (the first shard alone may be another server's)."""
+    deadline = time.monotonic() + timeout_s
+    read: set[Path] = set()
+    while True:
+        for shard in shards(run_dir):
+            if shard not in read:
+                read.add(shard)
+                if (pl.read_parquet(shard, columns=["server"])["server"] == server).any():
+                    return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended with no row from {server} stored:\n{proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no row from {server} in {run_dir} after {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
 def stored_rows(run_dir: Path) -> pl.DataFrame:
     """Every stored row of a generate run folder (each shard whole and readable)."""
     found = shards(run_dir)

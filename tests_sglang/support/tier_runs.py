@@ -21,7 +21,15 @@ from pathlib import Path
 import requests
 import yaml
 from chat import chat
-from notebook_runs import draftgen_run, finish, kernel_of, start_run, stored_rows, wait_for_shards
+from notebook_runs import (
+    draftgen_run,
+    finish,
+    kernel_of,
+    start_run,
+    stored_rows,
+    wait_for_a_row_from,
+    wait_for_shards,
+)
 from prompt_files import single_turn, three_turns, too_long, write_rows
 from recording_proxy import RecordingProxy
 from serve_runs import CPU_ARGS, SGLANG_PYTHON, ServeRun, start_serve
@@ -36,7 +44,7 @@ RESUME_PROMPTS = 8
 # abort, under load); at 24 it has about a second left.
 HEDGE_PROMPTS = 64
 HEDGE_TOKENS = 24
-FAILOVER_PROMPTS = 16
+FAILOVER_PROMPTS = 24  # ngram answers ~4 a second: enough left for it after plain's first shard
 TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
 VERDICT_LEVELS = (1, 2)  # the verdict's concurrencies; the production one is the largest
@@ -213,7 +221,8 @@ class KilledRun:
 
 
 def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Path) -> KilledRun:
-    """generate.ipynb on plain and ngram; once the first shard is stored, plain's SGLang launcher is SIGKILLed.
+    """generate.ipynb on plain and ngram; once a shard holding one of plain's answers is stored, plain's SGLang
+    launcher is SIGKILLed (not at the first shard: under load ngram once answered the first shard's four alone).
 
     Thinking off (the random model on ngram never closes </think>), so truncation is the rule there:
     max_truncated_rate 1.0. Two consecutive failures mark a server down (server_down_after 2), so the run moves
@@ -235,7 +244,7 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
     proc = start_run(draftgen, "generate", root, "failover", params)
     run_dir = root / "generate" / "failover"
     try:
-        wait_for_shards(run_dir, 1, proc)
+        wait_for_a_row_from(plain.url, run_dir, proc)
         [launcher] = plain.launchers()
         launcher.send_signal(signal.SIGKILL)
         killed_at = time.time()
