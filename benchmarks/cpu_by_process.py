@@ -2,7 +2,7 @@
 start-ups, and what to measure again before trying to make the tier faster.
 
 Runs the command, reads every process's CPU time (user + system, from /proc) every ``--every`` seconds while it
-runs, and prints core-seconds per kind (an SGLang launcher, SGLang's spawned scheduler and detokenizer, a notebook
+runs, and prints core-seconds per kind (an SGLang launcher, SGLang's scheduler and detokenizer, a notebook
 kernel, draftgen, pytest, other), the number of processes of each kind, the wall time and the cores used on
 average. Every process on the machine counts, so run it on a quiet one. Processes that live shorter than one
 interval are missed (a few core-seconds at most). Linux only.
@@ -23,7 +23,8 @@ from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
 KINDS = (  # first match wins: (kind, words of the command line that mark it)
-    ("SGLang scheduler/detokenizer (spawned)", ("multiprocessing.spawn",)),
+    # spawned: "python -c from multiprocessing.spawn ..." at first; either way SGLang then names them sglang::...
+    ("SGLang scheduler/detokenizer", ("multiprocessing.spawn", "sglang::")),
     ("SGLang launcher (tokenizer manager)", ("sglang.launch_server",)),
     ("notebook kernel", ("ipykernel",)),
     ("draftgen (serve, run, sim, dry runs)", ("draftgen",)),
@@ -68,6 +69,8 @@ def sample(seen: dict[str, Seen]) -> None:
             continue
         if pid in seen:
             seen[pid].last_cpu_s = cpu
+            if "sglang.launch_server" in seen[pid].command:  # a forked child renames itself a moment later
+                seen[pid].command = command_of(pid) or seen[pid].command
         else:  # a process already running counts from now on
             seen[pid] = Seen(command_of(pid), cpu, cpu)
 

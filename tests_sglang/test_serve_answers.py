@@ -15,6 +15,7 @@ import functools
 import yaml
 from chat import chat, chat_stream
 from conftest import EXACT_DTYPE, STANDALONE_STEPS
+from sitecustomize import FORKED_NOTE
 from tiny_qwen3 import DESIGNED_ANSWER, DESIGNED_REASONING
 
 PROMPT = "Tell me something about the weather today."
@@ -108,6 +109,14 @@ def test_speculative_servers_kept_the_intel_amx_backend(fleet):
         log = run.server_log.read_text(errors="replace")
         assert "'attention_backend': 'intel_amx'" in log
         assert "will fallback to torch_native" not in log
+
+
+def test_the_fleets_sglang_forked_its_scheduler_and_detokenizer(fleet):
+    """The wrapper's default (support/sitecustomize.py); the relaunched tune winner spawns them instead."""
+    for run in (fleet.plain, fleet.ngram, fleet.standalone):
+        assert FORKED_NOTE in run.server_log.read_text(errors="replace"), run.name
+        commands = " | ".join(" ".join(p.cmdline()) for p in run.descendants())
+        assert "sglang::scheduler" in commands and "sglang::detokenizer" in commands, (run.name, commands)
 
 
 def test_ngram_server_answers_as_transformers_does_and_reports_spec_details(fleet, models):

@@ -2,12 +2,14 @@
 
 * a name the stand-in lacks fails loudly, by name (so a new SGLang release shows what it reaches);
 * ``convert_weight_packed`` is absent, so SGLang itself concludes there are no AMX kernels (native layers);
-* ``sitecustomize.py`` marks AMX only in a process started as ``-m sglang.launch_server``;
+* ``sitecustomize.py`` marks AMX, and forks SGLang's children when asked, only in a process started as
+  ``-m sglang.launch_server``;
 * the torchvision fix is idempotent and refuses a file it does not recognise.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -56,6 +58,36 @@ def test_sitecustomize_only_marks_the_launcher():
     result = subprocess.run([str(SGLANG_PYTHON), "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+ASK_SPAWN = (
+    "import multiprocessing as mp; mp.set_start_method('spawn', force=True); print(mp.get_start_method())"
+)
+
+
+def _wrapper_python(code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SGLANG_PYTHON), *args, *(("-c", code) if code else ())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_sitecustomize_forks_sglangs_children_only_in_the_launcher_and_only_when_asked():
+    # any interpreter but the launcher keeps spawn, the wrapper's fork default notwithstanding
+    kept = _wrapper_python(ASK_SPAWN)
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.strip() == "spawn" and sitecustomize.FORKED_NOTE not in kept.stderr
+    # the launcher's mapping itself, applied in a plain interpreter of the wrapper
+    forked = _wrapper_python("import sitecustomize; sitecustomize._fork_instead_of_spawn(); " + ASK_SPAWN)
+    assert forked.returncode == 0, forked.stderr
+    assert forked.stdout.strip() == "fork" and sitecustomize.FORKED_NOTE in forked.stderr
+    # a value that is neither stops the launcher before SGLang parses anything, naming the variable
+    wrong = _wrapper_python("", "-m", "sglang.launch_server", "--help", DRAFTGEN_SGLANG_CHILDREN="forkserver")
+    assert wrong.returncode == 1, wrong.stderr
+    assert "DRAFTGEN_SGLANG_CHILDREN must be fork or spawn, not 'forkserver'" in wrong.stderr
 
 
 SAMPLE = """import torch

@@ -16,6 +16,7 @@ import json
 import polars as pl
 import pytest
 import yaml
+from sitecustomize import FORKED_NOTE
 from tier_runs import TUNE_GROUPS, VERDICT_LEVELS, TuneRun
 
 LABELS = [
@@ -67,6 +68,7 @@ def test_each_candidate_ran_its_own_flags_through_the_wrapper(tune_run, models):
         text = log.read_text(errors="replace")
         assert "'attention_backend': 'intel_amx'" in text and "'device': 'cpu'" in text, folder
         assert "'max_running_requests': 4," in text, folder
+        assert FORKED_NOTE in text, folder  # the wrapper's default (support/sitecustomize.py)
         [slug] = [slug for slug in RESOLVED if f"-{slug}-mrr4-" in folder]
         missing = [flag for flag in RESOLVED[slug] if flag not in text]
         assert not missing, (folder, missing)
@@ -88,6 +90,8 @@ def test_serve_relaunches_the_winner_from_tunes_settings_file(tune_run: TuneRun)
     assert label.split(",")[0] in relaunch.serve_output  # serve's header names the settings it launches
     assert "1 of 1 servers ready" in relaunch.serve_output
     assert relaunch.left == []
+    # the one server of the tier started SGLang's own way: spawned children, stopped with nothing left
+    assert FORKED_NOTE not in relaunch.server_log
 
 
 def test_the_verdict_judged_the_real_standalone_drafter_against_no_speculation(tune_run, models):

@@ -183,11 +183,13 @@ def start_serve(
     serve_args: tuple[str, ...] = (),
     dtype: str = "bfloat16",
     settings: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> ServeRun:
     """``draftgen serve --engine sglang --python support/sglang-python --model MODEL --gpus 0 ... -- CPU ARGS``.
 
     Speculation comes from the CPU args (``--no-mtp``: serve's default MTP flags need the target's MTP heads), or
-    from ``settings``: ``--settings FILE``, a file ``draftgen tune`` wrote."""
+    from ``settings``: ``--settings FILE``, a file ``draftgen tune`` wrote. ``env``: more environment for serve
+    and so for its server (e.g. ``DRAFTGEN_SGLANG_CHILDREN``)."""
     port = free_port()
     speculation = ["--settings", str(settings)] if settings is not None else ["--no-mtp"]
     command = [
@@ -220,7 +222,7 @@ def start_serve(
     ]
     runs.mkdir(parents=True, exist_ok=True)
     output_path = runs / f"{name}.serve.out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with output_path.open("wb") as out:
         process = subprocess.Popen(
             command,

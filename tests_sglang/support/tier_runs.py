@@ -363,8 +363,16 @@ def tune_then_relaunch(
 def relaunch_winner(
     draftgen: str, target: Path, root: Path, settings_path: Path, start_timeout_s: float
 ) -> Relaunch:
-    """``draftgen serve --settings <settings_path>``, one chat, stopped."""
-    server = start_serve(draftgen, "winner", target, root / "serve", settings=settings_path)
+    """``draftgen serve --settings <settings_path>``, one chat, stopped. The one server of the tier whose SGLang
+    spawns its children, SGLang's own way (the others fork them: support/sitecustomize.py)."""
+    server = start_serve(
+        draftgen,
+        "winner",
+        target,
+        root / "serve",
+        settings=settings_path,
+        env={"DRAFTGEN_SGLANG_CHILDREN": "spawn"},
+    )
     try:
         server.wait_ready(start_timeout_s)
         info = requests.get(f"{server.url}/server_info", timeout=30).json()
