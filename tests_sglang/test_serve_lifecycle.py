@@ -1,13 +1,15 @@
 """``draftgen serve`` supervising real SGLang: a crash at start, a SIGKILLed server brought back, a clean stop.
 
 The restart and stop tests change the shared servers, so they are marked ``stops_servers`` and run after every
-other test of the session (conftest.py orders them), restart first. The server the restart test watches come
+other test of the session (conftest.py orders them), restart first; the three stops happen at once. The server the restart test watches come
 back was SIGKILLed mid-run by ``plain_killed_mid_run`` (a generate run that fails over meanwhile).
 """
 
 from __future__ import annotations
 
 import signal
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import psutil
 import pytest
@@ -48,17 +50,42 @@ def test_restart_brings_a_sigkilled_server_back(fleet, models, plain_killed_mid_
     assert reply["choices"][0]["message"]["content"] == DESIGNED_ANSWER
 
 
+STOPS = {"plain": signal.SIGINT, "ngram": signal.SIGTERM, "standalone": signal.SIGTERM}
+
+
+@dataclass(frozen=True)
+class Stopped:
+    family: list[psutil.Process]  # serve's descendants just before the signal
+    commands: list[str]  # their command lines then
+    left: list[psutil.Process]  # still alive after serve exited
+    returncode: int | None
+    output: str
+    described: str
+
+
+@pytest.fixture(scope="module")
+def stopped(fleet) -> dict[str, Stopped]:
+    """The three servers stopped at the same time, plain with Ctrl-C (SIGINT), the others with SIGTERM: each
+    stop waits about 5 s on SGLang's own pause before crash diagnostics, so one after another took 23 s."""
+
+    def stop(name: str) -> Stopped:
+        run = getattr(fleet, name)
+        family = run.descendants()
+        commands = [" ".join(p.cmdline()) for p in family]
+        left = run.stop(STOPS[name], grace_s=60)
+        return Stopped(family, commands, left, run.process.returncode, run.output(), run.describe())
+
+    with ThreadPoolExecutor(len(STOPS)) as pool:
+        return dict(zip(STOPS, pool.map(stop, STOPS), strict=True))
+
+
 @pytest.mark.stops_servers
-@pytest.mark.parametrize(
-    ("name", "sig"), [("plain", signal.SIGINT), ("ngram", signal.SIGTERM), ("standalone", signal.SIGTERM)]
-)
-def test_ctrl_c_or_sigterm_stops_serve_and_every_sglang_process(fleet, name, sig):
-    run = getattr(fleet, name)
-    family = run.descendants()
-    assert any("sglang.launch_server" in " ".join(p.cmdline()) for p in family)
-    assert len(family) >= 3, family  # SGLang's launcher forks a scheduler and a detokenizer
-    left = run.stop(sig, grace_s=60)
-    assert run.process.returncode == 0, run.describe()
-    assert left == [], left
-    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert "every server stopped" in run.output()
+@pytest.mark.parametrize("name", list(STOPS))
+def test_ctrl_c_or_sigterm_stops_serve_and_every_sglang_process(stopped, name):
+    done = stopped[name]
+    assert any("sglang.launch_server" in command for command in done.commands), done.commands
+    assert len(done.family) >= 3, done.family  # SGLang's launcher starts a scheduler and a detokenizer
+    assert done.returncode == 0, done.described
+    assert done.left == [], done.left
+    assert not [p for p in done.family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert "every server stopped" in done.output
