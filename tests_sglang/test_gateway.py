@@ -13,7 +13,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,24 +21,12 @@ from pathlib import Path
 import pytest
 import requests
 from chat import chat
+from serve_runs import free_ports
 from tier_runs import SERVED_MODEL
 
 PROMPT = "Tell me something about the weather today."
 TOKENS = 16
 READY_S = 120.0  # a wait for SMG to register both workers, never a measured bound
-
-
-def _free_port_pair() -> int:
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free neighbouring ports on 127.0.0.1")
 
 
 def _gateway_argv(draftgen: str, first: int, second: str, port: int) -> tuple[dict[str, str], list[str]]:
@@ -68,7 +55,7 @@ def _gateway_argv(draftgen: str, first: int, second: str, port: int) -> tuple[di
 
 @pytest.fixture(scope="module")
 def gateway(fleet, draftgen: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port_pair()
+    port = free_ports(2)
     env, argv = _gateway_argv(draftgen, fleet.ngram.port, fleet.standalone.url, port)
     log = tmp_path_factory.mktemp("smg") / "smg.log"
     with open(log, "wb") as out:

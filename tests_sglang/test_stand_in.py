@@ -4,12 +4,14 @@
 * ``convert_weight_packed`` is absent, so SGLang itself concludes there are no AMX kernels (native layers);
 * ``sitecustomize.py`` marks AMX, and forks SGLang's children when asked, only in a process started as
   ``-m sglang.launch_server``;
+* the servers' ports are free, below the kernel's ephemeral range, never handed out twice;
 * the torchvision fix is idempotent and refuses a file it does not recognise.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 
 import pytest
@@ -17,7 +19,7 @@ import sgl_kernel
 import sitecustomize
 import torch
 from fix_torchvision import MARKER, patch
-from serve_runs import SGLANG_PYTHON
+from serve_runs import SGLANG_OWN_PORTS_BELOW, SGLANG_PYTHON, _can_listen, _ephemeral_low, free_ports
 from sgl_kernel._missing import MissingKernelError
 
 
@@ -88,6 +90,19 @@ def test_sitecustomize_forks_sglangs_children_only_in_the_launcher_and_only_when
     wrong = _wrapper_python("", "-m", "sglang.launch_server", "--help", DRAFTGEN_SGLANG_CHILDREN="forkserver")
     assert wrong.returncode == 1, wrong.stderr
     assert "DRAFTGEN_SGLANG_CHILDREN must be fork or spawn, not 'forkserver'" in wrong.stderr
+
+
+def test_server_ports_are_free_below_the_ephemeral_range_and_never_handed_out_twice():
+    firsts = [free_ports(2) for _ in range(50)]
+    ports = [p + i for p in firsts for i in range(2)]
+    assert len(set(ports)) == len(ports)  # consecutive pairs, no port twice
+    assert all(SGLANG_OWN_PORTS_BELOW <= p < _ephemeral_low() for p in ports)
+    with socket.socket() as listener:  # a port something listens on does not count as free
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        assert not _can_listen(taken)
+    assert _can_listen(taken)
 
 
 SAMPLE = """import torch

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import REPO
-from serve_runs import free_port, http_status
+from serve_runs import free_ports, http_status
 from wire_shapes import CASES, differences, known_differences, listed, metric_types, send
 
 DOC = REPO / "docs" / "simulator.md"
@@ -37,7 +37,7 @@ def sims(draftgen: str, models, tmp_path_factory: pytest.TempPathFactory):
     procs, urls = [], {}
     try:
         for kind, extra in (("spec", ()), ("plain", ("--speculative-algorithm", "none"))):
-            port = free_port()
+            port = free_ports()
             command = [draftgen, "sim", "--servers", "1", "--base-port", str(port), "--speed", "200"]
             command += ["--tokenizer", str(models.designed), "--work-dir", str(root / kind), *extra]
             log = (root / f"{kind}.out").open("wb")

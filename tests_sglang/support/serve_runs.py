@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -50,10 +52,51 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def free_port() -> int:
+SGLANG_OWN_PORTS_BELOW = 30000  # SGLang picks its internal (torch.distributed) ports in 22000-29999
+_handed_out: set[int] = set()
+_handing_out = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _can_listen(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        sock.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as servers bind: TIME_WAIT is no obstacle
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int = 1) -> int:
+    """A port P with P .. P + count - 1 free for servers to listen on later (tune's GPU groups listen on
+    base_port + i), never handed out before in this process.
+
+    Below the kernel's ephemeral range, where no client connection's own port can take one before its server
+    binds it: a tune candidate once failed to start ("address already in use") on a port the OS had given a
+    client connection meanwhile. Above SGLang's own internal ports. Production's default base port (30000) is
+    in the same band."""
+    high = _ephemeral_low() - count
+    with _handing_out:
+        for _ in range(500):
+            port = random.randint(SGLANG_OWN_PORTS_BELOW, high) if high > SGLANG_OWN_PORTS_BELOW else None
+            if port is None:  # an unusual ephemeral range: take what the OS offers
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", 0))
+                    port = sock.getsockname()[1]
+            run = range(port, port + count)
+            if port + count <= 65536 and not _handed_out & set(run) and all(map(_can_listen, run)):
+                _handed_out.update(run)
+                return port
+    raise RuntimeError(f"no {count} consecutive free ports for servers")
 
 
 def http_status(url: str, timeout: float = 5.0) -> int | None:
@@ -190,7 +233,7 @@ def start_serve(
     Speculation comes from the CPU args (``--no-mtp``: serve's default MTP flags need the target's MTP heads), or
     from ``settings``: ``--settings FILE``, a file ``draftgen tune`` wrote. ``env``: more environment for serve
     and so for its server (e.g. ``DRAFTGEN_SGLANG_CHILDREN``)."""
-    port = free_port()
+    port = free_ports()
     speculation = ["--settings", str(settings)] if settings is not None else ["--no-mtp"]
     command = [
         draftgen,

@@ -7,11 +7,9 @@ why its parameters differ from production, where they do.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +30,7 @@ from notebook_runs import (
 )
 from prompt_files import single_turn, three_turns, too_long, write_rows
 from recording_proxy import RecordingProxy
-from serve_runs import CPU_ARGS, SGLANG_PYTHON, ServeRun, start_serve
+from serve_runs import CPU_ARGS, SGLANG_PYTHON, ServeRun, free_ports, start_serve
 
 SERVED_MODEL = "tiny-qwen3"  # --served-model-name of the fleet's three servers
 STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 answers. Under 10 prompts, so
@@ -255,24 +253,6 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
     return KilledRun(run_dir, prompts, killed_at, launcher.pid, output)
 
 
-def free_port_run(count: int) -> int:
-    """A port P with P .. P + count - 1 free (tune's GPU groups listen on base_port + i)."""
-    for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port + count > 65536:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for offset in range(1, count):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port + offset))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
 def tune_cpu_params(target: Path, draft: Path, start_timeout_s: float) -> dict:
     """tune.ipynb's parameters: four real candidates of the random model on two GPU groups (two servers at a
     time), each started by tune's launcher through the tier's wrapper with the CPU arguments as ``extra_args``: speculation
@@ -286,7 +266,7 @@ def tune_cpu_params(target: Path, draft: Path, start_timeout_s: float) -> dict:
         "engine": "sglang",
         "model": str(target),
         "gpus": f"0-{TUNE_GROUPS - 1}",
-        "base_port": free_port_run(TUNE_GROUPS),
+        "base_port": free_ports(TUNE_GROUPS),
         "python": str(SGLANG_PYTHON),
         "extra_args": [*CPU_ARGS, "--dtype", "bfloat16"],
         "startup_timeout_s": start_timeout_s,
