@@ -1,8 +1,9 @@
 """``draftgen serve`` supervising real SGLang: a crash at start, a SIGKILLed server brought back, a clean stop.
 
 The restart and stop tests change the shared servers, so they are marked ``stops_servers`` and run after every
-other test of the session (conftest.py orders them), restart first; the three stops happen at once. The server the restart test watches come
-back was SIGKILLed mid-run by ``plain_killed_mid_run`` (a generate run that fails over meanwhile).
+other test of the session (conftest.py orders them), restart first; the three stops happen at once. The server
+the restart test watches come back was SIGKILLed mid-run by ``plain_killed_mid_run`` (a generate run that fails
+over meanwhile).
 """
 
 from __future__ import annotations

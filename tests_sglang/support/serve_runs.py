@@ -52,7 +52,8 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-SGLANG_OWN_PORTS_BELOW = 30000  # SGLang picks its internal (torch.distributed) ports in 22000-29999
+# SGLang picks its internal (torch.distributed) ports in 22000-29999
+SGLANG_OWN_INTERNAL_FROM, SGLANG_OWN_PORTS_BELOW = 22000, 30000
 _handed_out: set[int] = set()
 _handing_out = threading.Lock()
 
@@ -65,10 +66,9 @@ def _ephemeral_low() -> int:
 
 
 def _can_listen(port: int) -> bool:
+    """Whether a server could bind ``port`` now (with SO_REUSEADDR, as servers bind: TIME_WAIT is no obstacle)."""
     with socket.socket() as sock:
-        sock.setsockopt(
-            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
-        )  # as servers bind: TIME_WAIT is no obstacle
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -82,21 +82,19 @@ def free_ports(count: int = 1) -> int:
 
     Below the kernel's ephemeral range, where no client connection's own port can take one before its server
     binds it: a tune candidate once failed to start ("address already in use") on a port the OS had given a
-    client connection meanwhile. Above SGLang's own internal ports. Production's default base port (30000) is
-    in the same band."""
-    high = _ephemeral_low() - count
+    client connection meanwhile. Above SGLang's own internal ports (below them if the ephemeral range leaves no
+    room). Production's default base port (30000) is in the same band."""
+    low, high = SGLANG_OWN_PORTS_BELOW, _ephemeral_low() - count
+    if high <= low:
+        low, high = 10000, SGLANG_OWN_INTERNAL_FROM - count
     with _handing_out:
         for _ in range(500):
-            port = random.randint(SGLANG_OWN_PORTS_BELOW, high) if high > SGLANG_OWN_PORTS_BELOW else None
-            if port is None:  # an unusual ephemeral range: take what the OS offers
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", 0))
-                    port = sock.getsockname()[1]
+            port = random.randint(low, high)
             run = range(port, port + count)
-            if port + count <= 65536 and not _handed_out & set(run) and all(map(_can_listen, run)):
+            if not _handed_out & set(run) and all(map(_can_listen, run)):
                 _handed_out.update(run)
                 return port
-    raise RuntimeError(f"no {count} consecutive free ports for servers")
+    raise RuntimeError(f"no {count} consecutive free ports for servers in {low}-{high + count - 1}")
 
 
 def http_status(url: str, timeout: float = 5.0) -> int | None:
