@@ -243,7 +243,7 @@ def test_adaptive_candidates_are_what_sglang_runs_adaptively(sglang_parser, draf
     ours = json.loads(
         _draftgen_python(
             draftgen,
-            "import json; from draftgen.server_settings import ADAPTIVE_CANDIDATE_STEPS as s; print(json.dumps(s))",
+            "import json; from draftgen.sglang_rules.adaptive import CANDIDATE_STEPS as s; print(json.dumps(s))",
         )
     )
     assert ours == resolve_candidate_steps_from_config()

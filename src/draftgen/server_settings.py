@@ -1,37 +1,21 @@
 """SGLang server settings that decide tokens per second per GPU, as one validated record and a YAML file.
 
 The settings are the speculative-decoding flags (``--speculative-algorithm / -num-steps / -eagle-topk /
--num-draft-tokens``, and ``--speculative-draft-model-path`` for a separate draft model), ``--max-running-requests``
-and ``--mem-fraction-static``. ``draftgen tune`` measures
-candidates of them and writes the winner with :func:`save_settings`; ``draftgen serve --settings FILE`` launches
-it; benchmark and estimate record the file they were given.
+-num-draft-tokens``, and ``--speculative-draft-model-path`` for a separate draft model), ``--speculative-adaptive``,
+``--max-running-requests`` and ``--mem-fraction-static``. ``draftgen tune`` measures candidates of them and writes
+the winner with :func:`save_settings`; ``draftgen serve --settings FILE`` launches it; benchmark and estimate record
+the file they were given.
 
-:func:`sglang_problems` states, before anything starts, what SGLang's server-argument checks would do with a
-candidate (facts read from SGLang 0.5.9 ``server_args.py``, see docs/simulator.md): ``NEXTN`` is an alias of
-``EAGLE``; with top-k 1 a draft-token count other than steps + 1 is silently changed to steps + 1 (so a
-measurement of it would measure another candidate); top-k > 1 is refused with the ``trtllm_mha`` attention
-backend and with the overlap scheduler of spec v2; and the tree keeps the best ``num_draft_tokens - 1`` of its
-``topk + (steps - 1) * topk**2`` candidates, so more draft tokens than that cannot run. Two more algorithms
-(facts from SGLang 0.5.23's ``arg_groups/speculative_hook.py``, run for real by the SGLang tier): ``STANDALONE``
-runs the EAGLE worker with an ordinary smaller model of the family as the draft (``--speculative-draft-model-path``,
-required), with EAGLE's rules; ``NGRAM`` drafts from the text so far, needs no draft model and takes only
-``--speculative-num-draft-tokens`` (SGLang sets top-k from ``--speculative-ngram-max-bfs-breadth`` and the steps
-from draft tokens // top-k, so values given for those would not be what runs).
-
-``speculative_adaptive`` is SGLang 0.5.23's ``--speculative-adaptive`` (facts from its
-``speculative/adaptive_spec_params.py`` and ``arg_groups/speculative_hook.py``): the draft steps move at run time
-between the candidates of a per-batch-size table, starting from ``--speculative-num-steps``, which must be one of
-them (else SGLang refuses to start); the draft tokens are set to steps + 1. With top-k other than 1, attention
-data parallelism, multi-layer EAGLE, two-batch overlap or PD multiplexing SGLang switches it off with a warning
-and runs static speculation (another candidate than asked); with HiSparse or LoRA it refuses to start.
-
-Trained drafters (facts from SGLang 0.5.23's ``arg_groups/speculative_hook.py`` and ``speculative/spec_info.py``):
-``EAGLE3`` runs the EAGLE worker with an EAGLE-3 head (``--speculative-draft-model-path``; the draft worker reads
-its model config from that path, so without one it cannot start), with EAGLE's steps/top-k/draft-token rules and
-adaptive allowed. ``DFLASH`` (block drafting) needs ``--speculative-draft-model-path`` (SGLang: "DFLASH
-speculative decoding requires setting --speculative-draft-model-path."), has one natural number, the block size
-(verify window; ``--speculative-num-draft-tokens``, alias ``--speculative-dflash-block-size``), and overrides
-steps and top-k other than 1 to 1 with a warning; it runs on CUDA, NPU and XPU only.
+:func:`sglang_problems` states, before anything starts, what SGLang would do with a candidate: refuse it, or run
+another one than asked (so that a measurement of it would measure something else). SGLang's rules themselves are
+in ``draftgen.sglang_rules`` (each citing the SGLang 0.5.23 file it restates), which the simulator reads too:
+``NEXTN`` is an alias of ``EAGLE``; with top-k 1 the draft tokens become steps + 1; top-k > 1 is refused with the
+``trtllm_mha`` backend and spec v2; a tree cannot verify more than its candidates; ``EAGLE3``, ``STANDALONE`` and
+``DFLASH`` need ``--speculative-draft-model-path``; ``DFLASH`` takes one number, the block size, and runs on
+CUDA, NPU and XPU only; ``NGRAM`` takes only the draft tokens (SGLang sets top-k from
+``--speculative-ngram-max-bfs-breadth`` and the steps from draft tokens // top-k); ``--speculative-adaptive``
+starts from one of its table's candidate steps and is switched off (another candidate than asked) or refused by
+the flags ``sglang_rules.adaptive`` lists.
 """
 
 from __future__ import annotations
@@ -43,41 +27,26 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SPECULATIVE_ALGORITHMS = ("NEXTN", "EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "NGRAM")
-MTP_ALGORITHMS = ("NEXTN", "EAGLE")  # the target's own MTP heads or an EAGLE head: labelled "MTP s/k/d"
-# trained or separate drafters: need --speculative-draft-model-path
-DRAFT_MODEL_ALGORITHMS = ("EAGLE3", "STANDALONE", "DFLASH")
-ADAPTIVE_ALGORITHMS = (
-    "NEXTN",
-    "EAGLE",
-    "EAGLE3",
-)  # SGLang: "only EAGLE/EAGLE3 are supported" (NEXTN = EAGLE)
-NGRAM = "NGRAM"
-DFLASH = "DFLASH"
-DFLASH_DEVICES = ("cuda", "npu", "xpu")  # SGLang 0.5.23 refuses DFLASH on any other device
-SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang resets max_running_requests to 48 with EAGLE/NEXTN unless given
-TOPK_ONE_ONLY_BACKENDS = ("trtllm_mha",)
-# SGLang 0.5.23's default adaptive table (no --speculative-adaptive-config): every slot's candidate steps
-ADAPTIVE_CANDIDATE_STEPS = (0, 1, 3, 5, 7)
-# SGLang 0.5.23 switches adaptive off for these (warning "speculative_adaptive disabled: REASON. Falling back to
-# static speculative params."): the flag, and the reason it gives
-ADAPTIVE_DISABLED_BY = {
-    "--enable-dp-attention": "attention DP is not supported (adaptive tier decisions are not synchronized across "
-    "DP ranks)",
-    "--enable-multi-layer-eagle": "enable_multi_layer_eagle=True is not supported (MultiLayerEagleWorkerV2 does not "
-    "implement adaptive)",
-    "--enable-two-batch-overlap": "enable_two_batch_overlap=True is not supported (adaptive state swap would discard "
-    "the TboAttnBackend wrapper)",
-    "--enable-pdmux": "enable_pdmux=True is not supported (adaptive state swap does not update "
-    "decode_attn_backend_group)",
-}
-# ... and refuses to start with these
-ADAPTIVE_REFUSED_BY = {
-    "--enable-hisparse": "HiSparse speculative decoding uses statically sized swap state; --speculative-adaptive "
-    "is not supported.",
-    "--enable-lora": "LoRA does not support --speculative-adaptive: the draft is built from a static ServerArgs "
-    "snapshot, and the runtime-state swap does not rebuild LoRA cuda-graph metadata",
-}
+from draftgen.sglang_rules import adaptive
+from draftgen.sglang_rules.speculation import (
+    AUTO_NUMBERS,
+    DFLASH,
+    DFLASH_DEFAULT_BLOCK,
+    DRAFT_MODEL_ALGORITHMS,
+    MTP_ALGORITHMS,
+    NEXTN,
+    NGRAM,
+    SPECULATIVE_ALGORITHMS,
+    TOPK_ONE_ONLY_BACKENDS,
+    chain_draft_tokens,
+    dflash_overrides,
+    dflash_runs_on,
+    draft_model_required,
+    effective_max_running,
+    tree_candidates,
+    tree_holds,
+)
+
 SETTINGS_KEY = "settings"
 
 
@@ -86,12 +55,11 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    speculative_algorithm: Literal["NEXTN", "EAGLE", "EAGLE3", "STANDALONE", "DFLASH", "NGRAM"] | None = (
-        "NEXTN"
-    )
-    speculative_num_steps: Annotated[int, Field(ge=1)] | None = 3
-    speculative_eagle_topk: Annotated[int, Field(ge=1)] | None = 1
-    speculative_num_draft_tokens: Annotated[int, Field(ge=2)] | None = 4
+    # the defaults: MTP_DEFAULT, NEXTN at the numbers SGLang itself chooses for this model family
+    speculative_algorithm: Literal[SPECULATIVE_ALGORITHMS] | None = NEXTN
+    speculative_num_steps: Annotated[int, Field(ge=1)] | None = AUTO_NUMBERS.steps
+    speculative_eagle_topk: Annotated[int, Field(ge=1)] | None = AUTO_NUMBERS.topk
+    speculative_num_draft_tokens: Annotated[int, Field(ge=2)] | None = AUTO_NUMBERS.draft_tokens
     speculative_draft_model_path: str | None = None  # EAGLE3/STANDALONE/DFLASH's draft model (None: none)
     max_running_requests: Annotated[int, Field(ge=1)] | None = None  # None: SGLang's default
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = None  # None: SGLang's default
@@ -192,34 +160,30 @@ def adaptive_problems(settings: ServerSettings, extra_args: Sequence[str] = ()) 
     if not settings.speculative_adaptive:
         return []
     if not settings.speculative:
+        reason = adaptive.algorithm_reason(None) or ""
         return [
-            "SGLang: speculative_adaptive disabled: speculative_algorithm=None (only EAGLE/EAGLE3 are supported); "
-            "adaptive needs speculative_algorithm NEXTN or EAGLE"
+            f"SGLang: {adaptive.disabled_warning(reason)} (adaptive needs speculative_algorithm NEXTN or EAGLE)"
         ]
-    off = "SGLang: speculative_adaptive disabled: {}. Falling back to static speculative params"
-    problems = []
-    if settings.speculative_algorithm not in ADAPTIVE_ALGORITHMS:
-        problems.append(
-            off.format(
-                f"speculative_algorithm={settings.speculative_algorithm} (only EAGLE/EAGLE3 are supported)"
-            )
+    problems = [
+        "SGLang: " + adaptive.disabled_warning(reason)
+        for reason in (
+            adaptive.algorithm_reason(settings.speculative_algorithm),
+            adaptive.topk_reason(settings.speculative_eagle_topk),
         )
-    steps, topk = settings.speculative_num_steps, settings.speculative_eagle_topk
-    if topk is not None and topk != 1:
-        problems.append(off.format(f"speculative_eagle_topk={topk} (only topk=1 is supported)"))
-    if steps is not None and steps not in ADAPTIVE_CANDIDATE_STEPS:
-        problems.append(
-            f"SGLang: --speculative-num-steps={steps} is not in the adaptive config candidate_steps "
-            f"{list(ADAPTIVE_CANDIDATE_STEPS)}. Pass one of those values."
-        )
-    for flag, reason in ADAPTIVE_DISABLED_BY.items():
+        if reason is not None
+    ]
+    steps = settings.speculative_num_steps
+    if steps is not None and (refusal := adaptive.steps_problem(steps)) is not None:
+        problems.append("SGLang: " + refusal)
+    for flag, reason in adaptive.DISABLED_BY.items():
         if _flag_given(extra_args, flag):
-            problems.append(f"{flag}: " + off.format(reason))
+            problems.append(f"{flag}: SGLang: " + adaptive.disabled_warning(reason))
     if any(_flag_given(extra_args, flag) for flag in ("--attn-dp-size",)):
         sizes = [extra_args[i + 1] for i, a in enumerate(extra_args[:-1]) if a == "--attn-dp-size"]
         if any(size != "1" for size in sizes):
-            problems.append("--attn-dp-size: " + off.format(ADAPTIVE_DISABLED_BY["--enable-dp-attention"]))
-    for flag, reason in ADAPTIVE_REFUSED_BY.items():
+            reason = adaptive.DISABLED_BY["--enable-dp-attention"]
+            problems.append("--attn-dp-size: SGLang: " + adaptive.disabled_warning(reason))
+    for flag, reason in adaptive.REFUSED_BY.items():
         if _flag_given(extra_args, flag) or (
             flag == "--enable-lora" and _flag_given(extra_args, "--lora-paths")
         ):
@@ -234,6 +198,9 @@ SPECULATION_OFF = ServerSettings(
     speculative_eagle_topk=None,
     speculative_num_draft_tokens=None,
 )
+# MTP on as draftgen runs it unless told otherwise: what `serve` launches without --no-mtp or --settings, and the
+# seeds' setting tune measures as its baseline. NEXTN 3/1/4 at SGLang's batch cap.
+MTP_DEFAULT = ServerSettings()
 
 
 def sglang_problems(
@@ -247,17 +214,17 @@ def sglang_problems(
     """Why SGLang would refuse these settings, or run something else than asked; empty when it runs them.
 
     ``device`` ("cuda", "cpu", ...; None: not known) adds SGLang's device checks (DFLASH runs on CUDA/NPU/XPU)."""
-    adaptive = adaptive_problems(settings, extra_args)
+    refused_adaptive = adaptive_problems(settings, extra_args)
     if not settings.speculative:
-        return adaptive
+        return refused_adaptive
     algorithm = settings.speculative_algorithm
     if algorithm == NGRAM:
-        return adaptive + _ngram_problems(settings)
+        return refused_adaptive + _ngram_problems(settings)
     if algorithm == DFLASH:
-        return adaptive + _dflash_problems(settings, device)
+        return refused_adaptive + _dflash_problems(settings, device)
     if algorithm in DRAFT_MODEL_ALGORITHMS and not settings.speculative_draft_model_path:
         return [
-            *adaptive,
+            *refused_adaptive,
             f"{algorithm} needs speculative_draft_model_path (the draft model SGLang loads beside the target; "
             "its draft worker reads the model config from that path, so without one it cannot start)",
         ]
@@ -280,10 +247,10 @@ def sglang_problems(
             f"{', '.join(missing)} must be set with speculative_algorithm {settings.speculative_algorithm}"
         ]
     assert steps is not None and topk is not None and drafts is not None
-    problems = adaptive
-    if topk == 1 and drafts != steps + 1:
+    problems = refused_adaptive
+    if (runs := chain_draft_tokens(steps, topk, drafts)) != drafts:
         problems.append(
-            f"with eagle_topk 1 SGLang changes num_draft_tokens {drafts} to num_steps + 1 = {steps + 1} "
+            f"with eagle_topk 1 SGLang changes num_draft_tokens {drafts} to num_steps + 1 = {runs} "
             "(a chain has one draft per step plus the verified token), so this candidate would not be measured"
         )
     if topk > 1:
@@ -293,10 +260,10 @@ def sglang_problems(
             )
         if spec_v2:
             problems.append(f"eagle_topk {topk} > 1: spec v2 (SGLANG_ENABLE_SPEC_V2) only supports topk = 1")
-        candidates = topk + (steps - 1) * topk * topk  # first step topk, each later step topk x topk
-        if drafts - 1 > candidates:
+        if not tree_holds(steps, topk, drafts):
             problems.append(
-                f"num_draft_tokens {drafts}: the draft tree of {steps} steps x top-{topk} holds only {candidates} "
+                f"num_draft_tokens {drafts}: the draft tree of {steps} steps x top-{topk} holds only "
+                f"{tree_candidates(steps, topk)} "
                 f"candidates + the verified token; SGLang's tree selection would fail at the first decode step"
             )
     return problems
@@ -328,38 +295,32 @@ def _ngram_problems(settings: ServerSettings) -> list[str]:
 def _dflash_problems(settings: ServerSettings, device: str | None) -> list[str]:
     """SGLang 0.5.23's ``_handle_dflash`` checks, quoted: it refuses or overrides, so the candidate is refused."""
     problems = []
-    if device is not None and not any(device.startswith(ok) for ok in DFLASH_DEVICES):
+    if device is not None and not dflash_runs_on(device):
         # as SGLang 0.5.23 words it on the SGLang tier's CPU (tests_sglang/test_server_args.py)
         problems.append(
             f"SGLang: DFLASH speculative decoding is not supported by SRTPlatform on device {device!r}."
         )
     if not settings.speculative_draft_model_path:
         problems.append(
-            "SGLang: DFLASH speculative decoding requires setting --speculative-draft-model-path. "
-            "(set speculative_draft_model_path to the trained DFlash drafter)"
+            f"SGLang: {draft_model_required(DFLASH)} (set speculative_draft_model_path to the trained DFlash drafter)"
         )
-    for name, value in (
-        ("speculative_num_steps", settings.speculative_num_steps),
-        ("speculative_eagle_topk", settings.speculative_eagle_topk),
-    ):
-        if value is not None and value != 1:
-            problems.append(
-                f"SGLang: DFLASH only supports {name} == 1; overriding {name}={value} to 1. (DFLASH drafts a "
-                "whole block in one forward: leave it null and set the block size as speculative_num_draft_tokens)"
-            )
+    for warning in dflash_overrides(settings.speculative_num_steps, settings.speculative_eagle_topk):
+        problems.append(
+            f"SGLang: {warning} (DFLASH drafts a whole block in one forward: leave it null and set the block size "
+            "as speculative_num_draft_tokens)"
+        )
     if settings.speculative_num_draft_tokens is None:
         problems.append(
             "DFLASH needs speculative_num_draft_tokens, the block size (verify window): without it SGLang reads "
-            "it from the draft's config or defaults to 16, so the candidate measured would not be known here"
+            f"it from the draft's config or defaults to {DFLASH_DEFAULT_BLOCK}, so the candidate measured would "
+            "not be known here"
         )
     return problems
 
 
-def effective_max_running(settings: ServerSettings) -> int | None:
-    """The batch cap SGLang will use when none is given: 48 with speculation, else memory-derived (None)."""
-    if settings.max_running_requests is not None:
-        return settings.max_running_requests
-    return SPEC_DEFAULT_MAX_RUNNING if settings.speculative else None
+def batch_cap(settings: ServerSettings) -> int | None:
+    """The batch cap a server started with these settings runs with (None: sized from memory)."""
+    return effective_max_running(settings.max_running_requests, settings.speculative)
 
 
 def save_settings(path: str | Path, settings: ServerSettings, provenance: dict[str, Any]) -> Path:

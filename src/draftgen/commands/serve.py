@@ -23,11 +23,10 @@ from draftgen.serve.records import write_commands
 from draftgen.serve.supervisor import Supervisor
 from draftgen.serve.view import LineView, TableView
 from draftgen.server_settings import load_settings
+from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
 from draftgen.sim.defaults import DEFAULT_MODEL
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.profiles import PROFILES
-
-SPEC_DEFAULT_CAP = 48  # SGLang's max_running_requests with speculative decoding on, unless set
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
@@ -189,7 +188,7 @@ def _notes(config: ServeConfig) -> list[str]:
         and not config.settings
     ):
         notes.append(
-            f"with speculative decoding SGLang runs at most {SPEC_DEFAULT_CAP} requests per server unless "
+            f"with speculative decoding SGLang runs at most {SPEC_DEFAULT_MAX_RUNNING} requests per server unless "
             f"--max-running-requests is set; more in flight only queue"
         )
     return notes

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftgen.server_settings import ServerSettings
+from draftgen.server_settings import MTP_DEFAULT, ServerSettings
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
 
@@ -21,19 +21,9 @@ ROUTER_PIN = "smg==1.13.0"  # the release docs/engines.md measured (pyproject's 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load", "power_of_two", "random")
 LOCAL_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "")
 
-# --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4: the MTP setting that
-# reaches an acceptance length of ~3.1-3.8 on Qwen3.5-class models
-# (docs/engines.md#the-sglang-surface-draftgen-relies-on).
-MTP_ARGS = (
-    "--speculative-algorithm",
-    "NEXTN",
-    "--speculative-num-steps",
-    "3",
-    "--speculative-eagle-topk",
-    "1",
-    "--speculative-num-draft-tokens",
-    "4",
-)
+# MTP on (without --no-mtp or --settings): NEXTN 3/1/4, the setting that reaches an acceptance length of
+# ~3.1-3.8 on Qwen3.5-class models (docs/engines.md#the-sglang-surface-draftgen-relies-on).
+MTP_ARGS = tuple(MTP_DEFAULT.sglang_args())
 
 _RANGE = re.compile(r"^(\d+)-(\d+)$")
 

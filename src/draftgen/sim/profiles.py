@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from draftgen.sglang_rules.speculation import AUTO_NUMBERS, SPEC_DEFAULT_MAX_RUNNING
 from draftgen.sim import adaptive
 from draftgen.sim.textgen import acceptance_probability
 
@@ -160,15 +161,15 @@ B200_MTP = Profile(
     prefill_per_token_s=1.0 / 40_000,
     speculative=True,
     accept_mean=3.6,
-    draft_tokens=4,
-    max_running_requests=48,
+    draft_tokens=AUTO_NUMBERS.draft_tokens,
+    max_running_requests=SPEC_DEFAULT_MAX_RUNNING,
     kv_capacity_tokens=600_000,
     reasoning_median=1_100,
     answer_median=350,
     length_sigma=0.75,
     context_length=262_144,
-    spec_steps=3,
-    spec_topk=1,
+    spec_steps=AUTO_NUMBERS.steps,  # launched without numbers: SGLang's own 3/1/4, where the costs are calibrated
+    spec_topk=AUTO_NUMBERS.topk,
     spec_costs=B200_SPEC_COSTS,
     memory=B200_MEMORY,
 )

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from draftgen.sim.adaptive import candidate_steps as adaptive_candidates
+from draftgen.sglang_rules.adaptive import CANDIDATE_STEPS as ADAPTIVE_CANDIDATE_STEPS
 from draftgen.sim.admin_api import AdminApi
 from draftgen.sim.defaults import (
     DEFAULT_MODEL,
@@ -345,7 +345,7 @@ class SimServer:
         accepted_drafts = max(0, tokens - verify)
         if request.rng is not None:  # adaptive: the steps changed from verify to verify
             proposed = request.proposed_drafts
-            width = max(adaptive_candidates()) + 1
+            width = max(ADAPTIVE_CANDIDATE_STEPS) + 1
         else:
             proposed = verify * max(0, self.profile.draft_tokens - 1)
             width = self.profile.draft_tokens

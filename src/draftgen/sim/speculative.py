@@ -19,17 +19,26 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields, replace
 
-from draftgen.sim import adaptive, drafters
+from draftgen.sglang_rules import adaptive, hybrid_memory
+from draftgen.sglang_rules.speculation import (
+    AUTO_NUMBERS,
+    DFLASH,
+    DFLASH_DEFAULT_BLOCK,
+    DRAFT_MODEL_ALGORITHMS,
+    MTP_ALGORITHMS,
+    NEXTN,
+    SPEC_DEFAULT_MAX_RUNNING,
+    chain_draft_tokens,
+    dflash_overrides,
+    draft_model_required,
+    effective_max_running,
+    tree_candidates,
+    tree_holds,
+)
+from draftgen.sim import drafters
 from draftgen.sim.profiles import MemoryModel, Profile, SpecCosts
 
-SPEC_DEFAULT_MAX_RUNNING = 48  # SGLang's batch cap with EAGLE/NEXTN when --max-running-requests is not given
-NO_SPEC_MAX_RUNNING_FLOOR = 2048  # SGLang sizes its request pool at >= 2048 slots without a cap
-MAMBA_POOL_RATIO = 3  # SGLang keeps 3 recurrent-state slots per running request (radix cache on, MTP off)
-MAMBA_FULL_MEMORY_RATIO = 0.9  # SGLang's default split of memory between recurrent states and KV (MTP off)
 GIB = 1 << 30
-MTP_ALGORITHMS = ("NEXTN", "EAGLE")
-DRAFTER_ALGORITHMS = ("EAGLE3", "STANDALONE", "DFLASH")
-DFLASH_DEFAULT_BLOCK = 16  # SGLang's block size when neither the flags nor the draft's config give one
 
 
 class StartupError(Exception):
@@ -170,14 +179,14 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
         if not profile.speculative:
             return False, 0, 1, 1
         return True, profile.spec_steps, profile.spec_topk, profile.draft_tokens
-    if algorithm.upper() not in (*MTP_ALGORITHMS, *DRAFTER_ALGORITHMS):
+    if algorithm.upper() not in (*MTP_ALGORITHMS, *DRAFT_MODEL_ALGORITHMS):
         raise _fail(
             "ValueError: the simulator models --speculative-algorithm NEXTN, EAGLE, EAGLE3, STANDALONE, DFLASH or "
             f"none, not {algorithm!r}",
             after_load=False,
         )
     steps, topk, drafts = numbers
-    if algorithm.upper() in DRAFTER_ALGORITHMS:
+    if algorithm.upper() in DRAFT_MODEL_ALGORITHMS:
         if flags.speculative_adaptive:
             raise _fail(
                 f"ValueError: the simulator models --speculative-adaptive with MTP (NEXTN, EAGLE) only, not "
@@ -185,12 +194,8 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
                 after_load=False,
             )
         if not flags.speculative_draft_model_path:
-            raise _fail(
-                f"ValueError: {algorithm.upper()} speculative decoding requires setting "
-                "--speculative-draft-model-path.",
-                after_load=False,
-            )
-        if algorithm.upper() == "DFLASH":
+            raise _fail(f"ValueError: {draft_model_required(algorithm.upper())}", after_load=False)
+        if algorithm.upper() == DFLASH:
             return True, 1, 1, drafts or DFLASH_DEFAULT_BLOCK  # SGLang overrides steps and top-k to 1
     if flags.speculative_adaptive and (topk is None or topk == 1):
         return (True, *_resolve_adaptive(steps))
@@ -202,7 +207,12 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
                 "--speculative-num-draft-tokens (or none of the three)",
                 after_load=False,
             )
-        steps, topk, drafts = profile.spec_steps or 3, profile.spec_topk or 1, profile.draft_tokens or 4
+        auto = AUTO_NUMBERS  # what SGLang picks itself, unless the profile was launched with others
+        steps, topk, drafts = (
+            profile.spec_steps or auto.steps,
+            profile.spec_topk or auto.topk,
+            profile.draft_tokens or auto.draft_tokens,
+        )
     if topk is None or drafts is None:
         raise _fail(
             "TypeError: --speculative-eagle-topk and --speculative-num-draft-tokens must be given with "
@@ -213,35 +223,32 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
         raise _fail(
             f"ValueError: speculative settings {steps}/{topk}/{drafts} must be >= 1/1/2", after_load=False
         )
-    if topk == 1 and drafts != steps + 1:
-        drafts = steps + 1  # SGLang adjusts it (with a warning) rather than refusing
-    candidates = topk + (steps - 1) * topk * topk
-    if drafts - 1 > candidates:
+    drafts = chain_draft_tokens(
+        steps, topk, drafts
+    )  # SGLang adjusts it (with a warning) rather than refusing
+    if not tree_holds(steps, topk, drafts):
         raise _fail(
-            f"RuntimeError: selected index k out of range (num_draft_tokens {drafts} - 1 > {candidates} tree "
-            "candidates)",
+            f"RuntimeError: selected index k out of range (num_draft_tokens {drafts} - 1 > "
+            f"{tree_candidates(steps, topk)} tree candidates)",
             after_load=True,
         )
     return True, steps, topk, drafts
 
 
 def _adaptive_algorithm(flags: SimSettings) -> bool:
-    """SGLang runs adaptive speculation with EAGLE (NEXTN is its alias) only."""
-    return (flags.speculative_algorithm or "").upper() in ("NEXTN", "EAGLE")
+    """Whether SGLang runs adaptive speculation with this algorithm (EAGLE and its alias NEXTN; the simulator
+    refuses EAGLE3 with adaptive before asking)."""
+    algorithm = flags.speculative_algorithm
+    return adaptive.algorithm_reason(algorithm.upper() if algorithm else None) is None
 
 
 def _resolve_adaptive(steps: int | None) -> tuple[int, int, int]:
     """Adaptive (top-k 1): the steps start at the middle candidate unless given, which must be a candidate;
     SGLang sets the draft tokens to steps + 1 whatever was given."""
-    candidates = adaptive.candidate_steps()
-    if steps is None:
-        steps = candidates[len(candidates) // 2]
-    if steps not in candidates:
-        raise _fail(
-            f"ValueError: --speculative-num-steps={steps} is not in the adaptive config candidate_steps "
-            f"{candidates}. Pass one of those values.",
-            after_load=False,
-        )
+    steps = adaptive.start_steps(steps)
+    refusal = adaptive.steps_problem(steps)
+    if refusal is not None:
+        raise _fail(f"ValueError: {refusal}", after_load=False)
     return steps, 1, steps + 1
 
 
@@ -249,13 +256,11 @@ def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
     """What SGLang logs about these flags while accepting them (its adjustments)."""
     lines = []
     speculative, _, topk, drafts = _resolve(profile, flags)
-    if (flags.speculative_algorithm or "").upper() == "DFLASH":
-        for name, value in (
-            ("speculative_num_steps", flags.speculative_num_steps),
-            ("speculative_eagle_topk", flags.speculative_eagle_topk),
-        ):
-            if value is not None and value != 1:
-                lines.append(f"WARNING DFLASH only supports {name} == 1; overriding {name}={value} to 1.")
+    if (flags.speculative_algorithm or "").upper() == DFLASH:
+        lines += [
+            f"WARNING {warning}"
+            for warning in dflash_overrides(flags.speculative_num_steps, flags.speculative_eagle_topk)
+        ]
         if flags.speculative_num_draft_tokens is None:
             lines.append(
                 f"WARNING speculative_num_draft_tokens is not set; defaulting to {drafts} for DFLASH."
@@ -267,15 +272,10 @@ def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
             )
         return lines
     if flags.speculative_adaptive and not _adaptive_algorithm(flags):
-        lines.append(
-            f"WARNING speculative_adaptive disabled: speculative_algorithm={flags.speculative_algorithm} "
-            "(only EAGLE/EAGLE3 are supported). Falling back to static speculative params."
-        )
-    elif flags.speculative_adaptive and topk != 1:
-        lines.append(
-            f"WARNING speculative_adaptive disabled: speculative_eagle_topk={topk} (only topk=1 is supported). "
-            "Falling back to static speculative params."
-        )
+        reason = adaptive.algorithm_reason(flags.speculative_algorithm) or ""
+        lines.append(f"WARNING {adaptive.disabled_warning(reason)}")
+    elif flags.speculative_adaptive and (reason := adaptive.topk_reason(topk)) is not None:
+        lines.append(f"WARNING {adaptive.disabled_warning(reason)}")
     if speculative and topk == 1 and flags.speculative_num_draft_tokens not in (None, drafts):
         lines.append(
             f"WARNING speculative_num_draft_tokens {flags.speculative_num_draft_tokens} adjusted to "
@@ -315,11 +315,13 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
     fraction = flags.mem_fraction_static or memory.default_mem_fraction(speculative)
     algorithm = (flags.speculative_algorithm or "").upper()
     drafter = (
-        _drafter(algorithm, flags.speculative_draft_model_path) if algorithm in DRAFTER_ALGORITHMS else None
+        _drafter(algorithm, flags.speculative_draft_model_path)
+        if algorithm in DRAFT_MODEL_ALGORITHMS
+        else None
     )
+    running = effective_max_running(flags.max_running_requests, speculative) or 0
     if speculative and drafter is not None:
         probs = drafters.position_probabilities(drafter, steps, topk, drafts)
-        running = flags.max_running_requests or SPEC_DEFAULT_MAX_RUNNING
         draft_base, draft_per_req = drafters.draft_seconds(drafter, steps, topk, drafts)
         verify = (
             costs.verify_per_token_s if drafter.verify_per_token_s is None else drafter.verify_per_token_s
@@ -328,7 +330,6 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
         per_req = costs.target_per_req_s + verify * drafts + draft_per_req
     elif speculative:
         probs = position_probabilities(costs, steps, topk, drafts)
-        running = flags.max_running_requests or SPEC_DEFAULT_MAX_RUNNING
         step_base = costs.target_base_s + steps * costs.draft_step_s
         per_req = (
             costs.target_per_req_s + costs.verify_per_token_s * drafts + steps * topk * costs.draft_per_req_s
@@ -337,10 +338,9 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
         probs = ()
         step_base = costs.target_base_s
         per_req = costs.target_per_req_s + costs.verify_per_token_s
-        running = flags.max_running_requests or 0
     kv_tokens = _check_memory(memory, speculative, drafts, running, fraction)
     if not speculative:
-        asked = flags.max_running_requests or NO_SPEC_MAX_RUNNING_FLOOR
+        asked = flags.max_running_requests or hybrid_memory.REQUEST_POOL_FLOOR
         running = min(asked, _state_pool_cap(memory, fraction))  # SGLang caps the batch by the state pool
     adaptive_on = speculative and flags.speculative_adaptive and topk == 1 and _adaptive_algorithm(flags)
     adaptive_steps = steps if adaptive_on else None
@@ -359,7 +359,7 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
         kv_capacity_tokens=kv_tokens,
         mem_fraction_static=fraction,
         kv_admission=True,
-        spec_algorithm=(algorithm if algorithm in DRAFTER_ALGORITHMS else "NEXTN") if speculative else None,
+        spec_algorithm=(algorithm if algorithm in DRAFT_MODEL_ALGORITHMS else NEXTN) if speculative else None,
         draft_model_path=flags.speculative_draft_model_path if drafter is not None else None,
         drafter=drafter.name if drafter is not None else ("mtp" if speculative else None),
     )
@@ -390,14 +390,16 @@ def kv_budget_gib(
         # Verify keeps an intermediate recurrent state per draft token of every request, and (radix cache off
         # for this model family under MTP) the state pool holds one slot per running request.
         return rest - memory.state_per_req_gib * running * (drafts + 1)
-    return rest / (1 + MAMBA_FULL_MEMORY_RATIO)  # the rest is split between states and KV, 0.9 : 1
+    # the rest is split between recurrent states and KV, 0.9 : 1
+    return rest / (1 + hybrid_memory.STATE_TO_KV_MEMORY_RATIO)
 
 
 def _state_pool_cap(memory: MemoryModel, fraction: float) -> int:
     """Without MTP: requests the recurrent-state pool can run (SGLang keeps 3 slots per running request)."""
     rest = memory.gpu_memory_gib * fraction - memory.weights_gib
-    states = rest * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
-    return max(1, int(states / memory.state_per_req_gib) // MAMBA_POOL_RATIO)
+    ratio = hybrid_memory.STATE_TO_KV_MEMORY_RATIO
+    states = rest * ratio / (1 + ratio)
+    return max(1, int(states / memory.state_per_req_gib) // hybrid_memory.STATE_SLOTS_PER_REQUEST)
 
 
 def _check_memory(memory: MemoryModel, speculative: bool, drafts: int, running: int, fraction: float) -> int:

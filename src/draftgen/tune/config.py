@@ -35,13 +35,18 @@ from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.serve.config import parse_gpus
 from draftgen.server_settings import (
+    MTP_DEFAULT,
+    SPECULATION_OFF,
+    ServerSettings,
+    batch_cap,
+    sglang_problems,
+)
+from draftgen.sglang_rules.speculation import (
+    AUTO_NUMBERS,
     DFLASH,
     MTP_ALGORITHMS,
     NGRAM,
-    SPECULATION_OFF,
-    ServerSettings,
-    effective_max_running,
-    sglang_problems,
+    SPEC_DEFAULT_MAX_RUNNING,
 )
 
 MIN_JOB_REQUESTS = 8
@@ -221,7 +226,7 @@ class TuneConfig(SamplingParams):
         help="the verdict's concurrencies, e.g. [1, 8, 32, 64] ([]: no verdict); use the held-out prompts",
     )
     verdict_baseline: list[int] = param(
-        default_factory=lambda: [3, 1, 4],
+        default_factory=AUTO_NUMBERS.as_list,
         help="MTP's [steps, topk, draft tokens] the drafters are judged against ([]: speculation off, for a "
         "target without MTP heads)",
     )
@@ -243,7 +248,9 @@ class TuneConfig(SamplingParams):
     max_rounds: PositiveInt = param(3, "rounds of halving at most")
     warmup_requests: Annotated[int, Field(ge=0)] = param(2, "short requests before each job's measurement")
     baseline: bool = param(
-        True, "also measure the seeds' NEXTN 3/1/4 (cap 48) at the chosen candidate's concurrency"
+        True,
+        f"also measure the seeds' {MTP_DEFAULT.speculative_algorithm} {AUTO_NUMBERS} (cap {SPEC_DEFAULT_MAX_RUNNING}) "
+        "at the chosen candidate's concurrency",
     )
     interval: Annotated[float, Field(gt=0, lt=1)] = param(0.9, "coverage of the bootstrap intervals")
     bootstrap: PositiveInt = param(300, "bootstrap resamples")
@@ -442,8 +449,8 @@ class TuneConfig(SamplingParams):
         return out
 
     def baseline_candidate(self, concurrency: int) -> Candidate:
-        seeds = ServerSettings()  # NEXTN 3/1/4 with SGLang's cap (48)
-        assert effective_max_running(seeds) is not None
+        seeds = MTP_DEFAULT  # NEXTN 3/1/4 with SGLang's cap (48)
+        assert batch_cap(seeds) is not None
         return Candidate(-1, seeds, concurrency)
 
     def job_requests(self, concurrency: int) -> int:
