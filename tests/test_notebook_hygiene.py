@@ -77,7 +77,7 @@ def test_no_asyncio_run_no_global(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_defaults_validate_against_the_config_class(path):
     model = config_class(path)
-    assert model is not None, f"{path.name}: metadata draftgen.config must name the config class"
+    assert model is not None, f"{path.name}: metadata draftgen.step must name its step (draftgen.steps)"
     build_config(model, declared_parameters(path))
     assert set(declared_parameters(path)) == set(model.model_fields), (
         f"{path.name}: parameters cell and {model.__name__} must declare the same names"

@@ -178,7 +178,7 @@ def test_a_target_without_mtp_heads_is_judged_against_no_speculation(tmp_path):
         tmp_path,
         verdict_levels=[1, 8],
         verdict_baseline=[],
-        concurrency_per_server=1,
+        verdict_concurrency=1,
         drafters=[
             {
                 "speculative_algorithm": "EAGLE3",
@@ -218,7 +218,7 @@ def test_the_race_is_saved_before_the_verdict_starts(tmp_path):
         max_running_requests=[8],
         max_rounds=1,
         verdict_levels=[1, 8],
-        concurrency_per_server=8,
+        verdict_concurrency=8,
         drafters=[
             {
                 "speculative_algorithm": "EAGLE3",
@@ -367,7 +367,7 @@ def test_tune_refuses_drafters_before_anything_starts(tmp_path):
     with pytest.raises(ParameterError, match="is not one of verdict_levels"):
         verdict_config(
             tmp_path,
-            concurrency_per_server=48,
+            verdict_concurrency=48,
             drafters=[
                 {
                     "speculative_algorithm": "DFLASH",

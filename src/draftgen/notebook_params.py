@@ -1,6 +1,6 @@
 """Each notebook's parameters cell, rendered from its config class, where every parameter is declared once.
 
-The config class (``draftgen.config`` in the notebook's metadata) gives each field's default and help through
+The config class (of the step the notebook's metadata names, ``draftgen.step``: draftgen.steps) gives each field's default and help through
 ``param()``, and the cell's sections and order through its ``parameters_cell``. A field renders as one typed
 literal with its help, the way papermill documents it (``papermill --help-notebook``)::
 
@@ -157,7 +157,7 @@ def cell_diff(path: Path) -> str:
     """The unified diff from ``path``'s committed parameters cell to its rendering ("" when they agree)."""
     model = config_class(path)
     if model is None:
-        raise ValueError(f"{path}: metadata draftgen.config must name the config class")
+        raise ValueError(f"{path}: metadata draftgen.step must name its step (draftgen.steps)")
     committed = "".join(_parameters_cell(json.loads(path.read_text()), path)["source"])
     rendered = render_parameters_cell(model)
     if committed == rendered:
@@ -177,7 +177,7 @@ def write_parameters_cell(path: Path) -> bool:
     """Replace ``path``'s parameters cell with its rendering; True when the file changed."""
     model = config_class(path)
     if model is None:
-        raise ValueError(f"{path}: metadata draftgen.config must name the config class")
+        raise ValueError(f"{path}: metadata draftgen.step must name its step (draftgen.steps)")
     text = path.read_text()
     notebook = json.loads(text)
     _parameters_cell(notebook, path)["source"] = render_parameters_cell(model).splitlines(keepends=True)
@@ -189,7 +189,7 @@ def write_parameters_cell(path: Path) -> bool:
 
 
 def committed_notebooks() -> list[Path]:
-    """The repository's notebooks that name a config class."""
+    """The repository's notebooks that name their step."""
     return [p for p in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")) if config_class(p) is not None]
 
 

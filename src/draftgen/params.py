@@ -17,10 +17,13 @@ import difflib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from draftgen.defaults import MODEL, fleet_urls
+from draftgen.server_settings import SettingsFile
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -55,20 +58,23 @@ SHARED_PARAMETERS = frozenset(
 
 
 # What the notebooks show for the fleet's required fields: the simulated fleet of params/sim.yaml
-# (`draftgen sim --servers 7 --base-port 30000`), so a notebook opened in JupyterLab runs against it as is.
-NOTEBOOK_FLEET = [f"http://127.0.0.1:{30000 + i}" for i in range(7)]
-NOTEBOOK_MODEL = "Qwen/Qwen3.6-27B"  # the simulator's served model name (sim/defaults.py DEFAULT_MODEL)
+# (`draftgen sim` with its defaults), so a notebook opened in JupyterLab runs against it as is.
+NOTEBOOK_FLEET = fleet_urls()
+NOTEBOOK_MODEL = MODEL
 
 _NOT_GIVEN: Any = object()
 
 
-def param(default: Any = ..., help: str = "", *, notebook: Any = _NOT_GIVEN, **field: Any) -> Any:
+def param(
+    default: Any = ..., help: str = "", *, notebook: Any = _NOT_GIVEN, doc: str = "", **field: Any
+) -> Any:
     """One notebook parameter, declared once: its default and its help (the ``# comment`` of the notebook's line).
 
     ``default`` is ``...`` for a required field, which then names ``notebook``: the literal the notebook's cell
     shows (the simulated fleet's URLs, "synthetic", an interactive out_dir). An optional field whose default is
-    None shows the literal that means "not set" under papermill ("", 0, 0.0) without saying so. Other keywords
-    are pydantic's ``Field`` constraints (``ge``, ``min_length``, ``default_factory``, ``validate_default``...).
+    None shows the literal that means "not set" under papermill ("", 0, 0.0) without saying so. ``doc`` is the
+    longer meaning the reference pages' parameter tables show instead of the help (``draftgen.param_tables``).
+    Other keywords are pydantic's ``Field`` constraints (``ge``, ``min_length``, ``default_factory``...).
     """
     if not help:
         raise TypeError("param() needs the parameter's help text")
@@ -76,7 +82,11 @@ def param(default: Any = ..., help: str = "", *, notebook: Any = _NOT_GIVEN, **f
         raise TypeError(
             "notebook= is for required fields: an optional field's default is what the notebook shows"
         )
-    extra = None if notebook is _NOT_GIVEN else {"notebook": notebook}
+    extra = {
+        key: value
+        for key, value in (("notebook", notebook), ("doc", doc))
+        if value is not _NOT_GIVEN and value != ""
+    } or None
     if default is ...:
         return Field(description=help, json_schema_extra=extra, **field)
     return Field(default, description=help, json_schema_extra=extra, **field)
@@ -136,43 +146,104 @@ def _unset_if_empty(value: Any) -> Any:
     return None if value == "" or (type(value) in (int, float) and value == 0) else value
 
 
-class FleetParams(Params):
-    servers: list[str] = param(
-        ..., "base URLs: one per SGLang server, or one router URL", notebook=NOTEBOOK_FLEET, min_length=1
-    )
-    model: str = param(
+def _check_urls(servers: list[str]) -> list[str]:
+    cleaned = []
+    for url in servers:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http(s) URL")
+        url = url.rstrip("/")
+        url = url.removesuffix("/v1")
+        cleaned.append(url)
+    duplicates = sorted({u for u in cleaned if cleaned.count(u) > 1})
+    if duplicates:
+        raise ValueError(f"listed more than once: {', '.join(duplicates)}")
+    return cleaned
+
+
+def _check_env_name(name: str | None) -> str | None:
+    if name is not None and (not name or not name.replace("_", "").isalnum() or name[0].isdigit()):
+        raise ValueError(
+            f"{name!r} is not an environment variable name (give the variable's NAME, not the key)"
+        )
+    return name
+
+
+# ----- parameters several notebooks take: each declared once, here -------------------------------------------
+# A declaration is a type carrying the parameter's default, help and checks; a config takes the parameter by
+# giving a field that type (``max_tokens: MaxTokens``), and a notebook whose use of it needs other words says so in
+# its ``NotebookCell(help=...)``. tests/test_shared_defaults.py fails when a name is declared twice.
+Servers = Annotated[
+    list[str],
+    AfterValidator(_check_urls),
+    param(..., "base URLs: one per SGLang server, or one router URL", notebook=NOTEBOOK_FLEET, min_length=1),
+]
+ServedModel = Annotated[
+    str,
+    param(
         ..., "served model name, as the servers' /v1/models report it", notebook=NOTEBOOK_MODEL, min_length=1
-    )
-    api_key_env: str | None = param(
-        None, 'NAME of the environment variable holding the API key, never the key ("": none)'
-    )
-    request_timeout_s: PositiveFloat = param(1800.0, "one request's time limit (s)")
+    ),
+]
+ApiKeyEnv = Annotated[
+    str | None,
+    BeforeValidator(_unset_if_empty),
+    AfterValidator(_check_env_name),
+    param(None, 'NAME of the environment variable holding the API key, never the key ("": none)'),
+]
+RequestTimeout = Annotated[PositiveFloat, param(1800.0, "one request's time limit (s)")]
+MaxTokens = Annotated[PositiveInt, param(4096, "longest completion, tokens")]
+Temperature = Annotated[NonNegativeFloat, param(0.6, "sampling temperature")]
+TopP = Annotated[float, param(0.95, "nucleus sampling", gt=0, le=1)]
+TopK = Annotated[
+    PositiveInt | None,
+    BeforeValidator(_unset_if_empty),
+    param(None, "top-k sampling (0: not sent); sent only to engines that accept it (SGLang does)"),
+]
+MinP = Annotated[
+    Annotated[float, Field(ge=0, le=1)] | None,
+    BeforeValidator(_unset_if_empty),
+    param(None, "min-p sampling (0: not sent); like top_k, sent only to engines that accept it"),
+]
+EnableThinking = Annotated[bool, param(True, "Qwen3 thinking (reasoning_content + answer)")]
+# The production run: what generate runs, and what the estimate prices.
+ConcurrencyPerServer = Annotated[
+    PositiveInt,
+    param(
+        64,
+        "requests kept in flight per server",
+        doc="requests in flight per server (SGLang runs 48 at once with MTP unless its --max-running-requests is "
+        "set; the rest queue there and keep the batch full)",
+    ),
+]
+Limit = Annotated[int, param(0, "take the first N valid prompts (0: all)", ge=0)]
+Turns = Annotated[
+    Literal["all", "last"],
+    param(
+        "all",
+        '"all": regenerate every assistant turn in order, each request carrying the model\'s own earlier answers; '
+        '"last": only the final turn',
+    ),
+]
+TrainMaxLength = Annotated[
+    int,
+    param(4096, "the trainer's max_length: what is generated past it cannot train (0: not checked)", ge=0),
+]
+# Measurements: warm-up before them, intervals around them, and the price of what they measured.
+WarmupRequests = Annotated[int, param(4, "short requests per server before measuring (not measured)", ge=0)]
+Interval = Annotated[float, param(0.9, "coverage of the bootstrap intervals", gt=0, lt=1)]
+Bootstrap = Annotated[int, param(300, "bootstrap resamples behind each interval", ge=10)]
+GpuHourUsd = Annotated[NonNegativeFloat, param(6.0, "price of one GPU-hour in dollars (yours)")]
+TunedSettings = Annotated[
+    SettingsFile, param("", 'settings file from draftgen tune the servers run with (recorded; "": none)')
+]
 
-    @field_validator("servers")
-    @classmethod
-    def _urls(cls, servers: list[str]) -> list[str]:
-        cleaned = []
-        for url in servers:
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s) URL")
-            url = url.rstrip("/")
-            url = url.removesuffix("/v1")
-            cleaned.append(url)
-        duplicates = sorted({u for u in cleaned if cleaned.count(u) > 1})
-        if duplicates:
-            raise ValueError(f"listed more than once: {', '.join(duplicates)}")
-        return cleaned
 
-    _api_key_env_unset = field_validator("api_key_env", mode="before")(_unset_if_empty)
+class FleetParams(Params):
+    """The servers a notebook talks to, and how."""
 
-    @field_validator("api_key_env")
-    @classmethod
-    def _env_name(cls, name: str | None) -> str | None:
-        if name is not None and (not name or not name.replace("_", "").isalnum() or name[0].isdigit()):
-            raise ValueError(
-                f"{name!r} is not an environment variable name (give the variable's NAME, not the key)"
-            )
-        return name
+    servers: Servers
+    model: ServedModel
+    api_key_env: ApiKeyEnv
+    request_timeout_s: RequestTimeout
 
     def api_key(self) -> str:
         """The key from the named environment variable; SGLang without --api-key accepts any value."""
@@ -185,18 +256,14 @@ class FleetParams(Params):
 
 
 class SamplingParams(Params):
-    max_tokens: PositiveInt = param(4096, "longest completion, tokens")
-    temperature: NonNegativeFloat = param(0.6, "sampling temperature")
-    top_p: Annotated[float, Field(gt=0, le=1)] = param(0.95, "nucleus sampling")
-    top_k: PositiveInt | None = param(
-        None, "top-k sampling (0: not sent); sent only to engines that accept it (SGLang does)"
-    )
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = param(
-        None, "min-p sampling (0: not sent); like top_k, sent only to engines that accept it"
-    )
-    enable_thinking: bool = param(True, "Qwen3 thinking (reasoning_content + answer)")
+    """What every request is sampled with: the production settings by default."""
 
-    _extras_unset = field_validator("top_k", "min_p", mode="before")(_unset_if_empty)
+    max_tokens: MaxTokens
+    temperature: Temperature
+    top_p: TopP
+    top_k: TopK
+    min_p: MinP
+    enable_thinking: EnableThinking
 
     @property
     def sampling(self) -> SamplingParams:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import importlib
 import json
 import sys
 import tempfile
@@ -22,8 +21,9 @@ from typing import Any
 import yaml
 
 from draftgen.diskspace import is_disk_full
-from draftgen.params import SHARED_PARAMETERS, ParameterError, build_config, load_params_files
+from draftgen.params import SHARED_PARAMETERS, ParameterError, Params, build_config, load_params_files
 from draftgen.paths import project_root
+from draftgen.steps import Step, get_step
 
 COMPLETE_MARKER = ".complete"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +35,7 @@ class RunPlan:
     run_dir: Path
     parameters: dict[str, Any]
     name: str
+    step: Step | None = None  # what draftgen.steps knows of it (None: a notebook of no step)
 
     @property
     def executed_path(self) -> Path:
@@ -88,14 +89,22 @@ def declared_parameters(notebook: Path) -> dict[str, Any]:
     raise ValueError(f"{notebook} has no cell tagged 'parameters'")
 
 
-def config_class(notebook: Path) -> type | None:
-    """The config model named in the notebook's metadata (``draftgen.config = "module:Class"``)."""
+def step_of(notebook: Path) -> Step | None:
+    """The step the notebook's metadata names (``"draftgen": {"step": NAME}``; None: a notebook of no step)."""
     nb = json.loads(notebook.read_text())
-    spec = nb.get("metadata", {}).get("draftgen", {}).get("config")
-    if not spec:
+    name = nb.get("metadata", {}).get("draftgen", {}).get("step")
+    if not name:
         return None
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return get_step(name)
+    except KeyError as exc:
+        raise ValueError(f"{notebook}: metadata draftgen.step: {exc.args[0]}") from None
+
+
+def config_class(notebook: Path) -> type[Params] | None:
+    """The config model of the notebook's step (None: a notebook of no step)."""
+    step = step_of(notebook)
+    return step.config_class() if step is not None else None
 
 
 def applicable_parameters(notebook: Path, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -179,13 +188,10 @@ def plan_run(
         raise ValueError(
             f"run {run_dir} exists but did not finish; pass --resume to continue it, or another --name"
         )
-    params = dict(parameters)
-    declared = declared_parameters(notebook)
-    if "out_dir" in declared and "out_dir" not in params:
-        params["out_dir"] = str(run_dir)
-    if resume and "resume" in declared and "resume" not in params:
-        params["resume"] = True  # benchmark: reuse the levels the interrupted run finished
-    return RunPlan(notebook=notebook, run_dir=run_dir, parameters=params, name=run_name)
+    step = step_of(notebook)
+    run_parameters = step.run_parameters(run_dir, resume=resume) if step is not None else {}
+    params = {**run_parameters, **parameters}
+    return RunPlan(notebook=notebook, run_dir=run_dir, parameters=params, name=run_name, step=step)
 
 
 def write_html(executed: Path, html_path: Path) -> None:

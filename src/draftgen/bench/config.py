@@ -8,10 +8,17 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from draftgen.params import FleetParams, NotebookCell, PositiveInt, SamplingParams, param
+from draftgen.params import (
+    FleetParams,
+    NotebookCell,
+    PositiveInt,
+    SamplingParams,
+    TunedSettings,
+    WarmupRequests,
+    param,
+)
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
-from draftgen.server_settings import SettingsFile
 
 DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]
 MIN_LEVEL_REQUESTS = 8  # fewest requests a level sends when sized by rounds
@@ -35,6 +42,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         help={
             "servers": "base URLs, one SGLang server per GPU",
             "request_timeout_s": "one request's time limit (s); a timed-out request counts as failed",
+            "warmup_requests": "short requests per server before the first level (not measured)",
         },
     )
 
@@ -54,9 +62,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         help="requests in flight per server, one level each",
         min_length=1,
     )
-    warmup_requests: Annotated[int, Field(ge=0)] = param(
-        4, "short requests per server before the first level (not measured)"
-    )
+    warmup_requests: WarmupRequests
     parallel_servers: bool = param(
         True, "benchmark every server at once (one GPU each); False: one after another"
     )
@@ -69,9 +75,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         "results.parquet, requests.parquet and plots go here (draftgen run sets its run folder)",
         validate_default=True,
     )
-    settings: SettingsFile = param(
-        "", 'settings file from draftgen tune the servers run with (recorded; "": none)'
-    )
+    settings: TunedSettings
     resume: bool = param(
         False,
         "reuse levels an interrupted run saved in out_dir/levels/ (same servers, prompts, sampling; "

@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftgen.defaults import FLEET_SIZE, MODEL
 from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.paths import resolve_path
 from draftgen.runner import RunPlan, execute, resolve_notebook
 from draftgen.sim.fleet import SimFleet
+from draftgen.steps import get_step
 
 STEPS = ("benchmark", "estimate", "generate", "validate")
 SEEDS_PROMPTS = 914_000  # the last run's prompt set (~900K samples), on seven B200s
@@ -40,7 +42,12 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("outputs/demo"), help="output folder (default outputs/demo)"
     )
-    parser.add_argument("--servers", type=int, default=7, help="simulated GPUs, one server each (default 7)")
+    parser.add_argument(
+        "--servers",
+        type=int,
+        default=FLEET_SIZE,
+        help="simulated GPUs, one server each (default %(default)s)",
+    )
     parser.add_argument(
         "--speed",
         type=float,
@@ -55,7 +62,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[str, Any]:
-    fleet = {"servers": urls, "model": "Qwen/Qwen3.6-27B"}
+    fleet = {"servers": urls, "model": MODEL}
     if step == "benchmark":
         # One GPU stands for all: the servers are identical and independent, and streaming 7 x 64 sped-up
         # simulated servers would measure this machine's two cores, not the simulated B200s.
@@ -171,9 +178,10 @@ def run(args: argparse.Namespace) -> int:
                 run_dir=out / step,
                 parameters={
                     **_step_parameters(step, fleet.urls, out, args.limit),
-                    "out_dir": str(out / step),
+                    **get_step(step).run_parameters(out / step, resume=False),
                 },
                 name=step,
+                step=get_step(step),
             )
             print(f"\n=== {step}: {plan.notebook} → {plan.run_dir}", flush=True)
             step_started = time.perf_counter()

@@ -1,15 +1,18 @@
-"""``draftgen run NOTEBOOK -f params/X.yaml [-p KEY VALUE ...]``: a papermill run in its own folder."""
+"""``draftgen run NOTEBOOK -f params/X.yaml [-p KEY VALUE ...]``: a papermill run in its own folder.
+
+What each notebook's step takes, writes and does on ``--resume`` comes from ``draftgen.steps``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
 from draftgen.diskspace import free_bytes, human_bytes, is_disk_full
 from draftgen.paths import resolve_path
 from draftgen.runner import (
+    RunPlan,
     add_parameter_options,
     applicable_parameters,
     check_parameters,
@@ -18,18 +21,19 @@ from draftgen.runner import (
     plan_run,
     resolve_notebook,
 )
+from draftgen.steps import STEPS
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
+    names = ", ".join(step.name for step in STEPS)
     parser = subparsers.add_parser(
         "run",
-        help="execute a notebook (generate, benchmark, estimate, validate) into outputs/<notebook>/<run>/",
+        help=f"execute a notebook ({names}) into outputs/<notebook>/<run>/",
         description="Execute a parameterized notebook with papermill. Parameters are validated before the kernel "
         "starts. Writes the executed notebook, report.html and parameters.yaml under outputs/<notebook>/<run>/.",
+        epilog="What each step writes there: " + "; ".join(f"{step.name}: {step.writes}" for step in STEPS),
     )
-    parser.add_argument(
-        "notebook", help="notebook name (generate, benchmark, estimate, validate) or .ipynb path"
-    )
+    parser.add_argument("notebook", help=f"notebook name ({names}) or .ipynb path")
     add_parameter_options(parser)
     parser.add_argument("--name", help="run folder name (default: <params-file>-<timestamp>)")
     parser.add_argument(
@@ -41,33 +45,34 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue an unfinished run folder: generate skips stored prompts, benchmark reuses finished levels",
+        help="continue an unfinished run folder: "
+        + ", ".join(f"{step.name} {step.resume}" for step in STEPS if step.resume)
+        + "; the others start over in it",
     )
     parser.add_argument("--no-html", action="store_true", help="skip the HTML report")
     parser.add_argument("-k", "--kernel", default="python3", help="Jupyter kernel (default python3)")
     parser.set_defaults(handler=run)
 
 
-def _record_disk_full(out_dir: Path, executed: Path, exc: Exception) -> None:
-    """Papermill could not save the executed notebook and stopped the kernel before generate could record the
-    full disk: record it (manifest 'disk full', progress.json) from here."""
-    from draftgen.generate.store import record_disk_full
-    from draftgen.watch.progress_file import set_state
-
-    detail = f"{type(exc).__name__}: {exc}"
-    if record_disk_full(out_dir, executed, detail):
-        with contextlib.suppress(OSError, ValueError):
-            set_state(out_dir, "interrupted", f"disk full: {executed}")
+def _record_disk_full(plan: RunPlan, exc: Exception) -> None:
+    """Papermill could not save the executed notebook and stopped the kernel before the step could record the
+    full disk: its step's recorder (if it has one) records it from here."""
+    step = plan.step
+    recorder = step.disk_full_recorder() if step is not None else None
+    if step is not None and recorder is not None:
+        folder = step.output_folder(plan.parameters, plan.run_dir)
+        recorder(folder, plan.executed_path, f"{type(exc).__name__}: {exc}")
 
 
-def _disk_full_line(step: str, run_dir: Path, exc: Exception) -> str:
+def _disk_full_line(plan: RunPlan, exc: Exception) -> str:
     """One line for a run stopped by a full disk (the kernel's own message when it got to say it)."""
     lines = str(exc).strip().splitlines()
     said = getattr(exc, "evalue", None) or (lines[-1] if lines else type(exc).__name__)
+    kept = plan.step.kept_on_disk_full if plan.step is not None else "finished work is kept"
     return (
-        f"draftgen run: {step} stopped: disk full on the filesystem holding {run_dir} "
-        f"({human_bytes(free_bytes(run_dir))} free) — {said[:400]} — finished work is kept (generate: whole shards, "
-        "manifest.json 'disk full'); free space and rerun the same command with --resume"
+        f"draftgen run: {plan.notebook.stem} stopped: disk full on the filesystem holding {plan.run_dir} "
+        f"({human_bytes(free_bytes(plan.run_dir))} free) — {said[:400]} — {kept}; free space and rerun the same "
+        "command with --resume"
     )
 
 
@@ -92,11 +97,8 @@ def run(args: argparse.Namespace) -> int:
         execute(plan, kernel=args.kernel, html=not args.no_html)
     except Exception as exc:  # papermill's PapermillExecutionError carries the cell's error
         if is_disk_full(exc):
-            if notebook.stem == "generate":
-                _record_disk_full(
-                    Path(plan.parameters.get("out_dir") or plan.run_dir), plan.executed_path, exc
-                )
-            print(_disk_full_line(notebook.stem, plan.run_dir, exc), file=sys.stderr)
+            _record_disk_full(plan, exc)
+            print(_disk_full_line(plan, exc), file=sys.stderr)
             return 1
         name = type(exc).__name__
         summary = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [name]

@@ -7,8 +7,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from draftgen.defaults import BASE_PORT, MODEL
 from draftgen.serve.config import (
-    DEFAULT_BASE_PORT,
     DEFAULT_ROUTER_PORT,
     ENGINES,
     ROUTER_MODULE,
@@ -24,7 +24,6 @@ from draftgen.serve.supervisor import Supervisor
 from draftgen.serve.view import LineView, TableView
 from draftgen.server_settings import load_settings
 from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
-from draftgen.sim.defaults import DEFAULT_MODEL
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.profiles import PROFILES
 
@@ -45,7 +44,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--gpus", required=True, help="GPU indices: 0-6, 0,2,4 or 0-3,6")
     what.add_argument("--tp", type=int, default=1, help="GPUs per server (consecutive in --gpus; default 1)")
     what.add_argument(
-        "--base-port", type=int, default=DEFAULT_BASE_PORT, help="first server's port (default 30000)"
+        "--base-port", type=int, default=BASE_PORT, help="first server's port (default %(default)s)"
     )
     what.add_argument(
         "--host", default="127.0.0.1", help="bind address (0.0.0.0 for other nodes; default 127.0.0.1)"
@@ -145,7 +144,7 @@ def build_config(args: argparse.Namespace, run_name: str) -> ServeConfig:
             raise ValueError(
                 "--model is required: the model path (e.g. /dev/shm/Qwen3.6-27B) or Hugging Face id"
             )
-        model = DEFAULT_MODEL
+        model = MODEL
     return ServeConfig(
         model=model,
         gpus=parse_gpus(args.gpus),

@@ -7,6 +7,7 @@ import signal
 import time
 from pathlib import Path
 
+from draftgen.defaults import BASE_PORT, FLEET_SIZE, MODEL
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.fleet import FleetError, SimFleet
 from draftgen.sim.profiles import PROFILES, get_profile
@@ -25,9 +26,11 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         help="run simulated SGLang servers on 127.0.0.1 (the test bed and dry run)",
         description="Simulated SGLang servers on 127.0.0.1, ports P..P+N-1, one process each. Ctrl-C stops them all.",
     )
-    parser.add_argument("--servers", type=int, default=7, help="number of servers (default 7)")
     parser.add_argument(
-        "--base-port", type=int, default=30000, help="port of the first server (default 30000)"
+        "--servers", type=int, default=FLEET_SIZE, help="number of servers (default %(default)s)"
+    )
+    parser.add_argument(
+        "--base-port", type=int, default=BASE_PORT, help="port of the first server (default %(default)s)"
     )
     parser.add_argument("--profile", default="b200-mtp", help=f"hardware profile: {', '.join(PROFILES)}")
     parser.add_argument("--speed", type=float, default=1.0, help="run the clock X times faster (default 1)")
@@ -38,7 +41,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help=f"inject a fault or quirk, repeatable; keys: {', '.join(FAULT_KEYS)}",
     )
-    parser.add_argument("--model", default=None, help="served model name (default Qwen/Qwen3.6-27B)")
+    parser.add_argument("--model", default=MODEL, help="served model name (default %(default)s)")
     add_sglang_flags(parser)  # --speculative-*, --max-running-requests, --mem-fraction-static
     parser.add_argument("--work-dir", type=Path, default=None, help="where ground-truth JSONL and logs go")
     parser.add_argument("--seed", type=int, default=0, help="salts which requests get faults")
@@ -58,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--servers must be >= 1")
     if not 1 <= args.base_port <= 65535 - args.servers + 1:
         raise ValueError(f"--base-port {args.base_port} is not a usable port")
-    kwargs = {"model": args.model} if args.model else {}
     flags = sim_settings(args)
     try:
         apply_settings(get_profile(args.profile), flags)  # refuse settings that cannot start, before spawning
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             work_dir=args.work_dir,
             seed=args.seed,
             tokenizer=args.tokenizer,
-            **kwargs,
+            model=args.model,
         )
     except ValueError as exc:
         raise ValueError(str(exc)) from None

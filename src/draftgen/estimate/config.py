@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.params import NonNegativeFloat, NotebookCell, Params, PositiveFloat, PositiveInt, param
+from draftgen.params import (
+    Bootstrap,
+    ConcurrencyPerServer,
+    GpuHourUsd,
+    Interval,
+    Limit,
+    MaxTokens,
+    NonNegativeFloat,
+    NotebookCell,
+    Params,
+    PositiveFloat,
+    PositiveInt,
+    TrainMaxLength,
+    TunedSettings,
+    Turns,
+    param,
+)
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
-from draftgen.server_settings import SettingsFile
 
 
 class ScenarioSpec(Params):
@@ -61,6 +76,13 @@ class EstimateConfig(Params):
             "scenarios",
         ),
         ("the interval", "interval bootstrap seed settings out_dir"),
+        help={
+            "turns": 'as in generate: "all" counts one request per assistant turn of each conversation; "last" one '
+            "per prompt",
+            "train_max_length": "the trainer's max_length: what share of the generated tokens falls past it "
+            "(0: not checked)",
+            "interval": "coverage of the wall-time interval",
+        },
     )
 
     benchmark_dir: ProjectPath = param(
@@ -70,30 +92,23 @@ class EstimateConfig(Params):
     prompts: str = param(
         SYNTHETIC, 'the full prompt file to count (.jsonl/.parquet), or "synthetic" (the bundled set)'
     )
-    limit: Annotated[int, Field(ge=0)] = param(0, "as in generate: only the first N prompts (0: all)")
+    limit: Limit
     dataset_size: Annotated[int, Field(ge=0)] = param(0, "prompts in the set; 0: count the rows of `prompts`")
-    turns: Literal["all", "last"] = param(
-        "all",
-        'as in generate: "all" counts one request per assistant turn of each conversation; "last" one per prompt',
-    )
+    turns: Turns
     gpus: Annotated[int, Field(ge=0)] = param(0, "GPUs, one server each; 0: as many as the benchmark had")
-    concurrency_per_server: PositiveInt = param(64, "requests in flight per server")
-    max_tokens: PositiveInt = param(4096, "longest completion, tokens")
-    train_max_length: Annotated[int, Field(ge=0)] = param(
-        4096, "the trainer's max_length: what share of the generated tokens falls past it (0: not checked)"
-    )
-    gpu_hour_usd: NonNegativeFloat = param(6.0, "price of one GPU-hour in dollars (yours)")
+    concurrency_per_server: ConcurrencyPerServer
+    max_tokens: MaxTokens
+    train_max_length: TrainMaxLength
+    gpu_hour_usd: GpuHourUsd
     scenarios: list[ScenarioSpec] = param(
         default_factory=lambda: [dict(OLD_PLAN_FLEET)],
         help="optional keys: concurrency_per_server, gpu_hour_usd, max_running_requests",
         validate_default=True,
     )
-    interval: Annotated[float, Field(gt=0, lt=1)] = param(0.9, "coverage of the wall-time interval")
-    bootstrap: Annotated[int, Field(ge=10)] = param(200, "resamples behind the interval")
+    interval: Interval
+    bootstrap: Bootstrap
     seed: int = param(0, "random draws of the simulation and the bootstrap")
-    settings: SettingsFile = param(
-        "", 'settings file from draftgen tune the servers run with (recorded; "": none)'
-    )
+    settings: TunedSettings
     out_dir: ProjectPath = param(
         "outputs/estimate/interactive",
         "estimate.json and plots go here (draftgen run sets its run folder)",

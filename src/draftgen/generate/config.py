@@ -5,17 +5,21 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import (
+    ConcurrencyPerServer,
     FleetParams,
+    Limit,
     NonNegativeFloat,
     NotebookCell,
     PositiveFloat,
     PositiveInt,
     SamplingParams,
+    TrainMaxLength,
+    Turns,
     param,
 )
 from draftgen.paths import ProjectPath
@@ -82,7 +86,11 @@ class GenerateConfig(FleetParams, SamplingParams):
             "canary estimate train_max_length force acceptance_interval_s hedge_slow_ratio progress_interval_s "
             "status_interval_s",
         ),
-        help={"request_timeout_s": "one request's hard time limit (s); see hang_factor for hangs"},
+        help={
+            "request_timeout_s": "one request's hard time limit (s); see hang_factor for hangs",
+            "train_max_length": "the trainer's max_length: preflight warns when max_tokens + the prompts reach "
+            "past it (0: not checked)",
+        },
     )
 
     prompts: str = param(
@@ -97,14 +105,10 @@ class GenerateConfig(FleetParams, SamplingParams):
         notebook="outputs/generate/interactive",
         min_length=1,
     )
-    turns: Literal["all", "last"] = param(
-        "all",
-        '"all": regenerate every assistant turn in order, each request carrying the model\'s own earlier answers; '
-        '"last": only the final turn',
-    )
-    concurrency_per_server: PositiveInt = param(64, "requests kept in flight per server")
+    turns: Turns
+    concurrency_per_server: ConcurrencyPerServer
     batch_save_size: PositiveInt = param(500, "rows per parquet shard (written atomically)")
-    limit: Annotated[int, Field(ge=0)] = param(0, "take the first N valid prompts (0: all)")
+    limit: Limit
     shard: str | list[int] = param(
         "", '"i/n": this process takes the prompts whose id hashes to i of n ("": all)'
     )
@@ -150,10 +154,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     canary: bool = param(
         True, "preflight sends one full request per server (reasoning and answer must be non-empty)"
     )
-    train_max_length: Annotated[int, Field(ge=0)] = param(
-        4096,
-        "the trainer's max_length: preflight warns when max_tokens + the prompts reach past it (0: not checked)",
-    )
+    train_max_length: TrainMaxLength
     estimate: ProjectPath = param(
         "", "path to estimate.json from estimate.ipynb: planned vs actual at the end"
     )

@@ -8,12 +8,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftgen.defaults import BASE_PORT
 from draftgen.server_settings import MTP_DEFAULT, ServerSettings
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
 
 ENGINES = ("sglang", "sim")
-DEFAULT_BASE_PORT = 30000
 DEFAULT_ROUTER_PORT = 30100
 ROUTER_MODULE = "smg"  # SMG, SGLang's gateway: `python -m smg launch` (PyPI smg, a Rust binary in the wheel)
 ROUTER_PIN = "smg==1.13.0"  # the release docs/engines.md measured (pyproject's dev extra pins the same)
@@ -84,7 +84,7 @@ class ServeConfig:
 
     model: str
     gpus: tuple[int, ...]
-    base_port: int = DEFAULT_BASE_PORT
+    base_port: int = BASE_PORT
     tp: int = 1
     mtp: bool = True
     mem_fraction: float | None = None
@@ -148,7 +148,7 @@ class ServeConfig:
             )
         for url in self.router_workers:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"--router-worker {url!r} must be a URL like http://node2:30000")
+                raise ValueError(f"--router-worker {url!r} must be a URL like http://node2:{BASE_PORT}")
         if self.router_workers and not self.router:
             raise ValueError("--router-worker needs --router")
         if self.settings is not None:

@@ -4,7 +4,6 @@ Kept apart from server.py so that importing the package (``draftgen.sim``) never
 ``python -m draftgen.sim.server`` runs as ``__main__`` (which would load it twice and warn).
 """
 
-DEFAULT_MODEL = "Qwen/Qwen3.6-27B"
 EXIT_PORT_IN_USE = 3  # the server could not bind its port
 EXIT_STARTUP_FAILED = 1  # the settings cannot run (SGLang's flag checks, not enough memory)
 EXIT_CRASH = 70  # an injected crash (crash_after fault)

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from draftgen.sim.defaults import DEFAULT_MODEL, EXIT_PORT_IN_USE, PARENT_PID_ENV
+from draftgen.defaults import MODEL
+from draftgen.sim.defaults import EXIT_PORT_IN_USE, PARENT_PID_ENV
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
 from draftgen.sim.tokenizer import SimTokenizer, TokenizerFolderError, default_tokenizer
@@ -101,7 +102,7 @@ class SimFleet:
     speed: float = 1.0
     faults: Sequence[str] = ()
     per_server_faults: Mapping[int, Sequence[str]] = field(default_factory=dict)
-    model: str = DEFAULT_MODEL
+    model: str = MODEL
     seed: int = 0
     max_running_requests: int | None = None
     server_args: Sequence[

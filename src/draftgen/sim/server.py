@@ -25,10 +25,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from draftgen.defaults import MODEL
 from draftgen.sglang_rules.adaptive import CANDIDATE_STEPS as ADAPTIVE_CANDIDATE_STEPS
 from draftgen.sim.admin_api import AdminApi
 from draftgen.sim.defaults import (
-    DEFAULT_MODEL,
     EXIT_CRASH,
     EXIT_PORT_IN_USE,
     EXIT_STARTUP_FAILED,
@@ -59,7 +59,7 @@ SHUTDOWN_GRACE_S = 0.5  # on SIGTERM, in-flight requests get about this long bef
 class ServerConfig:
     port: int
     host: str = "127.0.0.1"
-    model: str = DEFAULT_MODEL
+    model: str = MODEL
     profile: Profile = field(default_factory=lambda: get_profile("b200-mtp"))
     speed: float = 1.0
     faults: Faults = field(default_factory=Faults)
@@ -429,7 +429,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--model", default=MODEL)
     parser.add_argument("--profile", default="b200-mtp")
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--fault", action="append", default=[])

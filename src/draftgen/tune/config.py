@@ -20,14 +20,20 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from draftgen.defaults import BASE_PORT
 from draftgen.params import (
     NOTEBOOK_MODEL,
-    NonNegativeFloat,
+    ApiKeyEnv,
+    Bootstrap,
+    GpuHourUsd,
+    Interval,
     NotebookCell,
     Params,
     PositiveFloat,
     PositiveInt,
+    RequestTimeout,
     SamplingParams,
+    WarmupRequests,
     _unset_if_empty,
     param,
 )
@@ -148,7 +154,7 @@ class TuneConfig(SamplingParams):
         ),
         (
             "the verdict: MTP against each drafter, on the held-out prompts",
-            "verdict_levels verdict_baseline concurrency_per_server dataset_size fleet_gpus gpu_hour_usd",
+            "verdict_levels verdict_baseline verdict_concurrency dataset_size fleet_gpus gpu_hour_usd",
         ),
         (
             "prompts and sampling (production settings)",
@@ -160,6 +166,7 @@ class TuneConfig(SamplingParams):
             "rounds_per_job equal_time eta max_rounds warmup_requests baseline interval bootstrap seed out_dir "
             "settings_file",
         ),
+        help={"warmup_requests": "short requests per server before each job's measurement (not measured)"},
     )
 
     engine: Literal["sglang", "sim"] = param(
@@ -171,7 +178,7 @@ class TuneConfig(SamplingParams):
     gpus: str = param("0-6", "GPU indices; one candidate per group of tp GPUs at a time")
     tp: PositiveInt = param(1, "GPUs per server")
     base_port: Annotated[int, Field(ge=1, le=65535)] = param(
-        30000, "GPU group i's candidate listens on base_port + i"
+        BASE_PORT, "GPU group i's candidate listens on base_port + i"
     )
     host: str = param("127.0.0.1", "bind address of the candidate servers")
     python: str = param("", 'interpreter that runs SGLang ("": this one)')
@@ -230,14 +237,15 @@ class TuneConfig(SamplingParams):
         help="MTP's [steps, topk, draft tokens] the drafters are judged against ([]: speculation off, for a "
         "target without MTP heads)",
     )
-    concurrency_per_server: Annotated[int, Field(ge=0)] = param(
-        0, "the verdict's production concurrency (0: the largest of verdict_levels)"
+    verdict_concurrency: Annotated[int, Field(ge=0)] = param(
+        0,
+        "the production concurrency, one of verdict_levels, where the verdict names its winner (0: the largest)",
     )
     dataset_size: PositiveInt = param(1_000_000, "prompts in the full set the verdict prices")
     fleet_gpus: Annotated[int, Field(ge=0)] = param(
         0, "GPUs of the fleet the verdict prices (0: those of gpus)"
     )
-    gpu_hour_usd: NonNegativeFloat = param(6.0, "price of one GPU-hour in dollars (as the estimate's)")
+    gpu_hour_usd: GpuHourUsd
     prompts: str = param(SYNTHETIC, 'a .jsonl/.parquet sample of YOUR prompts, or "synthetic"')
     sample_size: PositiveInt = param(512, "prompts sampled once; each job sends a slice")
     rounds_per_job: PositiveFloat = param(3.0, "a job sends ceil(this x concurrency) requests (at least 8)")
@@ -246,25 +254,23 @@ class TuneConfig(SamplingParams):
     )
     eta: Annotated[int, Field(ge=2)] = param(2, "each round keeps the best 1/eta")
     max_rounds: PositiveInt = param(3, "rounds of halving at most")
-    warmup_requests: Annotated[int, Field(ge=0)] = param(2, "short requests before each job's measurement")
+    warmup_requests: WarmupRequests
     baseline: bool = param(
         True,
         f"also measure the seeds' {MTP_DEFAULT.speculative_algorithm} {AUTO_NUMBERS} (cap {SPEC_DEFAULT_MAX_RUNNING}) "
         "at the chosen candidate's concurrency",
     )
-    interval: Annotated[float, Field(gt=0, lt=1)] = param(0.9, "coverage of the bootstrap intervals")
-    bootstrap: PositiveInt = param(300, "bootstrap resamples")
+    interval: Interval
+    bootstrap: Bootstrap
     seed: int = param(0, "which prompts are sampled")
-    api_key_env: str | None = param(
-        None, 'NAME of the environment variable holding the API key, never the key ("": none)'
-    )
-    request_timeout_s: PositiveFloat = param(1800.0, "one request's time limit (s)")
+    api_key_env: ApiKeyEnv
+    request_timeout_s: RequestTimeout
     out_dir: ProjectPath = param(
         "outputs/tune/interactive", "results go here (draftgen run sets its run folder)"
     )
     settings_file: ProjectPath = param("", 'where the chosen settings go ("": out_dir/settings.yaml)')
 
-    _unset = field_validator("mem_fraction_static", "api_key_env", mode="before")(_unset_if_empty)
+    _unset = field_validator("mem_fraction_static", mode="before")(_unset_if_empty)
 
     @field_validator("gpus")
     @classmethod
@@ -305,12 +311,12 @@ class TuneConfig(SamplingParams):
         if self.verdict_levels and not self.drafters:
             raise ValueError("verdict_levels given without drafters: the verdict judges drafters against MTP")
         if (
-            self.concurrency_per_server
+            self.verdict_concurrency
             and self.verdict_levels
-            and (self.concurrency_per_server not in self.verdict_levels)
+            and (self.verdict_concurrency not in self.verdict_levels)
         ):
             raise ValueError(
-                f"concurrency_per_server {self.concurrency_per_server} is not one of verdict_levels "
+                f"verdict_concurrency {self.verdict_concurrency} is not one of verdict_levels "
                 f"{self.verdict_levels}: the verdict measures the production concurrency, it does not extrapolate"
             )
         if len(parse_gpus(self.gpus)) % self.tp:
@@ -410,7 +416,7 @@ class TuneConfig(SamplingParams):
 
     @property
     def production_concurrency(self) -> int:
-        return self.concurrency_per_server or max(self.verdict_levels, default=0)
+        return self.verdict_concurrency or max(self.verdict_levels, default=0)
 
     def verdict_candidates(self) -> list[Candidate]:
         """MTP first, then every drafter setting, each capped at the largest level (index 1000 + i)."""

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.params import NotebookCell, Params, PositiveInt, _unset_if_empty, param
+from draftgen.params import EnableThinking, NotebookCell, Params, PositiveInt, _unset_if_empty, param
 from draftgen.paths import ProjectPath
 from draftgen.training.masks import MaskSpec
 from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
@@ -75,7 +75,8 @@ class ValidateConfig(Params):
             "rows token_ids min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share "
             "max_truncated_share keep_flagged holdout_share export_jsonl export_prompts export_tokens batch_size "
             "examples_per_flag",
-        )
+        ),
+        help={"enable_thinking": "the generation's setting: thinking on expects non-empty reasoning"},
     )
 
     generation_dir: ProjectPath | list[ProjectPath] = param(
@@ -106,7 +107,7 @@ class ValidateConfig(Params):
         None,
         "former name of the draftgen trainers (think_in_prompt, think_in_target), empty means use trainer",
     )
-    enable_thinking: bool = param(True, "the generation's setting: thinking on expects non-empty reasoning")
+    enable_thinking: EnableThinking
     min_assistant_tokens: Annotated[int, Field(ge=0)] = param(
         16, "tiny_mask when the loss mask covers this many tokens or fewer"
     )
