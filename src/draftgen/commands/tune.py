@@ -1,8 +1,9 @@
 """``draftgen tune -f params/tune.yaml [-p KEY VALUE ...]``: measure the candidates, write the chosen settings.
 
-The same run as ``draftgen run tune`` (the notebook) without a kernel: parameters are validated first (a candidate
-SGLang would refuse stops everything before a server starts), progress is printed per job, and the table, plots,
-tune.json and the settings file go to the run folder.
+The same run as ``draftgen run tune`` (the notebook) without a kernel, through the same function
+(``draftgen.tune.pipeline.run_and_report``): parameters are validated first (a candidate SGLang would refuse stops
+everything before a server starts), progress is printed per job, and the table, plots, tune.json and the settings
+file go to the run folder.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from pathlib import Path
 
 from draftgen.params import SHARED_PARAMETERS, build_config
 from draftgen.runner import add_parameter_options, cli_parameters
+from draftgen.sglang_rules.speculation import AUTO_NUMBERS
 from draftgen.tune import report, verdict_report
 from draftgen.tune.config import TuneConfig
-from draftgen.tune.run import run_tune
+from draftgen.tune.pipeline import run_and_report
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
@@ -41,39 +43,22 @@ def run(args: argparse.Namespace) -> int:
         args.out or values.get("out_dir") or Path("outputs/tune") / time.strftime("%Y%m%d-%H%M%S")
     )
     config = build_config(TuneConfig, values)
-
-    def save_race(race) -> None:  # type: ignore[no-untyped-def]
-        report.save_report(race)  # before the verdict: an interrupted verdict loses none of the race
-        if race.chosen is not None:
-            print(
-                f"draftgen tune: race saved, {race.chosen.label} written to {config.settings_path}; the verdict next"
-            )
-
-    result = asyncio.run(run_tune(config, on_race=save_race))
-    info = report.save_report(result)
-    verdict = report.verdict_of(result)
-    if verdict is not None:
-        for value, name in (
-            ("tok_s_per_gpu", "verdict_tok_s_per_gpu"),
-            ("accept_length", "verdict_acceptance"),
-        ):
-            report.save_figure(verdict_report.plot_verdict(verdict, value), config.out_dir, name)
-        print(verdict_report.format_table(verdict))
-        print(verdict_report.headline(verdict))
-    if not config.race:
-        return 0 if verdict is not None and verdict.winner is not None else 1
-    table = report.candidate_table(result)
-    report.save_figure(report.plot_throughput(table, config.interval), config.out_dir, "tok_s_per_gpu")
-    report.save_figure(report.plot_acceptance(table, config.interval), config.out_dir, "acceptance")
-    print(report.format_table(table))
-    if result.chosen is None:
+    tuned = asyncio.run(run_and_report(config))
+    if tuned.verdict is not None:
+        print(verdict_report.format_table(tuned.verdict))
+        print(verdict_report.headline(tuned.verdict))
+    if tuned.table is None:  # race off: the verdict alone
+        return 0 if tuned.chosen else 1
+    print(report.format_table(tuned.table))
+    if not tuned.chosen:
         print("draftgen tune: no candidate could be measured; see the failures above")
         return 1
+    info = tuned.info
     print(
         f"draftgen tune: chosen {info['chosen_label']} at concurrency {info['concurrency']}: "
         f"{info['tok_s_per_gpu']:,.0f} tok/s per GPU"
         + (
-            f" ({info['gain_vs_baseline']:+.1%} vs the seeds' 3/1/4)"
+            f" ({info['gain_vs_baseline']:+.1%} vs the seeds' {AUTO_NUMBERS})"
             if info["gain_vs_baseline"] is not None
             else ""
         )

@@ -1,0 +1,72 @@
+"""One tune run with everything it saves: the code tune.ipynb and ``draftgen tune`` both call.
+
+The race (unless off) and the verdict (when asked), the race's report and settings file saved the moment the race
+ends (an interrupted verdict loses none of it), then tune.json, the candidate table, the verdict's files and the
+plots in ``out_dir``. The notebook shows what it returns cell by cell; the command prints it (docs/tune.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from draftgen.display.plots import Plot
+from draftgen.tune import report, verdict_report
+from draftgen.tune.config import TuneConfig
+from draftgen.tune.run import TuneRun, run_tune
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    """A finished tune run and what it saved to ``out_dir``."""
+
+    run: TuneRun
+    info: dict[str, Any]  # tune.json
+    table: pl.DataFrame | None  # the race's candidates, best first (None: race off)
+    verdict: verdict_report.Verdict | None  # None: no verdict asked
+    plots: dict[
+        str, Plot
+    ]  # by file stem: tok_s_per_gpu, acceptance, verdict_tok_s_per_gpu, verdict_acceptance
+
+    @property
+    def chosen(self) -> bool:
+        """Whether a settings file was written: the race chose a candidate, or the verdict alone named a winner."""
+        if self.table is not None:
+            return self.run.chosen is not None
+        return self.verdict is not None and self.verdict.winner is not None
+
+
+async def run_and_report(config: TuneConfig, log: Callable[[str], None] = print) -> TuneReport:
+    """Run tune as ``config`` says and save its report, tables, settings file and plots to ``config.out_dir``."""
+
+    def save_race(race: TuneRun) -> None:
+        report.save_report(race)  # before the verdict: an interrupted verdict loses none of the race
+        if race.chosen is not None:
+            log(
+                f"draftgen tune: race saved, {race.chosen.label} written to {config.settings_path}; the verdict next"
+            )
+
+    run = await run_tune(config, log, on_race=save_race)
+    info = report.save_report(run)
+    out = Path(config.out_dir)
+    plots: dict[str, Plot] = {}
+    table = report.candidate_table(run) if run.candidates else None
+    if table is not None:
+        plots["tok_s_per_gpu"] = report.save_figure(
+            report.plot_throughput(table, config.interval), out, "tok_s_per_gpu"
+        )
+        plots["acceptance"] = report.save_figure(
+            report.plot_acceptance(table, config.interval), out, "acceptance"
+        )
+    verdict = report.verdict_of(run)
+    if verdict is not None:
+        for value, name in (
+            ("tok_s_per_gpu", "verdict_tok_s_per_gpu"),
+            ("accept_length", "verdict_acceptance"),
+        ):
+            plots[name] = report.save_figure(verdict_report.plot_verdict(verdict, value), out, name)
+    return TuneReport(run, info, table, verdict, plots)

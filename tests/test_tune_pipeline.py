@@ -1,0 +1,75 @@
+"""``draftgen tune`` and tune.ipynb run one function (draftgen.tune.pipeline.run_and_report), not two copies.
+
+The end-to-end runs of both are in test_tune.py (the notebook under papermill) and test_tune_verdict.py (the
+command, its race saved before its verdict); here: that both reach the function, and what the command does with
+what it returns, on fakes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from draftgen.commands import tune as tune_command
+from draftgen.tune.pipeline import TuneReport
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_notebook_calls_the_function_and_repeats_none_of_it():
+    notebook = json.loads((ROOT / "notebooks" / "tune.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
+    assert "await run_and_report(config)" in code
+    for repeated in ("run_tune(", "save_report(", "save_figure(", "candidate_table(", "verdict_of("):
+        assert repeated not in code, f"tune.ipynb does {repeated} itself: it belongs in run_and_report"
+
+
+def _fake_report(*, race: bool, chosen: bool) -> TuneReport:
+    run = SimpleNamespace(chosen=object() if chosen else None)
+    verdict = None if race else SimpleNamespace(winner=object() if chosen else None)
+    table = None
+    if race:
+        import polars as pl
+
+        table = pl.DataFrame(schema={"candidate": pl.String})
+    return TuneReport(run, {}, table, verdict, {})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("race", "chosen"), [(True, True), (True, False), (False, True), (False, False)])
+def test_a_settings_file_is_written_when_the_race_or_the_verdict_alone_chose(race, chosen):
+    assert _fake_report(race=race, chosen=chosen).chosen is chosen
+
+
+def test_the_command_runs_the_function_with_its_parameters_and_says_no_candidate_when_none(
+    tmp_path, monkeypatch, capsys
+):
+    seen = []
+
+    async def fake(config):  # type: ignore[no-untyped-def]
+        seen.append(config)
+        return _fake_report(race=True, chosen=False)
+
+    monkeypatch.setattr(tune_command, "run_and_report", fake)
+    monkeypatch.setattr(tune_command.report, "format_table", lambda table: "TABLE")
+    args = argparse.Namespace(
+        parameters_file=[],
+        parameter=[["engine", "sim"], ["model", "m"], ["max_tokens", "64"], ["servers", "[http://x:1]"]],
+        out=tmp_path / "t",
+    )
+    assert tune_command.run(args) == 1
+    [config] = seen
+    assert (config.engine, config.model, config.max_tokens, config.out_dir) == (
+        "sim",
+        "m",
+        64,
+        str(tmp_path / "t"),
+    )
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "TABLE",
+        "draftgen tune: no candidate could be measured; see the failures above",
+    ]
