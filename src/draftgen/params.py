@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from draftgen.defaults import MODEL, fleet_urls
 from draftgen.server_settings import SettingsFile
+from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -97,14 +98,21 @@ class NotebookCell:
 
     ``sections`` are ``(title, "name name ...")`` pairs (title "" for no header line), naming every field of the
     class once. ``help`` replaces an inherited field's help in this notebook only (where its meaning differs, say
-    request_timeout_s: retried in generate, failed in benchmark).
+    request_timeout_s: retried in generate, failed in benchmark); ``doc`` its longer meaning on this notebook's
+    reference page (``draftgen.param_tables``).
     """
 
-    def __init__(self, *sections: tuple[str, str], help: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        *sections: tuple[str, str],
+        help: Mapping[str, str] | None = None,
+        doc: Mapping[str, str] | None = None,
+    ):
         self.sections: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
             (title, tuple(names.split())) for title, names in sections
         )
         self.help: Mapping[str, str] = dict(help or {})
+        self.doc: Mapping[str, str] = dict(doc or {})
 
     @property
     def names(self) -> list[str]:
@@ -210,8 +218,8 @@ ConcurrencyPerServer = Annotated[
     param(
         64,
         "requests kept in flight per server",
-        doc="requests in flight per server (SGLang runs 48 at once with MTP unless its --max-running-requests is "
-        "set; the rest queue there and keep the batch full)",
+        doc=f"requests in flight per server (SGLang runs {SPEC_DEFAULT_MAX_RUNNING} at once with MTP unless its "
+        "--max-running-requests is set; the rest queue there and keep the batch full)",
     ),
 ]
 Limit = Annotated[int, param(0, "take the first N valid prompts (0: all)", ge=0)]

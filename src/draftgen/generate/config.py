@@ -91,6 +91,11 @@ class GenerateConfig(FleetParams, SamplingParams):
             "train_max_length": "the trainer's max_length: preflight warns when max_tokens + the prompts reach "
             "past it (0: not checked)",
         },
+        doc={
+            "servers": 'base URLs, one per server, or one SMG (gateway) URL ("Beyond one node" below)',
+            "request_timeout_s": "one request's hard time limit (s); a hung request is retried elsewhere",
+            "limit": "take the first N valid prompts of this shard (0: all); a resumed run selects the same N",
+        },
     )
 
     prompts: str = param(
@@ -113,22 +118,39 @@ class GenerateConfig(FleetParams, SamplingParams):
         "", '"i/n": this process takes the prompts whose id hashes to i of n ("": all)'
     )
     stream: bool = param(False, "stream responses (records TTFT; more client CPU)")
-    max_attempts: PositiveInt = param(5, "tries per prompt before it goes to failed.parquet")
-    backoff_base_s: PositiveFloat = param(1.0, "first retry waits up to this (full jitter, doubling)")
+    max_attempts: PositiveInt = param(
+        5,
+        "tries per prompt before it goes to failed.parquet",
+        doc="tries per request (per turn) before the prompt goes to failed.parquet",
+    )
+    backoff_base_s: PositiveFloat = param(
+        1.0,
+        "first retry waits up to this (full jitter, doubling)",
+        doc="retry wait: full jitter over [0, min(backoff_max_s, backoff_base_s · 2^(attempt-1))], never below a "
+        "server's Retry-After",
+    )
     backoff_max_s: PositiveFloat = param(
         60.0, "longest single retry wait (a server's Retry-After is honoured)"
     )
     hang_factor: NonNegativeFloat = param(
-        3.0, "presume a request hung after this x the time max_tokens take at the server's slow rate (0: off)"
+        3.0,
+        "presume a request hung after this x the time max_tokens take at the server's slow rate (0: off)",
+        doc="once a server has answered 50 requests, a request there is presumed hung after this many times the "
+        "time max_tokens take at its slow (5th-percentile) per-request rate; 0 turns it off",
     )
     hang_min_s: PositiveFloat = param(
         300.0, "never presume hung sooner; request_timeout_s stays the hard limit"
     )
     server_silence_s: NonNegativeFloat = param(
-        120.0, "requests in flight, no answer this long: /health_generate decides (0: off)"
+        120.0,
+        "requests in flight, no answer this long: /health_generate decides (0: off)",
+        doc="a server with requests in flight that answers nothing for this long is checked with /health_generate "
+        "(SGLang: 200 on any scheduler output, 503 after 20 s of silence); a failed check benches it; 0 turns it off",
     )
     server_down_after: PositiveInt = param(
-        5, "consecutive connection/5xx/timeout failures that mark a server down"
+        5,
+        "consecutive connection/5xx/timeout failures that mark a server down",
+        doc="consecutive connection / 5xx / timeout failures that mark a server down (429 never does)",
     )
     probe_interval_s: PositiveFloat = param(
         2.0, "delay of the first /health_generate probe of a down server (doubles)"
@@ -161,15 +183,24 @@ class GenerateConfig(FleetParams, SamplingParams):
     force: bool = param(False, "resume even though model/sampling parameters differ from the stored run")
     progress_interval_s: NonNegativeFloat = param(1.0, "seconds between progress-bar refreshes")
     acceptance_interval_s: NonNegativeFloat = param(
-        60.0, "scrape each worker's /metrics this often for MTP acceptance over time (0: never)"
+        60.0,
+        "scrape each worker's /metrics this often for MTP acceptance over time (0: never)",
+        doc="scrape each worker's /metrics this often for MTP acceptance over time (acceptance.parquet); a gateway's "
+        "workers (when its answers carry no sglext) come from its GET /workers; 0: never",
     )
     status_interval_s: PositiveFloat = param(
-        5.0, "seconds between progress.json writes, read by draftgen status and monitor.ipynb"
+        5.0,
+        "seconds between progress.json writes, read by draftgen status and monitor.ipynb",
+        doc="seconds between progress.json writes (one progress-history.jsonl line each time), read by draftgen "
+        "status and monitor.ipynb; a heartbeat older than max(30 s, 4 × this) is stale",
     )
     hedge_slow_ratio: Annotated[float, Field(ge=0, lt=1)] = param(
         0.7,
         "queue empty: copy requests running on a server slower than this x the fleet's median per-request rate "
         "to an idle one, first answer kept (0: never)",
+        doc="once nothing is left to send, requests still running on a server whose median per-request rate is "
+        'below this × the fleet\'s are also sent to idle servers, the first answer kept ("Hedging the tail" below); '
+        "0: never",
     )
 
     @field_validator("shard")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 # The SGLang release whose response shapes the server speaks
 # (see docs/engines.md#the-sglang-surface-draftgen-relies-on):
@@ -12,25 +13,68 @@ from dataclasses import dataclass, fields
 SGLANG_SHAPES = ("0.5.4", "0.5.9", "0.5.23")
 
 
+def fault(default: object, values: str, effect: str) -> Any:
+    """One fault key, declared once: its default, the values it takes and what it does (the table of
+    docs/simulator.md "Faults" is rendered from these: draftgen.param_tables)."""
+    return field(default=default, metadata={"values": values, "effect": effect})
+
+
 @dataclass(frozen=True)
 class Faults:
-    error_rate: float = 0.0  # share of requests answered with HTTP 500
-    overload: int = 0  # queue limit: past this many waiting requests, answer overload_status (0 = off)
-    overload_status: int = 429  # 429 or 503
-    hang_rate: float = 0.0  # share of requests accepted and never answered
-    wedge_after: int = (
-        0  # after N requests the scheduler stops: all requests hang, /health stays 200 (0 = off)
+    error_rate: float = fault(
+        0.0, "0–1", 'that share of chat/generate requests gets HTTP 500 (`{"object":"error",...}`) at arrival'
     )
-    crash_after: str = ""  # "N" requests or "Ns" seconds after ready, then the process exits
-    load_delay: float = 0.0  # seconds before the port opens (connections refused meanwhile)
-    startup_delay: float = 0.0  # seconds of 503 from /health and /health_generate after the port opens
-    empty_answer_rate: float = 0.0  # share of answers like "<think>\n\n</think>\n\nOK."
-    abort_rate: float = 0.0  # share of requests aborted in the queue: empty text, finish_reason "abort"
-    slow: float = 1.0  # step-time factor (3 = three times slower)
-    omit_usage: bool = False  # never send usage (some engines don't)
-    omit_done: bool = False  # end SSE streams without "data: [DONE]"
-    sglang_version: str = "0.5.23"  # which response shapes to speak
-    noncanonical_ids: float = 0.0  # share of answers whose ids spell one token as smaller ones (same text)
+    overload: int = fault(
+        0, "N ≥ 0", "when N requests already wait in the queue, new ones get `overload_status` (0 = off)"
+    )
+    overload_status: int = fault(429, "429 or 503", "status for `overload`")
+    hang_rate: float = fault(
+        0.0, "0–1", "that share is accepted and never answered (no tokens); `/health` stays 200"
+    )
+    wedge_after: int = fault(
+        0,
+        "N ≥ 0",
+        "from the Nth request on the scheduler stops (a stuck collective, a CUDA fault): every running and later "
+        "request hangs, `/health` stays 200, `/health_generate` answers 503 after 20 simulated seconds, as SGLang's "
+        "does when its scheduler is silent (0 = off)",
+    )
+    crash_after: str = fault(
+        "",
+        "`N` or `Ns`",
+        "the N-th chat/generate request to arrive makes the process exit (code 70) at once, dropping every open "
+        "connection; or the process exits N seconds after warm-up",
+    )
+    load_delay: float = fault(0.0, "seconds", "before the port opens (connections refused meanwhile)")
+    startup_delay: float = fault(
+        0.0,
+        "seconds",
+        "after the port opens, before warm-up: `/health` and `/health_generate` answer 503, requests queue",
+    )
+    empty_answer_rate: float = fault(
+        0.0,
+        "0–1",
+        "that share answers with the short failure `\\n</think>\\n\\nOK.` + EOS (thinking on; 6 tokens in Qwen3's "
+        "vocabulary)",
+    )
+    abort_rate: float = fault(
+        0.0, "0–1", "that share is aborted in the queue: empty text, `finish_reason` `abort`, 0 tokens"
+    )
+    slow: float = fault(
+        1.0, "factor > 0", "multiplies the decode step time (not prefill): 3 is three times slower"
+    )
+    omit_usage: bool = fault(False, "true/false", "never send `usage` (null in replies, no usage chunk)")
+    omit_done: bool = fault(False, "true/false", "end SSE streams without `data: [DONE]`")
+    sglang_version: str = fault(
+        SGLANG_SHAPES[-1],
+        ", ".join(f"`{shape}`" for shape in SGLANG_SHAPES),
+        "which release's response shapes to speak",
+    )
+    noncanonical_ids: float = fault(
+        0.0,
+        "0–1",
+        "that share answers with ids that decode to the text but are not its canonical encoding (one token split "
+        'into smaller ones; see "The tokenizer and the ids")',
+    )
 
     def crash_after_requests(self) -> int | None:
         value = self.crash_after.strip()

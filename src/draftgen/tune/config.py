@@ -201,15 +201,21 @@ class TuneConfig(SamplingParams):
         help="[steps, topk, draft tokens] each",
     )
     speculative_draft_model_path: str = param(
-        "", 'the draft model for STANDALONE (or an EAGLE head) ("": none, as NEXTN needs)'
+        "",
+        'the draft model for STANDALONE (or an EAGLE head) ("": none, as NEXTN needs)',
+        doc="STANDALONE's draft model (a smaller model of the same family; an EAGLE head for EAGLE); NEXTN needs none",
     )
     adaptive_steps: list[Annotated[int, Field(ge=1)]] = param(
         default_factory=list,
         help="--speculative-adaptive candidates (SGLang 0.5.23; top-k 1): the steps each starts from",
+        doc="SGLang 0.5.23's adaptive speculation (--speculative-adaptive, top-k 1, draft tokens steps + 1): one "
+        "candidate per start value of --speculative-num-steps (params/tune.yaml: [3])",
     )
     ngram_draft_tokens: list[Annotated[int, Field(ge=2)]] = param(
         default_factory=list,
         help="NGRAM candidates (drafts from the text so far, no draft model): draft tokens each",
+        doc="NGRAM candidates, one per --speculative-num-draft-tokens (drafts come from the text so far: no draft "
+        "model, no steps or top-k of its own)",
     )
     drafters: list[DrafterSpace] = param(
         default_factory=list,
@@ -250,7 +256,10 @@ class TuneConfig(SamplingParams):
     sample_size: PositiveInt = param(512, "prompts sampled once; each job sends a slice")
     rounds_per_job: PositiveFloat = param(3.0, "a job sends ceil(this x concurrency) requests (at least 8)")
     equal_time: bool = param(
-        True, "a round's jobs measure as long as its first to send all its requests, not longer"
+        True,
+        "a round's jobs measure as long as its first to send all its requests, not longer",
+        doc="on: a round's jobs stop sending once they have measured as long as the round's first job to send all "
+        "its requests (each keeps at least concurrency finished requests); off: every job sends all its requests",
     )
     eta: Annotated[int, Field(ge=2)] = param(2, "each round keeps the best 1/eta")
     max_rounds: PositiveInt = param(3, "rounds of halving at most")
@@ -259,6 +268,8 @@ class TuneConfig(SamplingParams):
         True,
         f"also measure the seeds' {MTP_DEFAULT.speculative_algorithm} {AUTO_NUMBERS} (cap {SPEC_DEFAULT_MAX_RUNNING}) "
         "at the chosen candidate's concurrency",
+        doc=f"also run the seeds' {MTP_DEFAULT.speculative_algorithm} {AUTO_NUMBERS} (cap {SPEC_DEFAULT_MAX_RUNNING}) "
+        "beside the last round, at each finalist's concurrency, for the gain over the seeds",
     )
     interval: Interval
     bootstrap: Bootstrap

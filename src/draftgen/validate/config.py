@@ -77,6 +77,9 @@ class ValidateConfig(Params):
             "examples_per_flag",
         ),
         help={"enable_thinking": "the generation's setting: thinking on expects non-empty reasoning"},
+        doc={
+            "trainer": f'whose loss mask to reproduce, token for token: {", ".join(t.value for t in Trainer)} ("The loss mask, exactly" below)'
+        },
     )
 
     generation_dir: ProjectPath | list[ProjectPath] = param(
@@ -85,7 +88,10 @@ class ValidateConfig(Params):
         notebook="outputs/demo/generate",
     )
     prompt_file: ProjectPath = param(
-        "", 'the prompt file the folders should cover ("": the one their manifests name)'
+        "",
+        'the prompt file the folders should cover ("": the one their manifests name)',
+        doc='the prompt file the folders should cover; "": the one their manifests name (give it when the file sits '
+        "elsewhere on this machine)",
     )
     tokenizer: ProjectPath = param(
         ...,
@@ -97,6 +103,7 @@ class ValidateConfig(Params):
         ...,
         "report tables + training export (draftgen run sets the run folder)",
         notebook="outputs/validate/interactive",
+        doc="report tables and export (draftgen run sets the run folder); must not be inside generation_dir",
         min_length=1,
     )
     trainer: Trainer = param(
@@ -106,22 +113,30 @@ class ValidateConfig(Params):
     mask_convention: Literal["think_in_prompt", "think_in_target"] | None = param(
         None,
         "former name of the draftgen trainers (think_in_prompt, think_in_target), empty means use trainer",
+        doc="former name of the two draftgen-* trainers (think_in_prompt, think_in_target); still accepted",
     )
     enable_thinking: EnableThinking
     min_assistant_tokens: Annotated[int, Field(ge=0)] = param(
         16, "tiny_mask when the loss mask covers this many tokens or fewer"
     )
     max_length: PositiveInt = param(
-        4096, "training max_length: longer rendered samples are flagged over_max_length"
+        4096,
+        "training max_length: longer rendered samples are flagged over_max_length",
+        doc="the trainer's max_length: longer rendered samples are over_max_length; SpecForge trainers cut "
+        "input_ids and loss_mask here, as they do",
     )
     duplicate_answer_min_prompts: Annotated[int, Field(ge=2)] = param(
         10, "duplicate_answer when this many prompts share one exact answer"
     )
     max_degenerate_share: Share = param(
-        0.05, "the gate: fail when more than this share is garbage (empty, tiny, mismatched...)"
+        0.05,
+        "the gate: fail when more than this share is garbage (empty, tiny, mismatched...)",
+        doc="the gate: fail when a larger share of samples is garbage (dropped for a defect)",
     )
     max_truncated_share: Share = param(
-        0.25, "the gate: fail when more than this share is cut by max_tokens / max_length"
+        0.25,
+        "the gate: fail when more than this share is cut by max_tokens / max_length",
+        doc="the gate: fail when a larger share is dropped only for a length limit",
     )
     keep_flagged: list[FlagName] = param(
         default_factory=lambda: list(KEPT_BY_DEFAULT),

@@ -1,0 +1,253 @@
+"""The parameter tables of docs/, from the definitions: rendered where a table can be, checked where it is prose.
+
+A page marks each table with a pair of comments naming its source::
+
+    <!-- parameters: generate -->                  every parameter of a step, in its parameters cell's order
+    <!-- parameters: tune "the search space" -->   one section of the step's parameters cell
+    <!-- faults -->                                the simulator's --fault keys (draftgen.sim.faults)
+    <!-- shared parameters -->                     the names one params file may set for every notebook
+    ...
+    <!-- end parameters -->                        (end faults, end shared parameters)
+
+Those are rendered here: a parameter's default is its notebook literal, its meaning the ``doc`` of its declaration
+(``param(..., doc=...)``), else its help in that notebook. Around a command's hand-written flag table,
+``<!-- options: sim -->`` ... ``<!-- end options -->`` asks for a check instead: every flag of ``draftgen sim`` is
+in the table, and every number or name it defaults to stands in its row.
+
+    python -m draftgen.param_tables           # check every page: print what differs (exit 1 when anything does)
+    python -m draftgen.param_tables --write   # rewrite the rendered tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from draftgen.notebook_params import notebook_literal, notebook_value
+from draftgen.params import SHARED_PARAMETERS, Params
+from draftgen.runner import REPO_ROOT
+from draftgen.steps import get_step
+
+FIX_COMMAND = "python -m draftgen.param_tables --write"
+DOCS = REPO_ROOT / "docs"
+LONG_LITERAL = 60  # characters: a longer list default shows its first and last items
+_BLOCK = re.compile(
+    r"<!-- (parameters|faults|shared parameters)(?:: ([^>]*?))? -->\n(.*?)<!-- end \1 -->\n", re.S
+)
+_OPTIONS = re.compile(r"<!-- options: ([\w-]+) -->\n(.*?)<!-- end options -->\n", re.S)
+_SECTION = re.compile(r'^(\w+)(?: "([^"]*)")?$')
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default_text(value: Any) -> str:
+    literal = notebook_literal(value)
+    if len(literal) > LONG_LITERAL and isinstance(value, list) and len(value) > 2:
+        first, last = notebook_literal(value[0]), notebook_literal(value[-1])
+        return f"`[{first}, …, {last}]` ({len(value)} items)"
+    return f"`{literal}`"
+
+
+def meaning(model: type[Params], name: str) -> str:
+    """What a parameter's row says: the notebook's own words for it, else its declaration's doc, else its help."""
+    cell = model.parameters_cell
+    if cell is not None and name in cell.doc:
+        return cell.doc[name]
+    extra = model.model_fields[name].json_schema_extra
+    if (cell is None or name not in cell.help) and isinstance(extra, dict) and extra.get("doc"):
+        return str(extra["doc"])
+    return model.parameter_help(name)
+
+
+def parameters_table(spec: str) -> str:
+    """``generate`` or ``tune "the search space"``: the rows of a step's parameters (or one cell section)."""
+    match = _SECTION.match(spec.strip())
+    if not match:
+        raise ValueError(f'parameters table {spec!r}: write STEP or STEP "section title"')
+    model = get_step(match.group(1)).config_class()
+    cell = model.parameters_cell
+    assert cell is not None, f"{model.__name__} has no parameters cell"
+    if match.group(2) is None:
+        names = cell.names
+    else:
+        sections = {title: names for title, names in cell.sections}
+        if match.group(2) not in sections:
+            raise ValueError(
+                f"{model.__name__} has no cell section {match.group(2)!r}; it has {list(sections)}"
+            )
+        names = list(sections[match.group(2)])
+    return parameter_rows(model, names)
+
+
+def parameter_rows(model: type[Params], names: Sequence[str]) -> str:
+    """The table of ``names`` of ``model``: each parameter's notebook literal and meaning."""
+    rows = ["| parameter | default | meaning |", "|---|---|---|"]
+    for name in names:
+        field = model.model_fields[name]
+        default = _default_text(notebook_value(name, field))
+        if field.is_required():
+            default = f"required (the notebook: {default})"
+        rows.append(f"| `{name}` | {_cell(default)} | {_cell(meaning(model, name))} |")
+    return "\n".join(rows) + "\n"
+
+
+def faults_table(spec: str = "") -> str:
+    """The simulator's fault keys: what each takes, its default, what it does (draftgen.sim.faults.Faults)."""
+    from draftgen.sim.faults import Faults
+
+    rows = ["| key | values | default | effect |", "|---|---|---|---|"]
+    for item in fields(Faults):
+        if "effect" not in item.metadata:
+            raise ValueError(
+                f"Faults.{item.name} has no effect text: declare it with fault(default, values, effect)"
+            )
+        default = str(item.default).lower() if isinstance(item.default, bool) else item.default
+        default_text = '`""`' if default == "" else f"`{default}`"
+        rows.append(
+            f"| `{item.name}` | {_cell(item.metadata['values'])} | {default_text} | {_cell(item.metadata['effect'])} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def shared_parameters_line(spec: str = "") -> str:
+    return ", ".join(f"`{name}`" for name in sorted(SHARED_PARAMETERS)) + ".\n"
+
+
+RENDERERS: dict[str, Callable[[str], str]] = {
+    "parameters": parameters_table,
+    "faults": faults_table,
+    "shared parameters": shared_parameters_line,
+}
+
+
+def render_page(text: str) -> str:
+    """``text`` with every marked table rendered from the definitions."""
+
+    def rendered(match: re.Match[str]) -> str:
+        kind, spec = match.group(1), match.group(2) or ""
+        head = f"<!-- {kind}: {spec} -->" if spec else f"<!-- {kind} -->"
+        return f"{head}\n{RENDERERS[kind](spec)}<!-- end {kind} -->\n"
+
+    return _BLOCK.sub(rendered, text)
+
+
+# ----- hand-written flag tables, checked -----------------------------------------------------------------------
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``draftgen NAME``."""
+    from draftgen.cli import build_parser
+
+    parser = build_parser([name])
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[name]
+
+
+def _default_words(action: argparse.Action) -> list[str]:
+    """The words a flag's default must show in its row ([] when it has none worth showing)."""
+    default = action.default
+    if default is None or isinstance(default, bool) or default == [] or action.required:
+        return []
+    if default == sys.executable:
+        return ["this interpreter"]
+    if isinstance(default, float):
+        return [f"{default:g}"]
+    return [str(default)]
+
+
+def options_problems(table: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Where a hand-written flag table and the parser differ: flags missing or unknown, defaults not shown."""
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    documented = {}
+    for row in rows:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        for flag in re.findall(r"`(--[\w*-]+)", cells[0]):
+            documented[flag] = cells[1] if len(cells) > 1 else ""
+    problems = []
+    actions = [a for a in parser._actions if a.option_strings and "--help" not in a.option_strings]
+    for action in actions:
+        flag = max(action.option_strings, key=len)
+        row_default = next(
+            (cell for documented_flag, cell in documented.items() if _covers(documented_flag, flag)), None
+        )
+        if row_default is None:
+            problems.append(f"{flag} is not in the table")
+            continue
+        for word in _default_words(action):
+            if not re.search(rf"(?<![\w.]){re.escape(word)}(?![\w.])", row_default):
+                problems.append(
+                    f"{flag}: its default {word} is not in its row's default column ({row_default!r})"
+                )
+    known = {max(a.option_strings, key=len) for a in actions} | {s for a in actions for s in a.option_strings}
+    for documented_flag in documented:
+        if not any(_covers(documented_flag, flag) for flag in known):
+            problems.append(f"{documented_flag} is in the table but not a flag of the command")
+    return problems
+
+
+def _covers(documented: str, flag: str) -> bool:
+    return flag.startswith(documented[:-1]) if documented.endswith("*") else documented == flag
+
+
+# ----- pages ----------------------------------------------------------------------------------------------------
+def pages() -> list[Path]:
+    """The docs pages that hold a marked table."""
+    return [
+        p for p in sorted(DOCS.glob("*.md")) if _BLOCK.search(p.read_text()) or _OPTIONS.search(p.read_text())
+    ]
+
+
+def page_problems(path: Path) -> list[str]:
+    """Everything that differs on one page: rendered tables as diffs, checked flag tables as sentences."""
+    text = path.read_text()
+    problems = []
+    rendered = render_page(text)
+    if rendered != text:
+        diff = difflib.unified_diff(
+            text.splitlines(),
+            rendered.splitlines(),
+            f"{path.name} (committed)",
+            f"{path.name} (rendered)",
+            lineterm="",
+        )
+        problems.append("\n".join(diff))
+    for match in _OPTIONS.finditer(text):
+        problems += [
+            f"{path.name}, draftgen {match.group(1)}: {p}"
+            for p in options_problems(match.group(2), command_parser(match.group(1)))
+        ]
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m draftgen.param_tables",
+        description="Render the docs' parameter tables from the definitions: check (default) or --write.",
+    )
+    parser.add_argument("--write", action="store_true", help="rewrite the rendered tables that differ")
+    args = parser.parse_args(argv)
+    found = 0
+    for path in pages():
+        if args.write:
+            text = path.read_text()
+            rendered = render_page(text)
+            if rendered != text:
+                path.write_text(rendered)
+                print(f"rewrote the tables of {path}")
+        for problem in page_problems(path):
+            found += 1
+            print(problem)
+    if found:
+        print(f"{found} table problem(s); rendered tables: {FIX_COMMAND}; flag tables: edit them by hand")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
