@@ -41,15 +41,11 @@ def test_the_batch_cap_is_48_with_speculation_unless_given():
 
 def test_the_default_mtp_is_the_numbers_sglang_chooses_itself():
     assert str(speculation.AUTO_NUMBERS) == "3/1/4" and speculation.AUTO_NUMBERS.as_list() == [3, 1, 4]
-    assert MTP_ARGS == (
-        "--speculative-algorithm",
-        "NEXTN",
-        "--speculative-num-steps",
-        "3",
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        "4",
+    launched = " ".join(MTP_ARGS)  # what serve adds with MTP on
+    assert (
+        launched
+        == "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        + ("--speculative-num-draft-tokens 4")
     )
     assert (B200.spec_steps, B200.spec_topk, B200.draft_tokens) == (3, 1, 4)  # the profile as launched
 
@@ -116,15 +112,28 @@ def test_adaptive_is_switched_off_in_sglangs_words():
 
 # ----- one copy: both users hold the rules' own objects --------------------------------------------------------
 def test_serve_tune_and_the_simulator_read_the_same_rule_objects():
-    assert sim_speculative.MTP_ALGORITHMS is server_settings.MTP_ALGORITHMS is speculation.MTP_ALGORITHMS
-    assert sim_speculative.DRAFT_MODEL_ALGORITHMS is server_settings.DRAFT_MODEL_ALGORITHMS
-    assert sim_speculative.chain_draft_tokens is server_settings.chain_draft_tokens
-    assert sim_speculative.tree_holds is server_settings.tree_holds
-    assert sim_speculative.effective_max_running is server_settings.effective_max_running
-    assert sim_speculative.dflash_overrides is server_settings.dflash_overrides
-    assert sim_speculative.adaptive is server_settings.adaptive is adaptive
-    assert sim_adaptive.decide is adaptive.decide and sim_adaptive.DEFAULT_TABLE is adaptive.DEFAULT_TABLE
+    assert sim_speculative.speculation is speculation and sim_speculative.adaptive is adaptive
     assert sim_speculative.hybrid_memory is hybrid_memory
+    assert server_settings.MTP_ALGORITHMS is speculation.MTP_ALGORITHMS
+    assert server_settings.DRAFT_MODEL_ALGORITHMS is speculation.DRAFT_MODEL_ALGORITHMS
+    assert server_settings.chain_draft_tokens is speculation.chain_draft_tokens
+    assert server_settings.tree_holds is speculation.tree_holds
+    assert server_settings.effective_max_running is speculation.effective_max_running
+    assert server_settings.dflash_overrides is speculation.dflash_overrides
+    assert server_settings.adaptive is adaptive
+    assert sim_adaptive.decide is adaptive.decide and sim_adaptive.DEFAULT_TABLE is adaptive.DEFAULT_TABLE
+    # a module-level name of a rule in either user is the rules' own object, never a copy
+    rule_names = {
+        "SPEC_DEFAULT_MAX_RUNNING",
+        "MTP_ALGORITHMS",
+        "DRAFTER_ALGORITHMS",
+        "DRAFT_MODEL_ALGORITHMS",
+    }
+    rule_names |= {"DEFAULT_SLOTS", "DEFAULT_TABLE", "CANDIDATE_STEPS", "ADAPTIVE_CANDIDATE_STEPS"}
+    for user in (server_settings, sim_speculative, sim_adaptive):
+        for name in rule_names & set(vars(user)):
+            rule = getattr(speculation, name, getattr(adaptive, name, None))
+            assert getattr(user, name) is rule, f"{user.__name__}.{name} is a copy of a rule"
 
 
 # ----- agreement: what server_settings refuses is what the simulator would not run as asked --------------------

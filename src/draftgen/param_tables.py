@@ -232,21 +232,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--write", action="store_true", help="rewrite the rendered tables that differ")
     args = parser.parse_args(argv)
-    found = 0
-    for path in pages():
-        if args.write:
+    if args.write:
+        for path in pages():
             text = path.read_text()
-            rendered = render_page(text)
-            if rendered != text:
+            if (rendered := render_page(text)) != text:
                 path.write_text(rendered)
                 print(f"rewrote the tables of {path}")
-        for problem in page_problems(path):
-            found += 1
-            print(problem)
-    if found:
-        print(f"{found} table problem(s); rendered tables: {FIX_COMMAND}; flag tables: edit them by hand")
-        return 1
-    return 0
+    problems = [problem for path in pages() for problem in page_problems(path)]
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(
+            f"{len(problems)} table problem(s); rendered tables: {FIX_COMMAND}; flag tables: edit them by hand"
+        )
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -19,22 +19,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields, replace
 
-from draftgen.sglang_rules import adaptive, hybrid_memory
-from draftgen.sglang_rules.speculation import (
-    AUTO_NUMBERS,
-    DFLASH,
-    DFLASH_DEFAULT_BLOCK,
-    DRAFT_MODEL_ALGORITHMS,
-    MTP_ALGORITHMS,
-    NEXTN,
-    SPEC_DEFAULT_MAX_RUNNING,
-    chain_draft_tokens,
-    dflash_overrides,
-    draft_model_required,
-    effective_max_running,
-    tree_candidates,
-    tree_holds,
-)
+from draftgen.sglang_rules import adaptive, hybrid_memory, speculation
 from draftgen.sim import drafters
 from draftgen.sim.profiles import MemoryModel, Profile, SpecCosts
 
@@ -179,14 +164,14 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
         if not profile.speculative:
             return False, 0, 1, 1
         return True, profile.spec_steps, profile.spec_topk, profile.draft_tokens
-    if algorithm.upper() not in (*MTP_ALGORITHMS, *DRAFT_MODEL_ALGORITHMS):
+    if algorithm.upper() not in (*speculation.MTP_ALGORITHMS, *speculation.DRAFT_MODEL_ALGORITHMS):
         raise _fail(
             "ValueError: the simulator models --speculative-algorithm NEXTN, EAGLE, EAGLE3, STANDALONE, DFLASH or "
             f"none, not {algorithm!r}",
             after_load=False,
         )
     steps, topk, drafts = numbers
-    if algorithm.upper() in DRAFT_MODEL_ALGORITHMS:
+    if algorithm.upper() in speculation.DRAFT_MODEL_ALGORITHMS:
         if flags.speculative_adaptive:
             raise _fail(
                 f"ValueError: the simulator models --speculative-adaptive with MTP (NEXTN, EAGLE) only, not "
@@ -194,9 +179,11 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
                 after_load=False,
             )
         if not flags.speculative_draft_model_path:
-            raise _fail(f"ValueError: {draft_model_required(algorithm.upper())}", after_load=False)
-        if algorithm.upper() == DFLASH:
-            return True, 1, 1, drafts or DFLASH_DEFAULT_BLOCK  # SGLang overrides steps and top-k to 1
+            raise _fail(
+                f"ValueError: {speculation.draft_model_required(algorithm.upper())}", after_load=False
+            )
+        if algorithm.upper() == speculation.DFLASH:  # SGLang overrides steps and top-k to 1
+            return True, 1, 1, drafts or speculation.DFLASH_DEFAULT_BLOCK
     if flags.speculative_adaptive and (topk is None or topk == 1):
         return (True, *_resolve_adaptive(steps))
     if steps is None:
@@ -207,7 +194,8 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
                 "--speculative-num-draft-tokens (or none of the three)",
                 after_load=False,
             )
-        auto = AUTO_NUMBERS  # what SGLang picks itself, unless the profile was launched with others
+        # what SGLang picks itself, unless the profile was launched with others
+        auto = speculation.AUTO_NUMBERS
         steps, topk, drafts = (
             profile.spec_steps or auto.steps,
             profile.spec_topk or auto.topk,
@@ -223,13 +211,12 @@ def _resolve(profile: Profile, flags: SimSettings) -> tuple[bool, int, int, int]
         raise _fail(
             f"ValueError: speculative settings {steps}/{topk}/{drafts} must be >= 1/1/2", after_load=False
         )
-    drafts = chain_draft_tokens(
-        steps, topk, drafts
-    )  # SGLang adjusts it (with a warning) rather than refusing
-    if not tree_holds(steps, topk, drafts):
+    # SGLang adjusts the draft tokens of a chain (with a warning) rather than refusing them
+    drafts = speculation.chain_draft_tokens(steps, topk, drafts)
+    if not speculation.tree_holds(steps, topk, drafts):
         raise _fail(
             f"RuntimeError: selected index k out of range (num_draft_tokens {drafts} - 1 > "
-            f"{tree_candidates(steps, topk)} tree candidates)",
+            f"{speculation.tree_candidates(steps, topk)} tree candidates)",
             after_load=True,
         )
     return True, steps, topk, drafts
@@ -256,10 +243,12 @@ def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
     """What SGLang logs about these flags while accepting them (its adjustments)."""
     lines = []
     speculative, _, topk, drafts = _resolve(profile, flags)
-    if (flags.speculative_algorithm or "").upper() == DFLASH:
+    if (flags.speculative_algorithm or "").upper() == speculation.DFLASH:
         lines += [
             f"WARNING {warning}"
-            for warning in dflash_overrides(flags.speculative_num_steps, flags.speculative_eagle_topk)
+            for warning in speculation.dflash_overrides(
+                flags.speculative_num_steps, flags.speculative_eagle_topk
+            )
         ]
         if flags.speculative_num_draft_tokens is None:
             lines.append(
@@ -267,7 +256,7 @@ def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
             )
         if flags.max_running_requests is None:
             lines.append(
-                f"WARNING max_running_requests set to {SPEC_DEFAULT_MAX_RUNNING} for speculative decoding "
+                f"WARNING max_running_requests set to {speculation.SPEC_DEFAULT_MAX_RUNNING} for speculative decoding "
                 "(--max-running-requests overrides it)"
             )
         return lines
@@ -283,7 +272,7 @@ def startup_warnings(profile: Profile, flags: SimSettings) -> list[str]:
         )
     if speculative and flags.speculative_algorithm is not None and flags.max_running_requests is None:
         lines.append(
-            f"WARNING max_running_requests set to {SPEC_DEFAULT_MAX_RUNNING} for speculative decoding "
+            f"WARNING max_running_requests set to {speculation.SPEC_DEFAULT_MAX_RUNNING} for speculative decoding "
             "(--max-running-requests overrides it)"
         )
     return lines
@@ -316,10 +305,10 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
     algorithm = (flags.speculative_algorithm or "").upper()
     drafter = (
         _drafter(algorithm, flags.speculative_draft_model_path)
-        if algorithm in DRAFT_MODEL_ALGORITHMS
+        if algorithm in speculation.DRAFT_MODEL_ALGORITHMS
         else None
     )
-    running = effective_max_running(flags.max_running_requests, speculative) or 0
+    running = speculation.effective_max_running(flags.max_running_requests, speculative) or 0
     if speculative and drafter is not None:
         probs = drafters.position_probabilities(drafter, steps, topk, drafts)
         draft_base, draft_per_req = drafters.draft_seconds(drafter, steps, topk, drafts)
@@ -359,7 +348,9 @@ def apply_settings(profile: Profile, flags: SimSettings) -> Profile:
         kv_capacity_tokens=kv_tokens,
         mem_fraction_static=fraction,
         kv_admission=True,
-        spec_algorithm=(algorithm if algorithm in DRAFT_MODEL_ALGORITHMS else NEXTN) if speculative else None,
+        spec_algorithm=(algorithm if algorithm in speculation.DRAFT_MODEL_ALGORITHMS else speculation.NEXTN)
+        if speculative
+        else None,
         draft_model_path=flags.speculative_draft_model_path if drafter is not None else None,
         drafter=drafter.name if drafter is not None else ("mtp" if speculative else None),
     )
