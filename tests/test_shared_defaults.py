@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 
 from draftgen import defaults
 from draftgen.commands import demo, serve, sim
-from draftgen.params import NOTEBOOK_FLEET, NOTEBOOK_MODEL, Params
+from draftgen.params import NOTEBOOK_FLEET, NOTEBOOK_MODEL, SHARED_PARAMETERS, Params
 from draftgen.serve.config import ServeConfig
 from draftgen.server_settings import MTP_DEFAULT
 from draftgen.sglang_rules.speculation import AUTO_NUMBERS
@@ -73,6 +73,12 @@ def test_a_parameter_several_steps_take_is_declared_once():
         f"declared more than once, differently: {drifted} (declare them once in draftgen.params)"
     )
     assert set(PER_STEP) <= set(shared), "a PER_STEP name no longer taken by two steps: drop it from the list"
+
+
+def test_every_shared_name_is_a_parameter_a_step_takes():
+    """A params file may set a shared name for the whole pipeline; each is a parameter of some step."""
+    declared = _declared_by()
+    assert sorted(name for name in SHARED_PARAMETERS if name not in declared) == []
 
 
 def test_the_folded_defaults_are_the_ones_argued_for():
