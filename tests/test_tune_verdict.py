@@ -208,7 +208,9 @@ def test_a_tie_with_the_race_off_writes_no_settings_file(judged, tmp_path):
     config, run, verdict, _, _ = judged
     mtp, _block, head = config.verdict_candidates()
     points = [  # the block drafter lost at 64 (test above): MTP and the head now tie at the top
-        _with_interval(p, 5000.0, 5100.0) if p.level == 64 and p.candidate.index in (mtp.index, head.index) else p
+        _with_interval(p, 5000.0, 5100.0)
+        if p.level == 64 and p.candidate.index in (mtp.index, head.index)
+        else p
         for p in verdict.points
     ]
     tie_config = config.model_copy(update={"out_dir": str(tmp_path / "tune")})
