@@ -36,12 +36,14 @@ SERVED_MODEL = "tiny-qwen3"  # --served-model-name of the fleet's three servers
 STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 answers. Under 10 prompts, so
 # validate's duplicate_answer flag (the same answer to >= 10 prompts) stays quiet for the designed model.
 RESUME_PROMPTS = 8
-# STANDALONE (the slow one: 0.87 s against NGRAM's 0.37 s a request of 8 tokens) needs 10 answers before the tail
-# (it gets about 30% of them; 48 prompts once left it 12 in all). Answers of HEDGE_TOKENS: with 8, a loser was
-# often a step from its end when the winner landed and finished before SGLang saw its client gone (one hedge, no
-# abort, under load); at 24 it has about a second left.
-HEDGE_PROMPTS = 64
-HEDGE_TOKENS = 24
+# The hedged run's slow server is STANDALONE made HEDGE_SLOWDOWN + 1 times slower than itself (ServeRun.slowed): slow
+# by construction, whatever the machine's speed (unslowed it takes about 2.4x NGRAM's time a request, and on a
+# quiet machine that was once too little to be hedged). The hedger needs 10 of its answers before the tail: at
+# about 7x NGRAM's time a request it gets 1 prompt in 8, so 120 prompts leave it ~15 with 3 more in flight.
+# Answers of HEDGE_TOKENS: a loser still has most of its answer to go when the copy lands, so SGLang aborts it.
+HEDGE_PROMPTS = 120
+HEDGE_TOKENS = 16
+HEDGE_SLOWDOWN = 2.0
 FAILOVER_PROMPTS = 24  # ngram answers ~4 a second: enough left for it after plain's first shard
 TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
@@ -181,9 +183,10 @@ class HedgedRun:
 def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: Path) -> HedgedRun:
     """generate.ipynb (streamed) on ngram and standalone, hedging forced, one prompt too long for the model.
 
-    ``hedge_slow_ratio`` 0.9: STANDALONE answers at well under half NGRAM's per-request rate, so it is hedged
-    at the tail for sure. Enough prompts that the slow server has the 10 answers hedging needs before the queue
-    runs dry. Thinking off and ``max_truncated_rate`` 1.0: the random model never ends before max_tokens.
+    ``hedge_slow_ratio`` 0.9, and STANDALONE slowed to three times its own time per step for the run: it answers
+    at a fraction of NGRAM's per-request rate, so it is hedged at the tail at any machine speed. Enough prompts
+    that the slow server has the 10 answers hedging needs before the queue runs dry. Thinking off and
+    ``max_truncated_rate`` 1.0: the random model never ends before max_tokens.
     Streamed, because SGLang 0.5.23 notices a client gone from a streamed request at its next chunk, but from a
     non-streamed one only every SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s) or SGLANG_FORCE_STREAM_INTERVAL tokens:
     a non-streamed loser that ends sooner is finished, not aborted (seen here: two hedges, no abort)."""
@@ -204,7 +207,8 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
     }
     urls = {"ngram": ngram.url, "standalone": standalone.url}
     before = {name: metric(url, ABORTED) for name, url in urls.items()}
-    run_dir = draftgen_run(draftgen, "generate", root, "hedge", params)
+    with standalone.slowed(HEDGE_SLOWDOWN):
+        run_dir = draftgen_run(draftgen, "generate", root, "hedge", params)
     aborted = {name: metric(url, ABORTED) - before[name] for name, url in urls.items()}
     return HedgedRun(run_dir, prompts, urls, aborted)
 
