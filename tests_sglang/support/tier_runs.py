@@ -45,6 +45,9 @@ HEDGE_PROMPTS = 120
 HEDGE_TOKENS = 16
 HEDGE_SLOWDOWN = 2.0
 FAILOVER_PROMPTS = 24  # ngram answers ~4 a second: enough left for it after plain's first shard
+# The kill tests' other server runs KILL_SLOWDOWN + 1 times slower than itself until the kill (ServeRun.slowed), so
+# the run is mid-way when the kill lands, by construction rather than by the day's relative speeds.
+KILL_SLOWDOWN = 4.0
 TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
 VERDICT_LEVELS = (1, 2)  # the verdict's concurrencies; the production one is the largest
@@ -145,7 +148,8 @@ class ResumeRun:
 
 def resume_after_kill(draftgen: str, plain: ServeRun, root: Path) -> ResumeRun:
     """generate.ipynb on plain, its kernel (the client: generate's requests come from it) SIGKILLed after the
-    first shard with requests in flight on the real server, then ``draftgen run --resume``."""
+    first shard with requests in flight on the real server (plain slowed until then), then ``draftgen run
+    --resume``."""
     prompts = write_rows(root / "prompts" / "resume.jsonl", single_turn("resume", RESUME_PROMPTS))
     params = {
         **GREEDY,
@@ -161,8 +165,11 @@ def resume_after_kill(draftgen: str, plain: ServeRun, root: Path) -> ResumeRun:
     proc = start_run(draftgen, "generate", root, "resume", params)
     try:
         kernel = kernel_of(proc)
-        wait_for_shards(run_dir, 1, proc)
-        kernel.send_signal(signal.SIGKILL)  # no flush, no goodbye
+        # plain slowed until the kill: the first shard is stored with most prompts still to go, so the kill lands
+        # mid-run however late this process notices the shard
+        with plain.slowed(KILL_SLOWDOWN):
+            wait_for_shards(run_dir, 1, proc)
+            kernel.send_signal(signal.SIGKILL)  # no flush, no goodbye
         proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -224,7 +231,8 @@ class KilledRun:
 
 def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Path) -> KilledRun:
     """generate.ipynb on plain and ngram; once a shard holding one of plain's answers is stored, plain's SGLang
-    launcher is SIGKILLed (not at the first shard: under load ngram once answered the first shard's four alone).
+    launcher is SIGKILLed (not at the first shard: under load ngram once answered the first shard's four alone),
+    ngram slowed until then.
 
     Thinking off (the random model on ngram never closes </think>), so truncation is the rule there:
     max_truncated_rate 1.0. Two consecutive failures mark a server down (server_down_after 2), so the run moves
@@ -246,10 +254,13 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
     proc = start_run(draftgen, "generate", root, "failover", params)
     run_dir = root / "generate" / "failover"
     try:
-        wait_for_a_row_from(plain.url, run_dir, proc)
-        [launcher] = plain.launchers()
-        launcher.send_signal(signal.SIGKILL)
-        killed_at = time.time()
+        # ngram slowed until the kill: it takes few prompts before, so most are left for it after, whichever of
+        # the two random-weight and designed models the machine runs faster
+        with ngram.slowed(KILL_SLOWDOWN):
+            wait_for_a_row_from(plain.url, run_dir, proc)
+            [launcher] = plain.launchers()
+            launcher.send_signal(signal.SIGKILL)
+            killed_at = time.time()
         output = finish(proc, "generate", run_dir)
     finally:
         if proc.poll() is None:
