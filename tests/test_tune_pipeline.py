@@ -28,9 +28,14 @@ def test_the_notebook_calls_the_function_and_repeats_none_of_it():
         assert repeated not in code, f"tune.ipynb does {repeated} itself: it belongs in run_and_report"
 
 
-def _fake_report(*, race: bool, chosen: bool) -> TuneReport:
+def _fake_report(*, race: bool, chosen: bool, tie: bool = False) -> TuneReport:
     run = SimpleNamespace(chosen=object() if chosen else None)
-    verdict = None if race else SimpleNamespace(winner=object() if chosen else None)
+    best = object() if chosen or tie else None
+    verdict = (
+        None
+        if race
+        else SimpleNamespace(winner=object() if chosen else None, ranking=SimpleNamespace(best=best))
+    )
     table = None
     if race:
         import polars as pl
@@ -41,7 +46,13 @@ def _fake_report(*, race: bool, chosen: bool) -> TuneReport:
 
 @pytest.mark.parametrize(("race", "chosen"), [(True, True), (True, False), (False, True), (False, False)])
 def test_a_settings_file_is_written_when_the_race_or_the_verdict_alone_chose(race, chosen):
-    assert _fake_report(race=race, chosen=chosen).chosen is chosen
+    tuned = _fake_report(race=race, chosen=chosen)
+    assert tuned.chosen is chosen and tuned.answered is chosen
+
+
+def test_a_verdict_alone_that_ties_answers_without_a_settings_file():
+    tuned = _fake_report(race=False, chosen=False, tie=True)
+    assert tuned.answered and not tuned.chosen
 
 
 def test_the_command_runs_the_function_with_its_parameters_and_says_no_candidate_when_none(

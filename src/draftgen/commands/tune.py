@@ -47,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
     if tuned.verdict is not None:
         print(verdict_report.format_table(tuned.verdict))
         print(verdict_report.headline(tuned.verdict))
-    if tuned.table is None:  # race off: the verdict alone
-        return 0 if tuned.chosen else 1
+    if tuned.table is None:  # race off: the verdict alone, where a tie is an answer too
+        return 0 if tuned.answered else 1
     print(report.format_table(tuned.table))
-    if not tuned.chosen:
+    if not tuned.answered:
         print("draftgen tune: no candidate could be measured; see the failures above")
         return 1
     info = tuned.info
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
             if info["gain_vs_baseline"] is not None
             else ""
         )
+        + (f"; within the noise of {', '.join(info['ties_with'])}" if info["ties_with"] else "")
     )
     print(
         f"draftgen tune: settings written to {config.settings_path}; launch: draftgen serve --settings {config.settings_path} ..."

@@ -34,10 +34,19 @@ class TuneReport:
 
     @property
     def chosen(self) -> bool:
-        """Whether a settings file was written: the race chose a candidate, or the verdict alone named a winner."""
+        """Whether a settings file was written: the race chose a candidate, or the verdict alone named a winner
+        (a tie writes none: docs/tune.md, "The verdict")."""
         if self.table is not None:
             return self.run.chosen is not None
         return self.verdict is not None and self.verdict.winner is not None
+
+    @property
+    def answered(self) -> bool:
+        """Whether the run answered its question: the race chose a candidate, or the verdict alone measured one
+        best (a winner, or a tie between candidates within each other's noise)."""
+        if self.table is not None:
+            return self.run.chosen is not None
+        return self.verdict is not None and self.verdict.ranking.best is not None
 
 
 async def run_and_report(config: TuneConfig, log: Callable[[str], None] = print) -> TuneReport:

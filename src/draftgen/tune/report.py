@@ -103,6 +103,24 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
     )
 
 
+def ties_with_chosen(run: TuneRun) -> list[str]:
+    """Finalists whose tok/s interval overlaps the chosen one's: the race's order between them may be noise
+    (the chosen one still leads on the point figure, so it is the one written to the settings file)."""
+    chosen = run.chosen
+    est = run.estimates.get(chosen.index) if chosen else None
+    if chosen is None or est is None:
+        return []
+    return [
+        c.label
+        for c in run.candidates
+        if c.index != chosen.index
+        and c.index not in run.eliminated_in
+        and (other := run.estimates.get(c.index)) is not None
+        and other.tok_s_low <= est.tok_s_high
+        and est.tok_s_low <= other.tok_s_high
+    ]
+
+
 def summary(run: TuneRun) -> dict:
     chosen = run.chosen
     est = run.estimates.get(chosen.index) if chosen else None
@@ -116,6 +134,7 @@ def summary(run: TuneRun) -> dict:
         "tok_s_per_gpu": est.tok_s_per_gpu if est else None,
         "tok_s_per_gpu_interval": [est.tok_s_low, est.tok_s_high] if est else None,
         "accept_length": est.accept_length if est else None,
+        "ties_with": ties_with_chosen(run),
         "baseline_label": base.candidate.label if base else None,
         "baseline_tok_s_per_gpu": base_est.tok_s_per_gpu if base_est else None,
         "baseline_accept_length": base_est.accept_length if base_est else None,
