@@ -18,15 +18,15 @@ from typing import Any
 
 from draftgen.client.errors import RequestError
 from draftgen.client.records import ChatResult
-from draftgen.diskspace import free_bytes, human_bytes
-from draftgen.display.humanize import short_label
+from draftgen.display.humanize import human_bytes, short_label
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
 from draftgen.generate.guard import Guard, GuardSettings
 from draftgen.generate.preflight import Plan
 from draftgen.generate.progress import Progress, ServerView
 from draftgen.generate.status_file import StatusWriter
-from draftgen.generate.store import DiskFull, RunStore, server_entry
+from draftgen.generate.store import RunStore, server_entry
+from draftgen.rundir import DiskFull, free_bytes
 from draftgen.watch.progress_file import set_state
 
 EVENT_LOG_LIMIT = 1000
@@ -176,7 +176,7 @@ class RunSession:
         self.bar.close()
         config, store = self.config, self.store
         recorded = store.close_disk_full(error)
-        with contextlib.suppress(OSError):  # progress.json is rewritten in place when no temporary file fits
+        with contextlib.suppress(OSError):  # DiskFull too: progress.json is rewritten in place when it can be
             set_state(config.out_dir, "interrupted", f"disk full: {error.path}")
         shards = len(store.manifest.get("shards", []))
         message = (
