@@ -85,17 +85,31 @@ class EventLog:
         self.recent.append(event)
 
 
+def session_store(config: GenerateConfig, plan: Plan) -> RunStore:
+    """The store preflight opened and kept leased, now recording this session. A plan whose session has already
+    ended (its generate ran once) has let go of the folder: the new session opens it again."""
+    store = plan.store
+    if store is None or not store.holds_lease:
+        store = RunStore.open(config)
+    elif store.config != config:
+        raise ValueError(
+            f"generate was given another config than preflight checked for {store.out_dir}: run "
+            "preflight(config) again with the config to run"
+        )
+    store.begin_session(
+        clock=plan.clock,
+        prompt_scan=plan.scan.as_dict(),
+        servers=[server_entry(s.url, s.capabilities) for s in plan.servers],
+    )
+    return store
+
+
 class RunSession:
     """Takes dispatch's events (``DispatchEvents``) to the store, guard, progress bar and log; ends once."""
 
     def __init__(self, config: GenerateConfig, plan: Plan, *, progress: bool = True):
         self.config = config
-        self.store = RunStore.open(
-            config,
-            clock=plan.clock,
-            prompt_scan=plan.scan.as_dict(),
-            servers=[server_entry(s.url, s.capabilities) for s in plan.servers],
-        )
+        self.store = session_store(config, plan)
         self.guard = Guard(guard_settings(config))
         self.bar = Progress(plan.todo, enabled=progress)
         self.log = EventLog()
