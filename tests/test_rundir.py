@@ -480,7 +480,8 @@ def test_a_store_on_a_full_disk_records_it_through_the_in_place_manifest(tmp_pat
     """When not even the manifest's temporary file fits, the manifest is rewritten in its own blocks."""
     config = make_config(tmp_path / "run", batch_save_size=1)
     store = RunStore.open(config)
-    for index in range(30):  # 30 shards: the indented manifest leaves room for the compact one with the ending
+    # 30 shards: the indented manifest leaves room for the compact one that records the ending
+    for index in range(30):
         store.add(row(f"p{index}"))
 
     def full(path: Path, writer: object) -> Path:  # not even a temporary file fits

@@ -107,9 +107,8 @@ FAILED_SCHEMA = pl.Schema(
 REJECTED_SCHEMA = pl.Schema({"row": pl.Int64, "id": pl.String, "reason": pl.String, "raw": pl.String})
 
 
-StoreError = (
-    RunFolderError  # the run folder cannot be used as asked; the message says which file and what to do
-)
+# The run folder cannot be used as asked (the lease's errors included); the message says which file and what to do.
+StoreError = RunFolderError
 
 
 class FingerprintMismatch(StoreError):

@@ -45,8 +45,9 @@ class RunFolderLease:
     ) -> RunFolderLease:
         """Create ``folder`` (and ``subfolders`` in it), lock it, and clear leftover temporary files in each.
 
-        Raises ``RunFolderBusy`` when another lease holds it: its message names the holder's pid and ends with
-        ``advice``, and with ``held_here`` when the holder is this very process (what in it may hold a lease)."""
+        Raises ``RunFolderBusy`` when another lease holds it: its message names the holder's pid (with
+        ``held_here``, what in this process may hold a lease, when the holder is this very process) and ends with
+        ``advice``."""
         folder = Path(folder)
         inner = [folder / name for name in subfolders]
         try:
