@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from draftgen.defaults import BASE_PORT, MODEL
+from draftgen.rundir.layout import COMMANDS
 from draftgen.serve.config import (
     DEFAULT_ROUTER_PORT,
     ENGINES,
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     check_run_dir(config.run_dir)
     try:
         config.run_dir.mkdir(parents=True, exist_ok=True)
-        write_commands(config.run_dir / "commands.sh", [*servers, *([router] if router else [])])
+        write_commands(config.run_dir / COMMANDS, [*servers, *([router] if router else [])])
     except OSError as exc:
         raise ValueError(
             f"cannot write the run folder {config.run_dir}: {exc.strerror or exc}; check --out"
