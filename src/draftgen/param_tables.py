@@ -31,6 +31,7 @@ from typing import Any
 
 from draftgen.notebook_params import notebook_literal, notebook_value
 from draftgen.params import SHARED_PARAMETERS, Params
+from draftgen.rundir import write_text
 from draftgen.runner import REPO_ROOT
 from draftgen.steps import get_step
 
@@ -236,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in pages():
             text = path.read_text()
             if (rendered := render_page(text)) != text:
-                path.write_text(rendered)
+                write_text(path, rendered)
                 print(f"rewrote the tables of {path}")
     problems = [problem for path in pages() for problem in page_problems(path)]
     for problem in problems:
