@@ -162,15 +162,15 @@ def _contents_table(info: dict[str, Any]) -> str:
     if cut["closing_measured"]:
         mean = cut["closing_tokens"] / cut["closing_measured"]
         closing = (
-            f" (measured on {cut['closing_measured']:,} of them: {mean:.1f} tokens a turn, "
-            f"{cut['closing_tokens']:,} in all)"
+            f" (rendered so, {cut['closing_measured']:,} of them would carry {cut['closing_tokens']:,} such tokens, "
+            f"{mean:.1f} a turn)"
         )
     note = (
         f"\n\n{cut['trained']:,} turns were cut by max_tokens and train **as generated**: the server's prompt and "
         "output ids, nothing appended, the mask over exactly the generated tokens. The files of ids carry them; "
         "`train.jsonl` leaves them out, because a trainer renders its conversations through the chat template, "
-        "which would end each cut turn with tokens the model never wrote (`</think>`, `\\n\\n`, `<|im_end|>`, "
-        f"`\\n`){closing}."
+        "which would end each cut turn with tokens the model never wrote: `\\n</think>\\n\\n<|im_end|>\\n` after a "
+        f"cut inside the reasoning, `<|im_end|>\\n` after one inside the answer{closing}."
     )
     return "\n".join(lines) + note
 

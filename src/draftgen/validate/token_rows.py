@@ -5,6 +5,10 @@ of their re-rendered text (``retokenized``), and returns the rows to export: the
 ids`` masked by the trainer's rule on ids (``training.id_rows``) where the server sent usable ids, the re-tokenized
 row otherwise — with, per row, where its tokens came from, where re-tokenizing would have differed, why a server's
 ids could not be used, and the row's generated and supervised-generated token counts (the yield).
+
+A turn cut by max_tokens is exactly ``prompt ids + output ids``; its re-rendered text goes on with the tokens the
+chat template closes a turn with, which are compared with nothing (they are not the model's) but counted per row
+(``closing``: what train.jsonl's path would add).
 """
 
 from __future__ import annotations
