@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from validate_helpers import clean_rows, row, server_ids, write_generation
+from validate_helpers import clean_rows, row, server_ids, with_server_ids, write_generation
 
 from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.generate.guard import Guard, GuardSettings, GuardTripped
@@ -88,12 +88,6 @@ def with_cut_turn(sample: dict, tokenizer, turn: int, keep: int) -> tuple[dict, 
     return cut, *cut_turn
 
 
-def _with_ids(sample: dict, tokenizer) -> dict:  # type: ignore[no-untyped-def]
-    from validate_helpers import with_server_ids
-
-    return with_server_ids(sample, tokenizer)
-
-
 def _prompts(out: Path) -> dict[str, dict]:
     lines = (out / "export.partial" / "prompts.jsonl").read_text().splitlines()
     return {r["id"]: r for r in map(json.loads, lines)}
@@ -107,7 +101,7 @@ def _conversations(out: Path) -> dict[str, list[dict]]:
 def _planted(tokenizer) -> tuple[list[dict], dict[str, tuple[list[int], list[int]]]]:  # type: ignore[no-untyped-def]
     """Clean rows with server ids, and cut turns: inside the reasoning, inside the answer, and the first turn of a
     two-turn conversation (its second turn asked with the cut turn's content, as generate asks it)."""
-    rows = [_with_ids(r, tokenizer) for r in clean_rows(20)]
+    rows = [with_server_ids(r, tokenizer) for r in clean_rows(20)]
     sources = clean_rows(8, seed=9, prefix="cut")
     truth: dict[str, tuple[list[int], list[int]]] = {}
     for sample, turn, keep, key in (
@@ -203,8 +197,8 @@ def test_the_switch_drops_cut_turns_again_and_re_tokenized_cut_rows_stay_dropped
 
 def test_every_generated_token_lands_in_one_bucket(tmp_path, tokenizer_dir, tokenizer):
     rows, _ = _planted(tokenizer)
-    defect = _with_ids(row("empty-0", reasoning="Let me think. " * 8, content=""), tokenizer)
-    long = _with_ids(row("long-0", reasoning="Think. " * 10, content="A long answer. " * 60), tokenizer)
+    defect = with_server_ids(row("empty-0", reasoning="Let me think. " * 8, content=""), tokenizer)
+    long = with_server_ids(row("long-0", reasoning="Think. " * 10, content="A long answer. " * 60), tokenizer)
     write_generation(tmp_path / "gen", [*rows, defect, long])
     config = _config(tokenizer_dir, tmp_path / "gen", tmp_path / "out", max_length=160, holdout_share=0.2)
     result = validate_generation(config, tokenizer=tokenizer, progress=False)
@@ -280,7 +274,7 @@ def test_validates_gate_fails_a_run_where_most_answers_are_cut_though_they_train
 
     def corpus(name: str, cut: int) -> tuple:
         rows = [with_cut_turn(s, tokenizer, 0, 30)[0] for s in single[:cut]]
-        rows += [_with_ids(s, tokenizer) for s in single[cut:]]
+        rows += [with_server_ids(s, tokenizer) for s in single[cut:]]
         write_generation(tmp_path / name, rows)
         return validate_generation(
             _config(tokenizer_dir, tmp_path / name, tmp_path / f"{name}-out"),

@@ -232,7 +232,7 @@ def _rejected_by_trainer(masks: MaskBatch, config: ValidateConfig) -> np.ndarray
     return np.array([not rules.accepts(masks.loss_mask(i).tolist()) for i in range(len(masks))], dtype=bool)
 
 
-def trained_cut(frame: pl.DataFrame, tokens: TokenRows | None, config: ValidateConfig) -> np.ndarray:
+def trains_as_generated(frame: pl.DataFrame, tokens: TokenRows | None, config: ValidateConfig) -> np.ndarray:
     """Per row: a turn cut by max_tokens that trains as generated — its row is the server's prompt + output ids,
     nothing appended (``config.trains_cut_turns``). A re-tokenized row cannot be: its text goes through the chat
     template, which closes the think block and the turn with tokens the model never wrote."""
@@ -278,7 +278,7 @@ def flag_batch(
     drop = [f for f in FLAGS if f in config.drop_flags]
     always = [pl.col(f) for f in drop if f not in CUT_CONSEQUENCES]  # a defect drops a cut turn too
     unless_cut = [pl.col(f) for f in drop if f in CUT_CONSEQUENCES]
-    cut = trained_cut(frame, tokens, config)
+    cut = trains_as_generated(frame, tokens, config)
     where = [
         c
         for c in ("id", "prompt_id", "turn", "folder", "shard", "row", "finish_reason")
