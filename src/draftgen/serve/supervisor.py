@@ -20,6 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
+from draftgen.rundir.layout import SERVERS
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.launch import LaunchSpec
 from draftgen.serve.probe import Stage, probe
@@ -307,7 +308,7 @@ class Supervisor:
     def _publish(self, urls: list[str], what: str) -> None:
         if urls == self._last_written:
             return
-        path = self.config.run_dir / "servers.yaml"
+        path = self.config.run_dir / SERVERS
         try:
             write_servers_yaml(path, urls, self.config.served_model)
         except OSError as exc:

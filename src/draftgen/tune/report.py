@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
@@ -10,14 +9,14 @@ from matplotlib.figure import Figure
 
 from draftgen.bench.report import save_figure
 from draftgen.display.plots import Plot, new_figure
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import TUNE_CANDIDATES as CANDIDATES_FILE
+from draftgen.rundir.layout import TUNE_JOBS as JOBS_FILE
+from draftgen.rundir.layout import TUNE_SUMMARY as SUMMARY_FILE
 from draftgen.server_settings import save_settings
 from draftgen.tune import verdict_report
 from draftgen.tune.estimate import estimate
 from draftgen.tune.run import TuneRun
-
-CANDIDATES_FILE = "candidates.parquet"
-JOBS_FILE = "jobs.parquet"
-SUMMARY_FILE = "tune.json"
 
 __all__ = [
     "Plot",
@@ -163,8 +162,8 @@ def save_report(run: TuneRun) -> dict:
     out = Path(run.config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if run.candidates:  # the race ran
-        candidate_table(run).write_parquet(out / CANDIDATES_FILE)
-        jobs_table(run).write_parquet(out / JOBS_FILE)
+        write_parquet(out / CANDIDATES_FILE, candidate_table(run))
+        write_parquet(out / JOBS_FILE, jobs_table(run))
     info = summary(run)
     if run.chosen is not None:
         provenance = {
@@ -196,7 +195,7 @@ def save_report(run: TuneRun) -> dict:
             }
             save_settings(run.config.settings_path, verdict.winner.settings, provenance)
             info["settings_file"] = str(run.config.settings_path)
-    (out / SUMMARY_FILE).write_text(json.dumps(info, indent=2, default=str))
+    write_json(out / SUMMARY_FILE, info, indent=2, default=str)
     return info
 
 

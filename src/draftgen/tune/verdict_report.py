@@ -17,7 +17,6 @@ estimate does.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,9 @@ from matplotlib.figure import Figure
 
 from draftgen.display.plots import new_figure
 from draftgen.estimate.model import LengthSample, RateModel, estimate_wall
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import TUNE_VERDICT_SUMMARY as VERDICT_SUMMARY
+from draftgen.rundir.layout import TUNE_VERDICT_TABLE as VERDICT_TABLE
 from draftgen.tune.config import Candidate
 from draftgen.tune.estimate import estimate
 from draftgen.tune.measure import JobResult
@@ -34,8 +36,6 @@ from draftgen.tune.verdict import VerdictRun
 
 DAY_S = 86_400.0
 MONEY_RESAMPLES = 40  # rate refits behind the days/dollars interval (each one a fleet simulation)
-VERDICT_TABLE = "verdict.parquet"
-VERDICT_SUMMARY = "verdict.json"
 
 
 @dataclass(frozen=True)
@@ -457,9 +457,9 @@ def summary(v: Verdict) -> dict:
 def save_verdict(v: Verdict, out_dir: str | Path) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table(v).write_parquet(out / VERDICT_TABLE)
+    write_parquet(out / VERDICT_TABLE, table(v))
     info = summary(v)
-    (out / VERDICT_SUMMARY).write_text(json.dumps(info, indent=2, default=str))
+    write_json(out / VERDICT_SUMMARY, info, indent=2, default=str)
     return info
 
 

@@ -9,16 +9,16 @@ them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from draftgen.rundir import write_json, write_text
+from draftgen.rundir.layout import EXPORT_CARD as CARD_FILE
+from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_HOLDOUT, EXPORT_PROMPTS, EXPORT_TOKENS
+from draftgen.rundir.layout import EXPORT_INFO as INFO_FILE
 from draftgen.training.trainers import SpanTrainer
-from draftgen.validate import export
 
 FORMAT = "draftgen.export/1"
-INFO_FILE = "dataset_info.json"
-CARD_FILE = "README.md"
 SAMPLING_KEYS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "enable_thinking", "turns")
 
 
@@ -86,13 +86,13 @@ def dataset_info(result: Any) -> dict[str, Any]:
     counts = result.counts
     files: dict[str, str] = {}
     if config.export_jsonl:
-        files["conversations"] = "train.jsonl"
+        files["conversations"] = EXPORT_CONVERSATIONS
     if config.export_prompts:
-        files["prompts"] = export.PROMPTS
+        files["prompts"] = EXPORT_PROMPTS
     if config.export_tokens:
-        files["tokens"] = "tokens/*.parquet"
+        files["tokens"] = f"{EXPORT_TOKENS}/*.parquet"
     if counts["held_out"]["prompts"]:
-        files["holdout"] = "holdout/prompts.jsonl"
+        files["holdout"] = f"{EXPORT_HOLDOUT}/{EXPORT_PROMPTS}"
     trainer: dict[str, Any] = {
         "name": config.trainer.value,
         "max_length": config.max_length,
@@ -253,6 +253,6 @@ Files: {", ".join(f"`{path}` ({name})" for name, path in info["files"].items())}
 def write_card(folder: Path, result: Any) -> dict[str, Any]:
     """Write README.md and dataset_info.json into ``folder`` (the staged export); returns the info."""
     info = dataset_info(result)
-    (Path(folder) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    (Path(folder) / CARD_FILE).write_text(render_readme(info), encoding="utf-8")
+    write_json(Path(folder) / INFO_FILE, info, indent=2, end="\n")
+    write_text(Path(folder) / CARD_FILE, render_readme(info))
     return info

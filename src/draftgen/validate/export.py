@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import EXPORT as FINAL
+from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_COUNTS, EXPORT_TOKENS, export_tokens_part_name
+from draftgen.rundir.layout import EXPORT_HOLDOUT as HOLDOUT
+from draftgen.rundir.layout import EXPORT_PROMPTS as PROMPTS
+from draftgen.rundir.layout import EXPORT_STAGING as STAGING
 from draftgen.training.masks import MaskBatch
-
-STAGING = "export.partial"
-PROMPTS = "prompts.jsonl"
-HOLDOUT = "holdout"
-FINAL = "export"
 
 
 class ExportWriter:
@@ -50,7 +51,7 @@ class ExportWriter:
             shutil.rmtree(self.staging)
         self.staging.mkdir(parents=True)
         self._parts = 0
-        self._handle = (self.staging / "train.jsonl").open("w", encoding="utf-8") if jsonl else None
+        self._handle = (self.staging / EXPORT_CONVERSATIONS).open("w", encoding="utf-8") if jsonl else None
         self._prompts = (self.staging / PROMPTS).open("w", encoding="utf-8") if prompts else None
         self._holdout: Any = None
         self._held: set[str] = set()  # prompt ids written (an id stored twice is held out once)
@@ -103,8 +104,8 @@ class ExportWriter:
                     "loss_mask": pl.Series([masks.loss_mask(int(i)) for i in rows], dtype=pl.List(pl.Int8)),
                 }
             )
-            (self.staging / "tokens").mkdir(exist_ok=True)
-            part.write_parquet(self.staging / "tokens" / f"part-{self._parts:05d}.parquet")
+            (self.staging / EXPORT_TOKENS).mkdir(exist_ok=True)
+            write_parquet(self.staging / EXPORT_TOKENS / export_tokens_part_name(self._parts), part)
             self._parts += 1
         return int(rows.size)
 
@@ -115,7 +116,7 @@ class ExportWriter:
             return
         if self._holdout is None:
             (self.staging / HOLDOUT).mkdir()
-            self._holdout = (self.staging / HOLDOUT / "prompts.jsonl").open("w", encoding="utf-8")
+            self._holdout = (self.staging / HOLDOUT / PROMPTS).open("w", encoding="utf-8")
         self._held.update(r["id"] for r in rows)
         lines = [json.dumps({"id": r["id"], "messages": r["messages"]}, ensure_ascii=False) for r in rows]
         self._holdout.write("\n".join(lines) + "\n")
@@ -125,7 +126,7 @@ class ExportWriter:
             if handle is not None:
                 handle.close()
         self._handle = self._prompts = self._holdout = None
-        (self.staging / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
+        write_json(self.staging / EXPORT_COUNTS, counts, indent=2, end="\n")
 
 
 def finalize(out_dir: Path) -> Path:

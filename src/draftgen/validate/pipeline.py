@@ -9,7 +9,6 @@ for overlap and coverage by ``coverage.py``) and returns a ``ValidationResult`` 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,9 @@ import numpy as np
 import polars as pl
 
 from draftgen.prompts.rows import holdout_fraction
+from draftgen.rundir import write_json
+from draftgen.rundir.layout import VALIDATE_RECORDS as RECORDS_FILE
+from draftgen.rundir.layout import VALIDATE_SUMMARY as SUMMARY_FILE
 from draftgen.training.id_rows import IdsLayout, ids_layout
 from draftgen.training.masks import MaskSpec, build_conversation_masks, load_tokenizer
 from draftgen.training.trainers import SpanTrainer
@@ -32,9 +34,6 @@ from draftgen.validate.reader import iter_batches
 from draftgen.validate.records import RecordsWriter
 from draftgen.validate.token_rows import server_rows
 from draftgen.validate.turns import assemble_batch, turn_rows
-
-RECORDS_FILE = "samples.parquet"
-SUMMARY_FILE = "summary.json"
 
 
 class ValidationGateError(RuntimeError):
@@ -189,7 +188,7 @@ def validate_generation(
         seconds=time.perf_counter() - started,
     )
     card.write_card(writer.staging, result)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary(result), indent=2) + "\n")
+    write_json(out_dir / SUMMARY_FILE, summary(result), indent=2, end="\n")
     return result
 
 
