@@ -65,11 +65,11 @@ def file_contents(config: Any, counts: dict[str, Any]) -> dict[str, dict[str, An
     }
     contents: dict[str, dict[str, Any]] = {}
     if config.export_prompts:
-        contents[export.PROMPTS] = dict(every)
+        contents[EXPORT_PROMPTS] = dict(every)
     if config.export_tokens:
-        contents["tokens/*.parquet"] = dict(every)
+        contents[f"{EXPORT_TOKENS}/*.parquet"] = dict(every)
     if config.export_jsonl:
-        contents["train.jsonl"] = {
+        contents[EXPORT_CONVERSATIONS] = {
             "rows": counts["conversation_rows"],
             "trained_tokens": every["trained_tokens"] - cut["trained_tokens"],
             "cut_turns": 0,
