@@ -108,26 +108,34 @@ def draft_misses(chain: list[int]) -> set[int]:
 class DesignedRun:
     tokens: int  # completion tokens, the stop token included
     verify_steps: int
+    histogram: tuple[int, ...]  # verify steps by drafts accepted (0 .. steps), as sglext counts them
 
     @property
     def accept_length(self) -> float:
         return self.tokens / self.verify_steps
 
+    @property
+    def correct_drafts(self) -> int:
+        return sum(accepted * count for accepted, count in enumerate(self.histogram))
+
 
 def designed_verify_steps(chain: list[int], start: int, max_tokens: int, steps: int = SPEC_STEPS) -> DesignedRun:
     """What NEXTN with ``steps`` draft steps (topk 1) does with the designed model after a prompt ending at chain
     position ``start``: prefill answers chain[start + 1]; then each verify step accepts the drafts up to the first
-    miss, plus the target's own next token, until ``<|im_end|>`` or ``max_tokens``."""
+    miss, plus the target's own next token, until ``<|im_end|>`` or ``max_tokens``. Past ``<|im_end|>`` both the
+    head and the target continue with ``<|im_end|>``, so SGLang counts those drafts accepted (the answer ends at
+    the first)."""
     misses = draft_misses(chain)
     last = len(chain) - 1  # <|im_end|>
-    position, produced, verify = start + 1, 1, 0
+    position, produced, histogram = start + 1, 1, [0] * (steps + 1)
     while position < last and produced < max_tokens:
         accepted, at = 0, position
-        while accepted < steps and at < last and at not in misses:
+        while accepted < steps and (at >= last or at not in misses):
             accepted, at = accepted + 1, at + 1
         gained = min(accepted + 1, last - position, max_tokens - produced)
-        position, produced, verify = position + gained, produced + gained, verify + 1
-    return DesignedRun(produced, verify)
+        position, produced = position + gained, produced + gained
+        histogram[accepted] += 1
+    return DesignedRun(produced, sum(histogram), tuple(histogram))
 
 
 def chain_start(chain: list[int], tokenizer, thinking: bool) -> int:
