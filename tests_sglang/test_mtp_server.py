@@ -28,10 +28,11 @@ def hybrid_tokenizer(model_dir: str):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def designed(model_dir: str, thinking: bool, max_tokens: int = 64):
+def designed(model_dir: str, thinking: bool, max_tokens: int = 64, steps: int = SPEC_STEPS):
+    """What the designed hybrid does under NEXTN ``steps``/1/``steps + 1`` after the chat template's prompt."""
     tok = hybrid_tokenizer(model_dir)
     chain = designed_chain(tok)
-    return designed_verify_steps(chain, chain_start(chain, tok, thinking), max_tokens)
+    return designed_verify_steps(chain, chain_start(chain, tok, thinking), max_tokens, steps=steps)
 
 
 def test_serve_started_nextn_and_sglang_resolved_the_hybrid_settings(mtp_server):

@@ -43,7 +43,7 @@ class MtpBenchmark:
 
 def mtp_benchmark(draftgen: str, mtp: ServeRun, root: Path) -> MtpBenchmark:
     """benchmark.ipynb on the hybrid server through a recording proxy: thinking on, greedy, the designed answer
-    (13 tokens, 5 verify steps). The caller stops the proxy."""
+    (13 tokens in 4 verify steps). The caller stops the proxy."""
     proxy = RecordingProxy(mtp.url)
     proxy.start()
     prompts = write_rows(
@@ -128,7 +128,7 @@ def mtp_tune_params(hybrid: Path, start_timeout_s: float) -> dict:
     return {
         "engine": "sglang",
         "model": str(hybrid),
-        "gpus": "0",
+        "gpus": "0-0",  # one group ("0" would reach tune as the number 0)
         "base_port": free_ports(1),
         "python": str(SGLANG_PYTHON),
         "extra_args": [*CPU_ARGS, *HYBRID_ARGS, "--dtype", "bfloat16"],

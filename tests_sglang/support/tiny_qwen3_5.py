@@ -47,7 +47,7 @@ MIXER_OUT_SCALE = 0.01  # their output projections: each adds a residual term of
 # GDN decay exp(g), g = -exp(A_log) softplus(a + dt_bias): A in [0.02, 0.2] and dt_bias -2 keep it near 0.99, so
 # each layer's state remembers the whole prompt (the real model's initialisation forgets within a few tokens)
 A_RANGE, DT_BIAS = (0.02, 0.2), -2.0
-DRAFT_MISS_EVERY = 3
+DRAFT_MISS_EVERY = 4  # at most 3 drafts in a row accepted: 3/1/4 accepts more than 2/1/3
 MIXER_SEED = 2026
 SPEC_STEPS = 3  # NEXTN 3/1/4, draftgen serve's default MTP settings
 
