@@ -16,7 +16,7 @@ Weights, designed so that both answers are known:
 * **the main model** is the dense tier's bigram chain (``tiny_qwen3.designed_chain``: one-hot embeddings, the
   successor's LM-head row, every other token -> ``<|im_end|>``) through the final norm; greedy decoding answers
   ``Designed reasoning, fixed</think>\\n\\nThe answer is forty-two.<|im_end|>``. The MLPs add nothing (zero
-  ``down_proj``), but the Gated DeltaNet and attention layers add a small seeded random term (``MIXER_SCALE``) that
+  ``down_proj``), but the Gated DeltaNet and attention layers add a small seeded random term (``MIXER_OUT_SCALE``) that
   depends on the whole context through their state and the KV cache: too small to change any greedy choice, large
   enough that each token's log-probability shows whether SGLang (and our CPU ops) computed those layers as
   transformers does.
