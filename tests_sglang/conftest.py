@@ -4,7 +4,8 @@ This pytest runs in ``.venv-sglang`` (SGLang, CPU torch, our ``sgl_kernel`` stan
 from the project's own venv (``DRAFTGEN_BIN``, default ``.venv/bin/draftgen``), as an operator runs it beside an
 SGLang environment.
 
-* ``models`` — the tiny Qwen3 checkpoints (designed, random, draft), built once per session (seconds).
+* ``models`` — the tiny Qwen3 checkpoints (designed, random, draft) and the tiny ``qwen3_5`` hybrid with its MTP
+  head (support/tiny_qwen3_5.py), built once per session (seconds).
 * ``fleet`` — four ``draftgen serve`` runs started at the session's start (``fleet_launch``), each supervising
   one real server, waited for in parallel (``/health`` 200) by the first test that needs them: ``plain``
   (designed model, ``--restart``), ``ngram`` (random model, NGRAM speculation) and ``standalone`` (random model,
@@ -19,6 +20,9 @@ SGLang environment.
   after the streamed run; the hedged run on ngram and standalone after the benchmark; last the run during which
   plain's SGLang is SIGKILLed. The last two also wait until the tests that talk to the servers directly have
   run (``collection_rank`` orders the session so).
+* ``mtp_server`` — ``draftgen serve`` of the hybrid with serve's default MTP flags (NEXTN 3/1/4), started at the
+  session's start when a collected test needs it (support/mtp_runs.py); its runs: the benchmark alone on it, then
+  generate, validate and the estimate; tune's race over two MTP settings on candidates of its own.
 * tests marked ``stops_servers`` (they SIGKILL or stop a server) run after every other test but tune's.
 """
 
@@ -41,6 +45,18 @@ sys.path.insert(0, str(SUPPORT))  # our sgl_kernel stand-in and the tier's helpe
 # tests_real's recording proxy (a pass-through that keeps every exchange), after this tier's own helpers
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests_real"))
 
+from mtp_runs import (  # noqa: E402
+    EXACT_HYBRID_ENV,
+    HYBRID_ARGS,
+    MTP_SERVED_MODEL,
+    MtpBenchmark,
+    MtpGenerate,
+    mtp_benchmark,
+    mtp_estimate,
+    mtp_generate,
+    mtp_tune,
+    mtp_validate,
+)
 from serve_runs import ServeRun, start_serve  # noqa: E402
 from tier_runs import (  # noqa: E402
     SERVED_MODEL,
@@ -59,6 +75,7 @@ from tier_runs import (  # noqa: E402
     validate_stream,
 )
 from tiny_qwen3 import build_model, build_tokenizer  # noqa: E402
+from tiny_qwen3_5 import build_hybrid  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = float(os.environ.get("SGLANG_TIER_START_S", "420"))  # three servers share two cores
@@ -80,15 +97,15 @@ def collection_rank(item: pytest.Item) -> int:
     to the fleet's servers directly; then those reading the other runs (reading one lets the hedged and failover
     runs go); the tests that stop shared servers; tune's last (its candidates are servers of its own)."""
     names = set(getattr(item, "fixturenames", ()))
-    if "tune_run" in names:
+    if names & {"tune_run", "mtp_tune_run"}:
         return 5
     if item.get_closest_marker("stops_servers") is not None:
         return 4
-    if names & (set(RUN_FIXTURES) - {"benchmark_run"}):
+    if names & (set(RUN_FIXTURES) - BENCHMARK_FIXTURES):
         return 3
-    if "benchmark_run" in names:
+    if names & BENCHMARK_FIXTURES:
         return 1
-    return 2 if "fleet" in names else 0
+    return 2 if names & {"fleet", "mtp_server"} else 0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -110,13 +127,15 @@ class Models:
     designed: Path
     random: Path
     draft: Path
+    hybrid: Path  # qwen3_5 with its MTP head
 
 
 @pytest.fixture(scope="session")
 def models(draftgen: str, tmp_path_factory: pytest.TempPathFactory) -> Models:
     root = tmp_path_factory.mktemp("models")
     tokenizer = build_tokenizer(draftgen, root / "tokenizer")
-    return Models(*(build_model(tokenizer, root / kind, kind) for kind in ("designed", "random", "draft")))
+    dense = [build_model(tokenizer, root / kind, kind) for kind in ("designed", "random", "draft")]
+    return Models(*dense, build_hybrid(tokenizer, root / "hybrid"))
 
 
 @dataclass
@@ -191,13 +210,42 @@ def fleet_launch(draftgen: str, models: Models, tmp_path_factory: pytest.TempPat
             run.stop()
 
 
+@pytest.fixture(scope="session")
+def mtp_launch(draftgen: str, models: Models, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
+    """serve of the hybrid with serve's default MTP flags (NEXTN 3/1/4) and the CPU's extras, started (not yet
+    ready); stopped at the end of the session, pass or fail."""
+    run = start_serve(
+        draftgen,
+        "mtp",
+        models.hybrid,
+        tmp_path_factory.mktemp("mtp-serve"),
+        server_args=(*HYBRID_ARGS, "--served-model-name", MTP_SERVED_MODEL),
+        dtype=EXACT_DTYPE,
+        env=EXACT_HYBRID_ENV,
+        mtp=True,
+    )
+    try:
+        yield run
+    finally:
+        run.stop()
+
+
+@pytest.fixture(scope="session")
+def mtp_server(mtp_launch: ServeRun) -> ServeRun:
+    mtp_launch.wait_ready(READY_TIMEOUT_S)
+    print(f"\nSGLang hybrid MTP server ready (serve start -> /health 200): {mtp_launch.ready_after_s:.0f} s")
+    return mtp_launch
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _start_early(request: pytest.FixtureRequest) -> None:
-    """At the session's start, when a collected test needs them: the fleet's four starts, and tune (servers of
-    its own), so the tests that need no server run while SGLang starts."""
+    """At the session's start, when a collected test needs them: the fleet's four starts, the hybrid MTP server,
+    and tune (servers of its own), so the tests that need no server run while SGLang starts."""
     need = wanted(request)
     if "fleet" in need:
         request.getfixturevalue("fleet_launch")
+    if "mtp_server" in need:
+        request.getfixturevalue("mtp_launch")
     if "tune_run" in need:
         request.getfixturevalue("notebook_runs").start("tune")
 
@@ -249,6 +297,7 @@ class NotebookRuns:
         self._lock = threading.RLock()  # start() starts what a run waits for, under the same lock
         self.released = threading.Event()
         self.fleet: Fleet | None = None
+        self.mtp: ServeRun | None = None
 
     def start(self, name: str) -> Future:
         with self._lock:
@@ -283,7 +332,14 @@ RUN_FIXTURES = {
     "resume_run": "resume",
     "hedged_run": "hedge",
     "plain_killed_mid_run": "failover",
+    "mtp_benchmark_run": "mtp_benchmark",
+    "mtp_generate_run": "mtp_generate",
+    "mtp_validate_run": "mtp_validate",
+    "mtp_estimate_run": "mtp_estimate",
+    "mtp_tune_run": "mtp_tune",
 }
+BENCHMARK_FIXTURES = {"benchmark_run", "mtp_benchmark_run"}  # alone on their servers: read first
+MTP_RUNS = {"mtp_benchmark", "mtp_generate", "mtp_validate", "mtp_estimate", "mtp_tune"}
 
 
 @pytest.fixture(scope="session")
@@ -296,6 +352,9 @@ def notebook_runs(
     def on_fleet(job: Callable[[Fleet], object]) -> Callable[[], object]:
         return lambda: job(runs.fleet)  # set by fleet_runs, in the main thread, before any of these starts
 
+    def on_mtp(job: Callable[[ServeRun], object]) -> Callable[[], object]:
+        return lambda: job(runs.mtp)  # set by mtp_runs, likewise
+
     jobs: dict[str, Callable[[], object]] = {
         "tune": lambda: tune_then_relaunch(draftgen, models.random, models.draft, runs_root, READY_TIMEOUT_S),
         "stream": on_fleet(lambda f: stream_generate(draftgen, f.plain, runs_root)),
@@ -303,16 +362,27 @@ def notebook_runs(
         "benchmark": on_fleet(lambda f: benchmark_spec(draftgen, f.ngram, f.standalone, runs_root)),
         "hedge": on_fleet(lambda f: hedged_generate(draftgen, f.ngram, f.standalone, runs_root)),
         "failover": on_fleet(lambda f: failover_generate(draftgen, f.plain, f.ngram, runs_root)),
+        "mtp_benchmark": on_mtp(lambda m: mtp_benchmark(draftgen, m, runs_root)),
+        "mtp_generate": on_mtp(lambda m: mtp_generate(draftgen, m, runs_root)),
+        "mtp_tune": lambda: mtp_tune(draftgen, models.hybrid, runs_root, READY_TIMEOUT_S),
     }
     after = {
         "validate": ("stream",),
         "hedge": ("benchmark",),
         "failover": ("stream", "resume", "benchmark", "hedge"),
+        "mtp_generate": ("mtp_benchmark",),  # the benchmark alone on the hybrid server
+        "mtp_validate": ("mtp_generate",),
+        "mtp_estimate": ("mtp_benchmark",),
+        "mtp_tune": ("mtp_generate",),  # its candidate after the hybrid server's busy part: memory
     }
     with ThreadPoolExecutor(8, thread_name_prefix="notebook-run") as pool:
         runs = NotebookRuns(pool, jobs, after)
         jobs["validate"] = lambda: validate_stream(
             draftgen, runs.result("stream"), models.designed, runs_root
+        )
+        jobs["mtp_validate"] = lambda: mtp_validate(draftgen, runs.result("mtp_generate"), models.hybrid, runs_root)
+        jobs["mtp_estimate"] = lambda: mtp_estimate(
+            draftgen, runs.result("mtp_benchmark"), runs.result("mtp_generate").prompts, runs_root
         )
         try:
             yield runs
@@ -322,6 +392,9 @@ def notebook_runs(
             if bench is not None and bench.exception() is None:
                 for proxy in bench.result().proxies.values():
                     proxy.stop()
+            mtp_bench = runs._futures.get("mtp_benchmark")
+            if mtp_bench is not None and mtp_bench.exception() is None:
+                mtp_bench.result().proxy.stop()
 
 
 @pytest.fixture(scope="session")
@@ -330,7 +403,18 @@ def fleet_runs(request: pytest.FixtureRequest, fleet: Fleet, notebook_runs: Note
     need = wanted(request)
     notebook_runs.fleet = fleet
     for fixture, name in RUN_FIXTURES.items():
-        if fixture in need and name != "tune":
+        if fixture in need and name != "tune" and name not in MTP_RUNS:
+            notebook_runs.start(name)
+    return notebook_runs
+
+
+@pytest.fixture(scope="session")
+def mtp_runs(request: pytest.FixtureRequest, mtp_server: ServeRun, notebook_runs: NotebookRuns) -> NotebookRuns:
+    """Every needed run on the hybrid started (its server is ready): the first test reading one needs this."""
+    need = wanted(request)
+    notebook_runs.mtp = mtp_server
+    for fixture, name in RUN_FIXTURES.items():
+        if fixture in need and name in MTP_RUNS:
             notebook_runs.start(name)
     return notebook_runs
 
@@ -338,7 +422,7 @@ def fleet_runs(request: pytest.FixtureRequest, fleet: Fleet, notebook_runs: Note
 def read_run(runs: NotebookRuns, name: str) -> object:
     """A run's result. Reading any but the benchmark's means the tests that talk to the fleet's servers directly
     have run (the collection order puts them before), so the runs that wait for that may go."""
-    if name != "benchmark":
+    if name not in ("benchmark", "mtp_benchmark"):
         runs.released.set()
     return runs.result(name)
 
@@ -378,3 +462,28 @@ def plain_killed_mid_run(fleet_runs: NotebookRuns) -> KilledRun:
     """generate on plain and ngram, plain's SGLang SIGKILLed once a shard holds one of its answers, once nothing
     else uses plain. serve (``--restart``) brings it back; the failover test and the restart test read this."""
     return read_run(fleet_runs, "failover")
+
+
+@pytest.fixture(scope="session")
+def mtp_benchmark_run(mtp_runs: NotebookRuns) -> MtpBenchmark:
+    return read_run(mtp_runs, "mtp_benchmark")
+
+
+@pytest.fixture(scope="session")
+def mtp_generate_run(mtp_runs: NotebookRuns) -> MtpGenerate:
+    return read_run(mtp_runs, "mtp_generate")
+
+
+@pytest.fixture(scope="session")
+def mtp_validate_run(mtp_runs: NotebookRuns) -> Path:
+    return read_run(mtp_runs, "mtp_validate")
+
+
+@pytest.fixture(scope="session")
+def mtp_estimate_run(mtp_runs: NotebookRuns) -> Path:
+    return read_run(mtp_runs, "mtp_estimate")
+
+
+@pytest.fixture(scope="session")
+def mtp_tune_run(mtp_runs: NotebookRuns) -> Path:
+    return read_run(mtp_runs, "mtp_tune")

@@ -243,14 +243,19 @@ def start_serve(
     dtype: str = "bfloat16",
     settings: Path | None = None,
     env: dict[str, str] | None = None,
+    mtp: bool = False,
 ) -> ServeRun:
     """``draftgen serve --engine sglang --python support/sglang-python --model MODEL --gpus 0 ... -- CPU ARGS``.
 
-    Speculation comes from the CPU args (``--no-mtp``: serve's default MTP flags need the target's MTP heads), or
-    from ``settings``: ``--settings FILE``, a file ``draftgen tune`` wrote. ``env``: more environment for serve
-    and so for its server (e.g. ``DRAFTGEN_SGLANG_CHILDREN``)."""
+    Speculation comes from the CPU args (``--no-mtp``: serve's default MTP flags need the target's MTP heads), from
+    ``settings``: ``--settings FILE``, a file ``draftgen tune`` wrote, or, with ``mtp``, is serve's own default
+    (NEXTN with the model's MTP head, as on the GPU node). ``env``: more environment for serve and so for its
+    server (e.g. ``DRAFTGEN_SGLANG_CHILDREN``)."""
     port = free_ports()
-    speculation = ["--settings", str(settings)] if settings is not None else ["--no-mtp"]
+    if settings is not None:
+        speculation = ["--settings", str(settings)]
+    else:
+        speculation = [] if mtp else ["--no-mtp"]
     command = [
         draftgen,
         "serve",

@@ -1,11 +1,13 @@
-"""Two launcher-only adjustments for SGLang on a CPU without AMX, active only under ``support/sglang-python``.
+"""Four adjustments for SGLang on a CPU without AMX, active only under ``support/sglang-python``.
 
 Design: the SGLang tier starts its servers the production way, ``draftgen serve --engine sglang --python
 tests_sglang/support/sglang-python ... -- --device cpu ...``, so serve's own command line ``PY -m
 sglang.launch_server ARGS`` runs unchanged; no test-only launcher exists. The ``sglang-python`` wrapper puts this
 folder first on ``PYTHONPATH`` and sets ``DRAFTGEN_SGLANG_CPU=1``; Python imports this module at start-up. Only
 when both hold, and the interpreter was started as ``-m sglang.launch_server``, does it act, before the launcher
-parses its arguments. Every other interpreter (serve's import check, the tests, spawned children) is untouched.
+parses its arguments (the third also in the launcher's spawned children, which the launcher marks with
+``DRAFTGEN_SGLANG_LAUNCHED=1`` in their environment). Every other interpreter (serve's import check, the tests) is
+untouched.
 
 1. **Keep the ``intel_amx`` attention backend.** SGLang resolves ``--attention-backend intel_amx`` to
    ``torch_native`` when the platform reports no AMX (``get_platform().has_amx``, checked in
@@ -22,17 +24,20 @@ parses its arguments. Every other interpreter (serve's import check, the tests, 
    safe, and the children then run the same SGLang code from the launcher's imports. ``spawn`` keeps SGLang's
    own way; the tier starts one server so (its relaunched tune winner), so both paths stay proven. The launcher
    says which it did on stderr (the server's log).
-3. **A slow server on demand** (``DRAFTGEN_SGLANG_SLOW_DIR``): while that folder holds a file named after the
+3. **CPU paths for SGLang's GPU-only kernels on the hybrid MTP path** (``support/sglang_cpu_paths.py``): the
+   mamba state commit after each speculative verify and the Gated DeltaNet output norm have only Triton/CUDA
+   paths in SGLang 0.5.23. As each of those modules is imported (``REPLACEMENTS``, a meta-path hook), its kernel
+   wrappers are replaced by plain-torch ones, or its flag set to take the CPU op our stand-in provides. This one
+   acts in the launcher's spawned children too (forked ones inherit it).
+4. **A slow server on demand** (``DRAFTGEN_SGLANG_SLOW_DIR``): while that folder holds a file named after the
    server's ``--port``, each forward pass of SGLang's model runner is followed by a pause of N times its own
    duration (N: the file's content), so the server runs N + 1 times slower than it would, whatever the machine's
-   speed or load. The hedging test makes its slow server slow so, by construction, instead of hoping one
-   speculative algorithm is slower than another on the day. The file is read at every pass: removing it
-   restores full speed at the next step. The patch is applied when the model runner's module is imported (in
-   the launcher, so forked children inherit it, or in a child after the fork); spawned children are untouched.
+   speed or load. The hedging and kill tests make their slow server slow so, by construction, instead of hoping
+   one server is slower than another on the day. The file is read at every pass: removing it restores full speed
+   at the next step. Installed in the launcher (forked children inherit it); spawned children are untouched.
 """
 
 import importlib.abc
-import importlib.util
 import itertools
 import multiprocessing
 import os
@@ -41,6 +46,7 @@ import time
 
 CHILDREN = os.environ.get("DRAFTGEN_SGLANG_CHILDREN", "spawn")
 FORKED_NOTE = "draftgen sglang-python: SGLang's scheduler and detokenizer are forked, not spawned"
+LAUNCHED = "DRAFTGEN_SGLANG_LAUNCHED"
 
 
 def _started_as_launcher(argv: list[str]) -> bool:
@@ -57,6 +63,49 @@ def _fork_instead_of_spawn() -> None:
         chosen(method, force=force)
 
     multiprocessing.set_start_method = set_start_method
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callbacks[name](module)`` once a module named there has executed (the other finders find it)."""
+
+    def __init__(self, callbacks: dict) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.callbacks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                original, callback = spec.loader.exec_module, self.callbacks[fullname]
+
+                def exec_module(module, original=original, callback=callback):
+                    original(module)
+                    callback(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+def _when_imported(callbacks: dict) -> None:
+    """``callbacks[name](module)`` now for a module already imported, else as soon as it is."""
+    pending = {}
+    for name, callback in callbacks.items():
+        if name in sys.modules:
+            callback(sys.modules[name])
+        else:
+            pending[name] = callback
+    if pending:
+        sys.meta_path.insert(0, _AfterImport(pending))
+
+
+def _cpu_paths_for_gpu_only_kernels() -> None:
+    from sglang_cpu_paths import REPLACEMENTS
+
+    _when_imported(dict(REPLACEMENTS))
 
 
 MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
@@ -96,29 +145,6 @@ def slowed(forward, flag_path: str):  # type: ignore[no-untyped-def]
     return forward_then_pause
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then(module)`` right after ``name`` is first imported (the module is SGLang's, imported late)."""
-
-    def __init__(self, name: str, then) -> None:  # type: ignore[no-untyped-def]
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # the real finders find it; this one acts once
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module) -> None:  # type: ignore[no-untyped-def]
-            execute(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
 def _slow_on_demand(folder: str, port: str, runner_module: str = MODEL_RUNNER) -> None:
     flag = os.path.join(folder, port)
 
@@ -126,18 +152,21 @@ def _slow_on_demand(folder: str, port: str, runner_module: str = MODEL_RUNNER) -
         module.ModelRunner.forward = slowed(module.ModelRunner.forward, flag)
 
     print(f"{SLOW_NOTE} (while {flag} exists)", file=sys.stderr, flush=True)
-    if runner_module in sys.modules:
-        patch(sys.modules[runner_module])
-    else:
-        sys.meta_path.insert(0, _PatchAfterImport(runner_module, patch))
+    _when_imported({runner_module: patch})
 
 
-if os.environ.get("DRAFTGEN_SGLANG_CPU") == "1" and _started_as_launcher(getattr(sys, "orig_argv", [])):
+_CPU = os.environ.get("DRAFTGEN_SGLANG_CPU") == "1"
+if _CPU and os.environ.get(LAUNCHED) == "1" and not _started_as_launcher(getattr(sys, "orig_argv", [])):
+    _cpu_paths_for_gpu_only_kernels()  # a child the launcher spawned
+
+if _CPU and _started_as_launcher(getattr(sys, "orig_argv", [])):
     if CHILDREN not in ("fork", "spawn"):
         raise SystemExit(f"sglang-python: DRAFTGEN_SGLANG_CHILDREN must be fork or spawn, not {CHILDREN!r}")
     from sglang.srt.runtime_context import override_platform
 
     override_platform(has_amx=True).install()
+    os.environ[LAUNCHED] = "1"
+    _cpu_paths_for_gpu_only_kernels()
     if CHILDREN == "fork":
         _fork_instead_of_spawn()
     slow_dir = os.environ.get("DRAFTGEN_SGLANG_SLOW_DIR")

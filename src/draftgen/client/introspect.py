@@ -78,16 +78,20 @@ class ServerInfo:
 
     @property
     def max_running_requests(self) -> int | None:
-        """The batch cap: the launch argument, else the effective per-DP value × DP ranks (SGLang sets it when
-        left unset: 48 with speculative decoding)."""
+        """The batch cap the server runs: the effective cap of each DP rank, summed, else the launch argument.
+
+        SGLang resolves the cap at start from the argument (48 by default with speculative decoding) and lowers it
+        where the memory pools hold fewer requests; the argument in ``/server_info`` stays as given. A hybrid
+        model's mamba state pool is such a limit (SGLang 0.5.23 logs "max_running_requests is capped to N by
+        the mamba state cache"), so only the effective value is the real cap (docs/engines.md, "Capacity")."""
+        per_dp = [
+            s.get("effective_max_running_requests_per_dp") for s in self._states() if isinstance(s, dict)
+        ]
+        if per_dp and all(isinstance(v, int) and v > 0 for v in per_dp):
+            return sum(per_dp)
         value = self.raw.get("max_running_requests")
         if isinstance(value, int) and value > 0:
             return value
-        states = self._states()
-        if states and isinstance(states[0], dict):
-            per_dp = states[0].get("effective_max_running_requests_per_dp")
-            if isinstance(per_dp, int) and per_dp > 0:
-                return per_dp * len(states)
         return None
 
     @property

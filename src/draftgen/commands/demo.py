@@ -134,13 +134,14 @@ def _summary(out: Path) -> list[str]:
         )
         made, source = counts.get("yield") or {}, counts.get("token_source") or {}
         if made.get("share") is not None:
-            lost = ", ".join(
-                f"{why} {n / made['generated_tokens']:.1%}" for why, n in list(made["lost"].items())[:4]
-            )
+            rest = [(why, n) for why, n in made["buckets"].items() if why != "trained"]
+            lost = ", ".join(f"{why} {n / made['generated_tokens']:.1%}" for why, n in rest[:4])
+            cut = (counts.get("cut_turns") or {}).get("trained", 0)
             lines.append(
-                f"yield    : {made['share']:.1%} of the {made['generated_tokens']:,} tokens the target generated train "
-                f"the drafter (lost: {lost or 'none'}); {source.get('server', 0):,} rows from the server's token ids, "
-                f"{source.get('retokenized', 0):,} re-tokenized"
+                f"yield    : {made['share']:.1%} of the {made['generated_tokens']:,} tokens the target generated are "
+                f"trained ({made['trained_tokens']:,} trained tokens; {cut:,} turns cut by max_tokens train as "
+                f"generated, in prompts.jsonl only; the rest: {lost or 'none'}); {source.get('server', 0):,} rows "
+                f"from the server's token ids, {source.get('retokenized', 0):,} re-tokenized"
             )
     return lines
 

@@ -23,6 +23,23 @@ if TYPE_CHECKING:
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 HEALTH_GENERATE_POLL_S = 0.05
 
+# The simulated target is Qwen3.6-27B, a qwen3_5 hybrid; what SGLang 0.5.23 resolves for it on a GPU node and
+# reports in /server_info (the hybrid tier's tests_sglang/test_hybrid_server_args.py resolves serve's commands
+# with SGLang itself): the mamba radix cache's `auto` is extra_buffer with the overlap schedule on.
+TARGET_MODEL_TYPE, TARGET_ARCHITECTURES = "qwen3_5", ("Qwen3_5ForConditionalGeneration",)
+HYBRID_CACHE = {
+    "mamba_radix_cache_strategy": "extra_buffer",
+    "uses_mamba_radix_cache": True,
+    "disable_overlap_schedule": False,
+}
+
+
+def reported_algorithm(requested: str | None) -> str:
+    """``speculative_algorithm`` as SGLang reports it after resolving its arguments: NEXTN is an alias of EAGLE
+    (the target's own MTP head as EAGLE's draft), so a NEXTN server says EAGLE; the others are reported as given."""
+    algorithm = requested or "NEXTN"
+    return "EAGLE" if algorithm == "NEXTN" else algorithm
+
 
 class NativeApi:
     def __init__(self, sim: SimServer):
@@ -99,13 +116,16 @@ class NativeApi:
                 "reasoning_parser": "qwen3",
                 "enable_metrics": True,
                 "decode_log_interval": 40,
-                "speculative_algorithm": (self.sim.profile.spec_algorithm or "NEXTN") if spec else None,
+                "speculative_algorithm": reported_algorithm(self.sim.profile.spec_algorithm)
+                if spec
+                else None,
                 "speculative_draft_model_path": self.sim.profile.draft_model_path,
                 "speculative_num_steps": self.sim.profile.spec_steps if spec else None,
                 "speculative_eagle_topk": self.sim.profile.spec_topk if spec else None,
                 "speculative_num_draft_tokens": self.sim.profile.draft_tokens if spec else None,
                 "mem_fraction_static": self.sim.profile.mem_fraction_static,
                 "speculative_adaptive": self.sim.profile.adaptive_steps is not None,
+                **HYBRID_CACHE,
                 "version": self.sim.faults.sglang_version,
                 "internal_states": [state],
             }
@@ -120,8 +140,8 @@ class NativeApi:
                 "tokenizer_path": model,
                 "is_generation": True,
                 "weight_version": "default",
-                "model_type": "qwen3",
-                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": TARGET_MODEL_TYPE,
+                "architectures": list(TARGET_ARCHITECTURES),
             }
         )
 

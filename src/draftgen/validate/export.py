@@ -6,10 +6,13 @@ the gate has passed, so a corpus that failed the gate never leaves an export tha
   export/train.jsonl           {"id", "conversations": [...turns...]}: system / user / tool turns as given, every
                                  assistant turn the target model's own answer {"role": "assistant", "content",
                                  "reasoning_content"} (validate.turns; a source assistant turn appears only in a
-                                 turns: last row kept despite foreign_assistant_turn, as {"role", "content"})
+                                 turns: last row kept despite foreign_assistant_turn, as {"role", "content"});
+                                 not the turns cut by max_tokens that train as generated: a trainer renders these
+                                 rows through its chat template, which would close a cut turn
   export/prompts.jsonl         {"id", "input_ids", "loss_mask"}: SpecForge's pre-tokenized data.prompts_path rows
                                  (DFlash reads them), the target's own ids where the server sent them, cut at
-                                 max_length as the trainer cuts                                        (export_prompts)
+                                 max_length as the trainer cuts; every exported row, cut turns as generated
+                                                                                                       (export_prompts)
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
   export/holdout/prompts.jsonl the held-out prompts as prompt rows {"id", "messages"} (holdout_share of the ids, whole
                                  conversations): never in the training files; the drafter verdict benchmarks on them
@@ -59,18 +62,23 @@ class ExportWriter:
         conversations: list[list[dict[str, Any]]],
         masks: MaskBatch,
         keep: np.ndarray,
+        *,
+        conversations_keep: np.ndarray | None = None,
     ) -> int:
-        """Write rows where ``keep`` is true (``conversations``: each row's assembled turns); returns how many."""
+        """Write rows where ``keep`` is true (``conversations``: each row's assembled turns) to the files of ids,
+        and those where ``conversations_keep`` is (default ``keep``) to train.jsonl; returns how many of ``keep``."""
         rows = np.flatnonzero(keep)
-        if rows.size == 0:
-            return 0
         if self._handle is not None:
+            chosen = rows if conversations_keep is None else np.flatnonzero(conversations_keep)
             ids = frame["id"].to_list()
             lines = [
                 json.dumps({"id": ids[i], "conversations": conversations[i]}, ensure_ascii=False)
-                for i in rows
+                for i in chosen
             ]
-            self._handle.write("\n".join(lines) + "\n")
+            if lines:
+                self._handle.write("\n".join(lines) + "\n")
+        if rows.size == 0:
+            return 0
         if self._prompts is not None:
             if masks.input_ids is None:
                 raise ValueError("the prompts export needs masks built with keep_ids=True")

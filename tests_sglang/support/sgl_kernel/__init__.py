@@ -4,9 +4,10 @@ Why it exists: with ``SGLANG_USE_CPU_ENGINE=1`` SGLang imports ``*_cpu`` ops fro
 load, and calls ``torch.ops.sgl_kernel.extend_attention_cpu`` / ``decode_attention_cpu`` from its ``intel_amx``
 attention backend. The real CPU build of ``sgl_kernel`` is compiled C++ that needs AVX-512/AMX, which these machines
 lack. This package, first on the servers' ``PYTHONPATH`` (see ``tests_sglang/support/sglang-python``), provides the
-ops SGLang reaches with plain decoding, NGRAM and STANDALONE (EAGLE-worker) speculation, each written in plain torch
+ops SGLang reaches with plain decoding, NGRAM and STANDALONE (EAGLE-worker) speculation, and those of the
+``qwen3_5`` hybrid family (Gated DeltaNet layers, gated attention, its MTP head under NEXTN), each written in plain torch
 from the semantics of SGLang's own reference of the same name (its Triton kernels, its Python wrappers and their
-docstrings), and each unit-tested against an independent statement of those semantics (tests_sglang/test_ops.py).
+docstrings), and each unit-tested against an independent statement of those semantics (tests_sglang/test_ops_*.py).
 
 What it deliberately lacks:
 
@@ -21,6 +22,8 @@ What it deliberately lacks:
 from __future__ import annotations
 
 from sgl_kernel import attention as _attention  # registers torch.ops.sgl_kernel.{extend,decode}_attention_cpu
+from sgl_kernel import gated_delta as _gated_delta  # Gated DeltaNet gates and recurrent update
+from sgl_kernel import hybrid_layers as _hybrid_layers  # Qwen3.5/3.6 layers: gated attention, gated RMSNorm
 from sgl_kernel._missing import missing_attribute
 from sgl_kernel.cache_locs import (
     assign_draft_cache_locs_contiguous_cpu,
@@ -46,8 +49,8 @@ __all__ = [
     "fill_bonus_tokens_cpu",
     "verify_tree_greedy_cpu",
 ]
-PROVIDED = tuple(__all__)  # the module-level functions; sgl_kernel.speculative adds its one
-TORCH_OPS = _attention.TORCH_OPS  # registered on torch.ops.sgl_kernel
+PROVIDED = tuple(__all__)  # the module-level functions; sgl_kernel.speculative and sgl_kernel.mamba add theirs
+TORCH_OPS = (*_attention.TORCH_OPS, *_hybrid_layers.TORCH_OPS, *_gated_delta.TORCH_OPS)  # on torch.ops.sgl_kernel
 
 
 def __getattr__(name: str):
