@@ -9,6 +9,8 @@ Facts from ``mem_cache/kv_cache_configurator.py`` (``_calculate_mamba_ratio``, `
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 # MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO: recurrent-state slots per running request with the radix cache on
 # (one per request with it off, as under MTP for this model family).
 STATE_SLOTS_PER_REQUEST = 3
@@ -17,3 +19,13 @@ STATE_SLOTS_PER_REQUEST = 3
 STATE_TO_KV_MEMORY_RATIO = 0.9
 # resolve_max_num_reqs: without --max-running-requests the request pool is sized at 2048 slots or more.
 REQUEST_POOL_FLOOR = 2048
+# What SGLang resolves for a qwen3_5 hybrid on a GPU node and reports in /server_info (the hybrid part of the SGLang
+# tier, tests_sglang/test_hybrid_server_args.py, resolves serve's commands with SGLang itself): the mamba radix
+# cache's `auto` strategy is extra_buffer with the overlap schedule on.
+RESOLVED_CACHE = MappingProxyType(
+    {
+        "mamba_radix_cache_strategy": "extra_buffer",
+        "uses_mamba_radix_cache": True,
+        "disable_overlap_schedule": False,
+    }
+)

@@ -60,6 +60,12 @@ class SpecNumbers:
 AUTO_NUMBERS = SpecNumbers(steps=3, topk=1, draft_tokens=4)
 
 
+def resolved_algorithm(requested: str) -> str:
+    """The algorithm SGLang reports in /server_info once it has resolved its arguments: NEXTN becomes EAGLE (the
+    target's own MTP head as EAGLE's draft, spec_info.SpeculativeAlgorithm.from_string); the others as given."""
+    return EAGLE if requested.upper() == NEXTN else requested
+
+
 def default_max_running(speculative: bool) -> int | None:
     """The batch cap SGLang sets when ``--max-running-requests`` is not given: 48 with speculation on; without
     speculation it sizes the cap from memory (None: not a fixed number)."""

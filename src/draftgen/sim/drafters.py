@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
+from draftgen.sglang_rules.speculation import MTP_ALGORITHMS
 from draftgen.sim.textgen import acceptance_probability
 
 SIM_PREFIX = "sim:"
@@ -63,7 +64,7 @@ class DrafterProfile:
 MTP = DrafterProfile(
     name="mtp",
     description="Qwen3.6-27B's own MTP layer: acceptance 3.6 at 3/1/4 (the seeds' measurement)",
-    algorithms=("NEXTN", "EAGLE"),
+    algorithms=MTP_ALGORITHMS,
     drafting="chain",
     draft_step_s=0.0006,
     draft_per_token_s=0.00005,

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from draftgen.sglang_rules.hybrid_memory import RESOLVED_CACHE
+from draftgen.sglang_rules.speculation import NEXTN, resolved_algorithm
 from draftgen.sim.engine import SimRequest
 from draftgen.sim.textgen import THINK_END, request_seed
 from draftgen.sim.wire import BadRequest, sse
@@ -23,22 +25,15 @@ if TYPE_CHECKING:
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 HEALTH_GENERATE_POLL_S = 0.05
 
-# The simulated target is Qwen3.6-27B, a qwen3_5 hybrid; what SGLang 0.5.23 resolves for it on a GPU node and
-# reports in /server_info (the hybrid tier's tests_sglang/test_hybrid_server_args.py resolves serve's commands
-# with SGLang itself): the mamba radix cache's `auto` is extra_buffer with the overlap schedule on.
+# The simulated target is Qwen3.6-27B, a qwen3_5 hybrid; /server_info reports the cache SGLang 0.5.23 resolves for
+# it (sglang_rules.hybrid_memory.RESOLVED_CACHE).
 TARGET_MODEL_TYPE, TARGET_ARCHITECTURES = "qwen3_5", ("Qwen3_5ForConditionalGeneration",)
-HYBRID_CACHE = {
-    "mamba_radix_cache_strategy": "extra_buffer",
-    "uses_mamba_radix_cache": True,
-    "disable_overlap_schedule": False,
-}
 
 
 def reported_algorithm(requested: str | None) -> str:
-    """``speculative_algorithm`` as SGLang reports it after resolving its arguments: NEXTN is an alias of EAGLE
-    (the target's own MTP head as EAGLE's draft), so a NEXTN server says EAGLE; the others are reported as given."""
-    algorithm = requested or "NEXTN"
-    return "EAGLE" if algorithm == "NEXTN" else algorithm
+    """``speculative_algorithm`` as SGLang reports it after resolving its arguments (None: the profile's own
+    NEXTN); the resolution is sglang_rules.speculation.resolved_algorithm."""
+    return resolved_algorithm(requested or NEXTN)
 
 
 class NativeApi:
@@ -125,7 +120,7 @@ class NativeApi:
                 "speculative_num_draft_tokens": self.sim.profile.draft_tokens if spec else None,
                 "mem_fraction_static": self.sim.profile.mem_fraction_static,
                 "speculative_adaptive": self.sim.profile.adaptive_steps is not None,
-                **HYBRID_CACHE,
+                **RESOLVED_CACHE,
                 "version": self.sim.faults.sglang_version,
                 "internal_states": [state],
             }
