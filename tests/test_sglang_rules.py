@@ -17,6 +17,7 @@ from draftgen.serve.config import MTP_ARGS
 from draftgen.server_settings import MTP_DEFAULT, ServerSettings, batch_cap, sglang_problems
 from draftgen.sglang_rules import adaptive, hybrid_memory, speculation
 from draftgen.sim import adaptive as sim_adaptive
+from draftgen.sim import native_api as sim_native_api
 from draftgen.sim import speculative as sim_speculative
 from draftgen.sim.profiles import get_profile
 from draftgen.sim.speculative import StartupError, apply_settings, startup_warnings
@@ -48,6 +49,15 @@ def test_the_default_mtp_is_the_numbers_sglang_chooses_itself():
         + ("--speculative-num-draft-tokens 4")
     )
     assert (B200.spec_steps, B200.spec_topk, B200.draft_tokens) == (3, 1, 4)  # the profile as launched
+
+
+def test_sglang_reports_nextn_as_eagle_and_every_other_algorithm_as_given():
+    assert speculation.resolved_algorithm("NEXTN") == "EAGLE"
+    assert [speculation.resolved_algorithm(a) for a in ("EAGLE", "EAGLE3", "DFLASH")] == [
+        "EAGLE",
+        "EAGLE3",
+        "DFLASH",
+    ]
 
 
 def test_dflash_overrides_steps_and_topk_other_than_one_and_runs_on_gpus_only():
@@ -122,6 +132,8 @@ def test_serve_tune_and_the_simulator_read_the_same_rule_objects():
     assert server_settings.dflash_overrides is speculation.dflash_overrides
     assert server_settings.adaptive is adaptive
     assert sim_adaptive.decide is adaptive.decide and sim_adaptive.DEFAULT_TABLE is adaptive.DEFAULT_TABLE
+    assert sim_native_api.resolved_algorithm is speculation.resolved_algorithm
+    assert sim_native_api.RESOLVED_CACHE is hybrid_memory.RESOLVED_CACHE
     # a module-level name of a rule in either user is the rules' own object, never a copy
     rule_names = {
         "SPEC_DEFAULT_MAX_RUNNING",
