@@ -1,0 +1,79 @@
+"""One server's HTTP stack: one ``httpx2.AsyncClient`` that carries the openai SDK's requests and every raw one.
+
+One timeout model: a request has one total deadline, from sending to its last byte (``asyncio.timeout``); the
+HTTP client itself has none, so no second timer can fire first or be forgotten. One error family: whatever goes
+wrong leaves here as a ``RequestError`` (``errors.classify_error``), and a stream whose body breaks off after its
+headers is told apart from a server that could not be reached (``errors.cut_off``). Leaving a stream early —
+cancelled, hedged, timed out — closes its connection, so SGLang sees the client go and aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+
+from draftgen.client.errors import classify_error, cut_off, http_error
+
+# No connection cap: a benchmark level may hold hundreds of streams on one server. Idle connections are kept
+# for reuse the way the server allows (HTTP/1.1 keep-alive).
+LIMITS = httpx2.Limits(max_connections=None, max_keepalive_connections=None)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    text: str
+    headers: Mapping[str, str]
+
+
+def http_client(api_key: str) -> httpx2.AsyncClient:
+    """The client one server's requests share. ``trust_env`` off: servers are addressed by their own URL, never
+    through a proxy an environment variable happens to name."""
+    return httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {api_key}"}, timeout=None, limits=LIMITS, trust_env=False
+    )
+
+
+class Transport:
+    """Raw requests to one server (``base_url`` + path), each under its own total deadline."""
+
+    def __init__(self, base_url: str, http: httpx2.AsyncClient):
+        self.base_url = base_url
+        self.http = http
+
+    async def request(self, method: str, path: str, *, timeout_s: float, json: Any = None) -> Reply:
+        """The whole answer, whatever its status; RequestError when there is no answer."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self.http.request(method, f"{self.base_url}{path}", json=json)
+            return Reply(response.status_code, response.text, response.headers)
+        except Exception as exc:  # classify_error re-raises what it does not know
+            raise classify_error(exc) from exc
+
+    @asynccontextmanager
+    async def stream(
+        self, method: str, path: str, *, timeout_s: float, json: Any = None
+    ) -> AsyncIterator[httpx2.Response]:
+        """A 200 answer whose body is read inside the block (``aiter_bytes``); any other status raises
+        RequestError with the server's message. The deadline covers the whole block."""
+        try:
+            async with (
+                asyncio.timeout(timeout_s),
+                self.http.stream(method, f"{self.base_url}{path}", json=json) as response,
+            ):
+                if response.status_code != 200:
+                    text = (await response.aread()).decode("utf-8", errors="replace")
+                    raise http_error(response.status_code, text, response.headers)
+                try:
+                    yield response
+                except httpx2.TimeoutException:
+                    raise
+                except httpx2.TransportError as exc:  # the headers came: the body broke off
+                    raise cut_off(exc) from exc
+        except Exception as exc:  # classify_error re-raises what it does not know
+            raise classify_error(exc) from exc
