@@ -96,28 +96,37 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _never_connected(exc: BaseException) -> bool:
-    """Whether a transport failure (or the one the SDK wraps) happened before any connection was made."""
-    cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
-    return isinstance(cause, (httpx2.ConnectError, httpx2.ConnectTimeout, ConnectionRefusedError))
+def _transport_failure(exc: httpx2.TransportError) -> RequestError:
+    """A request that got no answer. The SDK's aiohttp backend reports every such failure as ``ConnectTimeout`` (a
+    server hanging up included; no timer of its own is ever set here), so what happened is read from what it wraps:
+    a failed connect is aiohttp's error carrying the ``os_error`` it failed with."""
+    never = isinstance(exc, httpx2.ConnectError) or hasattr(exc.__cause__, "os_error")
+    return RequestError("connection", _describe(exc), connected=not never)
 
 
 def classify_error(exc: BaseException) -> RequestError:
-    """Map httpx2 / openai / asyncio exceptions to a RequestError; re-raise anything else (a bug)."""
+    """Map openai / httpx2 / asyncio exceptions to a RequestError; re-raise anything else (a bug)."""
     if isinstance(exc, RequestError):
         return exc
-    if isinstance(exc, (openai.APITimeoutError, httpx2.TimeoutException, asyncio.TimeoutError, TimeoutError)):
-        return RequestError(
-            "timeout", "no answer within the request timeout", connected=not _never_connected(exc)
-        )
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):  # a deadline of ours (transport, server)
+        return RequestError("timeout", "no answer within the request timeout")
     if isinstance(exc, openai.APIStatusError):
         body = exc.body if isinstance(exc.body, (dict, str)) else None
         message = error_text(body) if isinstance(body, dict) else (body or exc.message)
         return RequestError(
             "http", str(message)[:500], status=exc.status_code, retry_after=retry_after(exc.response.headers)
         )
+    if isinstance(exc, openai.APIConnectionError):  # APITimeoutError too: the SDK wraps the transport's error
+        cause = exc.__cause__
+        if isinstance(cause, httpx2.TransportError):
+            return _transport_failure(cause)
+        return RequestError("connection", _describe(exc))
     if isinstance(exc, (httpx2.DecodingError, openai.APIResponseValidationError, json.JSONDecodeError)):
         return RequestError("protocol", _describe(exc)[:500])
-    if isinstance(exc, (openai.APIConnectionError, httpx2.TransportError, OSError)):
-        return RequestError("connection", _describe(exc), connected=not _never_connected(exc))
+    if isinstance(exc, httpx2.TransportError):
+        return _transport_failure(exc)
+    if isinstance(exc, OSError):
+        return RequestError(
+            "connection", _describe(exc), connected=not isinstance(exc, ConnectionRefusedError)
+        )
     raise exc
