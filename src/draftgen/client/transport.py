@@ -51,12 +51,19 @@ class Transport:
     def __init__(self, base_url: str, http: httpx2.AsyncClient):
         self.base_url = base_url
         self.http = http
+        self._urls: dict[str, httpx2.URL] = {}
+
+    def url(self, path: str) -> httpx2.URL:
+        """``base_url + path``, parsed once: parsing a URL string is half of httpx2's cost of building a request."""
+        if path not in self._urls:
+            self._urls[path] = httpx2.URL(f"{self.base_url}{path}")
+        return self._urls[path]
 
     async def request(self, method: str, path: str, *, timeout_s: float, json: Any = None) -> Reply:
         """The whole answer, whatever its status; RequestError when there is no answer."""
         try:
             async with asyncio.timeout(timeout_s):
-                response = await self.http.request(method, f"{self.base_url}{path}", json=json)
+                response = await self.http.request(method, self.url(path), json=json)
             return Reply(response.status_code, response.text, response.headers)
         except Exception as exc:  # classify_error re-raises what it does not know
             raise classify_error(exc) from exc
@@ -70,7 +77,7 @@ class Transport:
         try:
             async with (
                 asyncio.timeout(timeout_s),
-                self.http.stream(method, f"{self.base_url}{path}", json=json) as response,
+                self.http.stream(method, self.url(path), json=json) as response,
             ):
                 if response.status_code != 200:
                     text = (await response.aread()).decode("utf-8", errors="replace")
