@@ -1,9 +1,9 @@
 """One server's HTTP stack: one ``httpx2.AsyncClient`` that carries the openai SDK's requests and every raw one.
 
 The client is the SDK's own aiohttp-backed one (``openai.DefaultAioHttpClient``): the httpx2 interface the SDK needs,
-on aiohttp's connection pool and C HTTP parser. httpx2's own transport (h11, pure Python) costs 2.4 times the client
-CPU per streamed request (docs/figures.md): 0.44 of a core for 128 streams of the simulator where this one takes
-0.21, and a benchmark holding hundreds of streams on one event loop must not measure its own client.
+on aiohttp's connection pool and C HTTP parser. httpx2's own transport (h11, pure Python) costs 1.5 times the client
+CPU per streamed request (docs/figures.md, note 12), and a benchmark holding hundreds of streams on one event loop
+must not measure its own client.
 
 One timeout model: a request has one total deadline, from sending to its last byte (``asyncio.timeout``); the
 HTTP client itself has none, so no second timer can fire first or be forgotten. One error family: whatever goes
