@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -199,3 +202,13 @@ def test_stream_chat_reads_the_same_stream_sent_a_few_bytes_at_a_time():
         [5, 6, 7],
     )
     assert result.done_sentinel is True and result.usage_reported
+
+
+def test_the_decoder_needs_only_the_standard_library():
+    """The SGLang tier's recorders import it into a venv without draftgen's dependencies (no site-packages here)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    code = f"import sys; sys.path.insert(0, {str(src)!r}); import draftgen.client.sse as s; print(s.decode_events(b'data: 1\\n\\n'))"
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "SseEvent(data='1'" in result.stdout, result.stderr

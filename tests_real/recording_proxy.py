@@ -21,7 +21,8 @@ import aiohttp
 from aiohttp import web
 
 from draftgen.client.sse import decode_events
-from draftgen.client.stream import DONE
+
+DONE = "[DONE]"  # the last event's data (this module also runs in the SGLang tier's venv, without draftgen's deps)
 
 # Headers that describe one hop, not the message: aiohttp sets its own on each side.
 HOP_HEADERS = frozenset(

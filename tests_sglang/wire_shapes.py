@@ -17,7 +17,8 @@ from pathlib import Path
 import requests
 
 from draftgen.client.sse import decode_events
-from draftgen.client.stream import DONE
+
+DONE = "[DONE]"
 
 TIMEOUT_S = 300
 PROMPT = [{"role": "user", "content": "Tell me something about the weather today."}]

@@ -5,6 +5,8 @@ event; a line starting with ``:`` is a comment (servers send them as keep-alives
 after the colon; several ``data`` lines join with ``\\n``; an event without data is not dispatched; an ``event:``
 line names the event (SGLang's ``sglext_ids``, sent only on request). Bytes after the last blank line are an
 incomplete event and are dropped, so a stream cut mid-event never yields half a payload.
+
+Standard library only: the SGLang tier's recorders import this module into a venv without draftgen's dependencies.
 """
 
 from __future__ import annotations
