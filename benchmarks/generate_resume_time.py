@@ -37,28 +37,27 @@ def write_shards(out_dir: Path, rows: int, shard_rows: int, chars: int) -> None:
     for seq, start in enumerate(range(0, rows, shard_rows), start=1):
         n = min(shard_rows, rows - start)
         ids = [f"prompt-{i:09d}" for i in range(start, start + n)]
-        frame = pl.DataFrame(
-            {
-                "id": ids,
-                "messages": [[{"role": "user", "content": f"question {i}"}] for i in range(start, start + n)],
-                "reasoning_content": [text(chars) for _ in range(n)],
-                "content": [text(chars // 5) for _ in range(n)],
-                "finish_reason": ["stop"] * n,
-                "prompt_tokens": [40] * n,
-                "completion_tokens": [900] * n,
-                "spec_accept_length": [3.5] * n,
-                "spec_verify_ct": [257] * n,
-                "server": ["http://127.0.0.1:30000"] * n,
-                "latency_s": [30.0] * n,
-                "attempts": [1] * n,
-                "response_id": ids,
-                "started_at": [1.7e9] * n,
-                "usage_reported": [True] * n,
-                "ttft_s": [None] * n,
-                "source_row": list(range(start + 1, start + n + 1)),
-            },
-            schema=OUTPUT_SCHEMA,
-        )
+        columns = {
+            "id": ids,
+            "messages": [[{"role": "user", "content": f"question {i}"}] for i in range(start, start + n)],
+            "reasoning_content": [text(chars) for _ in range(n)],
+            "content": [text(chars // 5) for _ in range(n)],
+            "finish_reason": ["stop"] * n,
+            "prompt_tokens": [40] * n,
+            "completion_tokens": [900] * n,
+            "spec_accept_length": [3.5] * n,
+            "spec_verify_ct": [257] * n,
+            "server": ["http://127.0.0.1:30000"] * n,
+            "latency_s": [30.0] * n,
+            "attempts": [1] * n,
+            "response_id": ids,
+            "started_at": [1.7e9] * n,
+            "usage_reported": [True] * n,
+            "ttft_s": [None] * n,
+            "source_row": list(range(start + 1, start + n + 1)),
+        }
+        missing = {name: [None] * n for name in OUTPUT_SCHEMA if name not in columns}  # the per-turn columns
+        frame = pl.DataFrame({**columns, **missing}, schema=OUTPUT_SCHEMA)
         frame.write_parquet(shard_dir / f"part-{seq:06d}.parquet", compression="zstd", statistics=False)
 
 

@@ -20,7 +20,6 @@ import polars as pl
 import pytest
 from generate_helpers import row, run_command
 
-from draftgen.diskspace import is_disk_full
 from draftgen.generate import DiskFullStop, GenerateConfig, PreflightError, generate, preflight
 from draftgen.generate.disk import BYTES_PER_TOKEN, ROW_OVERHEAD_BYTES, space_need
 from draftgen.generate.run import _disk_full_in
@@ -34,6 +33,7 @@ from draftgen.generate.store import (
 )
 from draftgen.params import build_config
 from draftgen.prompts.synthetic import write_synthetic
+from draftgen.rundir import is_disk_full
 from draftgen.watch.progress_file import read_progress
 
 ENOSPC_POLARS = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import subprocess
@@ -109,6 +110,32 @@ def test_tune_picks_within_two_percent_of_the_best_and_never_a_failed_start(tune
     jobs = {c: table.filter(table["candidate"] == c)["jobs"][0] for c in measured["candidate"]}
     assert jobs[run.chosen.label] > min(jobs.values())
     assert info["tok_s_per_gpu"] > 0 and info["baseline_tok_s_per_gpu"] > 0
+
+
+def test_finalists_within_the_chosen_ones_interval_are_reported_as_ties(tuned):
+    """The race still writes its best point figure to the settings file, but names the finalists whose interval
+    overlaps the chosen one's: their order may be noise."""
+    _config, run, info, _lines = tuned
+    est = run.estimates[run.chosen.index]
+    finalists = [c for c in run.candidates if c.index in run.estimates and c.index not in run.eliminated_in]
+    expected = [
+        c.label
+        for c in finalists
+        if c.index != run.chosen.index
+        and run.estimates[c.index].tok_s_low <= est.tok_s_high
+        and est.tok_s_low <= run.estimates[c.index].tok_s_high
+    ]
+    assert info["ties_with"] == expected
+    other = next(c for c in finalists if c.index != run.chosen.index)
+    overlapping = dataclasses.replace(
+        run.estimates[other.index], tok_s_low=est.tok_s_low, tok_s_high=est.tok_s_high
+    )
+    apart = dataclasses.replace(
+        run.estimates[other.index], tok_s_low=est.tok_s_high + 1, tok_s_high=est.tok_s_high + 2
+    )
+    for estimate, tied in ((overlapping, True), (apart, False)):
+        swapped = dataclasses.replace(run, estimates={**run.estimates, other.index: estimate})
+        assert (other.label in report.ties_with_chosen(swapped)) is tied
 
 
 def test_the_settings_file_launches_with_draftgen_serve(tuned, tmp_path):

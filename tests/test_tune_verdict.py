@@ -4,6 +4,7 @@ profile's numbers decide its tok/s at every batch size; drafter candidates SGLan
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -136,26 +137,97 @@ def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
     )
 
 
-def test_days_and_dollars_are_the_estimates_model_on_the_verdicts_measurements(judged):
+def test_days_and_dollars_are_the_ranking_figure_priced(judged):
+    """One figure ranks and prices: each candidate's measured tok/s per GPU at the production concurrency, played
+    by the estimate's fleet model with every running request at that measured speed."""
     config, _run, verdict, _, _ = judged
     per_prompt = verdict.lengths.per_prompt(config.max_tokens)
     base = verdict.money_of(verdict.baseline)
     for candidate in config.verdict_candidates():
-        # Two levels: the estimate's line tpot(b) = alpha + beta b goes through both measured points.
-        tpot = {level: level / verdict.point(candidate, level).tok_s_per_gpu for level in LEVELS}
-        beta = (tpot[64] - tpot[1]) / 63
-        rate = RateModel(tpot[1] - beta, beta, 64)
+        point = verdict.point(candidate, 64)
+        rate = RateModel(64 / point.tok_s_per_gpu, 0.0, 64)  # one GPU per server: tok/s per GPU = per server
         wall = estimate_wall(per_prompt, 200_000, 3, 64, rate, np.random.default_rng(config.seed)).wall_s
         money = verdict.money_of(candidate)
+        assert money.tok_s_per_gpu == point.tok_s_per_gpu
         assert money.days == pytest.approx(wall / 86_400, rel=1e-6)
         assert money.cost_usd == pytest.approx(wall / 3600 * 3 * 5.0, rel=1e-6)
-        assert money.days_low <= money.days <= money.days_high
+        # the days' interval is the figure's interval, priced (the faster end is the shorter run)
+        assert money.days_low == pytest.approx(money.days * point.tok_s_per_gpu / point.tok_s_high, rel=1e-9)
+        assert money.days_high == pytest.approx(money.days * point.tok_s_per_gpu / point.tok_s_low, rel=1e-9)
+    by_days = sorted(verdict.money, key=lambda m: m.days)
+    by_rate = sorted(verdict.money, key=lambda m: -verdict.point(m.candidate, 64).tok_s_per_gpu)
+    assert [m.candidate.index for m in by_days] == [m.candidate.index for m in by_rate]
+    assert by_days[0].candidate.index == verdict.winner.index
     table = verdict_report.money_table(verdict)
     head = table.filter(table["candidate"].str.starts_with("EAGLE3")).row(0, named=True)
     assert head["days_saved_vs_baseline"] == pytest.approx(
         base.days - verdict.money_of(verdict.winner).days, abs=1e-3
     )
     assert head["usd_saved_vs_baseline"] > 0
+
+
+def _with_interval(point, low: float, high: float):  # type: ignore[no-untyped-def]
+    value = (low + high) / 2
+    return dataclasses.replace(point, tok_s_per_gpu=value, tok_s_low=low, tok_s_high=high)
+
+
+def test_overlapping_intervals_are_a_tie_and_nobody_wins_by_noise(judged):
+    """A winner only when its interval lies above every other's; else a tie, reported with both intervals, and the
+    money says the saving is within the noise."""
+    config, _run, verdict, _, _ = judged
+    mtp, _block, head = config.verdict_candidates()
+    points = {p.candidate.index: p for p in verdict.points if p.level == 64}
+    close = {
+        mtp.index: _with_interval(points[mtp.index], 1000.0, 1100.0),
+        head.index: _with_interval(points[head.index], 1090.0, 1200.0),  # overlaps MTP's by 10 tok/s
+    }
+    tied = verdict_report.rank(list(close.values()))
+    assert tied.winner is None and tied.best.candidate.index == head.index
+    assert [p.candidate.index for p in tied.tied] == [mtp.index]
+    apart = {**close, head.index: _with_interval(points[head.index], 1101.0, 1200.0)}
+    separated = verdict_report.rank(list(apart.values()))
+    assert separated.winner.index == head.index and separated.tied == ()
+
+    v = dataclasses.replace(verdict, ranking=tied)
+    assert v.winner is None and [p.candidate.index for p in v.tie] == [head.index, mtp.index]
+    line = verdict_report.headline(v).splitlines()[0]
+    assert "a tie" in line and "1,145 [1,090-1,200]" in line and "1,050 [1,000-1,100]" in line, line
+    assert "MTP (the baseline) stays" in line
+    info = verdict_report.summary(v)
+    assert info["winner"] is None and info["winner_settings"] is None
+    assert [t["candidate"] for t in info["tie"]] == [head.label, mtp.label]
+    assert info["tie"][1]["tok_s_per_gpu_low"] == 1000.0 and info["tie"][1]["tok_s_per_gpu_high"] == 1100.0
+    # the verdict's own run names a winner only with the intervals apart
+    assert verdict.winner.index == head.index
+    win, base = verdict.point(head, 64), verdict.point(mtp, 64)
+    assert win.tok_s_low > base.tok_s_high, verdict_report.format_table(verdict)
+
+
+def test_a_tie_with_the_race_off_writes_no_settings_file(judged, tmp_path):
+    """With the race off the verdict's winner is the settings file; a tie leaves the current settings alone."""
+    config, run, verdict, _, _ = judged
+    mtp, _block, head = config.verdict_candidates()
+    points = [  # the block drafter lost at 64 (test above): MTP and the head now tie at the top
+        _with_interval(p, 5000.0, 5100.0)
+        if p.level == 64 and p.candidate.index in (mtp.index, head.index)
+        else p
+        for p in verdict.points
+    ]
+    tie_config = config.model_copy(update={"out_dir": str(tmp_path / "tune")})
+    tie_run = dataclasses.replace(run, config=tie_config)
+    real_verdict = verdict_report.verdict
+
+    def tied_verdict(verdict_run):  # type: ignore[no-untyped-def]
+        v = real_verdict(verdict_run)
+        at_64 = [p for p in points if p.level == 64]
+        return dataclasses.replace(v, points=tuple(points), ranking=verdict_report.rank(at_64))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(verdict_report, "verdict", tied_verdict)
+        info = report.save_report(tie_run)
+    assert info["verdict"]["winner"] is None and len(info["verdict"]["tie"]) >= 2
+    assert not tie_config.settings_path.exists()
+    assert "settings_file" not in info or info["settings_file"] is None
 
 
 def test_the_verdict_files_and_plot(judged):

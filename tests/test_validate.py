@@ -14,7 +14,7 @@ from draftgen.params import ParameterError, build_config
 from draftgen.training.masks import TokenizerLoadError
 from draftgen.training.trainers import Trainer
 from draftgen.validate import report
-from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.config import CUT_CONSEQUENCES, FLAGS, ValidateConfig
 from draftgen.validate.pipeline import (
     ValidationGateError,
     finalize_export,
@@ -139,7 +139,12 @@ def test_every_planted_defect_is_caught_and_clean_samples_raise_no_flag(
         for sample, _ in planted
         if not records.filter((pl.col(key) == sample["id"]) & pl.col("dropped")).height
     }
-    assert kept_planted <= {s["id"] for s, f in planted if f in config.keep_flagged or f in ID_FLAGS}
+    # A turn cut by max_tokens trains as generated where its row is the server's ids (train_truncated): the planted
+    # rows that finished "length"; one without a finish reason is still dropped.
+    cut = {s["id"] for s, _ in planted if s["finish_reason"] == "length"} if ids_checked else set()
+    assert set(records.filter(pl.col("cut_trained"))[key].to_list()) == cut
+    assert kept_planted <= {s["id"] for s, f in planted if f in config.keep_flagged or f in ID_FLAGS} | cut
+    assert "bad-no-finish" not in kept_planted
     assert result.counts["out"] == records.filter(~pl.col("dropped")).height
     exported_prompts = set(records.filter(~pl.col("dropped"))[key].to_list())
     assert clean_ids <= exported_prompts
@@ -188,7 +193,10 @@ def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_di
     kept = result.records.filter(~pl.col("dropped"))
     lines = (export / "train.jsonl").read_text(encoding="utf-8").splitlines()
     exported = [json.loads(line) for line in lines]
-    assert [e["id"] for e in exported] == kept["id"].to_list()  # generation order, first occurrence only
+    # generation order, first occurrence only; a cut turn trained as generated is in the files of ids only
+    finished = kept.filter(~pl.col("cut_trained"))
+    assert finished.height < kept.height, "the planted corpus holds cut turns that train"
+    assert [e["id"] for e in exported] == finished["id"].to_list()
     expected = {k: v for source in clean for k, v in _trained_rows(source).items()}
     assert set(expected) <= {e["id"] for e in exported}, "every turn of every clean row is a training row"
     for entry in exported:
@@ -215,11 +223,15 @@ def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_di
         assert supervised == f"{done['reasoning_content']}\n</think>\n\n{done['content']}<|im_end|>\n"
     counts = json.loads((export / "counts.json").read_text())
     assert counts["in"] == result.records.height and counts["out"] == kept.height
+    assert counts["conversation_rows"] == finished.height == len(exported)
     assert counts["dropped"] == result.records.height - kept.height
     # several flags on one sample: counted under each flag, once in "dropped"
     assert sum(counts["dropped_by_flag"].values()) > counts["dropped"]
+    dropped = result.records.filter(pl.col("dropped"))
     for flag, n in counts["dropped_by_flag"].items():
-        assert n == int(result.records[flag].sum())
+        assert n == int(dropped[flag].sum())
+        if flag not in CUT_CONSEQUENCES:  # a defect drops every row that has it
+            assert n == int(result.records[flag].sum())
 
 
 def test_keep_flagged_reports_but_keeps(tmp_path, tokenizer_dir, tokenizer):

@@ -92,6 +92,46 @@ def test_sitecustomize_forks_sglangs_children_only_in_the_launcher_and_only_when
     assert "DRAFTGEN_SGLANG_CHILDREN must be fork or spawn, not 'forkserver'" in wrong.stderr
 
 
+SLOWED_IMPORT = """
+import sys, time
+sys.path.insert(0, {folder!r})
+import sitecustomize
+sitecustomize._slow_on_demand({flags!r}, "7001", "fake_runner")
+import fake_runner  # imported after the patch was asked for, as SGLang's model runner is
+runner = fake_runner.ModelRunner()
+timings = []
+for _ in range(2):
+    started = time.perf_counter()
+    runner.forward(0.05)
+    timings.append(time.perf_counter() - started)
+    open({flag!r}, "w").write("3")
+print(" ".join(f"{{t:.3f}}" for t in timings))
+"""
+
+
+def test_a_slowed_server_runs_its_factor_plus_one_times_slower_while_the_flag_exists(tmp_path):
+    """ServeRun.slowed's mechanism: the model runner's forward, patched when its module is first imported, is
+    followed by a pause of N times its own duration while the port's flag file holds N; none without the file."""
+    module = tmp_path / "modules"
+    (module / "fake_runner").mkdir(parents=True)
+    (module / "fake_runner" / "__init__.py").write_text(
+        "import time\n\nclass ModelRunner:\n    def forward(self, seconds):\n        time.sleep(seconds)\n"
+    )
+    flags = tmp_path / "slow"
+    flags.mkdir()
+    done = _wrapper_python(
+        SLOWED_IMPORT.format(folder=str(module), flags=str(flags), flag=str(flags / "7001"))
+    )
+    assert done.returncode == 0, done.stderr
+    assert sitecustomize.SLOW_NOTE in done.stderr
+    plain, slowed = (float(t) for t in done.stdout.split())
+    assert 0.05 <= plain < 0.1  # no flag file yet: the forward's own time
+    assert slowed >= 4 * 0.05  # 3 x its own duration more
+    assert sitecustomize.slow_factor(str(flags / "absent")) == 0.0
+    (flags / "junk").write_text("fast please")
+    assert sitecustomize.slow_factor(str(flags / "junk")) == 0.0
+
+
 def test_server_ports_are_free_below_the_ephemeral_range_and_never_handed_out_twice():
     firsts = [free_ports(2) for _ in range(50)]
     ports = [p + i for p in firsts for i in range(2)]

@@ -96,7 +96,9 @@ def test_serve_relaunches_the_winner_from_tunes_settings_file(tune_run: TuneRun)
 
 def test_the_verdict_judged_the_real_standalone_drafter_against_no_speculation(tune_run, models):
     """The verdict's path on real SGLang: both candidates started (their own server folders, r99-...), measured at
-    every level, the winner at the production concurrency the faster one measured, days and dollars priced."""
+    every level, days and dollars priced. Which one is faster on a loaded CPU is not the test's business: the
+    contract is that one figure (tok/s per GPU at production, with its interval) ranks and prices, and that a
+    winner is named only when its interval lies above the other's, a tie with both intervals otherwise."""
     table = pl.read_parquet(tune_run.run_dir / "verdict.parquet")
     assert table["failure"].is_null().all(), table.select("candidate", "concurrency", "failure")
     assert sorted(table["concurrency"].unique().to_list()) == list(VERDICT_LEVELS)
@@ -112,14 +114,32 @@ def test_the_verdict_judged_the_real_standalone_drafter_against_no_speculation(t
     info = json.loads((tune_run.run_dir / "verdict.json").read_text())
     production = max(VERDICT_LEVELS)
     assert info["production_concurrency"] == production and info["baseline"] == baseline
-    at_production = table.filter(pl.col("concurrency") == production).sort("tok_s_per_gpu", descending=True)
-    assert info["winner"] == at_production["candidate"][0]
     assert "against no speculation on 10,000 prompts" in info["headline"], info["headline"]
-    assert {m["candidate"] for m in info["money"]} == {baseline, drafter}
-    assert all(m["days"] > 0 and m["cost_usd"] > 0 for m in info["money"])
-    # priced at the production concurrency, the winner there is the cheapest (the CPU's batch of 2 is faster per
-    # request than its batch of 1: the estimate's rate is then flat at the production level, not at their mean)
-    assert min(info["money"], key=lambda m: m["days"])["candidate"] == info["winner"], info["money"]
+    at_production = {
+        r["candidate"]: r for r in table.filter(pl.col("concurrency") == production).iter_rows(named=True)
+    }
+    assert all(
+        r["tok_s_per_gpu_low"] <= r["tok_s_per_gpu"] <= r["tok_s_per_gpu_high"]
+        for r in at_production.values()
+    )
+    fast, slow = sorted(at_production.values(), key=lambda r: r["tok_s_per_gpu"], reverse=True)
+    apart = fast["tok_s_per_gpu_low"] > slow["tok_s_per_gpu_high"]
+    if apart:
+        assert info["winner"] == fast["candidate"] and info["tie"] == [], info["headline"]
+    else:
+        assert info["winner"] is None, info["headline"]
+        assert [t["candidate"] for t in info["tie"]] == [fast["candidate"], slow["candidate"]]
+        assert "a tie" in info["headline"]
+        for row in (fast, slow):
+            interval = f"{row['tok_s_per_gpu_low']:,.0f}-{row['tok_s_per_gpu_high']:,.0f}"
+            assert interval in info["headline"], (interval, info["headline"])
+    # the money is the ranking's figure priced: the same tok/s, and the faster one the cheaper
+    money = {m["candidate"]: m for m in info["money"]}
+    assert set(money) == {baseline, drafter}
+    assert all(m["days"] > 0 and m["cost_usd"] > 0 for m in money.values())
+    for label, row in at_production.items():
+        assert money[label]["tok_s_per_gpu"] == pytest.approx(row["tok_s_per_gpu"], abs=0.05)
+    assert money[fast["candidate"]]["days"] <= money[slow["candidate"]]["days"], info["money"]
     logs = {
         log.parent.name: log.read_text(errors="replace")
         for log in (tune_run.run_dir / "servers").glob("r99-*/*.log")

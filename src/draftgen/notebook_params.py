@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from draftgen.params import Params
+from draftgen.rundir import write_text
 from draftgen.runner import REPO_ROOT, config_class
 
 FIX_COMMAND = "python -m draftgen.notebook_params --write"
@@ -184,7 +185,7 @@ def write_parameters_cell(path: Path) -> bool:
     new = json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"  # as Jupyter writes it
     if new == text:
         return False
-    path.write_text(new)
+    write_text(path, new)
     return True
 
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from draftgen.diskspace import is_disk_full
 from draftgen.params import SHARED_PARAMETERS, ParameterError, build_config, load_params_files
 from draftgen.paths import project_root
+from draftgen.rundir import is_disk_full, write_text
+from draftgen.rundir.layout import COMPLETE_MARKER, PARAMETERS, REPORT_HTML
 
-COMPLETE_MARKER = ".complete"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -42,7 +42,7 @@ class RunPlan:
 
     @property
     def html_path(self) -> Path:
-        return self.run_dir / "report.html"
+        return self.run_dir / REPORT_HTML
 
 
 def resolve_notebook(name_or_path: str) -> Path:
@@ -193,7 +193,7 @@ def write_html(executed: Path, html_path: Path) -> None:
 
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exporter.from_filename(str(executed))
-    html_path.write_text(body, encoding="utf-8")
+    write_text(html_path, body)
 
 
 def local_kernel_config(socket_dir: Path) -> Any:
@@ -217,7 +217,7 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
     import papermill
 
     plan.run_dir.mkdir(parents=True, exist_ok=True)
-    (plan.run_dir / "parameters.yaml").write_text(yaml.safe_dump(plan.parameters, sort_keys=True))
+    write_text(plan.run_dir / PARAMETERS, yaml.safe_dump(plan.parameters, sort_keys=True))
     try:
         with tempfile.TemporaryDirectory(prefix="draftgen-kernel-") as sockets:
             papermill.execute_notebook(
@@ -242,5 +242,5 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
         raise
     if html and plan.executed_path.exists():
         write_html(plan.executed_path, plan.html_path)
-    (plan.run_dir / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    write_text(plan.run_dir / COMPLETE_MARKER, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     return plan

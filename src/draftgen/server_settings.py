@@ -363,7 +363,9 @@ def effective_max_running(settings: ServerSettings) -> int | None:
 
 
 def save_settings(path: str | Path, settings: ServerSettings, provenance: dict[str, Any]) -> Path:
-    """Write ``settings:`` (what serve launches) and ``tuned:`` (how it was chosen) as YAML."""
+    """Write ``settings:`` (what serve launches) and ``tuned:`` (how it was chosen) as YAML, atomically."""
+    from draftgen.rundir import write_text
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {SETTINGS_KEY: settings.model_dump(mode="json"), "tuned": provenance}
@@ -371,10 +373,7 @@ def save_settings(path: str | Path, settings: ServerSettings, provenance: dict[s
         "# SGLang settings chosen by draftgen tune. Launch: draftgen serve --settings THIS_FILE ...\n"
         f"# sglang flags: {' '.join(settings.sglang_args()) or '(none: SGLang defaults)'}\n"
     )
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(header + yaml.safe_dump(body, sort_keys=False))
-    tmp.replace(path)
-    return path
+    return write_text(path, header + yaml.safe_dump(body, sort_keys=False))
 
 
 def load_settings(path: str | Path) -> ServerSettings:

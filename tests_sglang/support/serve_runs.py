@@ -21,6 +21,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,7 @@ import psutil
 
 SUPPORT = Path(__file__).resolve().parent
 SGLANG_PYTHON = SUPPORT / "sglang-python"
+SLOW_DIR = "slow"  # beside the serve runs: the flag files of ServeRun.slowed
 # What SGLang needs on these CPUs, after serve's own flags (serve adds --reasoning-parser qwen3 --enable-metrics).
 CPU_ARGS = (
     "--device",
@@ -135,6 +138,21 @@ class ServeRun:
 
     def output(self) -> str:
         return self.output_path.read_text(errors="replace")
+
+    @property
+    def slow_flag(self) -> Path:
+        """While this file exists, the server runs (its number + 1) times slower (support/sitecustomize.py)."""
+        return self.run_dir.parent / SLOW_DIR / str(self.port)
+
+    @contextmanager
+    def slowed(self, factor: float) -> Iterator[None]:
+        """The server ``factor + 1`` times slower than itself for the block's duration, at any machine speed."""
+        self.slow_flag.parent.mkdir(parents=True, exist_ok=True)
+        self.slow_flag.write_text(f"{factor}\n")
+        try:
+            yield
+        finally:
+            self.slow_flag.unlink(missing_ok=True)
 
     def describe(self, lines: int = 40) -> str:
         try:
@@ -263,7 +281,13 @@ def start_serve(
     ]
     runs.mkdir(parents=True, exist_ok=True)
     output_path = runs / f"{name}.serve.out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "DRAFTGEN_SGLANG_SLOW_DIR": str(runs / SLOW_DIR),  # ServeRun.slowed
+        **(env or {}),
+    }
     with output_path.open("wb") as out:
         process = subprocess.Popen(
             command,

@@ -22,12 +22,22 @@ parses its arguments. Every other interpreter (serve's import check, the tests, 
    safe, and the children then run the same SGLang code from the launcher's imports. ``spawn`` keeps SGLang's
    own way; the tier starts one server so (its relaunched tune winner), so both paths stay proven. The launcher
    says which it did on stderr (the server's log).
+3. **A slow server on demand** (``DRAFTGEN_SGLANG_SLOW_DIR``): while that folder holds a file named after the
+   server's ``--port``, each forward pass of SGLang's model runner is followed by a pause of N times its own
+   duration (N: the file's content), so the server runs N + 1 times slower than it would, whatever the machine's
+   speed or load. The hedging test makes its slow server slow so, by construction, instead of hoping one
+   speculative algorithm is slower than another on the day. The file is read at every pass: removing it
+   restores full speed at the next step. The patch is applied when the model runner's module is imported (in
+   the launcher, so forked children inherit it, or in a child after the fork); spawned children are untouched.
 """
 
+import importlib.abc
+import importlib.util
 import itertools
 import multiprocessing
 import os
 import sys
+import time
 
 CHILDREN = os.environ.get("DRAFTGEN_SGLANG_CHILDREN", "spawn")
 FORKED_NOTE = "draftgen sglang-python: SGLang's scheduler and detokenizer are forked, not spawned"
@@ -49,6 +59,79 @@ def _fork_instead_of_spawn() -> None:
     multiprocessing.set_start_method = set_start_method
 
 
+MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+SLOW_NOTE = "draftgen sglang-python: this server slows down on demand"
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``name VALUE`` or ``name=VALUE`` on a command line."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def slow_factor(path: str) -> float:
+    """The pause per forward pass, as a multiple of its duration: the flag file's number, 0 without the file."""
+    try:
+        with open(path) as flag:
+            return max(0.0, float(flag.read().strip() or 0))
+    except (FileNotFoundError, ValueError):
+        return 0.0
+
+
+def slowed(forward, flag_path: str):  # type: ignore[no-untyped-def]
+    """``forward`` followed by a pause of ``slow_factor(flag_path)`` times its own duration."""
+
+    def forward_then_pause(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        out = forward(*args, **kwargs)
+        factor = slow_factor(flag_path)
+        if factor > 0:
+            time.sleep(factor * (time.perf_counter() - started))
+        return out
+
+    return forward_then_pause
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after ``name`` is first imported (the module is SGLang's, imported late)."""
+
+    def __init__(self, name: str, then) -> None:  # type: ignore[no-untyped-def]
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the real finders find it; this one acts once
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module) -> None:  # type: ignore[no-untyped-def]
+            execute(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _slow_on_demand(folder: str, port: str, runner_module: str = MODEL_RUNNER) -> None:
+    flag = os.path.join(folder, port)
+
+    def patch(module) -> None:  # type: ignore[no-untyped-def]
+        module.ModelRunner.forward = slowed(module.ModelRunner.forward, flag)
+
+    print(f"{SLOW_NOTE} (while {flag} exists)", file=sys.stderr, flush=True)
+    if runner_module in sys.modules:
+        patch(sys.modules[runner_module])
+    else:
+        sys.meta_path.insert(0, _PatchAfterImport(runner_module, patch))
+
+
 if os.environ.get("DRAFTGEN_SGLANG_CPU") == "1" and _started_as_launcher(getattr(sys, "orig_argv", [])):
     if CHILDREN not in ("fork", "spawn"):
         raise SystemExit(f"sglang-python: DRAFTGEN_SGLANG_CHILDREN must be fork or spawn, not {CHILDREN!r}")
@@ -57,3 +140,7 @@ if os.environ.get("DRAFTGEN_SGLANG_CPU") == "1" and _started_as_launcher(getattr
     override_platform(has_amx=True).install()
     if CHILDREN == "fork":
         _fork_instead_of_spawn()
+    slow_dir = os.environ.get("DRAFTGEN_SGLANG_SLOW_DIR")
+    port = _option(getattr(sys, "orig_argv", []), "--port")
+    if slow_dir and port:
+        _slow_on_demand(slow_dir, port)

@@ -36,13 +36,18 @@ SERVED_MODEL = "tiny-qwen3"  # --served-model-name of the fleet's three servers
 STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 answers. Under 10 prompts, so
 # validate's duplicate_answer flag (the same answer to >= 10 prompts) stays quiet for the designed model.
 RESUME_PROMPTS = 8
-# STANDALONE (the slow one: 0.87 s against NGRAM's 0.37 s a request of 8 tokens) needs 10 answers before the tail
-# (it gets about 30% of them; 48 prompts once left it 12 in all). Answers of HEDGE_TOKENS: with 8, a loser was
-# often a step from its end when the winner landed and finished before SGLang saw its client gone (one hedge, no
-# abort, under load); at 24 it has about a second left.
-HEDGE_PROMPTS = 64
-HEDGE_TOKENS = 24
+# The hedged run's slow server is STANDALONE made HEDGE_SLOWDOWN + 1 times slower than itself (ServeRun.slowed): slow
+# by construction, whatever the machine's speed (unslowed it takes about 2.4x NGRAM's time a request, and on a
+# quiet machine that was once too little to be hedged). The hedger needs 10 of its answers before the tail: at
+# about 7x NGRAM's time a request it gets 1 prompt in 8, so 120 prompts leave it ~15 with 3 more in flight.
+# Answers of HEDGE_TOKENS: a loser still has most of its answer to go when the copy lands, so SGLang aborts it.
+HEDGE_PROMPTS = 120
+HEDGE_TOKENS = 16
+HEDGE_SLOWDOWN = 2.0
 FAILOVER_PROMPTS = 24  # ngram answers ~4 a second: enough left for it after plain's first shard
+# The kill tests' other server runs KILL_SLOWDOWN + 1 times slower than itself until the kill (ServeRun.slowed), so
+# the run is mid-way when the kill lands, by construction rather than by the day's relative speeds.
+KILL_SLOWDOWN = 4.0
 TUNE_GROUPS = 2  # two candidates at a time (four at once, beside the fleet, ran the machine out of memory)
 TUNE_CONCURRENCY = 2
 VERDICT_LEVELS = (1, 2)  # the verdict's concurrencies; the production one is the largest
@@ -143,7 +148,8 @@ class ResumeRun:
 
 def resume_after_kill(draftgen: str, plain: ServeRun, root: Path) -> ResumeRun:
     """generate.ipynb on plain, its kernel (the client: generate's requests come from it) SIGKILLed after the
-    first shard with requests in flight on the real server, then ``draftgen run --resume``."""
+    first shard with requests in flight on the real server (plain slowed until then), then ``draftgen run
+    --resume``."""
     prompts = write_rows(root / "prompts" / "resume.jsonl", single_turn("resume", RESUME_PROMPTS))
     params = {
         **GREEDY,
@@ -159,8 +165,11 @@ def resume_after_kill(draftgen: str, plain: ServeRun, root: Path) -> ResumeRun:
     proc = start_run(draftgen, "generate", root, "resume", params)
     try:
         kernel = kernel_of(proc)
-        wait_for_shards(run_dir, 1, proc)
-        kernel.send_signal(signal.SIGKILL)  # no flush, no goodbye
+        # plain slowed until the kill: the first shard is stored with most prompts still to go, so the kill lands
+        # mid-run however late this process notices the shard
+        with plain.slowed(KILL_SLOWDOWN):
+            wait_for_shards(run_dir, 1, proc)
+            kernel.send_signal(signal.SIGKILL)  # no flush, no goodbye
         proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -181,9 +190,10 @@ class HedgedRun:
 def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: Path) -> HedgedRun:
     """generate.ipynb (streamed) on ngram and standalone, hedging forced, one prompt too long for the model.
 
-    ``hedge_slow_ratio`` 0.9: STANDALONE answers at well under half NGRAM's per-request rate, so it is hedged
-    at the tail for sure. Enough prompts that the slow server has the 10 answers hedging needs before the queue
-    runs dry. Thinking off and ``max_truncated_rate`` 1.0: the random model never ends before max_tokens.
+    ``hedge_slow_ratio`` 0.9, and STANDALONE slowed to three times its own time per step for the run: it answers
+    at a fraction of NGRAM's per-request rate, so it is hedged at the tail at any machine speed. Enough prompts
+    that the slow server has the 10 answers hedging needs before the queue runs dry. Thinking off and
+    ``max_truncated_rate`` 1.0: the random model never ends before max_tokens.
     Streamed, because SGLang 0.5.23 notices a client gone from a streamed request at its next chunk, but from a
     non-streamed one only every SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s) or SGLANG_FORCE_STREAM_INTERVAL tokens:
     a non-streamed loser that ends sooner is finished, not aborted (seen here: two hedges, no abort)."""
@@ -204,7 +214,8 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
     }
     urls = {"ngram": ngram.url, "standalone": standalone.url}
     before = {name: metric(url, ABORTED) for name, url in urls.items()}
-    run_dir = draftgen_run(draftgen, "generate", root, "hedge", params)
+    with standalone.slowed(HEDGE_SLOWDOWN):
+        run_dir = draftgen_run(draftgen, "generate", root, "hedge", params)
     aborted = {name: metric(url, ABORTED) - before[name] for name, url in urls.items()}
     return HedgedRun(run_dir, prompts, urls, aborted)
 
@@ -220,7 +231,8 @@ class KilledRun:
 
 def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Path) -> KilledRun:
     """generate.ipynb on plain and ngram; once a shard holding one of plain's answers is stored, plain's SGLang
-    launcher is SIGKILLed (not at the first shard: under load ngram once answered the first shard's four alone).
+    launcher is SIGKILLed (not at the first shard: under load ngram once answered the first shard's four alone),
+    ngram slowed until then.
 
     Thinking off (the random model on ngram never closes </think>), so truncation is the rule there:
     max_truncated_rate 1.0. Two consecutive failures mark a server down (server_down_after 2), so the run moves
@@ -242,10 +254,13 @@ def failover_generate(draftgen: str, plain: ServeRun, ngram: ServeRun, root: Pat
     proc = start_run(draftgen, "generate", root, "failover", params)
     run_dir = root / "generate" / "failover"
     try:
-        wait_for_a_row_from(plain.url, run_dir, proc)
-        [launcher] = plain.launchers()
-        launcher.send_signal(signal.SIGKILL)
-        killed_at = time.time()
+        # ngram slowed until the kill: it takes few prompts before, so most are left for it after, whichever of
+        # the two random-weight and designed models the machine runs faster
+        with ngram.slowed(KILL_SLOWDOWN):
+            wait_for_a_row_from(plain.url, run_dir, proc)
+            [launcher] = plain.launchers()
+            launcher.send_signal(signal.SIGKILL)
+            killed_at = time.time()
         output = finish(proc, "generate", run_dir)
     finally:
         if proc.poll() is None:

@@ -1,7 +1,7 @@
 """Finished benchmark levels on disk, so an interrupted benchmark resumes at the level it lost.
 
-Each server × level is written to ``out_dir/levels/`` the moment it finishes (atomically: a level is on disk
-whole or not at all). A resumed run reuses a stored level only when nothing that shaped its numbers changed: the
+Each server × level is written to ``out_dir/levels/`` the moment it finishes (with ``draftgen.rundir.write``: a
+level is on disk whole or not at all). A resumed run reuses a stored level only when nothing that shaped its numbers changed: the
 server's URL and what it said about itself (engine, version, batch cap, speculative algorithm), the model, the
 sampling parameters, and the exact prompts the level sent, in order. Anything else is measured again.
 """
@@ -9,7 +9,6 @@ sampling parameters, and the exact prompts the level sent, in order. Anything el
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -19,9 +18,10 @@ from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.client.metrics import CounterWindow
 from draftgen.prompts.rows import PromptRow
+from draftgen.rundir import remove_leftovers, write_json
+from draftgen.rundir.layout import BENCH_LEVEL_GLOB, bench_level_name
 
 FORMAT_VERSION = 1
-LEVELS_DIR = "levels"  # under out_dir
 SERVER_IDENTITY = (
     "url",
     "engine",
@@ -98,13 +98,17 @@ class LevelStore:
         self.root = root
 
     def path(self, gpu: int, concurrency: int) -> Path:
-        return self.root / f"gpu{gpu}-c{concurrency}.json"
+        return self.root / bench_level_name(gpu, concurrency)
+
+    def remove_leftovers(self) -> int:
+        """Delete what saves interrupted before their rename left (the benchmark is this folder's one writer)."""
+        return len(remove_leftovers([self.root])) if self.root.is_dir() else 0
 
     def clear(self) -> int:
         """Forget every stored level (a fresh benchmark in a folder that held one); returns how many."""
         removed = 0
         if self.root.is_dir():
-            for path in self.root.glob("gpu*-c*.json"):
+            for path in self.root.glob(BENCH_LEVEL_GLOB):
                 path.unlink()
                 removed += 1
         return removed
@@ -112,10 +116,7 @@ class LevelStore:
     def save(self, identity: dict[str, Any], level: LevelRun) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path(level.gpu, level.concurrency)
-        partial = path.with_suffix(".json.partial")
-        partial.write_text(json.dumps({"identity": identity, "level": _level_to_json(level)}))
-        os.replace(partial, path)  # whole or absent, even if the process dies mid-write
-        return path
+        return write_json(path, {"identity": identity, "level": _level_to_json(level)})
 
     def load(self, identity: dict[str, Any], gpu: int, concurrency: int) -> tuple[LevelRun | None, str]:
         """The stored level if its identity matches, else None and why it cannot be reused (for the log)."""

@@ -7,7 +7,6 @@ hardware's clock (``draftgen.client.clock``): against ``draftgen sim --speed 5``
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,13 +19,14 @@ from draftgen.bench.records import BenchmarkRun, ServerFacts
 from draftgen.bench.stats import level_row, request_rows, worker_rows
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, on_clock
 from draftgen.display.plots import Plot, new_figure, save
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
+from draftgen.rundir.layout import BENCH_REQUESTS as REQUESTS_FILE
+from draftgen.rundir.layout import BENCH_RESULTS as RESULTS_FILE
+from draftgen.rundir.layout import BENCH_SUMMARY as SUMMARY_FILE
+from draftgen.rundir.layout import BENCH_WORKERS as WORKERS_FILE
 from draftgen.server_settings import settings_record
 
-RESULTS_FILE = "results.parquet"
-REQUESTS_FILE = "requests.parquet"
-OCCUPANCY_FILE = "occupancy.parquet"
-SUMMARY_FILE = "benchmark.json"
-WORKERS_FILE = "workers.parquet"
 WORKER_SCHEMA = {
     "server": pl.String,
     "gpu": pl.Int64,
@@ -280,12 +280,12 @@ def save_report(report: BenchmarkReport, out_dir: str | Path) -> Path:
     """Write results.parquet, requests.parquet, occupancy.parquet and benchmark.json into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report.results.write_parquet(out / RESULTS_FILE)
-    report.requests.write_parquet(out / REQUESTS_FILE)
-    report.occupancy.write_parquet(out / OCCUPANCY_FILE)
+    write_parquet(out / RESULTS_FILE, report.results)
+    write_parquet(out / REQUESTS_FILE, report.requests)
+    write_parquet(out / OCCUPANCY_FILE, report.occupancy)
     if not report.workers.is_empty():
-        report.workers.write_parquet(out / WORKERS_FILE)
-    (out / SUMMARY_FILE).write_text(json.dumps(report.summary, indent=2, default=str))
+        write_parquet(out / WORKERS_FILE, report.workers)
+    write_json(out / SUMMARY_FILE, report.summary, indent=2, default=str)
     return out
 
 

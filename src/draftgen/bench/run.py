@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftgen.bench.checkpoint import LEVELS_DIR, LevelStore, level_identity
+from draftgen.bench.checkpoint import LevelStore, level_identity
 from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.bench.sample import PromptSample, sample_prompts
@@ -34,6 +34,7 @@ from draftgen.client.metrics import (
 from draftgen.client.records import Capabilities
 from draftgen.client.server import ServerClient
 from draftgen.prompts.rows import PromptRow
+from draftgen.rundir.layout import BENCH_LEVELS
 
 LAG_PROBE_INTERVAL_S = 0.05
 STOP_POLL_INTERVAL_S = 0.05  # how often a level asks SendLimit.stop_sending between finishes
@@ -436,7 +437,8 @@ async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
         f"{sample.rejected} rejected)",
         flush=True,
     )
-    store = LevelStore(Path(config.out_dir) / LEVELS_DIR)
+    store = LevelStore(Path(config.out_dir) / BENCH_LEVELS)
+    store.remove_leftovers()
     if not config.resume:
         forgotten = store.clear()
         if forgotten:

@@ -21,6 +21,7 @@ from typing import Any
 from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.paths import resolve_path
+from draftgen.rundir.layout import ESTIMATE, EXPORT, MANIFEST, VALIDATE_SUMMARY
 from draftgen.runner import RunPlan, execute, resolve_notebook
 from draftgen.sim.fleet import SimFleet
 
@@ -86,14 +87,14 @@ def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[
             **fleet,
             "prompts": "synthetic",
             "limit": limit,
-            "estimate": str(out / "estimate" / "estimate.json"),
+            "estimate": str(out / "estimate" / ESTIMATE),
         }
     return {"generation_dir": str(out / "generate"), "tokenizer": str(out / "tokenizer")}
 
 
 def _summary(out: Path) -> list[str]:
     lines = []
-    estimate = out / "estimate" / "estimate.json"
+    estimate = out / "estimate" / ESTIMATE
     if estimate.exists():
         data = json.loads(estimate.read_text())
         hardware = (data.get("clock") or {}).get("hardware") or "GPU"
@@ -111,28 +112,29 @@ def _summary(out: Path) -> list[str]:
                 f"({job['days_low']:.2f}–{job['days_high']:.2f}), ${job['cost_usd']:,.0f}; the concurrency-1 plan: "
                 f"{plan['days']:.1f} days, ${plan['cost_usd']:,.0f} — {plan['days'] / job['days']:.1f}× longer"
             )
-    manifest = out / "generate" / "manifest.json"
+    manifest = out / "generate" / MANIFEST
     if manifest.exists():
         data = json.loads(manifest.read_text())
         counts = data.get("counts", {})
         lines.append(f"generate : {json.dumps(counts)}")
-    validation = out / "validate" / "summary.json"
+    validation = out / "validate" / VALIDATE_SUMMARY
     if validation.exists():
         data = json.loads(validation.read_text())
         counts = data.get("counts", {})
         lines.append(
             f"validate : {'PASS' if data.get('passed') else 'FAIL'} — {counts.get('out', 0)} of {counts.get('in', 0)} "
-            f"training rows (one per generated turn) exported to {out / 'validate' / 'export'}"
+            f"training rows (one per generated turn) exported to {out / 'validate' / EXPORT}"
         )
         made, source = counts.get("yield") or {}, counts.get("token_source") or {}
         if made.get("share") is not None:
-            lost = ", ".join(
-                f"{why} {n / made['generated_tokens']:.1%}" for why, n in list(made["lost"].items())[:4]
-            )
+            rest = [(why, n) for why, n in made["buckets"].items() if why != "trained"]
+            lost = ", ".join(f"{why} {n / made['generated_tokens']:.1%}" for why, n in rest[:4])
+            cut = (counts.get("cut_turns") or {}).get("trained", 0)
             lines.append(
-                f"yield    : {made['share']:.1%} of the {made['generated_tokens']:,} tokens the target generated train "
-                f"the drafter (lost: {lost or 'none'}); {source.get('server', 0):,} rows from the server's token ids, "
-                f"{source.get('retokenized', 0):,} re-tokenized"
+                f"yield    : {made['share']:.1%} of the {made['generated_tokens']:,} tokens the target generated are "
+                f"trained ({made['trained_tokens']:,} trained tokens; {cut:,} turns cut by max_tokens train as "
+                f"generated, in prompts.jsonl only; the rest: {lost or 'none'}); {source.get('server', 0):,} rows "
+                f"from the server's token ids, {source.get('retokenized', 0):,} re-tokenized"
             )
     return lines
 

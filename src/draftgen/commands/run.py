@@ -7,8 +7,9 @@ import contextlib
 import sys
 from pathlib import Path
 
-from draftgen.diskspace import free_bytes, human_bytes, is_disk_full
+from draftgen.display.humanize import human_bytes
 from draftgen.paths import resolve_path
+from draftgen.rundir import free_bytes, is_disk_full
 from draftgen.runner import (
     add_parameter_options,
     applicable_parameters,

@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from draftgen.rundir.layout import COMMANDS
 from draftgen.serve.config import (
     DEFAULT_BASE_PORT,
     DEFAULT_ROUTER_PORT,
@@ -215,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     check_run_dir(config.run_dir)
     try:
         config.run_dir.mkdir(parents=True, exist_ok=True)
-        write_commands(config.run_dir / "commands.sh", [*servers, *([router] if router else [])])
+        write_commands(config.run_dir / COMMANDS, [*servers, *([router] if router else [])])
     except OSError as exc:
         raise ValueError(
             f"cannot write the run folder {config.run_dir}: {exc.strerror or exc}; check --out"

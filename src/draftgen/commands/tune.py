@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print(verdict_report.format_table(verdict))
         print(verdict_report.headline(verdict))
     if not config.race:
-        return 0 if verdict is not None and verdict.winner is not None else 1
+        return 0 if verdict is not None and verdict.ranking.best is not None else 1  # a tie is an answer
     table = report.candidate_table(result)
     report.save_figure(report.plot_throughput(table, config.interval), config.out_dir, "tok_s_per_gpu")
     report.save_figure(report.plot_acceptance(table, config.interval), config.out_dir, "acceptance")
@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             if info["gain_vs_baseline"] is not None
             else ""
         )
+        + (f"; within the noise of {', '.join(info['ties_with'])}" if info["ties_with"] else "")
     )
     print(
         f"draftgen tune: settings written to {config.settings_path}; launch: draftgen serve --settings {config.settings_path} ..."

@@ -1,5 +1,5 @@
-"""Durations in the unit a person would use (a dry run lasts seconds, the real job days), and servers by the
-shortest name that tells them apart."""
+"""Durations and sizes in the unit a person would use (a dry run lasts seconds, the real job days), and servers by
+the shortest name that tells them apart."""
 
 from __future__ import annotations
 
@@ -18,6 +18,15 @@ def duration(seconds: float, *, digits: int = 1) -> str:
     """``duration(1_425_600) == "16.5 days"``, ``duration(150) == "2.5 min"``, ``duration(95) == "95.0 s"``."""
     name, size = duration_unit(abs(seconds))
     return f"{seconds / size:,.{digits}f} {name}"
+
+
+def human_bytes(count: float) -> str:
+    """``human_bytes(1_500_000) == "1.5 MB"`` (powers of 1000, as ``df -H``)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
 
 
 def short_label(url: str) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from draftgen.rundir import replace_file
+
 DPI = 110
 
 
@@ -47,7 +49,9 @@ def save(figure: Figure, folder: str | Path, name: str) -> Plot:
     """Write ``folder/name.png`` and return it for inline display."""
     path = Path(folder) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=DPI, bbox_inches="tight")
+    replace_file(
+        path, lambda temporary: figure.savefig(temporary, format="png", dpi=DPI, bbox_inches="tight")
+    )
     return Plot(figure, path)
 
 

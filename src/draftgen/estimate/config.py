@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from draftgen.params import NonNegativeFloat, NotebookCell, Params, PositiveFloat, PositiveInt, param
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.rundir.layout import BENCH_RESULTS
 from draftgen.server_settings import SettingsFile
 
 
@@ -37,7 +38,7 @@ class ScenarioSpec(Params):
             raise ValueError(
                 f"scenario {self.name!r}: give benchmark_dir (measured) or tok_s_per_gpu (assumed), not both"
             )
-        if self.benchmark_dir and not (Path(self.benchmark_dir) / "results.parquet").is_file():
+        if self.benchmark_dir and not (Path(self.benchmark_dir) / BENCH_RESULTS).is_file():
             raise ValueError(f"scenario {self.name!r}: {self.benchmark_dir} holds no results.parquet")
         return self
 
@@ -113,7 +114,7 @@ class EstimateConfig(Params):
     @field_validator("benchmark_dir")
     @classmethod
     def _benchmark(cls, path: str) -> str:
-        if path and not (Path(path) / "results.parquet").is_file():
+        if path and not (Path(path) / BENCH_RESULTS).is_file():
             raise ValueError(
                 f"{path} holds no results.parquet: give the folder a benchmark run wrote "
                 "(outputs/benchmark/<run>/), or '' for the newest"

@@ -14,10 +14,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from draftgen.bench.report import OCCUPANCY_FILE, REQUESTS_FILE, RESULTS_FILE, SUMMARY_FILE
 from draftgen.client.clock import WALL, HardwareClock, on_clock
 from draftgen.paths import resolve_path
 from draftgen.prompts.rows import PromptRow, count_rows, iter_prompts
+from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
+from draftgen.rundir.layout import BENCH_REQUESTS as REQUESTS_FILE
+from draftgen.rundir.layout import BENCH_RESULTS as RESULTS_FILE
+from draftgen.rundir.layout import BENCH_SUMMARY as SUMMARY_FILE
 from draftgen.training.conversation import answer_points
 
 BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftgen.paths)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,9 +12,10 @@ from matplotlib.figure import Figure
 from draftgen.bench.report import save_figure as save_figure  # re-exported: notebooks save plots through it
 from draftgen.display.humanize import duration, duration_unit
 from draftgen.estimate.plan import Estimate, ScenarioResult
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import ESTIMATE as ESTIMATE_FILE
+from draftgen.rundir.layout import ESTIMATE_SCENARIOS
 from draftgen.server_settings import settings_record
-
-ESTIMATE_FILE = "estimate.json"
 
 
 def _scenario_json(result: ScenarioResult) -> dict:
@@ -105,8 +105,8 @@ def save_estimate(estimate: Estimate, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / ESTIMATE_FILE
-    path.write_text(json.dumps(estimate_json(estimate), indent=2, default=str))
-    estimate.table().write_parquet(out / "scenarios.parquet")
+    write_json(path, estimate_json(estimate), indent=2, default=str)
+    write_parquet(out / ESTIMATE_SCENARIOS, estimate.table())
     return path
 
 

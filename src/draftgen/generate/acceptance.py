@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,8 +31,9 @@ from draftgen.client.metrics import (
 )
 from draftgen.client.records import Capabilities
 from draftgen.client.server import ServerClient
+from draftgen.rundir import write_parquet
+from draftgen.rundir.layout import ACCEPTANCE as ACCEPTANCE_FILE
 
-ACCEPTANCE_FILE = "acceptance.parquet"
 SCRAPE_TIMEOUT_S = 10.0
 ACCEPTANCE_SCHEMA = {
     "worker": pl.String,
@@ -165,10 +165,7 @@ def write_samples(out_dir: str | Path, samples: Sequence[AcceptanceSample]) -> P
     frame = pl.DataFrame([asdict(s) for s in samples], schema=ACCEPTANCE_SCHEMA)
     if path.exists():
         frame = pl.concat([pl.read_parquet(path), frame])
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    frame.write_parquet(temporary)
-    os.replace(temporary, path)
-    return path
+    return write_parquet(path, frame)
 
 
 def read_samples(out_dir: str | Path) -> pl.DataFrame:

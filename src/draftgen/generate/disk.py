@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftgen.diskspace import free_bytes, human_bytes
+from draftgen.display.humanize import human_bytes
+from draftgen.rundir import free_bytes
 
 BYTES_PER_TOKEN = 2.5
 ROW_OVERHEAD_BYTES = 200  # id, finish reason, counts, server, timings, response id

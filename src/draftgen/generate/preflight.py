@@ -5,7 +5,8 @@ its filesystem for the projected output), the
 prompt file (readable, malformed rows set aside in rejected.parquet, abort above ``max_rejected_rate``), and per
 server: reachable, healthy (/health, /health_generate), serving ``model`` (/v1/models), engine and capabilities
 (``ServerClient.probe``), batch cap, and one canary request that must come back with reasoning AND an answer.
-Any "fail" row stops the run (``PreflightError``, whose message is the whole table).
+Any "fail" row stops the run (``PreflightError``, whose message is the whole table) and lets go of the run
+folder; a plan that passed keeps the folder's lease, opened once here, for generate's session (``Plan.store``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from draftgen.generate.store import (
     RunStore,
     StoreError,
     fingerprint_change,
-    read_manifest,
 )
 from draftgen.params import ParameterError
 from draftgen.prompts.rows import PromptFileError, PromptRow, RejectedRow
@@ -105,17 +105,24 @@ class PromptScan:
 
 @dataclass(frozen=True)
 class Plan:
-    """What preflight found: the servers to use (with capabilities) and the work to do."""
+    """What preflight found: the servers to use (with capabilities) and the work to do, and the run folder, still
+    held by its lease (``store``), for generate to write without opening it again."""
 
     servers: list[ServerPlan]
     checks: list[Check]
     scan: PromptScan
     fingerprint: str
     clock: HardwareClock = WALL  # the servers' clock (draftgen sim: the simulated GPU's), for reports
+    store: RunStore | None = field(default=None, repr=False, compare=False)
 
     @property
     def todo(self) -> int:
         return self.scan.todo
+
+    def release(self) -> None:
+        """Let go of the run folder without running this plan (generate lets go of it when its session ends)."""
+        if self.store is not None:
+            self.store.release()
 
     def table(self) -> pl.DataFrame:
         return checks_frame(self.checks)
@@ -520,7 +527,7 @@ async def preflight(config: GenerateConfig) -> Plan:
     store: RunStore | None = None
     try:
         store = RunStore.open(config)
-        change = fingerprint_change(config, read_manifest(config.out_dir))
+        change = fingerprint_change(config, store.manifest)
         if change:
             checks.append(Check("out_dir", config.out_dir, "warn", change))
     except FingerprintMismatch as exc:
@@ -552,12 +559,16 @@ async def preflight(config: GenerateConfig) -> Plan:
         clock, clock_check = await servers_clock([p.url for p in plans], api_key)
         if clock_check is not None:
             checks.append(clock_check)
-    finally:
+        if any(c.status == "fail" for c in checks):
+            raise PreflightError(checks)
+    except BaseException:
         if store is not None:
-            store.release()
-    if any(c.status == "fail" for c in checks):
-        raise PreflightError(checks)
-    return Plan(servers=plans, checks=checks, scan=scan, fingerprint=config.fingerprint(), clock=clock)
+            store.release()  # nothing will run
+        raise
+    # The run folder stays leased: generate's session writes through this store (the lock is never let go between).
+    return Plan(
+        servers=plans, checks=checks, scan=scan, fingerprint=config.fingerprint(), clock=clock, store=store
+    )
 
 
 async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:

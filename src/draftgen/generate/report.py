@@ -27,7 +27,8 @@ from draftgen.display.plots import Plot, completion_length_histogram, save
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.preflight import load_estimate
-from draftgen.generate.store import FAILED, REJECTED, read_manifest, scan_shards, shard_paths
+from draftgen.generate.store import read_manifest, scan_shards
+from draftgen.rundir.layout import FAILED, PLOTS, REJECTED, SHARDS, shard_paths
 
 REPORT_COLUMNS = (
     "id",
@@ -56,7 +57,7 @@ def scan_results(out_dir: RunDirs) -> pl.LazyFrame:
     for folder in run_dirs(out_dir):
         paths = shard_paths(folder)
         if not paths:
-            raise FileNotFoundError(f"no shards in {folder / 'shards'}: the run stored nothing yet")
+            raise FileNotFoundError(f"no shards in {folder / SHARDS}: the run stored nothing yet")
         frames.append(
             scan_shards(paths).select(
                 *REPORT_COLUMNS,
@@ -198,7 +199,7 @@ def plots_home(out_dir: RunDirs, save_to: str | Path | None) -> Path:
 
 
 def _save(figure: Figure, out_dir: Path, name: str) -> Plot:
-    return save(figure, out_dir / "plots", name)
+    return save(figure, out_dir / PLOTS, name)
 
 
 def spread_rate(starts: np.ndarray, ends: np.ndarray, tokens: np.ndarray, edges: np.ndarray) -> np.ndarray:

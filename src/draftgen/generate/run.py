@@ -25,7 +25,7 @@ from draftgen.generate.dispatch import Dispatcher, DispatchOutcome, server_clien
 from draftgen.generate.preflight import Plan
 from draftgen.generate.session import DiskFullStop, RunInterrupted, RunSession, guard_settings
 from draftgen.generate.source import prompt_source
-from draftgen.generate.store import DiskFull
+from draftgen.rundir import DiskFull
 
 __all__ = ["DiskFullStop", "RunInterrupted", "RunResult", "generate", "guard_settings"]
 
@@ -33,23 +33,23 @@ T = TypeVar("T")
 
 
 def _disk_full_in(exc: BaseException | None, seen: set[int] | None = None) -> DiskFull | None:
-    """The DiskFull behind ``exc``: itself, inside an exception group (several workers failed), or what a later
-    error (e.g. acceptance.parquet failing on the same full disk) was raised while handling.
+    """The DiskFull that stopped the run, the earliest behind ``exc``: itself, inside an exception group (several
+    workers failed), or the one a later error (e.g. acceptance.parquet failing on the same full disk, itself a
+    DiskFull) was raised while handling.
 
     ``seen`` is shared by the whole search: a group member's context can lead back to the group itself.
     """
     seen = set() if seen is None else seen
+    found = None
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, DiskFull):
-            return exc
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                found = _disk_full_in(inner, seen)
-                if found is not None:
-                    return found
+            found = exc
+        elif isinstance(exc, BaseExceptionGroup):
+            inner = (_disk_full_in(member, seen) for member in exc.exceptions)
+            found = next((member for member in inner if member is not None), found)
         exc = exc.__cause__ or exc.__context__
-    return None
+    return found
 
 
 @dataclass(frozen=True)

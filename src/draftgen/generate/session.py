@@ -18,15 +18,15 @@ from typing import Any
 
 from draftgen.client.errors import RequestError
 from draftgen.client.records import ChatResult
-from draftgen.diskspace import free_bytes, human_bytes
-from draftgen.display.humanize import short_label
+from draftgen.display.humanize import human_bytes, short_label
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
 from draftgen.generate.guard import Guard, GuardSettings
 from draftgen.generate.preflight import Plan
 from draftgen.generate.progress import Progress, ServerView
 from draftgen.generate.status_file import StatusWriter
-from draftgen.generate.store import DiskFull, RunStore, server_entry
+from draftgen.generate.store import RunStore, server_entry
+from draftgen.rundir import DiskFull, free_bytes
 from draftgen.watch.progress_file import set_state
 
 EVENT_LOG_LIMIT = 1000
@@ -85,17 +85,31 @@ class EventLog:
         self.recent.append(event)
 
 
+def session_store(config: GenerateConfig, plan: Plan) -> RunStore:
+    """The store preflight opened and kept leased, now recording this session. A plan whose session has already
+    ended (its generate ran once) has let go of the folder: the new session opens it again."""
+    store = plan.store
+    if store is None or not store.holds_lease:
+        store = RunStore.open(config)
+    elif store.config != config:
+        raise ValueError(
+            f"generate was given another config than preflight checked for {store.out_dir}: run "
+            "preflight(config) again with the config to run"
+        )
+    store.begin_session(
+        clock=plan.clock,
+        prompt_scan=plan.scan.as_dict(),
+        servers=[server_entry(s.url, s.capabilities) for s in plan.servers],
+    )
+    return store
+
+
 class RunSession:
     """Takes dispatch's events (``DispatchEvents``) to the store, guard, progress bar and log; ends once."""
 
     def __init__(self, config: GenerateConfig, plan: Plan, *, progress: bool = True):
         self.config = config
-        self.store = RunStore.open(
-            config,
-            clock=plan.clock,
-            prompt_scan=plan.scan.as_dict(),
-            servers=[server_entry(s.url, s.capabilities) for s in plan.servers],
-        )
+        self.store = session_store(config, plan)
         self.guard = Guard(guard_settings(config))
         self.bar = Progress(plan.todo, enabled=progress)
         self.log = EventLog()
@@ -176,7 +190,7 @@ class RunSession:
         self.bar.close()
         config, store = self.config, self.store
         recorded = store.close_disk_full(error)
-        with contextlib.suppress(OSError):  # progress.json is rewritten in place when no temporary file fits
+        with contextlib.suppress(OSError):  # DiskFull too: progress.json is rewritten in place when it can be
             set_state(config.out_dir, "interrupted", f"disk full: {error.path}")
         shards = len(store.manifest.get("shards", []))
         message = (

@@ -6,24 +6,24 @@ Layout of ``out_dir``::
     shards/part-NNNNNN.parquet   one row per finished prompt id, ~batch_save_size rows each
     failed.parquet       prompts that exhausted their attempts, with the last error (retried on resume)
     rejected.parquet     malformed prompt rows with the reason
-    .lock                held (flock) while a process writes here
+    .lock                held (flock) by the lease of the process that writes here
 
-Every file is written to a temporary name, fsynced and renamed, so a crash (even SIGKILL) leaves either the
-old file or the new one, never half of one. The shard files are the truth; the manifest is a summary of them.
+Every file is written with ``draftgen.rundir.write`` (temporary name, fsync, rename), so a crash (even SIGKILL)
+leaves either the old file or the new one, never half of one; the names are ``draftgen.rundir.layout``'s. The
+shard files are the truth; the manifest is a summary of them. The folder is held by one ``RunFolderLease`` from
+``open`` to ``release``: generate's preflight opens the store and hands it to the run.
 
-A full disk (ENOSPC, however polars or the OS report it) while writing any of them raises ``DiskFull`` naming the
-file: the half-written temporary file is removed at once (its space is needed for the manifest), the shards
-already renamed stay, and ``close_disk_full`` records ``disk full`` in the manifest as far as space allows.
+A full disk while writing any of them raises ``DiskFull`` naming the file: the half-written temporary file is
+already removed (its space is needed for the manifest), the shards already renamed stay, and
+``close_disk_full`` records ``disk full`` in the manifest as far as space allows.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,15 +32,24 @@ import polars as pl
 
 from draftgen.client.clock import WALL, HardwareClock
 from draftgen.client.records import Capabilities
-from draftgen.diskspace import free_bytes, is_disk_full
 from draftgen.generate.config import FINGERPRINT_SINCE, GenerateConfig
+from draftgen.rundir import (
+    DiskFull,
+    RunFolderError,
+    RunFolderLease,
+    free_bytes,
+    overwrite_in_place,
+    write_bytes,
+    write_parquet,
+)
+from draftgen.rundir.layout import FAILED, MANIFEST, REJECTED, SHARDS, shard_name, shard_paths, shard_seq
 
-MANIFEST = "manifest.json"
-SHARDS = "shards"
-FAILED = "failed.parquet"
-REJECTED = "rejected.parquet"
-LOCK = ".lock"
 FORMAT = "draftgen.generate/1"
+# What a second opener of the same folder is told.
+BUSY_ADVICE = "choose another out_dir (with shard, give each process its own out_dir)"
+HELD_HERE = (
+    "a plan from an earlier preflight that generate has not run; run generate with it, or call plan.release()"
+)
 
 MESSAGES = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
 OUTPUT_SCHEMA = pl.Schema(
@@ -98,72 +107,17 @@ FAILED_SCHEMA = pl.Schema(
 REJECTED_SCHEMA = pl.Schema({"row": pl.Int64, "id": pl.String, "reason": pl.String, "raw": pl.String})
 
 
-class StoreError(RuntimeError):
-    """The run folder cannot be used as asked; the message says which file and what to do."""
+# The run folder cannot be used as asked (the lease's errors included); the message says which file and what to do.
+StoreError = RunFolderError
 
 
 class FingerprintMismatch(StoreError):
     pass
 
 
-class DiskFull(StoreError):
-    """The run folder's filesystem is full. Finished shards are on disk; free space and resume."""
-
-    def __init__(self, path: Path, cause: BaseException):
-        self.path = path
-        reason = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
-        super().__init__(
-            f"no space left on the filesystem holding {path.parent} while writing {path.name} ({reason})"
-        )
-
-    def _render_traceback_(self) -> list[str]:  # IPython/Jupyter: one line, not a traceback
-        return [f"{type(self).__name__}: {self}"]
-
-
-@contextlib.contextmanager
-def _removing_tmp_on_failure(tmp: Path, path: Path) -> Iterator[None]:
-    """A full disk while writing: remove ``tmp`` at once (its space is needed) and raise ``DiskFull`` (no chained
-    traceback). Other failures propagate as they are (a leftover ``tmp`` is removed on resume)."""
-    try:
-        yield
-    except BaseException as exc:
-        if not isinstance(exc, DiskFull) and not is_disk_full(exc):
-            raise
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if isinstance(exc, DiskFull):
-            raise
-        raise DiskFull(path, exc) from None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with _removing_tmp_on_failure(tmp, path):
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def atomic_write_parquet(frame: pl.DataFrame, path: Path) -> None:
-    """Write ``frame`` to ``path`` so that a crash leaves the old file or the complete new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with _removing_tmp_on_failure(tmp, path):
-        frame.write_parquet(tmp, compression="zstd", statistics=False)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """Write ``frame`` to ``path`` as the store writes every parquet file (zstd, no statistics), atomically."""
+    write_parquet(path, frame, compression="zstd", statistics=False)
 
 
 def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
@@ -176,10 +130,6 @@ def read_manifest(out_dir: str | Path) -> dict[str, Any] | None:
         raise StoreError(
             f"{path} is not valid JSON ({exc}); it is rebuilt from the shards if you delete it"
         ) from exc
-
-
-def shard_paths(out_dir: str | Path) -> list[Path]:
-    return sorted((Path(out_dir) / SHARDS).glob("part-*.parquet"))
 
 
 def scan_shards(paths: list[Path]) -> pl.LazyFrame:
@@ -227,7 +177,8 @@ class SessionCounts:
 
 
 class RunStore:
-    """Owns one run folder while a run writes to it. Use as a context manager (the lock is released on exit)."""
+    """Owns one run folder while a run writes to it, under its lease. A context manager (the lease is released on
+    exit)."""
 
     def __init__(
         self,
@@ -248,7 +199,7 @@ class RunStore:
         self._failures: dict[str, dict[str, Any]] = {}
         self._failures_dirty = False
         self._next_seq = self._last_seq() + 1
-        self._lock_handle: Any = None
+        self._lease: RunFolderLease | None = None
         self.session = SessionCounts()
         self.clock = clock  # the servers' clock; times stored stay wall-clock, reports convert
         # What preflight's scan of the prompt file found (a resumed session without one keeps the manifest's).
@@ -267,22 +218,17 @@ class RunStore:
         prompt_scan: Mapping[str, Any] | None = None,
         servers: Iterable[Mapping[str, Any]] = (),
     ) -> RunStore:
-        """Lock ``out_dir``, clear leftovers of a crash, check the fingerprint, read the stored ids.
+        """Take the folder's lease (which clears leftovers of a crash), check the fingerprint, read the stored ids.
 
         ``clock`` is the servers' (recorded with each session); ``prompt_scan`` preflight's counts of the prompt
         file (``PromptScan.as_dict``), recorded in the manifest; ``servers`` the session's servers
-        (``server_entry``: url, engine, version, token-id source), recorded with the session."""
-        out_dir = Path(config.out_dir)
+        (``server_entry``: url, engine, version, token-id source), recorded with the session. A store opened
+        before they are known (by preflight) is given them by ``begin_session``."""
+        lease = RunFolderLease.acquire(
+            config.out_dir, subfolders=(SHARDS,), advice=BUSY_ADVICE, held_here=HELD_HERE
+        )
         try:
-            (out_dir / SHARDS).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create out_dir {out_dir}: {exc.strerror or exc}") from exc
-        handle = _lock(out_dir)
-        try:
-            for leftover in (out_dir / SHARDS).glob(".*.tmp"):
-                leftover.unlink()  # a write interrupted before its rename: the rows are still to do
-            for leftover in out_dir.glob(".*.tmp"):
-                leftover.unlink()
+            out_dir = lease.folder
             manifest = read_manifest(out_dir)
             check_fingerprint(config, manifest)
             ids = read_done_ids(out_dir)
@@ -293,19 +239,30 @@ class RunStore:
                     "they were not written by one draftgen run — deduplicate them or use a new out_dir"
                 )
             store = cls(config, stored_ids=ids, manifest=manifest, clock=clock, prompt_scan=prompt_scan)
-            store._lock_handle = handle
+            store._lease = lease
             store.session.servers = [dict(server) for server in servers]
             store._load_failures()
         except BaseException:
-            handle.close()
+            lease.release()
             raise
         return store
 
+    def begin_session(
+        self, *, clock: HardwareClock, prompt_scan: Mapping[str, Any], servers: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """Start the session a run records, once preflight knows the servers' clock, the prompt file's counts and
+        the servers approved (the store itself was opened before them, at the start of preflight)."""
+        self.clock = clock
+        self.prompt_stats = dict(prompt_scan)
+        self.rejected_count = int(prompt_scan["rejected"])
+        self.session = SessionCounts(servers=[dict(server) for server in servers])
+
+    @property
+    def holds_lease(self) -> bool:
+        return self._lease is not None and self._lease.held
+
     def _last_seq(self) -> int:
-        seqs = [
-            int(p.stem.split("-")[1]) for p in shard_paths(self.out_dir) if p.stem.split("-")[1].isdigit()
-        ]
-        return max(seqs, default=0)
+        return max((n for n in map(shard_seq, shard_paths(self.out_dir)) if n is not None), default=0)
 
     def _load_failures(self) -> None:
         path = self.out_dir / FAILED
@@ -327,9 +284,9 @@ class RunStore:
         self.release()
 
     def release(self) -> None:
-        if self._lock_handle is not None:
-            self._lock_handle.close()
-            self._lock_handle = None
+        """Let go of the run folder (idempotent)."""
+        if self._lease is not None:
+            self._lease.release()
 
     # ----- writing ----------------------------------------------------------------------------------------
     @property
@@ -375,7 +332,7 @@ class RunStore:
         written = None
         if self._buffer:
             frame = pl.DataFrame(self._buffer, schema=OUTPUT_SCHEMA)
-            written = self.shard_dir / f"part-{self._next_seq:06d}.parquet"
+            written = self.shard_dir / shard_name(self._next_seq)
             atomic_write_parquet(frame, written)
             self._next_seq += 1
             self.stored_rows += frame.height
@@ -473,25 +430,13 @@ class RunStore:
         manifest["clock"] = self.clock.as_dict()
         manifest["updated_at"] = time.time()
         manifest.setdefault("shards", [])
-        atomic_write_bytes(self.out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_bytes(self.out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
 def write_manifest_in_place(out_dir: Path, manifest: dict[str, Any]) -> bool:
     """No room even for a temporary manifest: rewrite the old one in its own blocks, compact, when the new text
-    is no longer than the old (nothing to allocate, so nothing can fail half-way). False otherwise."""
-    path = out_dir / MANIFEST
-    body = json.dumps(manifest, separators=(",", ":")).encode()
-    try:
-        if not path.exists() or len(body) > path.stat().st_size:
-            return False
-        with open(path, "r+b") as handle:
-            handle.write(body)
-            handle.truncate()
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError:
-        return False
-    return True
+    is no longer than the old. False otherwise."""
+    return overwrite_in_place(out_dir / MANIFEST, json.dumps(manifest, separators=(",", ":")).encode())
 
 
 def record_disk_full(out_dir: str | Path, path: str | Path, detail: str) -> bool:
@@ -499,15 +444,10 @@ def record_disk_full(out_dir: str | Path, path: str | Path, detail: str) -> bool
     the executed notebook kills the kernel): mark a run folder still ``running`` as ``disk full``. Only when no
     process holds the folder's lock; never writes anything but the manifest. True if it was recorded."""
     out_dir = Path(out_dir)
-    try:
-        handle = open(out_dir / LOCK)  # an existing file: opening it allocates nothing
-    except OSError:
-        return False
-    with handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # still being written by someone: they record their own ending
+    lease = RunFolderLease.acquire_existing(out_dir)
+    if lease is None:
+        return False  # no run folder, or still being written by someone: they record their own ending
+    with lease:
         try:
             manifest = read_manifest(out_dir)
         except StoreError:
@@ -524,29 +464,10 @@ def record_disk_full(out_dir: str | Path, path: str | Path, detail: str) -> bool
         }
         manifest["updated_at"] = time.time()
         try:
-            atomic_write_bytes(out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
+            write_bytes(out_dir / MANIFEST, json.dumps(manifest, indent=1).encode())
         except DiskFull:
             return write_manifest_in_place(out_dir, manifest)
         return True
-
-
-def _lock(out_dir: Path) -> Any:
-    handle = open(out_dir / LOCK, "a+")
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "unknown"
-        handle.close()
-        raise StoreError(
-            f"another process ({owner}) is writing to {out_dir}; wait for it, stop it, or choose another out_dir "
-            "(with shard, give each process its own out_dir)"
-        ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}")
-    handle.flush()
-    return handle
 
 
 def check_fingerprint(config: GenerateConfig, manifest: dict[str, Any] | None) -> None:

@@ -12,6 +12,8 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from draftgen.rundir import replace_file
+
 _NAMES = ("Ada", "Bao", "Chidi", "Dana", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lena")
 _ITEMS = ("apples", "bolts", "tickets", "marbles", "books", "stamps", "tiles", "cups", "seeds", "coins")
 _LANGS = ("Python", "Rust", "TypeScript", "Go", "C++", "SQL")
@@ -173,10 +175,15 @@ def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
 def write_synthetic(path: Path, n: int, seed: int = 0) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in synthetic_rows(n, seed):
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            count += 1
+
+    def write(temporary: Path) -> None:
+        nonlocal count
+        with open(temporary, "w", encoding="utf-8") as handle:
+            for row in synthetic_rows(n, seed):
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+
+    replace_file(path, write)
     return count
 
 

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import yaml
 
+from draftgen.rundir import write_text
 from draftgen.serve.launch import LaunchSpec, shell_line
 
 
 def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    write_text(path, text)
 
 
 def write_servers_yaml(path: Path, urls: list[str], model: str) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftgen.client.introspect import Readiness, StartupStage
+from draftgen.rundir.layout import SERVERS
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.launch import LaunchSpec
 from draftgen.serve.process import log_tail, signal_group, spawn, stop_group
@@ -307,7 +308,7 @@ class Supervisor:
     def _publish(self, urls: list[str], what: str) -> None:
         if urls == self._last_written:
             return
-        path = self.config.run_dir / "servers.yaml"
+        path = self.config.run_dir / SERVERS
         try:
             write_servers_yaml(path, urls, self.config.served_model)
         except OSError as exc:

@@ -6,7 +6,8 @@ two), and then a drafter trained on re-tokenized rows learns sequences the targe
 returned its ids (SGLang's ``sglext``, vLLM's ``token_ids``), a row is built from them:
 
     input_ids = the server's prompt ids + the turn's output ids (+ the template's own text after the end-of-turn
-                token, e.g. the "\\n" after ``<|im_end|>``; + that token itself when a server leaves the stop token out)
+                token, e.g. the "\\n" after ``<|im_end|>``; + that token itself when a server leaves the stop token out;
+                nothing for a turn cut by max_tokens: it trains exactly as generated)
 
 and masked by the trainer's rule applied to ids: from the end of each assistant header (``<|im_start|>assistant\\n
 <think>\\n`` for SpecForge's qwen3.5 template) through the end-of-turn string, the last span only for a row per
@@ -102,12 +103,15 @@ def _header_starts(ids: np.ndarray, layout: IdsLayout) -> np.ndarray:
 def join_turn(
     prompt_ids: Sequence[int], output_ids: Sequence[int], finish_reason: str | None, layout: IdsLayout
 ) -> list[int]:
-    """The row the trainer sees for one generated turn: prompt + output, closed as the template closes a turn."""
+    """The row the trainer sees for one generated turn: prompt + output, a finished turn closed as the template
+    closes a turn. A turn that did not stop (cut by max_tokens) is exactly prompt + output: the end-of-turn token
+    and the template's text after it are not the model's, and it never wrote them."""
     ids = [*prompt_ids, *output_ids]
-    if finish_reason == "stop" and (not output_ids or output_ids[-1] != layout.eot_id):
+    if finish_reason != "stop":
+        return ids
+    if not output_ids or output_ids[-1] != layout.eot_id:
         ids.append(layout.eot_id)  # a server that reports ids without the stop token
-    if ids and ids[-1] == layout.eot_id:
-        ids.extend(layout.tail)
+    ids.extend(layout.tail)
     return ids
 
 

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from draftgen.prompts.synthetic import BUNDLED_PROMPTS
+from draftgen.rundir import replace_file, write_json
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -119,7 +120,7 @@ def build_tiny_tokenizer(
     # Like Qwen3: the control tokens and the think markers follow the learned vocabulary.
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
-    tokenizer.save(str(out / "tokenizer.json"))
+    replace_file(out / "tokenizer.json", lambda temporary: tokenizer.save(str(temporary)))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": None,
@@ -134,7 +135,7 @@ def build_tiny_tokenizer(
         "errors": "replace",
         "chat_template": qwen3_chat_template(),
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    write_json(out / "tokenizer_config.json", config, indent=2, ensure_ascii=False, end="\n")
     return out
 
 
@@ -159,8 +160,8 @@ def build_qwen3_tokenizer(out: str | Path, *, overwrite: bool = False) -> Path:
     source = qwen3_vocabulary_dir()
     out = _prepare(Path(out), overwrite)
     for name in ("tokenizer.json", "vocab.json", "merges.txt"):
-        shutil.copyfile(source / name, out / name)
+        replace_file(out / name, lambda temporary, name=name: shutil.copyfile(source / name, temporary))
     config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
     config["chat_template"] = qwen3_chat_template()
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    write_json(out / "tokenizer_config.json", config, indent=2, ensure_ascii=False, end="\n")
     return out

@@ -33,6 +33,7 @@ from draftgen.params import (
 )
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.rundir.layout import SETTINGS
 from draftgen.serve.config import parse_gpus
 from draftgen.server_settings import (
     DFLASH,
@@ -363,7 +364,7 @@ class TuneConfig(SamplingParams):
 
     @property
     def settings_path(self) -> Path:
-        return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / "settings.yaml"
+        return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / SETTINGS
 
     def _static(self) -> list[ServerSettings]:
         return [

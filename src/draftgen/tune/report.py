@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
@@ -10,14 +9,14 @@ from matplotlib.figure import Figure
 
 from draftgen.bench.report import save_figure
 from draftgen.display.plots import Plot, new_figure
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import TUNE_CANDIDATES as CANDIDATES_FILE
+from draftgen.rundir.layout import TUNE_JOBS as JOBS_FILE
+from draftgen.rundir.layout import TUNE_SUMMARY as SUMMARY_FILE
 from draftgen.server_settings import save_settings
 from draftgen.tune import verdict_report
 from draftgen.tune.estimate import estimate
 from draftgen.tune.run import TuneRun
-
-CANDIDATES_FILE = "candidates.parquet"
-JOBS_FILE = "jobs.parquet"
-SUMMARY_FILE = "tune.json"
 
 __all__ = [
     "Plot",
@@ -103,6 +102,24 @@ def jobs_table(run: TuneRun) -> pl.DataFrame:
     )
 
 
+def ties_with_chosen(run: TuneRun) -> list[str]:
+    """Finalists whose tok/s interval overlaps the chosen one's: the race's order between them may be noise
+    (the chosen one still leads on the point figure, so it is the one written to the settings file)."""
+    chosen = run.chosen
+    est = run.estimates.get(chosen.index) if chosen else None
+    if chosen is None or est is None:
+        return []
+    return [
+        c.label
+        for c in run.candidates
+        if c.index != chosen.index
+        and c.index not in run.eliminated_in
+        and (other := run.estimates.get(c.index)) is not None
+        and other.tok_s_low <= est.tok_s_high
+        and est.tok_s_low <= other.tok_s_high
+    ]
+
+
 def summary(run: TuneRun) -> dict:
     chosen = run.chosen
     est = run.estimates.get(chosen.index) if chosen else None
@@ -116,6 +133,7 @@ def summary(run: TuneRun) -> dict:
         "tok_s_per_gpu": est.tok_s_per_gpu if est else None,
         "tok_s_per_gpu_interval": [est.tok_s_low, est.tok_s_high] if est else None,
         "accept_length": est.accept_length if est else None,
+        "ties_with": ties_with_chosen(run),
         "baseline_label": base.candidate.label if base else None,
         "baseline_tok_s_per_gpu": base_est.tok_s_per_gpu if base_est else None,
         "baseline_accept_length": base_est.accept_length if base_est else None,
@@ -144,8 +162,8 @@ def save_report(run: TuneRun) -> dict:
     out = Path(run.config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if run.candidates:  # the race ran
-        candidate_table(run).write_parquet(out / CANDIDATES_FILE)
-        jobs_table(run).write_parquet(out / JOBS_FILE)
+        write_parquet(out / CANDIDATES_FILE, candidate_table(run))
+        write_parquet(out / JOBS_FILE, jobs_table(run))
     info = summary(run)
     if run.chosen is not None:
         provenance = {
@@ -177,7 +195,7 @@ def save_report(run: TuneRun) -> dict:
             }
             save_settings(run.config.settings_path, verdict.winner.settings, provenance)
             info["settings_file"] = str(run.config.settings_path)
-    (out / SUMMARY_FILE).write_text(json.dumps(info, indent=2, default=str))
+    write_json(out / SUMMARY_FILE, info, indent=2, default=str)
     return info
 
 

@@ -1,19 +1,22 @@
 """The verdict's figures: tok/s per GPU and acceptance per candidate and concurrency (bootstrap intervals), the
-winner at the production concurrency, why the ranking at concurrency 1 differs when it does, and the days and
-dollars each drafter saves or costs on the full prompt set against MTP, with the estimate's own model.
+winner at the production concurrency (or a tie), why the ranking at concurrency 1 differs when it does, and the
+days and dollars each drafter saves or costs on the full prompt set against the baseline.
+
+One figure decides and prices: a candidate's measured tok/s per GPU at the production concurrency, with its
+bootstrap interval. The winner is the best of them only when its interval lies above every other candidate's;
+when the intervals overlap the verdict is a tie (both intervals are reported) and nobody wins by noise. The money
+is that same figure priced: ``estimate.model.estimate_wall`` plays ``dataset_size`` prompts with the verdict's
+completion lengths (speculative decoding does not change what is generated, so all candidates share them) on
+``fleet_gpus`` servers at the production concurrency, each running requests at the candidate's measured
+per-request speed (``tpot`` flat at the production batch). Wall time is then exactly proportional to 1 / the
+figure, so the cheapest candidate is the fastest and the days' interval is the figure's interval, priced.
 
 Rates are on the hardware's clock: a simulated server's (``draftgen sim --speed X``) are divided by X, as the
-estimate does. The money: each candidate's measured levels are the estimate's occupancy points (at ``c`` in
-flight, Σ request seconds / c seconds and Σ tokens), fitted by ``estimate.model.fit_rate_model`` to
-``tpot(b) = alpha + beta·b``; the completion lengths are every verdict request's (speculative decoding does not
-change what is generated, so all candidates share them: the difference is the rate alone); and
-``estimate.model.estimate_wall`` gives the wall time of ``dataset_size`` prompts on ``fleet_gpus`` servers at the
-production concurrency. The interval refits the rate on steady requests resampled at each level.
+estimate does.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +25,10 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.display.plots import new_figure
-from draftgen.estimate.model import LengthSample, RateModel, estimate_wall, fit_rate_model
+from draftgen.estimate.model import LengthSample, RateModel, estimate_wall
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import TUNE_VERDICT_SUMMARY as VERDICT_SUMMARY
+from draftgen.rundir.layout import TUNE_VERDICT_TABLE as VERDICT_TABLE
 from draftgen.tune.config import Candidate
 from draftgen.tune.estimate import estimate
 from draftgen.tune.measure import JobResult
@@ -30,8 +36,6 @@ from draftgen.tune.verdict import VerdictRun
 
 DAY_S = 86_400.0
 MONEY_RESAMPLES = 40  # rate refits behind the days/dollars interval (each one a fleet simulation)
-VERDICT_TABLE = "verdict.parquet"
-VERDICT_SUMMARY = "verdict.json"
 
 
 @dataclass(frozen=True)
@@ -67,19 +71,63 @@ class Money:
 
 
 @dataclass(frozen=True)
+class Ranking:
+    """The best candidate at one concurrency, or a tie: the candidates whose intervals overlap the best one's."""
+
+    best: Point | None  # the highest tok/s per GPU measured (None: nothing measured)
+    tied: tuple[Point, ...]  # the others whose interval overlaps the best's, best first
+
+    @property
+    def winner(self) -> Candidate | None:
+        return self.best.candidate if self.best is not None and not self.tied else None
+
+
+def overlaps(a: Point, b: Point) -> bool:
+    """Two measured points whose tok/s intervals share any value: their order may be noise."""
+    a_low, a_high = a.tok_s_low or a.tok_s_per_gpu or 0.0, a.tok_s_high or a.tok_s_per_gpu or 0.0
+    b_low, b_high = b.tok_s_low or b.tok_s_per_gpu or 0.0, b.tok_s_high or b.tok_s_per_gpu or 0.0
+    return a_low <= b_high and b_low <= a_high
+
+
+def rank(points: list[Point]) -> Ranking:
+    measured = sorted(
+        (p for p in points if p.tok_s_per_gpu is not None), key=lambda p: p.tok_s_per_gpu or 0.0, reverse=True
+    )
+    if not measured:
+        return Ranking(None, ())
+    best = measured[0]
+    return Ranking(best, tuple(p for p in measured[1:] if overlaps(best, p)))
+
+
+@dataclass(frozen=True)
 class Verdict:
     run: VerdictRun
     points: tuple[Point, ...]
     production: int
     lowest: int
-    winner: Candidate | None  # best tok/s per GPU at the production concurrency
-    winner_at_lowest: Candidate | None
+    ranking: Ranking  # at the production concurrency: the winner, or the tie
+    ranking_at_lowest: Ranking
     reasons: tuple[str, ...]  # plain sentences: why a ranking at the lowest concurrency turns at production
     money: tuple[Money, ...]
     lengths: LengthSample | None
     servers: int
     dataset_size: int
     gpu_hour_usd: float
+
+    @property
+    def winner(self) -> Candidate | None:
+        """The fastest at the production concurrency, when its interval lies above every other's (else a tie)."""
+        return self.ranking.winner
+
+    @property
+    def winner_at_lowest(self) -> Candidate | None:
+        return self.ranking_at_lowest.winner
+
+    @property
+    def tie(self) -> tuple[Point, ...]:
+        """The candidates that tie at the production concurrency, best first (empty: a winner, or nothing)."""
+        r = self.ranking
+        return (r.best, *r.tied) if r.best is not None and r.tied else ()
 
     @property
     def baseline(self) -> Candidate:
@@ -120,29 +168,6 @@ def _point(result: JobResult, run: VerdictRun) -> Point:
     )
 
 
-def occupancy(results: list[JobResult], picks: dict[int, np.ndarray] | None = None) -> pl.DataFrame:
-    """The estimate's occupancy rows from measured levels: at ``c`` in flight, Σ seconds / c (on the hardware's
-    clock: x the server's clock factor) and
-    Σ tokens of its steady requests (``picks``: resampled request indices per level)."""
-    rows = []
-    for r in results:
-        if not r.ok or not r.steady_tokens:
-            continue
-        tokens = np.asarray(r.steady_tokens, dtype=float)
-        seconds = np.asarray(r.steady_seconds, dtype=float)
-        if picks is not None:
-            tokens, seconds = tokens[picks[r.candidate.concurrency]], seconds[picks[r.candidate.concurrency]]
-        c = r.candidate.concurrency
-        rows.append(
-            {
-                "in_flight": c,
-                "seconds": float(seconds.sum()) / c * r.clock_factor,
-                "tokens": float(tokens.sum()),
-            }
-        )
-    return pl.DataFrame(rows, schema={"in_flight": pl.Int64, "seconds": pl.Float64, "tokens": pl.Float64})
-
-
 def lengths_of(run: VerdictRun) -> LengthSample | None:
     rows = [
         {"prompt_id": pid, "ok": True, "completion_tokens": tokens, "truncated": cut}
@@ -155,57 +180,40 @@ def lengths_of(run: VerdictRun) -> LengthSample | None:
     return LengthSample.from_requests(pl.DataFrame(rows), run.config.max_tokens)
 
 
-def _money(
-    candidate: Candidate,
-    results: list[JobResult],
-    lengths: LengthSample,
-    run: VerdictRun,
-    servers: int,
-    production: int,
-) -> Money | None:
-    config = run.config
-    frame = occupancy(results)
-    if frame.is_empty():
-        return None
+def priced_rate(candidate: Candidate, tok_s_per_gpu: float, production: int, tp: int) -> RateModel:
+    """The rate curve the money plays: every running request at the speed measured at the production batch."""
     cap = candidate.settings.max_running_requests
-    rate = fit_rate_model(frame, cap, source=f"verdict: {candidate.label}").model
+    running = production if cap is None else min(production, cap)
+    return RateModel(running / (tok_s_per_gpu * tp), 0.0, cap, source=f"verdict: {candidate.label}")
+
+
+def _money(
+    point: Point, lengths: LengthSample, run: VerdictRun, servers: int, production: int
+) -> Money | None:
+    if point.tok_s_per_gpu is None or point.tok_s_per_gpu <= 0:
+        return None
+    config = run.config
+    rate = priced_rate(point.candidate, point.tok_s_per_gpu, production, config.tp)
     per_prompt = lengths.per_prompt(config.max_tokens)
-    gpus = servers * config.tp
-
-    def wall(model: RateModel, draw: np.random.Generator) -> float:
-        return estimate_wall(per_prompt, config.dataset_size, servers, production, model, draw).wall_s
-
-    point = wall(rate, np.random.default_rng(config.seed))
-    rng = np.random.default_rng(config.seed + 1)
-    walls = []
-    for _ in range(MONEY_RESAMPLES):
-        picks = {
-            r.candidate.concurrency: rng.integers(0, len(r.steady_tokens), len(r.steady_tokens))
-            for r in results
-            if r.ok and r.steady_tokens
-        }
-        model = fit_rate_model(occupancy(results, picks), cap).model
-        walls.append(wall(model, np.random.default_rng(config.seed)))
-    tail = (1 - config.interval) / 2
-    low, high = (float(q) for q in np.quantile(walls, [tail, 1 - tail]))
-    low, high = min(low, point), max(high, point)
-    usd = gpus * config.gpu_hour_usd / 3600.0
+    wall = estimate_wall(
+        per_prompt, config.dataset_size, servers, production, rate, np.random.default_rng(config.seed)
+    ).wall_s
+    # Flat tpot: every event time of the fleet simulation scales with tpot, so the wall time at the interval's
+    # ends is this one scaled (the same draws), exactly.
+    low = wall * point.tok_s_per_gpu / (point.tok_s_high or point.tok_s_per_gpu)
+    high = wall * point.tok_s_per_gpu / max(point.tok_s_low or point.tok_s_per_gpu, 1e-12)
+    usd = servers * config.tp * config.gpu_hour_usd / 3600.0
     return Money(
-        candidate=candidate,
+        candidate=point.candidate,
         rate=rate,
-        tok_s_per_gpu=rate.tok_s(production) / config.tp,
-        days=point / DAY_S,
+        tok_s_per_gpu=point.tok_s_per_gpu,
+        days=wall / DAY_S,
         days_low=low / DAY_S,
         days_high=high / DAY_S,
-        cost_usd=point * usd,
+        cost_usd=wall * usd,
         cost_low_usd=low * usd,
         cost_high_usd=high * usd,
     )
-
-
-def _best(points: list[Point]) -> Candidate | None:
-    measured = [p for p in points if p.tok_s_per_gpu is not None]
-    return max(measured, key=lambda p: p.tok_s_per_gpu or 0.0).candidate if measured else None
 
 
 def _short(candidate: Candidate) -> str:
@@ -228,6 +236,8 @@ def reason(baseline_low: Point, baseline_prod: Point, low: Point, prod: Point) -
     values = (baseline_low, baseline_prod, low, prod)
     if any(p.tok_s_per_gpu is None or p.accept_length is None for p in values):
         return None
+    if overlaps(low, baseline_low) or overlaps(prod, baseline_prod):
+        return None  # a ranking within the noise at either end does not turn
     better_low = (low.tok_s_per_gpu or 0) > (baseline_low.tok_s_per_gpu or 0)
     better_prod = (prod.tok_s_per_gpu or 0) > (baseline_prod.tok_s_per_gpu or 0)
     if better_low == better_prod:
@@ -263,7 +273,8 @@ def verdict(run: VerdictRun) -> Verdict:
     production = config.production_concurrency
     lowest = min(run.levels)
     at = {level: [p for p in points if p.level == level] for level in run.levels}
-    winner, winner_low = _best(at[production]), _best(at[lowest])
+    ranking, ranking_low = rank(at[production]), rank(at[lowest])
+    winner, winner_low = ranking.winner, ranking_low.winner
     base = run.candidates[0]
     reasons = []
     by = {(p.candidate.index, p.level): p for p in points}
@@ -284,31 +295,25 @@ def verdict(run: VerdictRun) -> Verdict:
                 f"{production} in flight {_short(winner)} is.",
             )
     lengths = lengths_of(run)
-    servers = (config.fleet_gpus or len(config.groups) * config.tp) // config.tp
+    servers = max(1, (config.fleet_gpus or len(config.groups) * config.tp) // config.tp)
     money = []
     if lengths is not None:
-        for candidate in run.candidates:
-            m = _money(
-                candidate,
-                list(run.results.get(candidate.index, ())),
-                lengths,
-                run,
-                max(1, servers),
-                production,
-            )
+        for point in at[production]:
+            m = _money(point, lengths, run, servers, production)
             if m is not None:
                 money.append(m)
+    money.sort(key=lambda m: m.candidate.index)
     return Verdict(
         run=run,
         points=points,
         production=production,
         lowest=lowest,
-        winner=winner,
-        winner_at_lowest=winner_low,
+        ranking=ranking,
+        ranking_at_lowest=ranking_low,
         reasons=tuple(reasons),
         money=tuple(money),
         lengths=lengths,
-        servers=max(1, servers),
+        servers=servers,
         dataset_size=config.dataset_size,
         gpu_hour_usd=config.gpu_hour_usd,
     )
@@ -362,35 +367,71 @@ def money_table(v: Verdict) -> pl.DataFrame:
     )
 
 
+def _rate(p: Point) -> str:
+    """tok/s per GPU with its interval."""
+    return f"{p.tok_s_per_gpu:,.0f} [{p.tok_s_low:,.0f}-{p.tok_s_high:,.0f}]"
+
+
 def headline(v: Verdict) -> str:
-    """The verdict in one paragraph: the winner at production and what it saves or costs against the baseline."""
-    if v.winner is None:
+    """The verdict in one paragraph: the winner at production (or the tie) and what each drafter saves or costs
+    against the baseline."""
+    best = v.ranking.best
+    if best is None:
         return "verdict: no candidate could be measured at the production concurrency"
-    best = v.point(v.winner, v.production)
-    base = v.point(v.baseline, v.production)
-    lines = [
-        f"verdict at the production concurrency {v.production}: {_short(v.winner)} wins with "
-        f"{best.tok_s_per_gpu:,.0f} tok/s per GPU"  # type: ignore[union-attr]
-        + (
-            f" against {_short(v.baseline)}'s {base.tok_s_per_gpu:,.0f}"
-            if base is not None and base.tok_s_per_gpu is not None and v.winner.index != v.baseline.index
-            else f" ({v.baseline_name}, the baseline, stays)"
+    interval = f"{v.run.config.interval:.0%}"
+    if v.tie:
+        stays = (
+            f"{v.baseline_name} (the baseline) stays"
+            if any(p.candidate.index == v.baseline.index for p in v.tie)
+            else "pick among them on other grounds"
         )
-    ]
+        first = (
+            f"verdict at the production concurrency {v.production}: a tie, "
+            + " and ".join(f"{_short(p.candidate)} {_rate(p)}" for p in v.tie)
+            + f" tok/s per GPU ({interval} intervals overlap): none is faster beyond the noise, {stays}; "
+            f"more requests per level (rounds_per_job) narrow the intervals"
+        )
+    else:
+        base = v.point(v.baseline, v.production)
+        against = (
+            base is not None and base.tok_s_per_gpu is not None and best.candidate.index != v.baseline.index
+        )
+        first = (
+            f"verdict at the production concurrency {v.production}: {_short(best.candidate)} wins with "
+            f"{_rate(best)} tok/s per GPU"
+            + (
+                f" against {_short(v.baseline)}'s {_rate(base)}"  # type: ignore[arg-type]
+                if against
+                else f" ({v.baseline_name}, the baseline, stays)"
+            )
+            + f" ({interval} intervals)"
+        )
+    lines = [first]
     base_money = v.money_of(v.baseline)
     for m in v.money:
         if base_money is None or m.candidate.index == v.baseline.index:
             continue
         saved = base_money.days - m.days
         usd = base_money.cost_usd - m.cost_usd
+        within_noise = any(p.candidate.index == m.candidate.index for p in v.tie)
         verb = "saves" if saved > 0 else "costs"
         lines.append(
             f"  {_short(m.candidate)} {verb} {abs(saved):,.3g} days and ${abs(usd):,.0f} against {v.baseline_name} on "
             f"{v.dataset_size:,} prompts with {v.servers * v.run.config.tp} GPUs ({m.days:,.3g} vs "
             f"{base_money.days:,.3g} days)"
+            + (" at the point figures, within the noise" if within_noise else "")
         )
     lines += [f"  {r}" for r in v.reasons]
     return "\n".join(lines)
+
+
+def _tie_row(p: Point) -> dict:
+    return {
+        "candidate": p.candidate.label,
+        "tok_s_per_gpu": p.tok_s_per_gpu,
+        "tok_s_per_gpu_low": p.tok_s_low,
+        "tok_s_per_gpu_high": p.tok_s_high,
+    }
 
 
 def summary(v: Verdict) -> dict:
@@ -399,6 +440,7 @@ def summary(v: Verdict) -> dict:
         "levels": list(v.run.levels),
         "prompts": v.run.prompts_path,
         "winner": v.winner.label if v.winner else None,
+        "tie": [_tie_row(p) for p in v.tie],  # the candidates whose intervals overlap the best's (no winner)
         "winner_settings": v.winner.settings.model_dump(mode="json") if v.winner else None,
         "winner_at_lowest_concurrency": v.winner_at_lowest.label if v.winner_at_lowest else None,
         "baseline": v.baseline.label,
@@ -415,9 +457,9 @@ def summary(v: Verdict) -> dict:
 def save_verdict(v: Verdict, out_dir: str | Path) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    table(v).write_parquet(out / VERDICT_TABLE)
+    write_parquet(out / VERDICT_TABLE, table(v))
     info = summary(v)
-    (out / VERDICT_SUMMARY).write_text(json.dumps(info, indent=2, default=str))
+    write_json(out / VERDICT_SUMMARY, info, indent=2, default=str)
     return info
 
 

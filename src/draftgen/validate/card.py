@@ -9,16 +9,16 @@ them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from draftgen.rundir import write_json, write_text
+from draftgen.rundir.layout import EXPORT_CARD as CARD_FILE
+from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_HOLDOUT, EXPORT_PROMPTS, EXPORT_TOKENS
+from draftgen.rundir.layout import EXPORT_INFO as INFO_FILE
 from draftgen.training.trainers import SpanTrainer
-from draftgen.validate import export
 
 FORMAT = "draftgen.export/1"
-INFO_FILE = "dataset_info.json"
-CARD_FILE = "README.md"
 SAMPLING_KEYS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "enable_thinking", "turns")
 
 
@@ -38,6 +38,45 @@ def _engines(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
+def engine_line(engines: list[dict[str, Any]]) -> str:
+    """ "7 servers: sglang 0.5.23 (sglext)" — each engine, version and token-id source once, with its count."""
+    groups: dict[str, int] = {}
+    for server in engines:
+        name = f"{server.get('engine')} {server.get('version') or ''}".strip()
+        label = f"{name} ({server.get('token_ids') or 'no token ids'})"
+        groups[label] = groups.get(label, 0) + 1
+    total = sum(groups.values())
+    if not total:
+        return "not recorded"
+    kinds = (
+        next(iter(groups)) if len(groups) == 1 else ", ".join(f"{n} × {label}" for label, n in groups.items())
+    )
+    return f"{total} server{'s' if total > 1 else ''}: {kinds}"
+
+
+def file_contents(config: Any, counts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Which rows each training file holds: every exported row in the files of ids, cut turns left out of
+    train.jsonl (its chat template would close them with tokens the model never wrote)."""
+    cut = counts["cut_turns"]
+    every = {
+        "rows": counts["out"],
+        "trained_tokens": counts["yield"]["trained_tokens"],
+        "cut_turns": cut["trained"],
+    }
+    contents: dict[str, dict[str, Any]] = {}
+    if config.export_prompts:
+        contents[EXPORT_PROMPTS] = dict(every)
+    if config.export_tokens:
+        contents[f"{EXPORT_TOKENS}/*.parquet"] = dict(every)
+    if config.export_jsonl:
+        contents[EXPORT_CONVERSATIONS] = {
+            "rows": counts["conversation_rows"],
+            "trained_tokens": every["trained_tokens"] - cut["trained_tokens"],
+            "cut_turns": 0,
+        }
+    return contents
+
+
 def dataset_info(result: Any) -> dict[str, Any]:
     """Everything the card says, as one JSON-able mapping (``result``: a validate ``ValidationResult``)."""
     config = result.config
@@ -47,13 +86,13 @@ def dataset_info(result: Any) -> dict[str, Any]:
     counts = result.counts
     files: dict[str, str] = {}
     if config.export_jsonl:
-        files["conversations"] = "train.jsonl"
+        files["conversations"] = EXPORT_CONVERSATIONS
     if config.export_prompts:
-        files["prompts"] = export.PROMPTS
+        files["prompts"] = EXPORT_PROMPTS
     if config.export_tokens:
-        files["tokens"] = "tokens/*.parquet"
+        files["tokens"] = f"{EXPORT_TOKENS}/*.parquet"
     if counts["held_out"]["prompts"]:
-        files["holdout"] = "holdout/prompts.jsonl"
+        files["holdout"] = f"{EXPORT_HOLDOUT}/{EXPORT_PROMPTS}"
     trainer: dict[str, Any] = {
         "name": config.trainer.value,
         "max_length": config.max_length,
@@ -79,6 +118,7 @@ def dataset_info(result: Any) -> dict[str, Any]:
         "counts": {
             "samples": counts["in"],
             "exported": counts["out"],
+            "cut_turns": counts["cut_turns"],
             "dropped": counts["dropped"],
             "dropped_by_flag": counts["dropped_by_flag"],
             "flagged_but_kept": counts["flagged_but_kept"],
@@ -93,6 +133,7 @@ def dataset_info(result: Any) -> dict[str, Any]:
         "token_source": counts["token_source"],
         "yield": counts["yield"],
         "files": files,
+        "contents": file_contents(config, counts),
     }
 
 
@@ -109,18 +150,38 @@ def _yaml_header(files: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _contents_table(info: dict[str, Any]) -> str:
+    """Which rows each training file holds, with counts."""
+    lines = ["| file | rows | trained tokens | cut turns (max_tokens) |", "|---|---|---|---|"]
+    for path, held in info["contents"].items():
+        lines.append(f"| `{path}` | {held['rows']:,} | {held['trained_tokens']:,} | {held['cut_turns']:,} |")
+    cut = info["counts"]["cut_turns"]
+    if not cut["trained"]:
+        return "\n".join(lines)
+    closing = ""
+    if cut["closing_measured"]:
+        mean = cut["closing_tokens"] / cut["closing_measured"]
+        closing = (
+            f" (rendered so, {cut['closing_measured']:,} of them would carry {cut['closing_tokens']:,} such tokens, "
+            f"{mean:.1f} a turn)"
+        )
+    note = (
+        f"\n\n{cut['trained']:,} turns were cut by max_tokens and train **as generated**: the server's prompt and "
+        "output ids, nothing appended, the mask over exactly the generated tokens. The files of ids carry them; "
+        "`train.jsonl` leaves them out, because a trainer renders its conversations through the chat template, "
+        "which would end each cut turn with tokens the model never wrote: `\\n</think>\\n\\n<|im_end|>\\n` after a "
+        f"cut inside the reasoning, `<|im_end|>\\n` after one inside the answer{closing}."
+    )
+    return "\n".join(lines) + note
+
+
 def render_readme(info: dict[str, Any]) -> str:
     trainer, source, made = info["trainer"], info["token_source"], info["yield"]
-    engines = (
-        ", ".join(
-            f"{e.get('engine')} {e.get('version') or ''}".strip()
-            + f" ({e.get('token_ids') or 'no token ids'})"
-            for e in info["engines"]
-        )
-        or "not recorded"
-    )
     share = f"{made['share']:.1%}" if made.get("share") is not None else "n/a"
-    lost = "\n".join(f"| {why} | {n:,} |" for why, n in made.get("lost", {}).items()) or "| (nothing) | 0 |"
+    buckets = (
+        "\n".join(f"| {bucket} | {n:,} |" for bucket, n in made.get("buckets", {}).items())
+        or "| (nothing generated) | 0 |"
+    )
     dropped = (
         "\n".join(f"| {flag} | {n:,} |" for flag, n in info["counts"]["dropped_by_flag"].items() if n)
         or "| (none) | 0 |"
@@ -151,7 +212,7 @@ def render_readme(info: dict[str, Any]) -> str:
     return f"""{_yaml_header(info["files"])}
 # Drafter training data regenerated with {info["target_model"] or "the target model"}
 
-Written by draftgen validate ({info["format"]}). Target model: **{info["target_model"]}**, served by {engines}.
+Written by draftgen validate ({info["format"]}). Target model: **{info["target_model"]}**, served by {engine_line(info["engines"])}.
 Sampling: {sampling or "not recorded"}.
 
 | | |
@@ -163,15 +224,21 @@ Sampling: {sampling or "not recorded"}.
 | trainer (loss mask) | {trainer["name"]}, max_length {trainer["max_length"]} |
 | rows | {rows_note} |
 | tokens | {tokens} |
-| yield: generated tokens a row supervises | **{share}** ({made.get("supervised_generated", 0):,} of {made.get("generated_tokens", 0):,}) |
+| **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
 
 Train with {training}.
 
-## Where the rest of the generated tokens went
+## Which file holds which rows
 
-| reason | tokens |
+{_contents_table(info)}
+
+## Where every generated token went
+
+Each token the target generated is in exactly one bucket; they sum to {made.get("generated_tokens", 0):,}.
+
+| bucket | tokens |
 |---|---|
-{lost}
+{buckets}
 
 ## Dropped, by flag
 
@@ -186,6 +253,6 @@ Files: {", ".join(f"`{path}` ({name})" for name, path in info["files"].items())}
 def write_card(folder: Path, result: Any) -> dict[str, Any]:
     """Write README.md and dataset_info.json into ``folder`` (the staged export); returns the info."""
     info = dataset_info(result)
-    (Path(folder) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    (Path(folder) / CARD_FILE).write_text(render_readme(info), encoding="utf-8")
+    write_json(Path(folder) / INFO_FILE, info, indent=2, end="\n")
+    write_text(Path(folder) / CARD_FILE, render_readme(info))
     return info

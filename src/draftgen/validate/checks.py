@@ -17,10 +17,10 @@ import polars as pl
 from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.training.masks import MaskBatch
 from draftgen.training.trainers import SpanTrainer
-from draftgen.validate.config import FLAGS, ValidateConfig
+from draftgen.validate.config import CUT_CONSEQUENCES, FLAGS, ValidateConfig
 from draftgen.validate.hashes import HASH_SEED, candidate_ids, place_columns, repeated
 from draftgen.validate.reader import GenerationOutput, read_shard
-from draftgen.validate.token_rows import TokenRows
+from draftgen.validate.token_rows import SERVER, TokenRows
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -208,6 +208,7 @@ def _token_columns(tokens: TokenRows | None, masks: MaskBatch, frame: pl.DataFra
                 "generated_tokens": pl.Series(made, dtype=pl.Int64),
                 "supervised_generated": pl.Series(np.minimum(made, masks.mask_sum), dtype=pl.Int64),
                 "cut_generated": pl.Series(np.zeros(size), dtype=pl.Int64),
+                "closing_tokens": pl.Series([None] * size, dtype=pl.Int64),
             }
         )
     return pl.DataFrame(
@@ -219,6 +220,7 @@ def _token_columns(tokens: TokenRows | None, masks: MaskBatch, frame: pl.DataFra
             "generated_tokens": pl.Series(tokens.generated, dtype=pl.Int64),
             "supervised_generated": pl.Series(tokens.supervised_generated, dtype=pl.Int64),
             "cut_generated": pl.Series(tokens.cut_generated, dtype=pl.Int64),
+            "closing_tokens": pl.Series(tokens.closing, dtype=pl.Int64),
         }
     )
 
@@ -228,6 +230,16 @@ def _rejected_by_trainer(masks: MaskBatch, config: ValidateConfig) -> np.ndarray
     if not isinstance(rules, SpanTrainer):
         return masks.mask_sum < 1
     return np.array([not rules.accepts(masks.loss_mask(i).tolist()) for i in range(len(masks))], dtype=bool)
+
+
+def trains_as_generated(frame: pl.DataFrame, tokens: TokenRows | None, config: ValidateConfig) -> np.ndarray:
+    """Per row: a turn cut by max_tokens that trains as generated — its row is the server's prompt + output ids,
+    nothing appended (``config.trains_cut_turns``). A re-tokenized row cannot be: its text goes through the chat
+    template, which closes the think block and the turn with tokens the model never wrote."""
+    if tokens is None or not config.trains_cut_turns or "finish_reason" not in frame.columns:
+        return np.zeros(frame.height, dtype=bool)
+    cut = (frame["finish_reason"] == "length").fill_null(False).to_numpy()
+    return cut & np.array([source == SERVER for source in tokens.source], dtype=bool)
 
 
 def flag_batch(
@@ -264,12 +276,15 @@ def flag_batch(
     )
     flags = flags.select(list(FLAGS))
     drop = [f for f in FLAGS if f in config.drop_flags]
+    always = [pl.col(f) for f in drop if f not in CUT_CONSEQUENCES]  # a defect drops a cut turn too
+    unless_cut = [pl.col(f) for f in drop if f in CUT_CONSEQUENCES]
+    cut = trains_as_generated(frame, tokens, config)
     where = [
         c
         for c in ("id", "prompt_id", "turn", "folder", "shard", "row", "finish_reason")
         if c in frame.columns
     ]
-    return pl.concat(
+    records = pl.concat(
         [
             frame.select(where),
             pl.DataFrame(
@@ -292,5 +307,12 @@ def flag_batch(
         how="horizontal",
     ).with_columns(
         pl.concat_list([pl.when(pl.col(f)).then(pl.lit(f)) for f in FLAGS]).list.drop_nulls().alias("flags"),
-        pl.any_horizontal([pl.col(f) for f in drop] or [pl.lit(False)]).alias("dropped"),
+        pl.Series("cut_trained", cut),
+    )
+    dropped = pl.any_horizontal(always or [pl.lit(False)]) | (
+        pl.any_horizontal(unless_cut or [pl.lit(False)]) & ~pl.col("cut_trained")
+    )
+    # cut_trained: exported as a cut turn (one with a defect is dropped, like any row)
+    return records.with_columns(dropped.alias("dropped")).with_columns(
+        pl.col("cut_trained") & ~pl.col("dropped")
     )

@@ -18,7 +18,8 @@ FLAGS: dict[str, str] = {
     "empty_reasoning": "reasoning_content is missing or only whitespace (thinking on)",
     "unclosed_think": "cut inside thinking: no answer after reasoning that hit the length limit, "
     "or a <think> without </think> in the answer",
-    "truncated": "finish_reason is not 'stop' (length limit hit, aborted, or missing)",
+    "truncated": "finish_reason is not 'stop' (length limit hit, aborted, or missing); a turn cut by max_tokens "
+    "whose row holds the server's ids trains as generated (train_truncated), in prompts.jsonl, not train.jsonl",
     "tiny_mask": "loss mask covers <= min_assistant_tokens tokens",
     "over_max_length": "the rendered conversation is longer than max_length tokens",
     "think_markers_in_answer": "<think> or </think> inside the answer (reasoning not separated)",
@@ -64,6 +65,9 @@ LENGTH_FLAGS: tuple[str, ...] = ("truncated", "unclosed_think", "over_max_length
 # max_length tokens still train), a re-tokenized difference is what the server's ids fix, and a turn without ids is
 # exported from its text (the card says how many).
 KEPT_BY_DEFAULT: tuple[str, ...] = ("over_max_length", "retokenized_differs", "ids_missing")
+# What a cut by max_tokens explains: no answer when the cut fell inside the reasoning, a think block never closed.
+# A cut turn that trains as generated (train_truncated) is not dropped for these either; any other flag still drops it.
+CUT_CONSEQUENCES: tuple[str, ...] = ("truncated", "unclosed_think", "empty_answer")
 Share = Annotated[float, Field(ge=0, le=1)]
 
 
@@ -73,7 +77,7 @@ class ValidateConfig(Params):
             "",
             "generation_dir prompt_file tokenizer out_dir trainer mask_convention enable_thinking "
             "rows token_ids min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share "
-            "max_truncated_share keep_flagged holdout_share export_jsonl export_prompts export_tokens batch_size "
+            "max_truncated_share train_truncated keep_flagged holdout_share export_jsonl export_prompts export_tokens batch_size "
             "examples_per_flag",
         )
     )
@@ -121,6 +125,11 @@ class ValidateConfig(Params):
     )
     max_truncated_share: Share = param(
         0.25, "the gate: fail when more than this share is cut by max_tokens / max_length"
+    )
+    train_truncated: bool = param(
+        True,
+        "a turn cut by max_tokens trains as generated where its row holds the server's ids (nothing appended; in "
+        "prompts.jsonl and the token parquet, not train.jsonl, whose chat template would close it); false: dropped",
     )
     keep_flagged: list[FlagName] = param(
         default_factory=lambda: list(KEPT_BY_DEFAULT),
@@ -221,6 +230,16 @@ class ValidateConfig(Params):
     def drop_flags(self) -> tuple[str, ...]:
         """Flags that keep a sample out of the export (every flag not listed in keep_flagged)."""
         return tuple(f for f in FLAGS if f not in self.keep_flagged)
+
+    @property
+    def trains_cut_turns(self) -> bool:
+        """Cut turns from the server's ids train as generated: asked for, dropped otherwise (``truncated`` not kept
+        in every file by keep_flagged), and written to a file that holds ids (prompts.jsonl or the token parquet)."""
+        return (
+            self.train_truncated
+            and "truncated" in self.drop_flags
+            and (self.export_prompts or self.export_tokens)
+        )
 
     def mask_spec(self) -> MaskSpec:
         return MaskSpec(

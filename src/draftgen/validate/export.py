@@ -6,10 +6,13 @@ the gate has passed, so a corpus that failed the gate never leaves an export tha
   export/train.jsonl           {"id", "conversations": [...turns...]}: system / user / tool turns as given, every
                                  assistant turn the target model's own answer {"role": "assistant", "content",
                                  "reasoning_content"} (validate.turns; a source assistant turn appears only in a
-                                 turns: last row kept despite foreign_assistant_turn, as {"role", "content"})
+                                 turns: last row kept despite foreign_assistant_turn, as {"role", "content"});
+                                 not the turns cut by max_tokens that train as generated: a trainer renders these
+                                 rows through its chat template, which would close a cut turn
   export/prompts.jsonl         {"id", "input_ids", "loss_mask"}: SpecForge's pre-tokenized data.prompts_path rows
                                  (DFlash reads them), the target's own ids where the server sent them, cut at
-                                 max_length as the trainer cuts                                        (export_prompts)
+                                 max_length as the trainer cuts; every exported row, cut turns as generated
+                                                                                                       (export_prompts)
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
   export/holdout/prompts.jsonl the held-out prompts as prompt rows {"id", "messages"} (holdout_share of the ids, whole
                                  conversations): never in the training files; the drafter verdict benchmarks on them
@@ -27,12 +30,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import EXPORT as FINAL
+from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_COUNTS, EXPORT_TOKENS, export_tokens_part_name
+from draftgen.rundir.layout import EXPORT_HOLDOUT as HOLDOUT
+from draftgen.rundir.layout import EXPORT_PROMPTS as PROMPTS
+from draftgen.rundir.layout import EXPORT_STAGING as STAGING
 from draftgen.training.masks import MaskBatch
-
-STAGING = "export.partial"
-PROMPTS = "prompts.jsonl"
-HOLDOUT = "holdout"
-FINAL = "export"
 
 
 class ExportWriter:
@@ -47,7 +51,7 @@ class ExportWriter:
             shutil.rmtree(self.staging)
         self.staging.mkdir(parents=True)
         self._parts = 0
-        self._handle = (self.staging / "train.jsonl").open("w", encoding="utf-8") if jsonl else None
+        self._handle = (self.staging / EXPORT_CONVERSATIONS).open("w", encoding="utf-8") if jsonl else None
         self._prompts = (self.staging / PROMPTS).open("w", encoding="utf-8") if prompts else None
         self._holdout: Any = None
         self._held: set[str] = set()  # prompt ids written (an id stored twice is held out once)
@@ -58,18 +62,23 @@ class ExportWriter:
         conversations: list[list[dict[str, Any]]],
         masks: MaskBatch,
         keep: np.ndarray,
+        *,
+        conversations_keep: np.ndarray | None = None,
     ) -> int:
-        """Write rows where ``keep`` is true (``conversations``: each row's assembled turns); returns how many."""
+        """Write rows where ``keep`` is true (``conversations``: each row's assembled turns) to the files of ids,
+        and those where ``conversations_keep`` is (default ``keep``) to train.jsonl; returns how many of ``keep``."""
         rows = np.flatnonzero(keep)
-        if rows.size == 0:
-            return 0
         if self._handle is not None:
+            chosen = rows if conversations_keep is None else np.flatnonzero(conversations_keep)
             ids = frame["id"].to_list()
             lines = [
                 json.dumps({"id": ids[i], "conversations": conversations[i]}, ensure_ascii=False)
-                for i in rows
+                for i in chosen
             ]
-            self._handle.write("\n".join(lines) + "\n")
+            if lines:
+                self._handle.write("\n".join(lines) + "\n")
+        if rows.size == 0:
+            return 0
         if self._prompts is not None:
             if masks.input_ids is None:
                 raise ValueError("the prompts export needs masks built with keep_ids=True")
@@ -95,8 +104,8 @@ class ExportWriter:
                     "loss_mask": pl.Series([masks.loss_mask(int(i)) for i in rows], dtype=pl.List(pl.Int8)),
                 }
             )
-            (self.staging / "tokens").mkdir(exist_ok=True)
-            part.write_parquet(self.staging / "tokens" / f"part-{self._parts:05d}.parquet")
+            (self.staging / EXPORT_TOKENS).mkdir(exist_ok=True)
+            write_parquet(self.staging / EXPORT_TOKENS / export_tokens_part_name(self._parts), part)
             self._parts += 1
         return int(rows.size)
 
@@ -107,7 +116,7 @@ class ExportWriter:
             return
         if self._holdout is None:
             (self.staging / HOLDOUT).mkdir()
-            self._holdout = (self.staging / HOLDOUT / "prompts.jsonl").open("w", encoding="utf-8")
+            self._holdout = (self.staging / HOLDOUT / PROMPTS).open("w", encoding="utf-8")
         self._held.update(r["id"] for r in rows)
         lines = [json.dumps({"id": r["id"], "messages": r["messages"]}, ensure_ascii=False) for r in rows]
         self._holdout.write("\n".join(lines) + "\n")
@@ -117,7 +126,7 @@ class ExportWriter:
             if handle is not None:
                 handle.close()
         self._handle = self._prompts = self._holdout = None
-        (self.staging / "counts.json").write_text(json.dumps(counts, indent=2) + "\n")
+        write_json(self.staging / EXPORT_COUNTS, counts, indent=2, end="\n")
 
 
 def finalize(out_dir: Path) -> Path:

@@ -9,7 +9,6 @@ for overlap and coverage by ``coverage.py``) and returns a ``ValidationResult`` 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,21 +18,22 @@ import numpy as np
 import polars as pl
 
 from draftgen.prompts.rows import holdout_fraction
+from draftgen.rundir import write_json
+from draftgen.rundir.layout import VALIDATE_RECORDS as RECORDS_FILE
+from draftgen.rundir.layout import VALIDATE_SUMMARY as SUMMARY_FILE
 from draftgen.training.id_rows import IdsLayout, ids_layout
 from draftgen.training.masks import MaskSpec, build_conversation_masks, load_tokenizer
 from draftgen.training.trainers import SpanTrainer
 from draftgen.validate import card, export
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
-from draftgen.validate.config import FLAGS, LENGTH_FLAGS, ValidateConfig
+from draftgen.validate.config import ValidateConfig
+from draftgen.validate.counts import count_flags
 from draftgen.validate.coverage import Coverage, check_coverage
 from draftgen.validate.folders import GenerationSet, open_generations
 from draftgen.validate.reader import iter_batches
 from draftgen.validate.records import RecordsWriter
 from draftgen.validate.token_rows import server_rows
 from draftgen.validate.turns import assemble_batch, turn_rows
-
-RECORDS_FILE = "samples.parquet"
-SUMMARY_FILE = "summary.json"
 
 
 class ValidationGateError(RuntimeError):
@@ -49,7 +49,7 @@ class ValidationResult:
     )
     index: CorpusIndex
     coverage: Coverage  # ids missing from the prompt file's selection, ids stored more than once
-    counts: dict[str, Any]  # in, out, dropped, dropped_by_flag, flagged_but_kept
+    counts: dict[str, Any]  # validate.counts.count_flags: in, out, dropped, by flag, cut turns, yield
     seconds: float
 
     @property
@@ -72,7 +72,8 @@ class ValidationResult:
 
     @property
     def truncated_share(self) -> float:
-        """Share of samples dropped only because they hit a length limit (max_tokens or max_length)."""
+        """Share of samples that ran out of length budget: dropped only for a length limit (max_tokens or
+        max_length), or cut by max_tokens and trained as generated (a run where most answers are cut still fails)."""
         return self.counts["length_limited"] / self.counts["in"] if self.counts["in"] else 1.0
 
     @property
@@ -86,139 +87,6 @@ class ValidationResult:
     @property
     def out_dir(self) -> Path:
         return Path(self.config.out_dir)
-
-
-def _totals(records: pl.LazyFrame, exprs: list[pl.Expr]) -> dict[str, Any]:
-    """One row of aggregates over the records, streamed (only the columns the expressions name are read)."""
-    return records.select(exprs).collect(engine="streaming").row(0, named=True)
-
-
-def count_flags(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) -> dict[str, Any]:
-    """Samples in, out and dropped; a sample with several flags counts under each, and once in dropped."""
-    records = records.lazy()
-    columns = records.collect_schema().names()
-    size = _totals(records, [pl.len().alias("n")])["n"] if columns else 0
-    if not size:
-        return {
-            "in": 0,
-            "out": 0,
-            "held_out": {"rows": 0, "prompts": 0},
-            "yield": token_yield(records, config),
-            "token_source": _token_sources(records),
-            "dropped": 0,
-            "degenerate": 0,
-            "length_limited": 0,
-            "dropped_by_flag": {f: 0 for f in FLAGS if f in config.drop_flags},
-            "flagged_but_kept": {f: 0 for f in FLAGS if f not in config.drop_flags},
-        }
-    held = pl.col("held_out") if "held_out" in columns else pl.lit(False)
-    key = "prompt_id" if "prompt_id" in columns else "id"
-    # A sample cut inside its reasoning has no answer: that empty answer is the truncation's doing, not a defect.
-    defect = [pl.col(f) for f in config.drop_flags if f not in LENGTH_FLAGS and f != "empty_answer"]
-    if "empty_answer" in config.drop_flags:
-        defect.append(pl.col("empty_answer") & ~pl.col("truncated"))
-    degenerate = (pl.any_horizontal(defect) & pl.col("dropped")).sum() if defect else pl.lit(0)
-    totals = _totals(
-        records,
-        [
-            *(pl.col(f).sum().alias(f) for f in FLAGS),
-            pl.col("dropped").sum().alias("dropped"),
-            degenerate.alias("degenerate"),
-            held.sum().alias("held_rows"),
-            (held & ~pl.col("dropped")).sum().alias("held_kept"),
-            pl.col(key).filter(held).n_unique().alias("held_prompts"),
-        ],
-    )
-    flagged = {f: int(totals[f]) for f in FLAGS}
-    dropped, degenerate_rows = int(totals["dropped"]), int(totals["degenerate"])
-    held_rows = int(totals["held_rows"])
-    return {
-        "in": size,
-        "out": size - dropped - int(totals["held_kept"]),
-        "held_out": {"rows": held_rows, "prompts": int(totals["held_prompts"]) if held_rows else 0},
-        "yield": token_yield(records, config),
-        "token_source": _token_sources(records),
-        "dropped": dropped,
-        "degenerate": degenerate_rows,  # dropped for a defect (a sample with a defect and a length flag counts here)
-        "length_limited": dropped - degenerate_rows,  # dropped only for length flags
-        "dropped_by_flag": {f: n for f, n in flagged.items() if f in config.drop_flags},
-        "flagged_but_kept": {f: n for f, n in flagged.items() if f not in config.drop_flags},
-    }
-
-
-def token_yield(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) -> dict[str, Any]:
-    """Generated tokens that a kept training row supervises ÷ every token the target generated, and where the
-    rest went: a dropped row's tokens under its first drop flag (length flags first), a kept row's under the max_length cut or, what
-    its mask leaves out (an earlier turn re-rendered without its reasoning, say), "not supervised"."""
-    records = records.lazy()
-    columns = records.collect_schema().names()
-    empty = {"generated_tokens": 0, "supervised_generated": 0, "share": None, "lost": {}}
-    if not columns:
-        return empty
-    held = pl.col("held_out") if "held_out" in columns else pl.lit(False)
-    kept = ~pl.col("dropped") & ~held
-    totals = _totals(
-        records,
-        [
-            pl.len().alias("rows"),
-            pl.col("generated_tokens").sum().alias("generated"),
-            pl.col("supervised_generated").filter(kept).sum().alias("supervised"),
-            pl.col("generated_tokens").filter(~pl.col("dropped") & held).sum().alias("withheld"),
-            pl.col("cut_generated").filter(kept).sum().alias("cut"),
-            (pl.col("generated_tokens") - pl.col("supervised_generated") - pl.col("cut_generated"))
-            .filter(kept)
-            .clip(0)
-            .sum()
-            .alias("rest"),
-        ],
-    )
-    if not totals["rows"]:
-        return empty
-    generated, supervised = int(totals["generated"]), int(totals["supervised"])
-    lost: dict[str, int] = {}
-    # A row cut by max_tokens has an empty answer too: the cut is why, so length flags are named first.
-    order = [f for f in LENGTH_FLAGS if f in config.drop_flags] + [
-        f for f in config.drop_flags if f not in LENGTH_FLAGS
-    ]
-    first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in order] or [pl.lit("?")])
-    by_flag = (
-        records.filter(pl.col("dropped"))
-        .group_by(first.alias("flag"))
-        .agg(pl.col("generated_tokens").sum())
-        .collect(engine="streaming")
-    )
-    rank = {f: i for i, f in enumerate(order)}
-    for flag, n in sorted(by_flag.iter_rows(), key=lambda item: rank.get(item[0], len(rank))):
-        if n:
-            lost[f"dropped: {flag}"] = int(n)
-    if totals["withheld"]:
-        lost["held out (the drafter verdict's prompts)"] = int(totals["withheld"])
-    if totals["cut"]:
-        lost["cut at max_length"] = int(totals["cut"])
-    if totals["rest"]:
-        lost["not supervised"] = int(totals["rest"])
-    return {
-        "generated_tokens": generated,
-        "supervised_generated": supervised,
-        "share": supervised / generated if generated else None,
-        "lost": dict(sorted(lost.items(), key=lambda item: -item[1])),
-    }
-
-
-def _token_sources(records: pl.LazyFrame) -> dict[str, Any]:
-    """How many rows came from the server's ids and how many were re-tokenized; how often re-tokenizing differs."""
-    if not records.collect_schema().names():
-        sources, differs = {}, 0
-    else:
-        sources = dict(records.group_by("token_source").len().collect(engine="streaming").iter_rows())
-        differs = int(_totals(records, [pl.col("retokenized_differs").sum().alias("n")])["n"] or 0)
-    server = int(sources.get("server", 0))
-    return {
-        "server": server,
-        "retokenized": int(sources.get("retokenized", 0)),
-        "retokenized_differs": differs,
-        "retokenized_differs_rate": differs / server if server else None,
-    }
 
 
 def _progress(total: int):
@@ -270,7 +138,11 @@ def _validate_batch(
     key = "prompt_id" if "prompt_id" in records.columns else "id"
     held = np.array([holdout_fraction(i) < config.holdout_share for i in records[key].to_list()], dtype=bool)
     records = records.with_columns(pl.Series("held_out", held))
-    writer.write(frame, conversations, masks, (~records["dropped"]).to_numpy() & ~held)
+    kept = (~records["dropped"]).to_numpy() & ~held
+    # A cut turn is exact only as ids: train.jsonl, rendered through the chat template, would close it.
+    writer.write(
+        frame, conversations, masks, kept, conversations_keep=kept & ~records["cut_trained"].to_numpy()
+    )
     writer.write_holdout(
         stored.filter(pl.Series([holdout_fraction(i) < config.holdout_share for i in stored["id"]]))
     )
@@ -316,7 +188,7 @@ def validate_generation(
         seconds=time.perf_counter() - started,
     )
     card.write_card(writer.staging, result)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary(result), indent=2) + "\n")
+    write_json(out_dir / SUMMARY_FILE, summary(result), indent=2, end="\n")
     return result
 
 
@@ -347,11 +219,14 @@ def gate_message(result: ValidationResult) -> str:
     cover = result.coverage
     shown = cover.checked or cover.missing_shards or cover.duplicated_ids or len(result.output.outputs) > 1
     coverage = cover.line() if shown else ""
+    trained = counts["cut_turns"]["trained"]
+    as_generated = f", {trained} of them trained as generated" if trained else ""
     return (
         f"{verdict}: {counts['degenerate']} of {counts['in']} samples degenerate "
         f"({result.degenerate_share:.1%}; threshold max_degenerate_share={result.config.max_degenerate_share:.1%}), "
         f"{counts['length_limited']} cut by a length limit "
-        f"({result.truncated_share:.1%}; threshold max_truncated_share={result.config.max_truncated_share:.1%}). "
+        f"({result.truncated_share:.1%}; threshold max_truncated_share={result.config.max_truncated_share:.1%}"
+        f"{as_generated}). "
         f"Dropped by flag: {top}." + (f" {coverage}" if coverage else "")
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from draftgen.generate.store import OUTPUT_SCHEMA
+from draftgen.rundir.layout import MANIFEST, SHARD_GLOB, SHARDS, shard_paths
 
 # What validate needs from each shard; the other contract columns are carried along when present.
 REQUIRED_COLUMNS = ("id", "messages", "reasoning_content", "content", "finish_reason")
@@ -115,20 +116,22 @@ def open_generation(path: str | Path) -> GenerationOutput:
         )
     if not directory.is_dir():
         raise GenerationDataError(f"generation_dir {directory} is a file; pass the folder holding shards/")
-    shard_dir = directory / "shards"
+    shard_dir = directory / SHARDS
     if not shard_dir.is_dir():
         raise GenerationDataError(
-            f"{directory} has no shards/ folder: is it generate's out_dir? (expected {shard_dir}/*.parquet)"
+            f"{directory} has no {SHARDS}/ folder: is it generate's out_dir? (expected {shard_dir}/{SHARD_GLOB})"
         )
-    shards = tuple(sorted(p for p in shard_dir.glob("*.parquet") if p.is_file()))
+    shards = tuple(p for p in shard_paths(directory) if p.is_file())
     if not shards:
-        raise GenerationDataError(f"{shard_dir} holds no .parquet shards: nothing to validate yet")
+        raise GenerationDataError(
+            f"{shard_dir} holds no .parquet shards ({SHARD_GLOB}): nothing to validate yet"
+        )
     rows, optional = [], set(OPTIONAL_COLUMNS)
     for shard in shards:
         count, present = _check_schema(shard)
         rows.append(count)
         optional &= present
-    manifest, warnings = _read_manifest(directory / "manifest.json")
+    manifest, warnings = _read_manifest(directory / MANIFEST)
     return GenerationOutput(
         directory=directory,
         shards=shards,

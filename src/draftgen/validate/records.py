@@ -13,7 +13,10 @@ from pathlib import Path
 
 import polars as pl
 
-PARTS = "samples.parts"
+from draftgen.rundir import replace_file, write_parquet
+from draftgen.rundir.layout import VALIDATE_RECORD_PARTS as PARTS
+from draftgen.rundir.layout import record_part_name
+
 # The streaming sink holds a row group in memory until it is full: its default (~250K rows, ~90 MB of records)
 # would make the combining step grow with the corpus. 16K rows: ~6 MB, and few row groups in the footer.
 ROW_GROUP = 16_384
@@ -46,15 +49,19 @@ class RecordsWriter:
             records = records.cast(
                 dict(self._schema)
             )  # e.g. an integer column inferred narrower in one batch
-        records.write_parquet(self.parts / f"part-{self._written:06d}.parquet")
+        write_parquet(self.parts / record_part_name(self._written), records)
         self._written += 1
 
     def close(self) -> Path:
         """Stream the parts into one file in batch order (an empty frame when there were no rows)."""
         if self._written:
-            parts = [self.parts / f"part-{n:06d}.parquet" for n in range(self._written)]
-            pl.scan_parquet(parts).sink_parquet(self.path, engine="streaming", row_group_size=ROW_GROUP)
+            parts = [self.parts / record_part_name(n) for n in range(self._written)]
+            lazy = pl.scan_parquet(parts)
+            replace_file(
+                self.path,
+                lambda temporary: lazy.sink_parquet(temporary, engine="streaming", row_group_size=ROW_GROUP),
+            )
         else:
-            pl.DataFrame().write_parquet(self.path)
+            write_parquet(self.path, pl.DataFrame())
         shutil.rmtree(self.parts)
         return self.path

@@ -5,6 +5,10 @@ of their re-rendered text (``retokenized``), and returns the rows to export: the
 ids`` masked by the trainer's rule on ids (``training.id_rows``) where the server sent usable ids, the re-tokenized
 row otherwise — with, per row, where its tokens came from, where re-tokenizing would have differed, why a server's
 ids could not be used, and the row's generated and supervised-generated token counts (the yield).
+
+A turn cut by max_tokens is exactly ``prompt ids + output ids``; its re-rendered text goes on with the tokens the
+chat template closes a turn with, which are compared with nothing (they are not the model's) but counted per row
+(``closing``: what train.jsonl's path would add).
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ class TokenRows:
     generated: np.ndarray  # tokens the target generated for the row's supervised turn(s)
     supervised_generated: np.ndarray  # of those, how many the exported mask supervises (after the cut)
     cut_generated: np.ndarray  # generated tokens lost to the max_length cut
+    # per row cut by max_tokens and built from the server's ids: the tokens the chat template adds after the model's
+    # last one when the same turn is rendered from its text (train.jsonl's path: </think>, <|im_end|>, ...); None
+    # for a finished turn, or where the rendering differs before the model's tokens end
+    closing: list[int | None]
 
 
 def _decoded(tokenizer: Any, outputs: list[list[int] | None]) -> list[str]:
@@ -91,6 +99,7 @@ def server_rows(
     generated = np.zeros(size, dtype=np.int64)
     supervised = np.zeros(size, dtype=np.int64)
     cut = np.zeros(size, dtype=np.int64)
+    closing: list[int | None] = [None] * size
     for i in range(size):
         retok_ids = retokenized.input_ids[i]
         retok_mask = retokenized.loss_mask(i)
@@ -116,9 +125,16 @@ def server_rows(
         full = join_turn(prompt, output, finishes[i], layout)
         mask = span_mask(full, layout, last_only=last_only, max_length=max_length)
         ids = full[: len(mask)]
-        at = compare(ids, retok_ids)
-        if at is None:
-            mask = retok_mask  # the same tokens: the trainer's own mask of them, exactly
+        if finishes[i] == "stop":
+            at = compare(ids, retok_ids)
+            if at is None:
+                mask = retok_mask  # the same tokens: the trainer's own mask of them, exactly
+        else:
+            # A cut turn: the re-rendered text goes on with the tokens the template closes it with (not the
+            # model's; counted in ``closing``). Only the model's tokens are compared.
+            at = compare(ids, retok_ids[: len(ids)])
+            if at is None:
+                closing[i] = int(retokenized.n_tokens[i]) - len(full)
         input_ids.append(ids)
         loss_masks.append(mask)
         n_tokens[i] = len(full)
@@ -130,7 +146,9 @@ def server_rows(
         supervised[i] = int(mask[start:end].sum())
         cut[i] = max(0, end - max(start, len(mask)))
     masks = _as_batch(input_ids, loss_masks, n_tokens, retokenized)
-    return TokenRows(masks, source, differs_at, difference, problems, missing, generated, supervised, cut)
+    return TokenRows(
+        masks, source, differs_at, difference, problems, missing, generated, supervised, cut, closing
+    )
 
 
 def _as_batch(

@@ -21,10 +21,10 @@ from draftgen.display.humanize import short_label
 from draftgen.display.plots import Plot, completion_length_histogram, message
 from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
+from draftgen.rundir.layout import MANIFEST, shard_paths
 from draftgen.watch.progress_file import read_history, read_progress
 from draftgen.watch.status import RUNNING, Verdict, judge, run_status
 
-SHARD_GLOB = "shards/part-*.parquet"
 # The columns the plots need, and their types. Multi-turn rows carry one element per generated turn in the
 # turn_* lists; shards written before those columns existed lack them (read as null: the scalar columns count).
 SHARD_SCHEMA = {
@@ -83,7 +83,7 @@ def _folder(run_dir: str | Path) -> Path:
 # ----- reading ------------------------------------------------------------------------------------------
 def shard_files(run_dir: str | Path) -> list[Path]:
     """Finished shards only: a shard being written has a temporary name (``.part-*.tmp``) until it is whole."""
-    return sorted(Path(run_dir).glob(SHARD_GLOB))
+    return shard_paths(run_dir)
 
 
 def _scan(paths: list[Path]) -> pl.DataFrame:
@@ -327,7 +327,7 @@ def max_tokens_of(run_dir: str | Path) -> int | None:
     import json
 
     try:
-        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+        manifest = json.loads((Path(run_dir) / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
     value = manifest.get("parameters", {}).get("max_tokens")

@@ -1,7 +1,7 @@
 """The files a running generate writes for watchers: ``progress.json`` and ``progress-history.jsonl``.
 
-``progress.json`` is one JSON object, rewritten every ``status_interval_s`` under a temporary name and renamed
-over the old one, so a reader sees the previous version or the new one, never half of one. It says what the run is
+``progress.json`` is one JSON object, rewritten every ``status_interval_s`` with ``draftgen.rundir.write``
+(temporary name, fsync, rename), so a reader sees the previous version or the new one, never half of one. It says what the run is
 doing now (counts, rates, ETA, servers, guard, last events), who writes it (host, pid) and when it last did
 (``heartbeat_at``): a heartbeat older than ``stale_after_s`` means the writer is gone.
 
@@ -16,15 +16,15 @@ stopped: ``set_state(out_dir, "interrupted", "disk full: /data/run")``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-PROGRESS = "progress.json"
-HISTORY = "progress-history.jsonl"
+from draftgen.rundir import DiskFull, overwrite_in_place, write_bytes
+from draftgen.rundir.layout import HISTORY, PROGRESS
+
 FORMAT = "draftgen.progress/1"
 STATES = ("running", "finished", "interrupted", "halted", "failed")
 STALE_FACTOR = 4.0  # a heartbeat older than this many intervals (and STALE_MIN_S) is stale
@@ -57,24 +57,15 @@ def process_start_ticks(pid: int) -> int | None:
 
 
 def write_progress(out_dir: str | Path, data: dict[str, Any]) -> None:
-    """Replace ``out_dir/progress.json`` atomically (temporary name + rename; no fsync: a heartbeat need not
-    survive a power cut). When the disk is full the temporary file cannot be written: the file is then
-    overwritten in place (a reader retries the rare torn read)."""
+    """Replace ``out_dir/progress.json`` atomically. When the disk is full the temporary file cannot be written:
+    the file is then overwritten in place (a reader retries the rare torn read); ``DiskFull`` if even that fails."""
     path = Path(out_dir) / PROGRESS
     body = json.dumps(data, indent=1).encode()
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(body)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not path.exists():
+        write_bytes(path, body)
+    except DiskFull:
+        if not overwrite_in_place(path, body, may_grow=True):  # the old file's blocks reused for the new text
             raise
-        with open(path, "r+b") as handle:  # the old file's blocks are reused for the new text
-            handle.write(body)
-            handle.truncate()
 
 
 def append_history(out_dir: str | Path, line: dict[str, Any]) -> None:

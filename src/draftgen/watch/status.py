@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.display.humanize import duration
+from draftgen.rundir.layout import LOCK, MANIFEST
 from draftgen.watch.progress_file import process_start_ticks, read_progress, stale_after_s
 
 # Exit codes of ``draftgen status`` (documented in docs/generate.md).
@@ -27,9 +28,6 @@ USAGE = 2  # not a run folder (the CLI's usual error code)
 STOPPED = 3  # the run stopped early and said so: interrupted, halted (guard, servers down, disk full), failed
 GONE = 4  # the run says running but its process is gone (killed, crashed, machine down)
 NOT_RESPONDING = 5  # the process is alive but its heartbeat is stale (hung event loop, stopped with SIGSTOP)
-
-MANIFEST = "manifest.json"
-LOCK = ".lock"
 
 
 @dataclass(frozen=True)

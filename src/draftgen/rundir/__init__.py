@@ -1,0 +1,40 @@
+"""The run folder's one owner: its layout, the one atomic write, the lease, and a full disk as one error.
+
+- ``layout``: every file and folder name draftgen writes in a run folder, and the globs readers find them by;
+- ``write``: ``replace_file`` and its helpers, the only way a whole file is written (temporary name, fsync,
+  rename, fsync of the folder), the in-place fallback for a full disk, and the clean-up of leftovers;
+- ``lease``: ``RunFolderLease``, the exclusive hold on a folder that generate's preflight takes and its run keeps;
+- ``disk``: ``DiskFull`` (what the write raises on ENOSPC/EDQUOT), ``is_disk_full``, ``free_bytes``.
+
+docs/design.md, "Data contracts", describes the files.
+"""
+
+from draftgen.rundir.disk import DiskFull, free_bytes, is_disk_full
+from draftgen.rundir.lease import RunFolderBusy, RunFolderError, RunFolderLease
+from draftgen.rundir.write import (
+    overwrite_in_place,
+    remove_leftovers,
+    replace_file,
+    temporary_path,
+    write_bytes,
+    write_json,
+    write_parquet,
+    write_text,
+)
+
+__all__ = [
+    "DiskFull",
+    "RunFolderBusy",
+    "RunFolderError",
+    "RunFolderLease",
+    "free_bytes",
+    "is_disk_full",
+    "overwrite_in_place",
+    "remove_leftovers",
+    "replace_file",
+    "temporary_path",
+    "write_bytes",
+    "write_json",
+    "write_parquet",
+    "write_text",
+]
