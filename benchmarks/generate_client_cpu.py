@@ -104,7 +104,8 @@ async def client_loop(
 
 
 async def sdk_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int) -> int:
-    """The same loop through draftgen's ServerClient.chat (one AsyncOpenAI per server): the SDK's share."""
+    """The same loop through draftgen's ServerClient.chat (one AsyncOpenAI per server, on the client's one
+    aiohttp-backed httpx2 client): the SDK's share."""
     sampling = SamplingParams(max_tokens=max_tokens)
 
     async def ask(client: ServerClient, prompt: PromptRow) -> bool:
@@ -116,7 +117,8 @@ async def sdk_loop(urls: list[str], prompts: list[PromptRow], concurrency: int, 
 async def raw_stream_loop(
     urls: list[str], prompts: list[PromptRow], concurrency: int, max_tokens: int, ids: bool
 ) -> int:
-    """ServerClient.stream_chat (raw SSE, the benchmark's path), with or without the token ids asked for."""
+    """ServerClient.stream_chat (every stream: SSE decoded straight off the socket), with or without the token
+    ids asked for."""
     sampling = SamplingParams(max_tokens=max_tokens)
 
     async def ask(client: ServerClient, prompt: PromptRow) -> bool:
@@ -168,7 +170,7 @@ def main() -> None:
         raw = {}
         for ids in (False, True):
             raw[ids] = measure(
-                f"stream_chat (raw SSE), {'with' if ids else 'no'} ids",
+                f"stream_chat, {'with' if ids else 'no'} ids",
                 lambda ids=ids: asyncio.run(
                     raw_stream_loop(fleet.urls, prompts, args.concurrency, args.max_tokens, ids)
                 ),
@@ -208,7 +210,7 @@ def main() -> None:
         for stream in (False, True):
             before, after = figures[(stream, False)], figures[(stream, True)]
             print(
-                f"  token ids, generate {'SDK stream' if stream else 'SDK plain '}: without {1000 * before:6.3f}, with "
+                f"  token ids, generate {'stream    ' if stream else 'SDK plain '}: without {1000 * before:6.3f}, with "
                 f"{1000 * after:6.3f} ms CPU/request ({after / before:.2f}x)"
             )
     per_bare = bare[0] / bare[2]
@@ -216,7 +218,7 @@ def main() -> None:
     per_ours = figures[(False, True)]
     raw_before, raw_after = raw[False][0] / raw[False][2], raw[True][0] / raw[True][2]
     print(
-        f"token ids on the raw SSE path: without {1000 * raw_before:.3f}, with {1000 * raw_after:.3f} ms CPU/request "
+        f"token ids on the streamed path: without {1000 * raw_before:.3f}, with {1000 * raw_after:.3f} ms CPU/request "
         f"({raw_after / raw_before:.2f}x)"
     )
     print(f"draftgen / bare aiohttp loop: {per_ours / per_bare:.2f}x CPU per request")

@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from draftgen.client.sse import decode_events
 from draftgen.sim import SimFleet
 from draftgen.sim.tokenizer import SimTokenizer
 
@@ -52,14 +53,12 @@ def get_json(url: str) -> dict:
 
 
 def sse_lines(raw: bytes) -> list[str]:
-    """The ``data:`` payloads of an SSE body, in order; asserts the framing (``data: ...`` + blank line)."""
-    text = raw.decode()
-    assert text.endswith("\n\n"), text[-200:]
-    payloads = []
-    for event in text.split("\n\n")[:-1]:
-        assert event.startswith("data: "), event
-        payloads.append(event[len("data: ") :])
-    return payloads
+    """The ``data:`` payloads of an SSE body, in order (draftgen's own decoder); asserts the framing: nothing but
+    ``data: ...`` + blank line per event, as SGLang writes it."""
+    events = decode_events(raw)
+    framed = b"".join(b"data: " + event.data.encode() + b"\n\n" for event in events)
+    assert raw == framed, raw[-200:]
+    return [event.data for event in events]
 
 
 def sse_json(raw: bytes) -> tuple[list[dict], bool]:

@@ -158,7 +158,7 @@ def test_a_server_refusing_chat_template_kwargs_gets_plain_openai_fields():
     assert set(seen[-1]) <= OPENAI_FIELDS and len(seen) == 3
 
 
-@pytest.mark.parametrize("mode", ["plain", "sdk-stream", "raw-stream"])
+@pytest.mark.parametrize("mode", ["plain", "chat-stream", "stream_chat"])
 @pytest.mark.parametrize("engine", ["vllm", "transformers"])
 def test_reasoning_usage_and_done_in_each_engines_shape(engine, mode):
     app = vllm_like([]) if engine == "vllm" else transformers_like([])
@@ -168,14 +168,14 @@ def test_reasoning_usage_and_done_in_each_engines_shape(engine, mode):
             sampling = SamplingParams(max_tokens=3)
             await introspect.probe(client, "m", sampling)
             messages = [{"role": "user", "content": "hi"}]
-            if mode == "raw-stream":
+            if mode == "stream_chat":
                 return await client.stream_chat(messages, sampling, "m")
-            return await client.chat(messages, sampling, "m", stream=mode == "sdk-stream")
+            return await client.chat(messages, sampling, "m", stream=mode == "chat-stream")
 
     result = serve(app, work)
     assert result.reasoning_content == "abc" and not result.content
     assert (result.prompt_tokens, result.completion_tokens, result.finish_reason) == (7, 3, "length")
-    if mode == "raw-stream":
+    if mode != "plain":
         assert result.done_sentinel is (engine == "vllm")
 
 

@@ -1,4 +1,5 @@
-"""ServerClient.stream_chat (raw SSE reading) gives the same result as the SDK path, and classifies failures."""
+"""ServerClient.stream_chat (SSE decoded by draftgen's own decoder) reads what the openai SDK's own stream
+reader reads, and classifies failures."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from draftgen.client import introspect
 from draftgen.client.errors import RequestError
 from draftgen.client.server import ServerClient
+from draftgen.client.stream import ChatAccumulator
 from draftgen.params import SamplingParams
 
 MODEL = "Qwen/Qwen3.6-27B"
@@ -17,11 +19,16 @@ SAMPLING = SamplingParams(max_tokens=200)
 
 
 async def _both(url: str) -> tuple:
+    """The same request read by ``stream_chat`` and, as an independent reading, by the SDK's own streaming."""
     async with ServerClient(url) as client:
         await introspect.probe(client, MODEL, SAMPLING)
         raw = await client.stream_chat(MESSAGES, SAMPLING, MODEL)
-        sdk = await client.chat(MESSAGES, SAMPLING, MODEL, stream=True)
-        return raw, sdk
+        answer = ChatAccumulator(client.url, stream=True)
+        request = client.request_kwargs(MESSAGES, SAMPLING, MODEL, stream=True)
+        async with await client.openai.chat.completions.create(**request) as chunks:
+            async for chunk in chunks:
+                answer.add_chunk(chunk.model_dump(warnings=False))
+        return raw, answer.result()
 
 
 def test_raw_stream_reads_what_the_sdk_reads(sim_fleet):

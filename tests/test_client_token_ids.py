@@ -1,4 +1,4 @@
-"""The server's own token ids reach ``ChatResult`` from every byte source: the SDK's body, the SDK's chunks, raw SSE.
+"""The server's own token ids reach ``ChatResult`` from both byte sources: the SDK's body and the decoded stream.
 
 Two small stand-ins speak the two engines' shapes: SGLang 0.5.23 (``return_input_ids_in_sglext`` /
 ``return_output_ids_in_sglext`` → ``sglext.input_ids`` and ``sglext.output_ids``, a list per choice; streaming, in
@@ -139,16 +139,16 @@ def ask(app: web.Application, mode: str):
     async def work(url: str):
         async with ServerClient(url) as client:
             caps = await introspect.probe(client, "m", SAMPLING)
-            if mode == "raw-stream":
+            if mode == "stream_chat":
                 result = await client.stream_chat(MESSAGES, SAMPLING, "m")
             else:
-                result = await client.chat(MESSAGES, SAMPLING, "m", stream=mode == "sdk-stream")
+                result = await client.chat(MESSAGES, SAMPLING, "m", stream=mode == "chat-stream")
             return caps, result
 
     return serve(app, work)
 
 
-@pytest.mark.parametrize("mode", ["sdk-body", "sdk-stream", "raw-stream"])
+@pytest.mark.parametrize("mode", ["sdk-body", "chat-stream", "stream_chat"])
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_ids_reach_the_result_from_every_byte_source(engine, mode):
     seen: list[dict] = []
@@ -171,7 +171,7 @@ def test_ids_reach_the_result_from_every_byte_source(engine, mode):
         )  # the ids share the sglext chunk with the spec details
 
 
-@pytest.mark.parametrize("mode", ["sdk-body", "raw-stream"])
+@pytest.mark.parametrize("mode", ["sdk-body", "stream_chat"])
 def test_an_sglang_that_ignores_the_fields_sends_no_ids_and_the_probe_says_so(mode):
     caps, result = ask(sglang_like([], ids=False), mode)
     assert caps.token_ids is None and caps.spec_details
@@ -180,7 +180,7 @@ def test_an_sglang_that_ignores_the_fields_sends_no_ids_and_the_probe_says_so(mo
 
 def test_an_engine_that_refuses_the_id_fields_keeps_every_other_extra():
     seen: list[dict] = []
-    caps, result = ask(sglang_like(seen, refuse_ids=True), "raw-stream")
+    caps, result = ask(sglang_like(seen, refuse_ids=True), "stream_chat")
     assert caps.token_ids is None and caps.spec_details and caps.extra_fields and caps.template_kwargs
     assert "return_output_ids_in_sglext" in seen[0] and "return_output_ids_in_sglext" not in seen[-1]
     assert result.output_ids is None and result.spec_verify_ct == 3

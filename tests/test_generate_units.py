@@ -11,12 +11,10 @@ import polars as pl
 import pytest
 from generate_helpers import URL, row
 
-from draftgen.client.errors import RequestError
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig, parse_shard
 from draftgen.generate.deadline import MIN_SAMPLES, HangPolicy, ServerDeadline
 from draftgen.generate.guard import Guard, GuardSettings, GuardTripped, classify
-from draftgen.generate.retry import RetryPolicy, counts_against_server
 from draftgen.generate.source import prompt_source
 from draftgen.generate.store import (
     FAILED,
@@ -136,35 +134,6 @@ def test_limit_counts_valid_rows_of_the_shard(tmp_path):
         handle.write("not json\n")
     rows = list(prompt_source(make_config(tmp_path, prompts=str(path), limit=10)))
     assert [r.id for r in rows if isinstance(r, PromptRow)] == [f"syn-0-{i:07d}" for i in range(10)]
-
-
-# ----- retry policy ---------------------------------------------------------------------------------------
-def test_backoff_is_full_jitter_exponential_and_capped():
-    policy = RetryPolicy(max_attempts=10, base_s=1.0, max_s=8.0)
-    rng = random.Random(1)
-    for attempt, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (9, 8.0)]:
-        delays = [policy.delay(attempt, None, rng) for _ in range(400)]
-        assert 0.0 <= min(delays) and max(delays) <= ceiling
-        assert max(delays) > 0.8 * ceiling and min(delays) < 0.2 * ceiling  # spread over [0, ceiling]
-
-
-def test_retry_after_is_a_floor():
-    policy = RetryPolicy(max_attempts=5, base_s=0.01, max_s=1.0)
-    error = RequestError("http", "slow down", status=429, retry_after=3.0)
-    assert all(policy.delay(1, error, random.Random(i)) >= 3.0 for i in range(50))
-
-
-def test_what_is_retried_and_what_marks_a_server_down():
-    policy = RetryPolicy(max_attempts=3)
-    timeout = RequestError("timeout", "t")
-    assert policy.should_retry(timeout, 1) and policy.should_retry(timeout, 2)
-    assert not policy.should_retry(timeout, 3)
-    assert not policy.should_retry(RequestError("http", "too long", status=400), 1)
-    assert policy.should_retry(RequestError("http", "busy", status=429), 1)
-    assert counts_against_server(RequestError("connection", "refused"))
-    assert counts_against_server(RequestError("http", "boom", status=500))
-    assert not counts_against_server(RequestError("http", "busy", status=429))
-    assert not counts_against_server(RequestError("http", "bad", status=400))
 
 
 # ----- guard ----------------------------------------------------------------------------------------------

@@ -32,14 +32,15 @@ import pytest
 import yaml
 
 from draftgen.cli import main
+from draftgen.client.introspect import StartupStage
 from draftgen.generate import GenerateConfig, preflight
 from draftgen.generate import generate as generate_run
 from draftgen.params import build_config
 from draftgen.prompts.synthetic import write_synthetic
 from draftgen.serve.config import ROUTER_POLICIES, ServeConfig, parse_gpus, served_model_name
 from draftgen.serve.preflight import port_in_use
-from draftgen.serve.probe import Stage
 from draftgen.serve.router import healthy_workers
+from draftgen.serve.stages import ProcessStage, Stage
 from draftgen.serve.view import StatusRow, TableView, render_table
 from draftgen.sim.fleet import find_free_base_port
 
@@ -261,7 +262,7 @@ def _row(port: int, stage: Stage, **changes: object) -> StatusRow:
 
 def test_status_table_shows_stage_meaning_and_restarts() -> None:
     lines = render_table(
-        [_row(30000, Stage.WARMING), _row(30001, Stage.FAILED, restarts=3, pid=None, up_s=None)]
+        [_row(30000, StartupStage.WARMING), _row(30001, ProcessStage.FAILED, restarts=3, pid=None, up_s=None)]
     )
     assert lines[0].split() == ["port", "GPUs", "stage", "for", "up", "restarts", "pid", "meaning"]
     assert lines[1].split()[:7] == ["30000", "0", "503", "5s", "1m05s", "0", "1234"]
@@ -272,9 +273,9 @@ def test_status_table_shows_stage_meaning_and_restarts() -> None:
 def test_table_view_redraws_in_place_below_event_lines() -> None:
     stream = io.StringIO()
     view = TableView(stream)
-    view.refresh([_row(30000, Stage.REFUSED)])
+    view.refresh([_row(30000, StartupStage.REFUSED)])
     view.event("server :30000 (GPU 0): 503")
-    view.refresh([_row(30000, Stage.WARMING)])
+    view.refresh([_row(30000, StartupStage.WARMING)])
     text = stream.getvalue()
     # the first table (2 lines) is erased before the event line, then a new table is drawn
     first_table, rest = text.split("\x1b[2F\x1b[J", 1)

@@ -10,6 +10,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from sim_helpers import USER, max_overlap, post_json, sample_value, scrape, truth_for, wait_for
 
+from draftgen.client.sse import SseDecoder
 from draftgen.sim.profiles import get_profile
 
 
@@ -87,11 +88,13 @@ def test_client_disconnect_frees_the_slot_for_good(sim_fleet):
     async def hang_up_early() -> str:
         async with aiohttp.ClientSession() as session:
             response = await session.post(f"{url}/v1/chat/completions", json=body)
-            first = json.loads((await response.content.readline()).decode()[len("data: ") :])
-            for _ in range(6):  # the role chunk, then a few steps of reasoning
-                await response.content.readline()
+            decoder, events = SseDecoder(), []
+            async for data in response.content.iter_any():
+                events += decoder.feed(data)
+                if len(events) >= 4:  # the role chunk, then a few steps of reasoning
+                    break
             response.close()  # drop the connection mid-generation
-            return first["id"]
+            return json.loads(events[0].data)["id"]
 
     rid = asyncio.run(hang_up_early())
 

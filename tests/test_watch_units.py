@@ -320,12 +320,12 @@ def test_multi_turn_rows_count_each_turn_and_old_shards_still_read(tmp_path):
 
 
 def test_status_imports_only_its_own_command(tmp_path):
-    """draftgen status must answer fast beside a huge run: no aiohttp, pydantic, polars or papermill import."""
+    """draftgen status must answer fast beside a huge run: no HTTP client, pydantic, polars or papermill import."""
     StatusWriter(tmp_path, interval_s=5.0, total=1, done_at_start=0).update(snap(0, 0, 0))
     script = (
         "import sys\nfrom draftgen.cli import main\n"
         f"code = main(['status', {str(tmp_path)!r}])\n"
-        "print(code, sorted(m for m in ('aiohttp', 'pydantic', 'polars', 'papermill') if m in sys.modules))"
+        "print(code, sorted(m for m in ('aiohttp', 'httpx2', 'openai', 'pydantic', 'polars', 'papermill') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr

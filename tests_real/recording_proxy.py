@@ -20,6 +20,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from draftgen.client.sse import decode_events
+
+DONE = "[DONE]"  # the last event's data (this module also runs in the SGLang tier's venv, without draftgen's deps)
+
 # Headers that describe one hop, not the message: aiohttp sets its own on each side.
 HOP_HEADERS = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
@@ -45,11 +49,10 @@ class Exchange:
         return json.loads(self.response_body)
 
     def sse_events(self) -> Iterator[Any]:
-        """Each ``data:`` payload of an SSE answer, JSON-decoded (``[DONE]`` stays the string "[DONE]")."""
-        for line in self.response_body.decode().splitlines():
-            if line.startswith("data:"):
-                payload = line[5:].strip()
-                yield payload if payload == "[DONE]" else json.loads(payload)
+        """Each event's data of an SSE answer (draftgen's own decoder), JSON-decoded (``[DONE]`` stays the string
+        "[DONE]")."""
+        for event in decode_events(self.response_body):
+            yield event.data if event.data == DONE else json.loads(event.data)
 
 
 def vllm_ids(exchange: Exchange) -> tuple[list[int] | None, list[int] | None]:

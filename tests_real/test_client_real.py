@@ -92,7 +92,7 @@ def raw_answer(exchange: Exchange) -> tuple[str, str, str | None, dict]:
     return "".join(reasoning), "".join(content), finish, usage
 
 
-@pytest.mark.parametrize("mode", ["plain", "sdk-stream", "raw-stream"])
+@pytest.mark.parametrize("mode", ["plain", "chat-stream", "stream_chat"])
 def test_reasoning_answer_and_usage_read_as_the_server_sent_them(
     server: RealServer, mode: str, recording_proxy
 ):
@@ -111,10 +111,10 @@ def test_reasoning_answer_and_usage_read_as_the_server_sent_them(
             await introspect.probe(client, server.model, sampling)
             results = []
             for _ in range(REQUESTS):
-                if mode == "raw-stream":
+                if mode == "stream_chat":
                     results.append(await client.stream_chat(messages, sampling, server.model))
                 else:
-                    stream = mode == "sdk-stream"
+                    stream = mode == "chat-stream"
                     results.append(await client.chat(messages, sampling, server.model, stream=stream))
             return results
 

@@ -6,6 +6,8 @@ import json
 
 import requests
 
+from draftgen.client.sse import iter_events
+
 TIMEOUT_S = 300  # STANDALONE on two shared cores decodes a couple of tokens per second
 
 
@@ -24,7 +26,7 @@ def chat(url: str, model: str, text: str, *, thinking: bool, max_tokens: int = 3
 
 
 def chat_stream(url: str, model: str, text: str, *, thinking: bool, max_tokens: int = 32) -> list[dict]:
-    """Every ``data:`` chunk of a streamed chat, in order (``[DONE]`` checked and dropped)."""
+    """Every event's data of a streamed chat (draftgen's own decoder), in order (``[DONE]`` checked and dropped)."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": text}],
@@ -36,10 +38,6 @@ def chat_stream(url: str, model: str, text: str, *, thinking: bool, max_tokens: 
     }
     with requests.post(f"{url}/v1/chat/completions", json=body, timeout=TIMEOUT_S, stream=True) as reply:
         assert reply.status_code == 200, reply.text
-        events = [
-            line[len("data: ") :]
-            for line in reply.iter_lines(decode_unicode=True)
-            if line.startswith("data: ")
-        ]
+        events = [event.data for event in iter_events(reply.iter_content(chunk_size=None))]
     assert events and events[-1] == "[DONE]", events[-3:]
     return [json.loads(e) for e in events[:-1]]

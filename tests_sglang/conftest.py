@@ -44,6 +44,9 @@ SUPPORT = Path(__file__).resolve().parent / "support"
 sys.path.insert(0, str(SUPPORT))  # our sgl_kernel stand-in and the tier's helpers, as the servers see them
 # tests_real's recording proxy (a pass-through that keeps every exchange), after this tier's own helpers
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests_real"))
+# draftgen's SSE decoder (draftgen.client.sse, standard library only), which this tier's recorders use; the rest of
+# draftgen runs from the project's venv and is not imported here
+sys.path.append(str(Path(__file__).resolve().parent.parent / "src"))
 
 from mtp_runs import (  # noqa: E402
     EXACT_HYBRID_ENV,

@@ -16,6 +16,10 @@ from pathlib import Path
 
 import requests
 
+from draftgen.client.sse import decode_events
+
+DONE = "[DONE]"
+
 TIMEOUT_S = 300
 PROMPT = [{"role": "user", "content": "Tell me something about the weather today."}]
 IDS = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
@@ -112,28 +116,12 @@ def shape(value: object) -> object:
     return "str"
 
 
-def _events(text: str) -> list[tuple[str | None, object]]:
-    """(event name, parsed data) of each SSE event; ``[DONE]`` kept as the string."""
-    out = []
-    for block in text.split("\n\n"):
-        if not block.strip():
-            continue
-        name, data = None, None
-        for line in block.split("\n"):
-            if line.startswith("event:"):
-                name = line[6:].strip()
-            elif line.startswith("data:"):
-                data = line[5:].strip()
-        if data is not None:
-            out.append((name, "[DONE]" if data == "[DONE]" else json.loads(data)))
-    return out
-
-
-def stream_shape(text: str) -> list[object]:
-    """The shapes of a stream's events in order, runs of one shape collapsed to one."""
+def stream_shape(raw: bytes) -> list[object]:
+    """The shapes of a stream's events in order (draftgen's own decoder), runs of one shape collapsed to one."""
     shapes: list[object] = []
-    for name, data in _events(text):
-        item = {"event": name, "data": shape(data) if data != "[DONE]" else "[DONE]"}
+    for event in decode_events(raw):
+        data = event.data if event.data == DONE else shape(json.loads(event.data))
+        item = {"event": event.event, "data": data}
         if not shapes or shapes[-1] != item:
             shapes.append(item)
     return shapes
@@ -148,7 +136,7 @@ def send(base_url: str, case: Case, model: str) -> dict:
         case.method, base_url + case.path, json=body, headers=case.headers, timeout=TIMEOUT_S
     )
     if body.get("stream") and reply.status_code == 200:
-        return {"status": reply.status_code, "stream": stream_shape(reply.text)}
+        return {"status": reply.status_code, "stream": stream_shape(reply.content)}
     return {"status": reply.status_code, "body": shape(reply.json())}
 
 

@@ -26,7 +26,7 @@ class CommandError(Exception):
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given ``argv`` naming a command, only that command's module is imported (``draftgen status``
-    answers in a fraction of a second instead of paying for aiohttp, pydantic and papermill first)."""
+    answers in a fraction of a second instead of paying for the HTTP client, pydantic and papermill first)."""
     parser = argparse.ArgumentParser(
         prog="draftgen",
         description="Regenerate drafter training data on a fleet of SGLang servers (or the simulated fleet).",

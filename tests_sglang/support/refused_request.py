@@ -1,8 +1,8 @@
 """Send a request SGLang refuses (empty ``messages``) with draftgen's own client; print how it classified it.
 
-Run by the project's own interpreter (``.venv/bin/python``), not the SGLang venv: it imports draftgen. Both of the
-client's paths are tried, the openai SDK's (``chat``, plain and streamed) and the raw SSE reader
-(``stream_chat``), since generate and the benchmark use both.
+Run by the project's own interpreter (``.venv/bin/python``), not the SGLang venv: it imports draftgen. Every path
+of the client is tried: ``chat`` plain (through the openai SDK) and streamed, and ``stream_chat`` (streams are read
+by the client's own SSE decoder), since generate and the benchmark use them all.
 
     python refused_request.py URL MODEL  ->  [{"path": ..., "kind": ..., "status": ..., "message": ...,
                                              "retryable": ...}, ...]

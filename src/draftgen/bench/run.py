@@ -46,8 +46,9 @@ class BenchmarkError(RuntimeError):
 
 # ----- server facts ---------------------------------------------------------------------------------------------
 async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfig) -> ServerFacts:
-    ids = await introspect.model_ids(client)
-    if not ids:
+    models = await introspect.served_models(client)
+    served = models.serves(config.model)
+    if served is None:
         status = (await introspect.health(client)).status
         if status != 200:
             raise BenchmarkError(
@@ -55,30 +56,27 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
                 "start it (draftgen serve / draftgen sim) or remove it from `servers`"
             )
         # Healthy but no model list (transformers serve answers 500): the probe request below names the model.
-    elif config.model not in ids:
+    elif not served:
         raise BenchmarkError(
-            f"server {client.url} serves {', '.join(ids)}, not {config.model!r}: fix `model` or the server list"
+            f"server {client.url} serves {', '.join(models.ids)}, not {config.model!r}: "
+            "fix `model` or the server list"
         )
     try:
         caps: Capabilities = await introspect.probe(client, config.model, config.sampling)
     except RequestError as exc:
         raise BenchmarkError(f"server {client.url} failed a one-token probe request: {exc}") from exc
     info = await introspect.server_info(client)
-    cap = info.max_running_requests
-    if caps.workers and cap is not None:
-        # SMG answers /get_server_info from its first healthy worker: the fleet behind it holds one cap per worker.
-        cap *= len(caps.workers)
     clock = await read_clock(client)
     return ServerFacts(
         index=index,
         url=client.url,
         engine=caps.engine,
         version=caps.version,
-        model_ids=ids,
+        model_ids=models.ids,
         extra_fields=caps.extra_fields,
         sglext=caps.spec_details,
         metrics=caps.metrics or bool(caps.workers),
-        max_running_requests=cap,
+        max_running_requests=introspect.batch_cap(info, caps),
         speculative_algorithm=info.speculative_algorithm,
         speculation=info.speculation,
         workers=caps.workers,

@@ -1,4 +1,5 @@
-"""A failed request, classified once (kind, status, Retry-After) so every retry policy reads the same facts."""
+"""A failed request, classified once (kind, status, Retry-After, whether it reached the server), so every caller —
+retry policy, fleet health, serve's start-up stages — reads the same facts from one error type."""
 
 from __future__ import annotations
 
@@ -6,29 +7,50 @@ import asyncio
 import json
 from collections.abc import Mapping
 
-import aiohttp
+import httpx2
 import openai
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+SERVER_FAULT_STATUS = frozenset({500, 502, 503, 504})
 
 
 class RequestError(Exception):
     """A failed request, classified so a retry policy can decide what to do."""
 
     def __init__(
-        self, kind: str, message: str, *, status: int | None = None, retry_after: float | None = None
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        connected: bool = True,
     ):
         super().__init__(message)
         self.kind = kind  # "timeout", "connection", "http", "protocol"
         self.status = status
         self.retry_after = retry_after
         self.message = message
+        # False: no connection was made (refused, unreachable), so the server never saw the request
+        self.connected = connected
 
     @property
     def retryable(self) -> bool:
         if self.kind in ("timeout", "connection", "protocol"):
             return True
         return self.status in RETRYABLE_STATUS
+
+    @property
+    def server_fault(self) -> bool:
+        """The failure says the server itself is unwell (not the prompt, not back-pressure like 429)."""
+        if self.kind in ("connection", "timeout"):
+            return True
+        return self.kind == "http" and self.status in SERVER_FAULT_STATUS
+
+    @property
+    def refused(self) -> bool:
+        """Nothing listens there (yet): SGLang opens its port only once the weights are loaded."""
+        return self.kind == "connection" and not self.connected
 
     def __str__(self) -> str:
         return f"{self.kind}{f' {self.status}' if self.status else ''}: {self.message}"
@@ -65,11 +87,28 @@ def http_error(status: int, text: str, headers: Mapping[str, str]) -> RequestErr
     return RequestError("http", message[:500], status=status, retry_after=retry_after(headers))
 
 
+def cut_off(exc: Exception) -> RequestError:
+    """The answer's body broke off after its headers: the server answered, then the stream ended early."""
+    return RequestError("protocol", f"answer cut off mid-body: {_describe(exc)}"[:500])
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _transport_failure(exc: httpx2.TransportError) -> RequestError:
+    """A request that got no answer. The SDK's aiohttp backend reports every such failure as ``ConnectTimeout`` (a
+    server hanging up included; no timer of its own is ever set here), so what happened is read from what it wraps:
+    a failed connect is aiohttp's error carrying the ``os_error`` it failed with."""
+    never = isinstance(exc, httpx2.ConnectError) or hasattr(exc.__cause__, "os_error")
+    return RequestError("connection", _describe(exc), connected=not never)
+
+
 def classify_error(exc: BaseException) -> RequestError:
-    """Map openai/aiohttp/asyncio exceptions to a RequestError (kind, status, retry-after)."""
+    """Map openai / httpx2 / asyncio exceptions to a RequestError; re-raise anything else (a bug)."""
     if isinstance(exc, RequestError):
         return exc
-    if isinstance(exc, (openai.APITimeoutError, asyncio.TimeoutError, TimeoutError)):
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):  # a deadline of ours (transport, server)
         return RequestError("timeout", "no answer within the request timeout")
     if isinstance(exc, openai.APIStatusError):
         body = exc.body if isinstance(exc.body, (dict, str)) else None
@@ -77,8 +116,17 @@ def classify_error(exc: BaseException) -> RequestError:
         return RequestError(
             "http", str(message)[:500], status=exc.status_code, retry_after=retry_after(exc.response.headers)
         )
-    if isinstance(exc, (openai.APIConnectionError, aiohttp.ClientConnectionError, ConnectionError, OSError)):
-        return RequestError("connection", str(exc) or type(exc).__name__)
-    if isinstance(exc, (openai.APIResponseValidationError, json.JSONDecodeError, aiohttp.ClientPayloadError)):
-        return RequestError("protocol", str(exc)[:500])
+    if isinstance(exc, openai.APIConnectionError):  # APITimeoutError too: the SDK wraps the transport's error
+        cause = exc.__cause__
+        if isinstance(cause, httpx2.TransportError):
+            return _transport_failure(cause)
+        return RequestError("connection", _describe(exc))
+    if isinstance(exc, (httpx2.DecodingError, openai.APIResponseValidationError, json.JSONDecodeError)):
+        return RequestError("protocol", _describe(exc)[:500])
+    if isinstance(exc, httpx2.TransportError):
+        return _transport_failure(exc)
+    if isinstance(exc, OSError):
+        return RequestError(
+            "connection", _describe(exc), connected=not isinstance(exc, ConnectionRefusedError)
+        )
     raise exc

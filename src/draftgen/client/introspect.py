@@ -1,11 +1,16 @@
-"""Asking a server what it is: health (with each engine's fallbacks), models, batch cap, speculation, engine.
+"""Asking a server what it is: its start-up stage, health (with each engine's fallbacks), models, batch cap,
+speculation, engine and version.
 
 The one place that knows which endpoint answers which question on SGLang, its gateway SMG, vLLM,
-``transformers serve`` and ``draftgen sim``; benchmark, preflight, tune, generate and serve read these facts from here, never by hand.
+``transformers serve`` and ``draftgen sim``; benchmark, preflight, tune, generate and serve read these facts from
+here, never by hand.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -48,10 +53,81 @@ async def health(client: ServerClient, *, generate: bool = False, timeout_s: flo
     return Health(status, HEALTH)
 
 
+class StartupStage(enum.Enum):
+    """What one health probe of a starting server says (SGLang's start-up, docs/engines.md)."""
+
+    REFUSED = "refused"
+    WARMING = "503"
+    SILENT = "no answer"
+    ERROR = "http error"
+    READY = "ready"
+
+    @property
+    def meaning(self) -> str:
+        return _STAGE_MEANINGS[self]
+
+
+_STAGE_MEANINGS = {
+    StartupStage.REFUSED: "connection refused: loading weights, port not open yet",
+    StartupStage.WARMING: "HTTP 503: port open, warm-up not finished",
+    StartupStage.SILENT: "connected but no answer within the probe timeout",
+    StartupStage.ERROR: "unexpected HTTP status",
+    StartupStage.READY: "HTTP 200: generates tokens",
+}
+
+
+@dataclass(frozen=True)
+class Readiness:
+    stage: StartupStage
+    detail: str = ""  # e.g. the HTTP status for StartupStage.ERROR
+
+
+async def startup_stage(client: ServerClient, path: str, timeout_s: float) -> Readiness:
+    """GET ``path`` once and say which start-up stage the answer means; never raises for network trouble.
+
+    refused: nothing listens yet (SGLang opens its port only after loading the weights); 503: warm-up not run yet;
+    200: ready (``/health_generate`` runs a real 1-token generation); silent: connected, no answer in time."""
+    try:
+        reply = await client.request("GET", path, timeout_s=timeout_s)
+    except RequestError as exc:
+        if exc.kind == "timeout":
+            return Readiness(StartupStage.SILENT, f"no answer in {timeout_s:g}s")
+        if exc.refused:
+            return Readiness(StartupStage.REFUSED)
+        # Connected, then the server closed the connection mid-answer (often: it is going down).
+        return Readiness(StartupStage.ERROR, exc.message[:80])
+    if reply.status == 200:
+        return Readiness(StartupStage.READY)
+    if reply.status == 503:
+        return Readiness(StartupStage.WARMING)
+    return Readiness(StartupStage.ERROR, f"HTTP {reply.status}")
+
+
+@dataclass(frozen=True)
+class ModelList:
+    """``GET /v1/models``: the served names and the status that came with them (None: unreachable)."""
+
+    ids: tuple[str, ...]
+    status: int | None
+
+    def serves(self, model: str) -> bool | None:
+        """Whether ``model`` is served; None when the server lists nothing (transformers serve answers 500): then
+        the probe request, which names the model, is the check."""
+        return model in self.ids if self.ids else None
+
+
+async def served_models(client: ServerClient) -> ModelList:
+    status, text = await client.get("/v1/models")
+    data = None
+    if status == 200:
+        with contextlib.suppress(json.JSONDecodeError):
+            data = json.loads(text)
+    return ModelList(parse_model_ids(data), status)
+
+
 async def model_ids(client: ServerClient) -> tuple[str, ...]:
     """The served model names (``/v1/models``); () when the list is unavailable (transformers serve: 500)."""
-    data = await client.get_json("/v1/models")
-    return parse_model_ids(data)
+    return (await served_models(client)).ids
 
 
 def parse_model_ids(data: Any) -> tuple[str, ...]:
@@ -117,6 +193,15 @@ class ServerInfo:
     def _states(self) -> list[Any]:
         states = self.raw.get("internal_states")
         return states if isinstance(states, list) else []
+
+
+def batch_cap(info: ServerInfo, capabilities: Capabilities) -> int | None:
+    """How many requests the server runs at once. SMG answers ``/get_server_info`` from its first healthy worker,
+    so behind a gateway the fleet holds that cap once per worker."""
+    cap = info.max_running_requests
+    if cap is not None and capabilities.workers:
+        cap *= len(capabilities.workers)
+    return cap
 
 
 async def server_info(client: ServerClient) -> ServerInfo:

@@ -1,24 +1,33 @@
-"""One client per inference server: chat requests through ``AsyncOpenAI`` and the server's raw endpoints.
+"""One client per inference server: its one HTTP stack carries chat (the openai SDK's, and streams read here) and
+the server's raw endpoints.
 
 The same code talks to SGLang, ``draftgen sim``, vLLM and ``transformers serve``. What differs between engines is
 detected once per server (``introspect.probe``) into a ``Capabilities`` record, never configured by hand:
-engine-specific body fields are sent only to servers that accept them. Retries are the caller's policy: every
-client here is built with ``max_retries=0`` so attempts never multiply.
+engine-specific body fields are sent only to servers that accept them. Retries are the caller's policy
+(``client.retry``): the SDK is built with ``max_retries=0`` so attempts never multiply. A non-streamed chat goes
+through ``AsyncOpenAI`` on this client's own ``httpx2.AsyncClient``; a streamed one is read straight off the
+socket through ``sse.SseDecoder`` into ``ChatAccumulator`` (several times less client CPU per chunk than the SDK's
+typed chunks, which matters when hundreds of streams run at once, and it sees ``[DONE]`` and named events).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
 from openai import AsyncOpenAI
 
-from draftgen.client.errors import classify_error, http_error
+from draftgen.client.errors import RequestError, classify_error
 from draftgen.client.records import Capabilities, ChatResult
-from draftgen.client.stream import ChatAccumulator, read_sse
+from draftgen.client.sse import SseDecoder
+from draftgen.client.stream import ChatAccumulator
+from draftgen.client.transport import Reply, Transport, http_client
 from draftgen.params import SamplingParams
+
+CHAT_PATH = "/v1/chat/completions"
+RAW_TIMEOUT_S = 30.0  # GETs of the server's own endpoints (health, models, info, metrics)
 
 # The body fields that ask each engine for the prompt and output token ids (Capabilities.token_ids). SGLang's also
 # work streaming (the ids arrive in the ``choices: []`` sglext chunk); vLLM's too (prompt ids on the first chunk,
@@ -30,7 +39,8 @@ TOKEN_ID_FIELDS: dict[str | None, dict[str, bool]] = {
 
 
 class ServerClient:
-    """One inference server: an ``AsyncOpenAI`` for chat (``max_retries=0``) and raw GETs for the rest."""
+    """One inference server: one ``httpx2.AsyncClient`` under an ``AsyncOpenAI`` (``max_retries=0``) and the raw
+    requests."""
 
     def __init__(
         self,
@@ -43,11 +53,12 @@ class ServerClient:
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
         self.capabilities = capabilities or Capabilities(engine="unknown")
+        http = http_client(api_key)
+        self.transport = Transport(self.url, http)
+        # timeout=None: the SDK sets no per-phase timers of its own; each call's one deadline is ours (transport)
         self.openai = AsyncOpenAI(
-            base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=timeout_s
+            base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=None, http_client=http
         )
-        self._api_key = api_key
-        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> ServerClient:
         return self
@@ -56,34 +67,25 @@ class ServerClient:
         await self.close()
 
     async def close(self) -> None:
-        await self.openai.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.openai.close()  # closes the shared httpx2 client too
+        await self.transport.http.aclose()
 
     # ----- raw endpoints ------------------------------------------------------------------------------
-    def _raw(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            headers = {"Authorization": f"Bearer {self._api_key}"}
-            # No connection cap (aiohttp's default is 100): stream_chat may hold more streams than that.
-            self._session = aiohttp.ClientSession(
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=30),
-                connector=aiohttp.TCPConnector(limit=0),
-            )
-        return self._session
+    async def request(
+        self, method: str, path: str, *, timeout_s: float = RAW_TIMEOUT_S, json: Any = None
+    ) -> Reply:
+        """The server's answer to one raw request (any status); RequestError when there is none."""
+        return await self.transport.request(method, path, timeout_s=timeout_s, json=json)
 
-    async def get(self, path: str, timeout_s: float = 30.0) -> tuple[int | None, str]:
-        """(status, body) of a GET; status None when the server cannot be reached."""
+    async def get(self, path: str, timeout_s: float = RAW_TIMEOUT_S) -> tuple[int | None, str]:
+        """(status, body) of a GET; status None when the server cannot be reached (the body says why)."""
         try:
-            async with self._raw().get(
-                f"{self.url}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
-            ) as reply:
-                return reply.status, await reply.text()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            return None, f"{type(exc).__name__}: {exc}"
+            reply = await self.request("GET", path, timeout_s=timeout_s)
+        except RequestError as exc:
+            return None, str(exc)
+        return reply.status, reply.text
 
-    async def get_json(self, path: str, timeout_s: float = 30.0) -> Any | None:
+    async def get_json(self, path: str, timeout_s: float = RAW_TIMEOUT_S) -> Any | None:
         status, text = await self.get(path, timeout_s)
         if status != 200:
             return None
@@ -142,26 +144,20 @@ class ServerClient:
         stream: bool = False,
         timeout_s: float | None = None,
         max_tokens: int | None = None,
-        kwargs: dict[str, Any] | None = None,
     ) -> ChatResult:
-        """Send one chat completion through the openai SDK; failures raise RequestError."""
-        request = kwargs or self.request_kwargs(
-            messages, sampling, model, stream=stream, max_tokens=max_tokens
-        )
-        if timeout_s is not None:
-            request["timeout"] = timeout_s
-        answer = ChatAccumulator(self.url, stream=bool(request.get("stream")))
+        """One chat completion, whole (the openai SDK) or streamed (``stream_chat``); failures raise RequestError."""
+        if stream:
+            return await self.stream_chat(
+                messages, sampling, model, timeout_s=timeout_s, max_tokens=max_tokens
+            )
+        request = self.request_kwargs(messages, sampling, model, stream=False, max_tokens=max_tokens)
+        answer = ChatAccumulator(self.url, stream=False)
         try:
-            if answer.stream:
-                stream_reply = await self.openai.chat.completions.create(**request)
-                async with stream_reply:
-                    async for chunk in stream_reply:
-                        # warnings off: SGLang 0.5.23's metadata.weight_versions (a list) is not the SDK's
-                        # dict[str, str]; the value is kept as sent.
-                        answer.add_chunk(chunk.model_dump(warnings=False))
-            else:
+            async with asyncio.timeout(timeout_s or self.timeout_s):
                 reply = await self.openai.chat.completions.create(**request)
-                answer.add_response(reply.model_dump(warnings=False))
+            # warnings off: SGLang 0.5.23's metadata.weight_versions (a list) is not the SDK's dict[str, str]; the
+            # value is kept as sent.
+            answer.add_response(reply.model_dump(warnings=False))
             return answer.result()
         except Exception as exc:  # classify_error re-raises what it does not know
             raise classify_error(exc) from exc
@@ -175,22 +171,18 @@ class ServerClient:
         timeout_s: float | None = None,
         max_tokens: int | None = None,
     ) -> ChatResult:
-        """A streaming chat read straight from the SSE bytes: same result as ``chat(stream=True)``.
-
-        About six times less client CPU per chunk than the OpenAI SDK, which matters when hundreds of streams run
-        at once (a benchmark must not measure its own client). Also records whether ``data: [DONE]`` came.
-        """
+        """A streamed chat, its SSE bytes decoded as they arrive; also records whether ``data: [DONE]`` came."""
         kwargs = self.request_kwargs(messages, sampling, model, stream=True, max_tokens=max_tokens)
         body = {k: v for k, v in kwargs.items() if k != "extra_body"}
         body.update(kwargs.get("extra_body", {}))
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
         answer = ChatAccumulator(self.url, stream=True)
-        try:
-            async with self._raw().post(
-                f"{self.url}/v1/chat/completions", json=body, timeout=timeout
-            ) as reply:
-                if reply.status != 200:
-                    raise http_error(reply.status, await reply.text(), reply.headers)
-                return await read_sse(reply, answer)
-        except Exception as exc:  # classify_error re-raises what it does not know
-            raise classify_error(exc) from exc
+        decoder = SseDecoder()
+        async with self.transport.stream(
+            "POST", CHAT_PATH, json=body, timeout_s=timeout_s or self.timeout_s
+        ) as reply:
+            async for data in reply.aiter_bytes():
+                for event in decoder.feed(data):
+                    answer.add_event(event)
+            for event in decoder.close():
+                answer.add_event(event)
+        return answer.result()

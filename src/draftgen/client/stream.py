@@ -1,9 +1,7 @@
-"""One accumulator for a chat answer, whichever way its bytes arrive.
+"""One accumulator for a chat answer, whichever way it arrives.
 
-An answer reaches us as a whole JSON body (non-streaming, through the openai SDK), as SSE chunks parsed by the SDK,
-or as SSE bytes read straight off the socket (``read_sse``: several times less client CPU per chunk, which matters
-when a benchmark holds hundreds of streams). Each source hands plain dicts to ``ChatAccumulator``, so the engines'
-differences — the reasoning field's name, ``choices: []`` chunks carrying usage or ``sglext``, usage on the finish
+An answer reaches us as a whole JSON body (non-streaming, through the openai SDK) or as SSE events decoded from the
+stream's bytes (``sse.SseDecoder``). Both hand plain dicts to ``ChatAccumulator``, so the engines' differences — the reasoning field's name, ``choices: []`` chunks carrying usage or ``sglext``, usage on the finish
 chunk, a missing ``[DONE]``, the token ids (SGLang's ``sglext.input_ids`` / ``sglext.output_ids``, vLLM's
 ``prompt_token_ids`` / ``choices[].token_ids``) — are read in one place and ``ChatResult`` is built once.
 """
@@ -15,14 +13,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
 from draftgen.client.errors import RequestError
 from draftgen.client.records import ChatResult
+from draftgen.client.sse import SseEvent
 
 # The separated reasoning text: SGLang and transformers serve name it reasoning_content, vLLM (0.10 and later)
 # reasoning.
 REASONING_FIELDS = ("reasoning_content", "reasoning")
+DONE = "[DONE]"  # the data of the event that ends an OpenAI stream (transformers serve sends none)
 
 
 def reasoning_of(message: Mapping[str, Any] | None) -> str | None:
@@ -67,7 +65,10 @@ def ids_from_sglext(sglext: Any) -> tuple[list[int] | None, list[int] | None]:
 
 
 class ChatAccumulator:
-    """Folds one answer — a whole body, or its stream's chunks in order — into a ``ChatResult``."""
+    """Folds one answer — a whole body, or its stream's events in order — into a ``ChatResult``.
+
+    Every piece of generated text and every token id the server sends with it passes ``_take_delta``, in order: the
+    one place a check on the answer as it grows belongs."""
 
     def __init__(self, server: str, *, stream: bool, started_at: float | None = None) -> None:
         self.server = server
@@ -81,7 +82,7 @@ class ChatAccumulator:
         self._usage: dict[str, Any] | None = None
         self._sglext: Any = None
         self._response_id: str | None = None
-        self._done: bool | None = None
+        self._done: bool | None = False if stream else None
         # vLLM's return_token_ids: prompt ids on the body (first chunk), output ids on the choice (per delta).
         self._prompt_ids: list[int] | None = None
         self._output_ids: list[int] | None = None
@@ -94,11 +95,27 @@ class ChatAccumulator:
         choice = choices[0]
         message = choice.get("message") or {}
         self._note_envelope(body)
-        self._add_text(reasoning_of(message), message.get("content"), offset=False)
-        self._finish_reason = choice.get("finish_reason")
         ids = choice.get("token_ids")
-        if ids is not None:
-            self._output_ids = _id_list(ids)
+        self._take_delta(reasoning_of(message), message.get("content"), ids, streamed=False)
+        self._finish_reason = choice.get("finish_reason")
+
+    def add_event(self, event: SseEvent) -> None:
+        """One decoded SSE event of a chat stream: a chunk, or the ``[DONE]`` that ends it.
+
+        Named events are not chat chunks (SGLang sends ``sglext_ids`` only when asked with a header draftgen never
+        sets): they are passed over."""
+        if event.event is not None and event.event != "message":
+            return
+        if event.data == DONE:
+            self._done = True
+            return
+        try:
+            chunk = json.loads(event.data)
+        except json.JSONDecodeError as exc:
+            raise RequestError("protocol", f"stream chunk is not JSON ({exc}): {event.data[:200]!r}") from exc
+        if not isinstance(chunk, dict):
+            raise RequestError("protocol", f"stream chunk is not an object: {event.data[:200]!r}")
+        self.add_chunk(chunk)
 
     def add_chunk(self, chunk: Mapping[str, Any]) -> None:
         """One streamed chunk; ``choices: []`` chunks (usage, sglext) included."""
@@ -107,18 +124,28 @@ class ChatAccumulator:
         self._note_envelope(chunk)
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            self._add_text(reasoning_of(delta), delta.get("content"), offset=True)
+            self._take_delta(
+                reasoning_of(delta), delta.get("content"), choice.get("token_ids"), streamed=True
+            )
             if choice.get("finish_reason") is not None:
                 self._finish_reason = choice["finish_reason"]
-            ids = choice.get("token_ids")
-            if isinstance(ids, list) and ids:
-                if self._output_ids is None:
-                    self._output_ids = []
-                self._output_ids.extend(ids)
 
-    def mark_done(self, done: bool) -> None:
-        """Whether the stream ended with ``data: [DONE]`` (known only to the raw reader)."""
-        self._done = done
+    def _take_delta(
+        self, reasoning: str | None, content: str | None, token_ids: Any, *, streamed: bool
+    ) -> None:
+        """One piece of the answer: its reasoning and answer text, and the output ids sent with it (vLLM)."""
+        if reasoning:
+            self._reasoning.append(reasoning)
+        if content:
+            self._content.append(content)
+        if streamed and (reasoning or content):
+            self._offsets.append(time.perf_counter() - self._t0)
+        if streamed and isinstance(token_ids, list) and token_ids:
+            if self._output_ids is None:
+                self._output_ids = []
+            self._output_ids.extend(token_ids)
+        elif not streamed and token_ids is not None:
+            self._output_ids = _id_list(token_ids)
 
     def _note_envelope(self, body: Mapping[str, Any]) -> None:
         self._response_id = self._response_id or body.get("id")
@@ -129,14 +156,6 @@ class ChatAccumulator:
         prompt_ids = body.get("prompt_token_ids")
         if prompt_ids is not None:
             self._prompt_ids = _id_list(prompt_ids)
-
-    def _add_text(self, reasoning: str | None, content: str | None, *, offset: bool) -> None:
-        if reasoning:
-            self._reasoning.append(reasoning)
-        if content:
-            self._content.append(content)
-        if offset and (reasoning or content):
-            self._offsets.append(time.perf_counter() - self._t0)
 
     def result(self) -> ChatResult:
         if self.stream and self._finish_reason is None:
@@ -164,25 +183,3 @@ class ChatAccumulator:
             prompt_ids=prompt_ids if prompt_ids is not None else self._prompt_ids,
             output_ids=output_ids if output_ids is not None else _id_list(self._output_ids),
         )
-
-
-async def read_sse(reply: aiohttp.ClientResponse, answer: ChatAccumulator) -> ChatResult:
-    """Feed an OpenAI chat SSE stream's ``data:`` lines to ``answer``; [DONE] or not."""
-    done = False
-    buffer = b""
-    async for data in reply.content.iter_any():
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
-        for raw in lines:
-            if not raw.startswith(b"data:"):
-                continue
-            payload = raw[5:].strip()
-            if payload == b"[DONE]":
-                done = True
-                continue
-            chunk = json.loads(payload)
-            if not isinstance(chunk, dict):
-                raise RequestError("protocol", f"stream chunk is not an object: {payload[:200]!r}")
-            answer.add_chunk(chunk)
-    answer.mark_done(done)
-    return answer.result()

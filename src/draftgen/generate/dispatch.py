@@ -25,13 +25,13 @@ from typing import Any
 
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities, ChatResult
+from draftgen.client.retry import RetryPolicy, RetryTimers
 from draftgen.client.server import ServerClient
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
 from draftgen.generate.fleet_health import ChatClient, FleetHealth, Server, ServerStats
 from draftgen.generate.hedge import HedgePolicy, TailHedger
-from draftgen.generate.retry import RetryPolicy, RetryTimers
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot
 from draftgen.generate.work import Flight, FlightState, Intake, TurnState, Work, WorkQueue
 from draftgen.prompts.rows import PromptRow, RejectedRow
@@ -51,7 +51,7 @@ ClientFactory = Callable[[ServerPlan], ChatClient]
 
 
 def server_clients(config: GenerateConfig, api_key: str = "EMPTY") -> ClientFactory:
-    """The production factory: one ``ServerClient`` (an ``AsyncOpenAI`` with ``max_retries=0``) per server."""
+    """The production factory: one ``ServerClient`` (one HTTP stack, the SDK's ``max_retries=0``) per server."""
     return lambda plan: ServerClient(
         plan.url, api_key=api_key, timeout_s=config.request_timeout_s + 30.0, capabilities=plan.capabilities
     )

@@ -19,7 +19,6 @@ from draftgen.client import introspect
 from draftgen.client.errors import RequestError
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import ServerDeadline
-from draftgen.generate.retry import counts_against_server
 from draftgen.generate.work import Flight, FlightState
 
 SILENCE_POLL_S = 5.0  # how often the silence watch looks (at most; a quarter of server_silence_s if shorter)
@@ -104,7 +103,7 @@ class FleetHealth:
     def failed(self, server: Server, error: RequestError) -> None:
         """Count one failed request against ``server``; bench it after ``server_down_after`` in a row."""
         server.stats.errors += 1
-        if not counts_against_server(error):
+        if not error.server_fault:
             return
         server.consecutive_failures += 1
         if server.up and server.consecutive_failures >= self.config.server_down_after:

@@ -17,10 +17,9 @@ import html
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -29,6 +28,7 @@ from draftgen.client import introspect
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, read_clock
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities
+from draftgen.client.retry import RetryPolicy, retrying
 from draftgen.client.server import ServerClient
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
@@ -60,9 +60,9 @@ CANARY_PROMPTS = (
     "Is 91 a prime number? Answer yes or no.",
 )
 HEALTH_POLL_S = 2.0
-PREFLIGHT_ATTEMPTS = 3
-PREFLIGHT_RETRY_S = 0.5
-T = TypeVar("T")
+# A probe or canary tried again after a transient failure (one 500 or 429 should not stop a run): waits of up to
+# 1 s, then 2 s (Retry-After honoured), as dispatch's policy draws them.
+PREFLIGHT_RETRY = RetryPolicy(max_attempts=3, base_s=1.0, max_s=2.0)
 
 
 @dataclass(frozen=True)
@@ -391,34 +391,38 @@ async def _server_checks(
         else "/health 200 (no /health_generate on this engine: the probe and canary prove it generates)"
     )
     checks.append(Check("healthy", url, "ok", healthy_note))
-    ids = await introspect.model_ids(client)
-    if not ids:  # transformers serve answers 500 here: the probe's request names the model instead
-        status, _ = await client.get("/v1/models")
+    models = await introspect.served_models(client)
+    served = models.serves(config.model)
+    if served is None:  # transformers serve answers 500 here: the probe's request names the model instead
         checks.append(
             Check(
                 "model",
                 url,
                 "info",
-                f"model list unavailable (GET /v1/models answered {status}): "
+                f"model list unavailable (GET /v1/models answered {models.status}): "
                 f"the probe request checks {config.model!r} instead",
             )
         )
-    elif config.model not in ids:
+    elif not served:
         checks.append(
             Check(
                 "model",
                 url,
                 "fail",
-                f"serves {list(ids)}, not {config.model!r}: set model to the name /v1/models reports",
+                f"serves {list(models.ids)}, not {config.model!r}: set model to the name /v1/models reports",
             )
         )
         return checks, None
     else:
         checks.append(Check("model", url, "ok", config.model))
     try:
-        caps = await _retrying(lambda: introspect.probe(client, config.model, config.sampling))
+        caps = await retrying(
+            lambda: introspect.probe(client, config.model, config.sampling), PREFLIGHT_RETRY
+        )
     except RequestError as exc:
-        checks.append(Check("probe", url, "fail", f"a tiny request failed {PREFLIGHT_ATTEMPTS} times: {exc}"))
+        checks.append(
+            Check("probe", url, "fail", f"a tiny request failed {PREFLIGHT_RETRY.max_attempts} times: {exc}")
+        )
         return checks, None
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
     notes.append(describe_source(caps))
@@ -434,9 +438,7 @@ async def _server_checks(
     )
     probe_status = "warn" if dropped else "ok"
     checks.append(Check("engine", url, probe_status, "; ".join(notes)))
-    cap = (await introspect.server_info(client)).max_running_requests
-    if cap is not None and caps.workers:
-        cap *= len(caps.workers)  # SMG answers /get_server_info from one worker: one cap per worker behind it
+    cap = introspect.batch_cap(await introspect.server_info(client), caps)
     if cap is not None and cap < config.concurrency_per_server:
         checks.append(
             Check(
@@ -459,34 +461,25 @@ def describe_token_ids(caps: Capabilities) -> str:
     return f"no token ids from {caps.engine}: validate re-tokenizes"
 
 
-async def _retrying(make: Callable[[], Awaitable[T]]) -> T:
-    """A preflight request, tried again after a transient failure (one 500 or 429 should not stop a run)."""
-    for attempt in range(1, PREFLIGHT_ATTEMPTS + 1):
-        try:
-            return await make()
-        except RequestError as exc:
-            if not exc.retryable or attempt == PREFLIGHT_ATTEMPTS:
-                raise
-            await asyncio.sleep(max(PREFLIGHT_RETRY_S * attempt, exc.retry_after or 0.0))
-    raise AssertionError("unreachable")
-
-
 async def canary(client: ServerClient, config: GenerateConfig) -> Check:
     """One real request: with thinking on, reasoning and answer must both be non-empty."""
     truncated = 0
     for prompt in CANARY_PROMPTS:
         try:
-            result = await _retrying(
+            result = await retrying(
                 lambda prompt=prompt: client.chat(
                     [{"role": "user", "content": prompt}],
                     config.sampling,
                     config.model,
                     stream=config.stream,
                     timeout_s=config.request_timeout_s,
-                )
+                ),
+                PREFLIGHT_RETRY,
             )
         except RequestError as exc:
-            return Check("canary", client.url, "fail", f"request failed {PREFLIGHT_ATTEMPTS} times: {exc}")
+            return Check(
+                "canary", client.url, "fail", f"request failed {PREFLIGHT_RETRY.max_attempts} times: {exc}"
+            )
         defects = classify(
             thinking=config.enable_thinking,
             content=result.content,

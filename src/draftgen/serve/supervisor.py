@@ -1,7 +1,7 @@
 """Run one process per GPU group, follow each through SGLang's start-up stages, and keep them running.
 
-Each process gets its own task: start it, probe its health endpoint until 200 (or the start-up timeout),
-then wait for it to exit. An exit or a timeout is reported with the tail of the process's log; with
+Each process gets its own task: start it, probe its health endpoint until 200 (or the start-up timeout:
+``startup.wait_until_ready``, the loop tune's launcher runs too), then wait for it to exit. An exit or a timeout is reported with the tail of the process's log; with
 ``restart`` the process comes back after a growing back-off, up to ``max_restarts`` failures in a row.
 A coordinator task writes ``servers.yaml`` once every server has settled (ready or failed for good), starts
 the router if there is one, and rewrites the file when the set of ready servers changes. SIGINT, SIGTERM or SIGHUP
@@ -18,14 +18,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
+from draftgen.client.introspect import Readiness, StartupStage
 from draftgen.rundir.layout import SERVERS
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.launch import LaunchSpec
-from draftgen.serve.probe import Stage, probe
 from draftgen.serve.process import log_tail, signal_group, spawn, stop_group
 from draftgen.serve.records import write_servers_yaml
+from draftgen.serve.stages import ProcessStage, Stage
+from draftgen.serve.startup import StartupWatch, wait_until_ready
 from draftgen.serve.view import LineView, StatusRow
 
 EXIT_OK = 0
@@ -42,7 +42,7 @@ class _Member:
     spec: LaunchSpec
     log_path: Path
     process: asyncio.subprocess.Process | None = None
-    stage: Stage = Stage.STARTING
+    stage: Stage = ProcessStage.STARTING
     detail: str = ""
     stage_since: float = 0.0
     started_at: float | None = None
@@ -74,7 +74,6 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
         self._result = EXIT_OK
-        self._session: aiohttp.ClientSession | None = None
         self._last_written: list[str] | None = None
 
     # ----- public ---------------------------------------------------------------------------------------
@@ -83,16 +82,14 @@ class Supervisor:
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            async with aiohttp.ClientSession() as session:
-                self._session = session
-                try:
-                    async with asyncio.TaskGroup() as group:
-                        for member in self._servers:
-                            group.create_task(self._keep_running(member))
-                        group.create_task(self._coordinate(group))
-                        group.create_task(self._refresh())
-                finally:
-                    await self._stop_all()
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for member in self._servers:
+                        group.create_task(self._keep_running(member))
+                    group.create_task(self._coordinate(group))
+                    group.create_task(self._refresh())
+            finally:
+                await self._stop_all()
         finally:
             for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
@@ -127,7 +124,9 @@ class Supervisor:
                 stage=m.stage,
                 detail=m.detail,
                 in_stage_s=now - m.stage_since,
-                up_s=now - m.started_at if m.started_at is not None and m.stage != Stage.FAILED else None,
+                up_s=now - m.started_at
+                if m.started_at is not None and m.stage != ProcessStage.FAILED
+                else None,
                 restarts=m.restarts,
                 pid=m.process.pid if m.process is not None and m.process.returncode is None else None,
             )
@@ -141,7 +140,7 @@ class Supervisor:
         member.stage, member.detail, member.stage_since = stage, detail, now
         member.history.append(stage.value)
         if announce:
-            running = member.started_at is not None and stage != Stage.STARTING
+            running = member.started_at is not None and stage != ProcessStage.STARTING
             since = f" after {now - member.started_at:.1f}s" if running else ""
             extra = f" ({detail})" if detail else ""
             self._event(f"{member.spec.label}: {stage.value}{extra}{since}: {stage.meaning}")
@@ -169,7 +168,7 @@ class Supervisor:
                 await self._start(member)
             except OSError as exc:
                 self._event(f"{member.spec.label}: {exc}")
-                self._set_stage(member, Stage.FAILED, announce=False)
+                self._set_stage(member, ProcessStage.FAILED, announce=False)
                 return
             reason = await self._watch(member)
             if reason == "stop":
@@ -183,10 +182,10 @@ class Supervisor:
                     why = f"gave up after {member.failures_in_row} failures in a row (--max-restarts)"
                 else:
                     why = "not restarted (start with --restart to bring crashed servers back)"
-                self._set_stage(member, Stage.FAILED, announce=False)
+                self._set_stage(member, ProcessStage.FAILED, announce=False)
                 self._event(f"{member.spec.label}: {why}; its log: {member.log_path}")
                 return
-            self._set_stage(member, Stage.BACKOFF, f"in {delay:g}s", announce=False)
+            self._set_stage(member, ProcessStage.BACKOFF, f"in {delay:g}s", announce=False)
             self._event(
                 f"{member.spec.label}: restarting in {delay:g}s "
                 f"(restart {member.failures_in_row} of at most {self.config.max_restarts} in a row)"
@@ -201,33 +200,34 @@ class Supervisor:
         member.started_at = time.monotonic()
         member.ready_at = None
         member.history = []
-        self._set_stage(member, Stage.STARTING, f"pid {member.process.pid}")
+        self._set_stage(member, ProcessStage.STARTING, f"pid {member.process.pid}")
 
     async def _watch(self, member: _Member) -> str:
         """Follow one attempt until it exits ("exited"), misses the start-up deadline ("timeout") or stop."""
         process = member.process
-        assert process is not None and member.started_at is not None and self._session is not None
-        deadline = member.started_at + self.config.startup_timeout_s
-        url = member.spec.url + member.spec.health_path
-        while True:
-            if self._stop.is_set():
-                return "stop"
-            if process.returncode is not None:
-                return "exited"
-            if member.stage == Stage.READY:
-                await self._first_of(process.wait(), self._stop.wait())
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            result = await probe(self._session, url, min(self.config.probe_timeout_s, max(remaining, 0.5)))
-            if process.returncode is not None or self._stop.is_set():
-                continue
-            self._set_stage(member, result.stage, result.detail)
-            if result.stage == Stage.READY:
+        assert process is not None and member.started_at is not None
+        watch = StartupWatch(
+            self.config.startup_timeout_s, self.config.probe_timeout_s, self.config.poll_interval_s
+        )
+
+        def seen(reading: Readiness) -> None:
+            self._set_stage(member, reading.stage, reading.detail)
+            if reading.stage is StartupStage.READY:
                 member.ready_at = time.monotonic()
-                continue
-            await self._until_stopped(min(self.config.poll_interval_s, max(remaining, 0.05)))
+
+        outcome = await wait_until_ready(
+            process,
+            member.spec.url,
+            member.spec.health_path,
+            watch,
+            started_at=member.started_at,
+            on_reading=seen,
+            stop=self._stop,
+        )
+        if outcome.result != "ready":
+            return outcome.result
+        await self._first_of(process.wait(), self._stop.wait())
+        return "stop" if self._stop.is_set() else "exited"
 
     def _report_failure(self, member: _Member, reason: str) -> None:
         process = member.process
@@ -251,7 +251,7 @@ class Supervisor:
         self._event("\n".join(lines))
         self._set_stage(
             member,
-            Stage.EXITED,
+            ProcessStage.EXITED,
             "timeout" if reason == "timeout" else f"code {process.returncode}",
             announce=False,
         )
@@ -274,15 +274,15 @@ class Supervisor:
             if self._stop.is_set():
                 return
             stages = [m.stage for m in self._servers]
-            ready = [m.spec.url for m in self._servers if m.stage == Stage.READY]
-            if all(stage == Stage.FAILED for stage in stages):
+            ready = [m.spec.url for m in self._servers if m.stage == StartupStage.READY]
+            if all(stage == ProcessStage.FAILED for stage in stages):
                 if announced:
                     self._publish([], "servers")
                 self._event("every server has failed: nothing left to supervise; stopping")
                 self._result = EXIT_ALL_FAILED
                 self._stop.set()
                 return
-            if not announced and all(stage in (Stage.READY, Stage.FAILED) for stage in stages):
+            if not announced and all(stage in (StartupStage.READY, ProcessStage.FAILED) for stage in stages):
                 announced = True
                 self._announce(len(ready), time.monotonic() - started)
                 if self._router is not None:
@@ -292,14 +292,14 @@ class Supervisor:
                 continue
             if self._router is None:
                 self._publish(ready, "servers")
-            elif self._router.stage == Stage.READY:
+            elif self._router.stage == StartupStage.READY:
                 self._publish([self._router.spec.url], "router")
-            elif self._router.stage == Stage.FAILED:
+            elif self._router.stage == ProcessStage.FAILED:
                 self._publish(ready, "servers (the router failed)")
 
     def _announce(self, ready: int, elapsed: float) -> None:
         total = len(self._servers)
-        failed = [m.spec.label for m in self._servers if m.stage == Stage.FAILED]
+        failed = [m.spec.label for m in self._servers if m.stage == ProcessStage.FAILED]
         message = f"{ready} of {total} servers ready after {elapsed:.1f}s"
         if failed:
             message += f"; failed: {', '.join(failed)}"
@@ -333,7 +333,7 @@ class Supervisor:
             *(stop_group(m.process, self.config.stop_grace_s) for m in running if m.process is not None)
         )
         for member in alive:
-            self._set_stage(member, Stage.STOPPED, announce=False)
+            self._set_stage(member, ProcessStage.STOPPED, announce=False)
         self.view.close(self._rows())
         if alive:
             self._event("every server stopped")

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from draftgen.serve.probe import Stage
+from draftgen.serve.stages import Stage
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.launch import LaunchSpec, server_specs
 from draftgen.serve.preflight import check_engine, check_ports, port_in_use
-from draftgen.serve.probe import Stage, probe
 from draftgen.serve.process import log_tail, spawn, stop_group
+from draftgen.serve.startup import StartupWatch, wait_until_ready
 from draftgen.tune.config import Candidate, TuneConfig
 
 POLL_INTERVAL_S = 0.25
@@ -74,7 +72,8 @@ def preflight(config: TuneConfig, candidate: Candidate) -> None:
 
 
 async def start(spec: LaunchSpec, log_path: Path, timeout_s: float) -> Started | FailedStart:
-    """Spawn and probe until ``/health_generate`` answers 200; on exit or timeout stop it and say why.
+    """Spawn and probe until ``/health_generate`` answers 200 (serve's own start-up watch); on exit or timeout stop
+    it and say why.
 
     Each job has a log of its own, so the whole log is this attempt's. The port is checked again first: tune's
     preflight saw it free, but another process may have taken it since, and then that process's health answers
@@ -90,29 +89,16 @@ async def start(spec: LaunchSpec, log_path: Path, timeout_s: float) -> Started |
         )
     began = time.monotonic()
     process = await spawn(spec, log_path)
-    async with aiohttp.ClientSession() as session:
-        while True:
-            if process.returncode is not None:
-                await stop_group(process, STOP_GRACE_S)  # its children, if any
-                return FailedStart(
-                    f"exited with code {process.returncode} during start-up",
-                    tuple(log_tail(log_path, LOG_TAIL_LINES, since=0)),
-                    log_path,
-                )
-            result = await probe(session, spec.url + spec.health_path, PROBE_TIMEOUT_S)
-            if result.stage is Stage.READY:
-                return Started(spec, process, log_path, time.monotonic() - began)
-            if time.monotonic() - began > timeout_s:
-                await stop_group(process, STOP_GRACE_S)
-                return FailedStart(
-                    f"not ready after {timeout_s:g} s (last stage: {result.stage.value})",
-                    tuple(log_tail(log_path, LOG_TAIL_LINES, since=0)),
-                    log_path,
-                )
-            try:
-                await asyncio.wait_for(process.wait(), POLL_INTERVAL_S)
-            except TimeoutError:
-                pass
+    watch = StartupWatch(timeout_s, PROBE_TIMEOUT_S, POLL_INTERVAL_S)
+    outcome = await wait_until_ready(process, spec.url, spec.health_path, watch, started_at=began)
+    if outcome.result == "ready":
+        return Started(spec, process, log_path, time.monotonic() - began)
+    await stop_group(process, STOP_GRACE_S)  # on an exit: its children, if any
+    if outcome.result == "exited":
+        reason = f"exited with code {process.returncode} during start-up"
+    else:
+        reason = f"not ready after {timeout_s:g} s (last stage: {outcome.last_stage})"
+    return FailedStart(reason, tuple(log_tail(log_path, LOG_TAIL_LINES, since=0)), log_path)
 
 
 async def stop(started: Started) -> None:

@@ -1,16 +1,19 @@
-"""When to retry a failed request, how long to wait, and which failures count against a server."""
+"""The one retry policy: whether a failed request is tried again and how long to wait first.
+
+Generate's dispatch schedules its retries on ``RetryTimers`` (a prompt waiting out its backoff holds no worker);
+one-off requests such as preflight's probe and canary go through ``retrying``. Both ask ``RetryPolicy``, which reads
+only the classified ``RequestError``, so a failure means the same thing to every caller.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from draftgen.client.errors import RequestError
-
-SERVER_FAULT_STATUS = frozenset({500, 502, 503, 504})
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,27 @@ class RetryPolicy:
         return wait
 
 
-def counts_against_server(error: RequestError) -> bool:
-    """Failures that say the server itself is unwell (not the prompt, not back-pressure like 429)."""
-    if error.kind in ("connection", "timeout"):
-        return True
-    return error.kind == "http" and error.status in SERVER_FAULT_STATUS
-
-
 T = TypeVar("T")
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    policy: RetryPolicy,
+    *,
+    rng: random.Random | None = None,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> T:
+    """``await call()``, tried again after each failure the policy retries; the last failure is raised."""
+    rng = rng or random.Random()
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await call()
+        except RequestError as exc:
+            if not policy.should_retry(exc, attempts):
+                raise
+            await sleep(policy.delay(attempts, exc, rng))
 
 
 class RetryTimers(Generic[T]):

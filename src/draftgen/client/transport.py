@@ -1,0 +1,90 @@
+"""One server's HTTP stack: one ``httpx2.AsyncClient`` that carries the openai SDK's requests and every raw one.
+
+The client is the SDK's own aiohttp-backed one (``openai.DefaultAioHttpClient``): the httpx2 interface the SDK needs,
+on aiohttp's connection pool and C HTTP parser. httpx2's own transport (h11, pure Python) costs 1.5 times the client
+CPU per streamed request (docs/figures.md, note 12), and a benchmark holding hundreds of streams on one event loop
+must not measure its own client.
+
+One timeout model: a request has one total deadline, from sending to its last byte (``asyncio.timeout``); the
+HTTP client itself has none, so no second timer can fire first or be forgotten. One error family: whatever goes
+wrong leaves here as a ``RequestError`` (``errors.classify_error``), and a stream whose body breaks off after its
+headers is told apart from a server that could not be reached (``errors.cut_off``). Leaving a stream early —
+cancelled, hedged, timed out — closes its connection, so SGLang sees the client go and aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import openai
+
+from draftgen.client.errors import classify_error, cut_off, http_error
+
+# No practical connection cap: a benchmark level may hold hundreds of streams on one server (left unset, the
+# aiohttp pool's own default would cap it at 100).
+LIMITS = httpx2.Limits(max_connections=100_000, max_keepalive_connections=None)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    text: str
+    headers: Mapping[str, str]
+
+
+def http_client(api_key: str) -> httpx2.AsyncClient:
+    """The client one server's requests share. ``trust_env`` off: servers are addressed by their own URL, never
+    through a proxy an environment variable happens to name."""
+    return openai.DefaultAioHttpClient(
+        headers={"Authorization": f"Bearer {api_key}"}, timeout=None, limits=LIMITS, trust_env=False
+    )
+
+
+class Transport:
+    """Raw requests to one server (``base_url`` + path), each under its own total deadline."""
+
+    def __init__(self, base_url: str, http: httpx2.AsyncClient):
+        self.base_url = base_url
+        self.http = http
+        self._urls: dict[str, httpx2.URL] = {}
+
+    def url(self, path: str) -> httpx2.URL:
+        """``base_url + path``, parsed once: parsing a URL string is half of httpx2's cost of building a request."""
+        if path not in self._urls:
+            self._urls[path] = httpx2.URL(f"{self.base_url}{path}")
+        return self._urls[path]
+
+    async def request(self, method: str, path: str, *, timeout_s: float, json: Any = None) -> Reply:
+        """The whole answer, whatever its status; RequestError when there is no answer."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self.http.request(method, self.url(path), json=json)
+            return Reply(response.status_code, response.text, response.headers)
+        except Exception as exc:  # classify_error re-raises what it does not know
+            raise classify_error(exc) from exc
+
+    @asynccontextmanager
+    async def stream(
+        self, method: str, path: str, *, timeout_s: float, json: Any = None
+    ) -> AsyncIterator[httpx2.Response]:
+        """A 200 answer whose body is read inside the block (``aiter_bytes``); any other status raises
+        RequestError with the server's message. The deadline covers the whole block."""
+        try:
+            async with (
+                asyncio.timeout(timeout_s),
+                self.http.stream(method, self.url(path), json=json) as response,
+            ):
+                if response.status_code != 200:
+                    text = (await response.aread()).decode("utf-8", errors="replace")
+                    raise http_error(response.status_code, text, response.headers)
+                try:
+                    yield response
+                except httpx2.TransportError as exc:  # the headers came: the body broke off
+                    raise cut_off(exc) from exc
+        except Exception as exc:  # classify_error re-raises what it does not know
+            raise classify_error(exc) from exc
