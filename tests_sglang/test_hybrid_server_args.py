@@ -145,8 +145,8 @@ def resolve(args: list[str], **platform) -> dict:
 def draftgens_defaults(draftgen: str) -> dict:
     """serve's default MTP settings as draftgen states them, and the batch cap it expects SGLang to set."""
     code = (
-        "import json; from draftgen.server_settings import ServerSettings, effective_max_running; "
-        "s = ServerSettings(); print(json.dumps({**s.model_dump(mode='json'), 'cap': effective_max_running(s)}))"
+        "import json; from draftgen.server_settings import ServerSettings, batch_cap; "
+        "s = ServerSettings(); print(json.dumps({**s.model_dump(mode='json'), 'cap': batch_cap(s)}))"
     )
     return json.loads(_draftgen_python(draftgen, code))
 
