@@ -82,7 +82,8 @@ def _check_against_specforge(
     """Every exported row's tokens against SpecForge's parser on its conversation (a row per turn: its
     train_only_last_turn). Rows built from the server's own ids that re-tokenizing would change are not the
     parser's to judge (it sees only text): they are counted, and their masks checked against the parser's where
-    the tokens agree up to the first difference."""
+    the tokens agree up to the first difference; cut turns kept with their ids are checked up to the tokens the
+    parser's template adds closing them."""
     template = TRAINER_TEMPLATES[trainer]
     rows = [json.loads(line) for line in (export / "train.jsonl").read_text(encoding="utf-8").splitlines()]
     oracle = dict(
@@ -105,8 +106,22 @@ def _check_against_specforge(
         ids, mask = tokens[key]
         assert ids[:at] == oracle[key].input_ids[:at] and mask[:at] == oracle[key].loss_mask[:at], key
     TOTALS["server ids that re-tokenizing changes"] += len(differs)
-    ours = {k: v for k, v in tokens.items() if k not in differs}
-    oracle_same = {k: v for k, v in oracle.items() if k not in differs}
+    # A turn cut by max_tokens, kept with its server ids (keep_flagged: truncated): the token files hold it as
+    # generated, train.jsonl as text, which the parser's chat template closes (</think>, the end token). The
+    # parser must see exactly the same tokens, then exactly the `closing_tokens` validate measured, to max_length.
+    closed = dict(
+        records.filter(pl.col("closing_tokens").is_not_null() & pl.col("differs_at").is_null())
+        .select("id", pl.struct("closing_tokens", "n_tokens"))
+        .iter_rows()
+    )
+    for key, lengths in closed.items():
+        (ids, mask), theirs = tokens[key], oracle[key]
+        assert theirs.input_ids[: len(ids)] == ids and theirs.loss_mask[: len(ids)] == mask, key
+        expected = min(lengths["n_tokens"] + lengths["closing_tokens"], max_length)
+        assert len(theirs.input_ids) == expected, (key, len(theirs.input_ids), lengths)
+    TOTALS["cut turns the template closes"] += len(closed)
+    ours = {k: v for k, v in tokens.items() if k not in differs and k not in closed}
+    oracle_same = {k: v for k, v in oracle.items() if k not in differs and k not in closed}
     compared, bad = compare(ours, oracle_same)
     TOTALS["compared"] += compared
     TOTALS["mismatches"] += len(bad)
@@ -114,7 +129,8 @@ def _check_against_specforge(
         f"\nSpecForge 0.2.0 {template} parser vs validate trainer={trainer}: samples compared {compared}, "
         f"mismatches {len(bad)} (this session so far: samples compared {TOTALS['compared']}, "
         f"mismatches {TOTALS['mismatches']}; rows whose server ids re-tokenizing changes "
-        f"{TOTALS['server ids that re-tokenizing changes']})"
+        f"{TOTALS['server ids that re-tokenizing changes']}, cut turns the template closes "
+        f"{TOTALS['cut turns the template closes']})"
     )
     assert not bad, f"{len(bad)} of {compared} differ from SpecForge, e.g. {bad[:5]}"
 
