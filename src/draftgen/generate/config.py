@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import (
+    CategoryField,
     ConcurrencyPerServer,
     FleetParams,
     Limit,
@@ -68,7 +69,7 @@ class GenerateConfig(FleetParams, SamplingParams):
 
     parameters_cell = NotebookCell(
         ("fleet", "servers model api_key_env request_timeout_s"),
-        ("data", "prompts out_dir limit shard turns batch_save_size"),
+        ("data", "prompts out_dir limit shard turns batch_save_size category_field"),
         ("sampling (production settings)", "max_tokens temperature top_p top_k min_p enable_thinking"),
         (
             "dispatch",
@@ -111,6 +112,7 @@ class GenerateConfig(FleetParams, SamplingParams):
         min_length=1,
     )
     turns: Turns
+    category_field: CategoryField
     concurrency_per_server: ConcurrencyPerServer
     batch_save_size: PositiveInt = param(500, "rows per parquet shard (written atomically)")
     limit: Limit

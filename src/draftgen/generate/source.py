@@ -14,7 +14,9 @@ def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:
     ``limit`` counts valid rows of this shard, stored or not, so a resumed run selects the same prompts.
     """
     taken = 0
-    for item in iter_prompts(config.prompt_path, shard=config.shard_spec):
+    for item in iter_prompts(
+        config.prompt_path, shard=config.shard_spec, category_field=config.category_field or None
+    ):
         if isinstance(item, PromptRow):
             if config.limit and taken >= config.limit:
                 return
