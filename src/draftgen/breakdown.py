@@ -19,6 +19,7 @@ it, and none below 2), and costs one pass over 900K rows, where a bootstrap woul
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import polars as pl
@@ -122,7 +123,26 @@ def breakdown(requests: pl.DataFrame, by: str) -> pl.DataFrame:
     )
 
 
-def breakdowns(requests: pl.DataFrame, groups: Sequence[str] | None = None) -> dict[str, pl.DataFrame]:
+TITLES = {
+    "category": "by prompt category (lowest acceptance first)",
+    "length": "by output length (completion tokens)",
+    "turn": "by turn (0: the first answer of a conversation)",
+    "arm": "by sampling arm",
+}
+
+
+class Breakdowns(dict[str, pl.DataFrame]):
+    """The tables by name; in a notebook, shown one under the other with a heading each."""
+
+    def _repr_html_(self) -> str:
+        parts = []
+        for name, table in self.items():
+            title = html.escape(f"Acceptance length and tok/s per request {TITLES.get(name, 'by ' + name)}")
+            parts.append(f"<h4>{title}</h4>{table._repr_html_()}")
+        return "".join(parts)
+
+
+def breakdowns(requests: pl.DataFrame, groups: Sequence[str] | None = None) -> Breakdowns:
     """The breakdowns that apply to these requests: by category (when any row has one), output length and turn
     (when there is more than one), and arm (when the requests carry one)."""
     if groups is None:
@@ -133,4 +153,4 @@ def breakdowns(requests: pl.DataFrame, groups: Sequence[str] | None = None) -> d
             groups.append("turn")
         if "arm" in requests.columns and requests["arm"].n_unique() > 1:
             groups.append("arm")
-    return {group: breakdown(requests, group) for group in groups}
+    return Breakdowns({group: breakdown(requests, group) for group in groups})

@@ -21,7 +21,7 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.breakdown import breakdown, breakdowns
+from draftgen.breakdown import Breakdowns, breakdown, breakdowns
 from draftgen.client.clock import HardwareClock, fleet_clock, on_clock
 from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_by_length
 from draftgen.display.humanize import duration_unit, short_label
@@ -221,7 +221,7 @@ def request_table(out_dir: RunDirs) -> pl.DataFrame:
     return frame.with_columns(pl.col("latency_s") * clock.factor) if clock.simulated else frame
 
 
-def acceptance_breakdowns(out_dir: RunDirs) -> dict[str, pl.DataFrame]:
+def acceptance_breakdowns(out_dir: RunDirs) -> Breakdowns:
     """Acceptance length and tok/s per request by prompt category, output length and turn (docs/generate.md,
     "Acceptance where it is low"); tok/s on the servers' clock."""
     return breakdowns(request_table(out_dir))

@@ -36,6 +36,8 @@ TURN_COLUMNS = (
     "turn_prompt_shared",
     "turn_prompt_ids",
     "turn_output_ids",
+    # The prompt row's category (draftgen.prompts.rows.row_category), kept with the held-out prompts.
+    "category",
 )
 
 
