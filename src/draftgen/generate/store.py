@@ -72,6 +72,11 @@ OUTPUT_SCHEMA = pl.Schema(
         "ttft_s": pl.Float64,
         "source_row": pl.Int64,
         "category": pl.String,  # the prompt row's category or source field (draftgen.prompts.rows.row_category)
+        # With a sampling plan (draftgen.generate.sampling_plan): ``id`` is the sample's ({prompt_id}#s{k}), and
+        # these say whose and which; null without a plan (``id`` is then the prompt's).
+        "prompt_id": pl.String,
+        "arm": pl.String,
+        "sample": pl.Int64,
         # Per generated turn, in order (draftgen.training.conversation; single-turn rows hold one element). Shards
         # written before these columns existed are read as single-turn rows by conversation.assemble.
         "turn_after": pl.List(pl.Int64),  # index in messages of the last source message before the answer
