@@ -25,6 +25,8 @@ from draftgen.generate.sampling_plan import Arm, arm_sampling, expected_answers,
 from draftgen.generate.store import FingerprintMismatch, check_fingerprint
 from draftgen.params import ParameterError, SamplingParams, build_config
 from draftgen.prompts.synthetic import write_synthetic
+from draftgen.validate.config import ValidateConfig
+from draftgen.validate.pipeline import finalize_export, validate_generation
 
 TWO_ARMS = [
     {"name": "think", "answers": 2, "temperature": 0.6},
@@ -100,7 +102,7 @@ def test_the_fingerprint_covers_the_plan_and_no_plan_is_todays(tmp_path):
 
 # ----- end to end -------------------------------------------------------------------------------------------
 def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a_server_kill(
-    sim_fleet, tmp_path
+    sim_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 400, seed=21)
@@ -157,3 +159,35 @@ def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a
     assert manifest["counts"]["done"] == len(expected)
     sessions = manifest["sessions"]  # the SIGKILLed session recorded nothing; the resume did the rest
     assert 0 < sessions[-1]["completed"] < len(expected)
+
+    # validate: every sample is expected, each arm checked by its own rule, whole prompts held out
+    config = build_config(
+        ValidateConfig,
+        {
+            "generation_dir": str(run_dir),
+            "tokenizer": str(tokenizer_dir),
+            "out_dir": str(tmp_path / "validate"),
+            "holdout_share": 0.2,
+            "max_truncated_share": 1.0,
+            "max_degenerate_share": 1.0,
+        },
+    )
+    result = validate_generation(config, tokenizer=tokenizer, progress=False)
+    assert result.coverage.checked and result.coverage.missing == 0 and result.coverage.unexpected == 0
+    records = result.records
+    nothink = records.filter(
+        pl.col("prompt_id").is_in([i for i, s in expected.items() if s.arm == "nothink"])
+    )
+    assert nothink.height > 0 and not nothink["empty_reasoning"].any()  # thinking off expects no reasoning
+    assert not records["empty_reasoning"].any()
+    assert not nothink["template_mismatch"].any()  # rendered with the trainer's template in that arm's mode
+    export = finalize_export(result)
+    lines = [json.loads(x) for x in (export / "train.jsonl").read_text().splitlines()]
+    assert len({x["id"] for x in lines}) == len(lines)  # one row per generated turn per sample, distinct ids
+    assert {x["arm"] for x in lines} == {"think", "nothink"}
+    held = {json.loads(x)["id"] for x in (export / "holdout" / "prompts.jsonl").read_text().splitlines()}
+    assert held and held <= {s.prompt_id for s in expected.values()}  # the prompt's own ids, once each
+    rows_out = lines + [json.loads(x) for x in (export / "prompts.jsonl").read_text().splitlines()]
+    trained = {prompt_of(x["id"].rsplit("#", 1)[0] if x["id"].count("#") > 1 else x["id"]) for x in rows_out}
+    assert not trained & held  # no sample of a held-out prompt trains
+    assert trained | held == {s.prompt_id for s in expected.values()}

@@ -85,7 +85,9 @@ def samples(prompt_id: str, arms: Sequence[Arm]) -> list[Sample]:
 
 
 def prompt_of(sample_id: str) -> str:
-    """The prompt id a stored id belongs to (itself when it is no sample id)."""
+    """The prompt id a stored id belongs to (itself when it is no sample id, or no string)."""
+    if not isinstance(sample_id, str):
+        return sample_id
     match = _SAMPLE_ID.match(sample_id)
     return match.group("prompt") if match else sample_id
 
@@ -103,6 +105,13 @@ def arm_sampling(base: SamplingParams, arm: Arm | None) -> SamplingParams:
         return base
     changes = {name: getattr(arm, name) for name in SAMPLING_FIELDS if getattr(arm, name) is not None}
     return base.model_copy(update=changes) if changes else base
+
+
+def arm_thinking(parameters: dict) -> dict[str, bool]:
+    """Whether each arm of a run thinks, from its manifest's ``parameters`` (no plan: {})."""
+    base = parameters.get("enable_thinking", True)
+    plan = parameters.get("sampling_plan") or []
+    return {a["name"]: base if a.get("enable_thinking") is None else a["enable_thinking"] for a in plan}
 
 
 def expected_answers(arms: Sequence[Arm]) -> float:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from draftgen.generate.sampling_plan import prompt_of
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import EXPORT as FINAL
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_COUNTS, EXPORT_TOKENS, export_tokens_part_name
@@ -71,8 +72,16 @@ class ExportWriter:
         if self._handle is not None:
             chosen = rows if conversations_keep is None else np.flatnonzero(conversations_keep)
             ids = frame["id"].to_list()
+            arms = frame["arm"].to_list() if "arm" in frame.columns else [None] * frame.height
             lines = [
-                json.dumps({"id": ids[i], "conversations": conversations[i]}, ensure_ascii=False)
+                json.dumps(
+                    {
+                        "id": ids[i],
+                        **({"arm": arms[i]} if arms[i] else {}),
+                        "conversations": conversations[i],
+                    },
+                    ensure_ascii=False,
+                )
                 for i in chosen
             ]
             if lines:
@@ -110,15 +119,20 @@ class ExportWriter:
         return int(rows.size)
 
     def write_holdout(self, stored: pl.DataFrame) -> None:
-        """The held-out conversations' source prompts, as generate and benchmark read prompt rows."""
+        """The held-out conversations' source prompts, as generate and benchmark read prompt rows: once per
+        prompt (a sampling plan's samples of one prompt share it, under the prompt's id)."""
         columns = ["id", "messages", *(["category"] if "category" in stored.columns else [])]
-        rows = [r for r in stored.select(columns).iter_rows(named=True) if r["id"] not in self._held]
+        rows = []
+        for r in stored.select(columns).iter_rows(named=True):
+            r["id"] = prompt_of(r["id"])
+            if r["id"] not in self._held:
+                self._held.add(r["id"])
+                rows.append(r)
         if not rows:
             return
         if self._holdout is None:
             (self.staging / HOLDOUT).mkdir()
             self._holdout = (self.staging / HOLDOUT / PROMPTS).open("w", encoding="utf-8")
-        self._held.update(r["id"] for r in rows)
         lines = [
             json.dumps(
                 {
