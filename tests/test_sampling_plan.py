@@ -20,6 +20,7 @@ from test_generate_notebook import (
     wait_for_shards,
 )
 
+from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.sampling_plan import Arm, arm_sampling, expected_answers, prompt_of, samples, takes
 from draftgen.generate.store import FingerprintMismatch, check_fingerprint
@@ -159,6 +160,12 @@ def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a
     assert manifest["counts"]["done"] == len(expected)
     sessions = manifest["sessions"]  # the SIGKILLed session recorded nothing; the resume did the rest
     assert 0 < sessions[-1]["completed"] < len(expected)
+
+    arms_table = report.acceptance_breakdowns(run_dir)["arm"]
+    assert dict(zip(arms_table["arm"], arms_table["requests"], strict=True)) == {
+        arm: rows.filter(pl.col("arm") == arm)["turn_completion_tokens"].list.len().sum()
+        for arm in ("think", "nothink")
+    }
 
     # validate: every sample is expected, each arm checked by its own rule, whole prompts held out
     config = build_config(

@@ -183,8 +183,8 @@ def _turn_list(name: str, scalar: str) -> pl.Expr:
 
 
 def request_table(out_dir: RunDirs) -> pl.DataFrame:
-    """One row per generated turn (a request): its prompt's category, turn index, tokens, verify steps,
-    acceptance and latency on the servers' clock — the input of ``draftgen.breakdown``."""
+    """One row per generated turn (a request): its prompt's category, its sampling-plan arm, turn index, tokens,
+    verify steps, acceptance and latency on the servers' clock — the input of ``draftgen.breakdown``."""
     frames = []
     for folder in run_dirs(out_dir):
         paths = shard_paths(folder)
@@ -195,6 +195,7 @@ def request_table(out_dir: RunDirs) -> pl.DataFrame:
             scan_shards(paths).select(
                 "id",
                 "category",
+                "arm",
                 _turn_list("turn_completion_tokens", "completion_tokens").alias("completion_tokens"),
                 _turn_list("turn_spec_verify_ct", "spec_verify_ct").alias("verify_ct"),
                 _turn_list("turn_spec_accept_length", "spec_accept_length").alias("accept_length"),
@@ -222,8 +223,8 @@ def request_table(out_dir: RunDirs) -> pl.DataFrame:
 
 
 def acceptance_breakdowns(out_dir: RunDirs) -> Breakdowns:
-    """Acceptance length and tok/s per request by prompt category, output length and turn (docs/generate.md,
-    "Acceptance where it is low"); tok/s on the servers' clock."""
+    """Acceptance length and tok/s per request by prompt category, output length, turn and sampling-plan arm
+    (docs/generate.md, "Acceptance where it is low"); tok/s on the servers' clock."""
     return breakdowns(request_table(out_dir))
 
 
