@@ -189,6 +189,14 @@ def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a
     assert not records["empty_reasoning"].any()
     assert not nothink["template_mismatch"].any()  # rendered with the trainer's template in that arm's mode
     export = finalize_export(result)
+    info = json.loads((export / "dataset_info.json").read_text())  # the card's per-arm table matches the rows
+    per_arm = {row["arm"]: row for row in info["arms"]}
+    for arm in ("think", "nothink"):
+        mine = records.filter(pl.col("arm") == arm)
+        assert per_arm[arm]["rows"] == mine.height
+        assert per_arm[arm]["exported"] == mine.filter(~pl.col("dropped") & ~pl.col("held_out")).height
+        assert per_arm[arm]["generated_tokens"] == mine["generated_tokens"].sum()
+    assert "## The sampling plan, per arm" in (export / "README.md").read_text()
     lines = [json.loads(x) for x in (export / "train.jsonl").read_text().splitlines()]
     assert len({x["id"] for x in lines}) == len(lines)  # one row per generated turn per sample, distinct ids
     assert {x["arm"] for x in lines} == {"think", "nothink"}

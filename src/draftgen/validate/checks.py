@@ -286,7 +286,7 @@ def flag_batch(
     cut = trains_as_generated(frame, tokens, config)
     where = [
         c
-        for c in ("id", "prompt_id", "turn", "folder", "shard", "row", "finish_reason")
+        for c in ("id", "prompt_id", "turn", "folder", "shard", "row", "finish_reason", "arm")
         if c in frame.columns
     ]
     records = pl.concat(
