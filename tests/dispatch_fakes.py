@@ -99,7 +99,7 @@ class FakeServer:
     def count(self, outcome: str) -> int:
         return sum(r.outcome == outcome for r in self.requests)
 
-    async def chat(self, messages, sampling, model, *, stream=False, timeout_s=None) -> ChatResult:
+    async def chat(self, messages, sampling, model, *, stream=False, timeout_s=None, seed=None) -> ChatResult:
         loop = asyncio.get_running_loop()
         prompt_id = messages[0]["content"].split(" ", 1)[0]
         request = Request(prompt_id, sum(m["role"] == "assistant" for m in messages), loop.time())
@@ -148,7 +148,14 @@ class Recorder:
     failures: list[dict[str, Any]] = field(default_factory=list)
     notes: list[tuple[float, str, str]] = field(default_factory=list)
 
-    def kept(self, server: str, label: str, result: ChatResult, row: dict[str, Any] | None) -> None:
+    def kept(
+        self,
+        server: str,
+        label: str,
+        result: ChatResult,
+        row: dict[str, Any] | None,
+        thinking: bool | None = None,
+    ) -> None:
         self.kept_turns.append((server, label, result))
         if row is not None:
             self.stored.append(row)

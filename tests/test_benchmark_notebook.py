@@ -19,7 +19,14 @@ import polars as pl
 import pytest
 from bench_helpers import lag_share, run_notebook, truth_by_level
 
-PLOTS = ("throughput", "latency", "acceptance", "tok_s_per_gpu", "completion_lengths")
+PLOTS = (
+    "throughput",
+    "latency",
+    "acceptance",
+    "tok_s_per_gpu",
+    "completion_lengths",
+    "acceptance_by_category",
+)
 
 
 def _read(run):  # type: ignore[no-untyped-def]

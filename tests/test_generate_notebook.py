@@ -149,7 +149,13 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
     assert frame["response_id"].null_count() == 0 and frame["usage_reported"].all()
     servers = pl.scan_parquet(sorted((run_dir / "shards").glob("*.parquet"))).select("server").collect()
     assert servers["server"].n_unique() == 7  # every server took work
-    for plot in ("throughput", "finish_reasons", "completion_lengths"):
+    for plot in (
+        "throughput",
+        "finish_reasons",
+        "completion_lengths",
+        "acceptance_by_category",
+        "acceptance_by_length",
+    ):
         assert (run_dir / "plots" / f"{plot}.png").stat().st_size > 1000
     assert "image/png" in (run_dir / "generate.ipynb").read_text()  # plots shown inline
     streams = [

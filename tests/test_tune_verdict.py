@@ -241,6 +241,18 @@ def test_the_verdict_files_and_plot(judged):
     fig = verdict_report.plot_verdict(verdict)
     assert [line.get_xdata()[0] for line in fig.axes[0].lines if line.get_linestyle() == ":"] == [64]
     assert any(line.startswith("verdict: 3 candidates") for line in lines)
+    # each candidate's acceptance by the prompts' category, against the baseline's in the same category
+    categories = pl.read_parquet(f"{out}/verdict_by_category.parquet")
+    assert set(categories["candidate"]) == set(table["candidate"])
+    assert set(categories["category"]) <= {"math", "code", "chat", "multi_turn", "system", "long"}
+    baseline = categories.filter(pl.col("candidate") == verdict.baseline.label)
+    assert (
+        baseline["accept_vs_baseline"].drop_nulls().to_list()
+        == [1.0] * baseline["accept_length"].drop_nulls().len()
+    )
+    assert categories.group_by("candidate", "concurrency").agg(pl.col("requests").sum()).height == 3 * len(
+        LEVELS
+    )
 
 
 def test_a_target_without_mtp_heads_is_judged_against_no_speculation(tmp_path):

@@ -45,7 +45,8 @@ def monitor(run_dir: Path, out_root: Path, name: str) -> str:
             data = output.get("data", {})
             images += "image/png" in data
             texts.append("".join(data.get("text/plain", "")) + "".join(output.get("text", "")))
-    assert images == 4, f"{images} figures"  # throughput+acceptance, progress/ETA, finish reasons, lengths
+    # throughput+acceptance, progress/ETA, finish reasons, lengths, acceptance by category
+    assert images == 5, f"{images} figures"
     return "\n".join(texts)
 
 

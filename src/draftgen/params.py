@@ -54,6 +54,7 @@ SHARED_PARAMETERS = frozenset(
         "request_timeout_s",
         "turns",
         "train_max_length",
+        "category_field",
     }
 )
 
@@ -223,6 +224,15 @@ ConcurrencyPerServer = Annotated[
     ),
 ]
 Limit = Annotated[int, param(0, "take the first N valid prompts (0: all)", ge=0)]
+CategoryField = Annotated[
+    str,
+    param(
+        "",
+        "the prompt rows' field that names their category, for acceptance by category "
+        '("": the first of category, task_category, source, task, domain, subset)',
+        max_length=100,
+    ),
+]
 Turns = Annotated[
     Literal["all", "last"],
     param(

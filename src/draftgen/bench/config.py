@@ -9,6 +9,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from draftgen.params import (
+    CategoryField,
     FleetParams,
     NotebookCell,
     PositiveInt,
@@ -32,7 +33,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         ("fleet", "servers model api_key_env request_timeout_s"),
         (
             "prompts and sampling (production settings)",
-            "prompts max_tokens temperature top_p top_k min_p enable_thinking",
+            "prompts category_field max_tokens temperature top_p top_k min_p enable_thinking",
         ),
         (
             "levels",
@@ -50,6 +51,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         SYNTHETIC,
         'a .jsonl/.parquet sample of YOUR prompts (lengths depend on them), or "synthetic" (the bundled set)',
     )
+    category_field: CategoryField
     num_prompts: PositiveInt = param(
         128,
         "requests per server at each level unless rounds is set (2x the concurrency or more keeps a steady phase)",

@@ -54,6 +54,7 @@ class RequestRecord:
     spec_accept_length: float | None = None  # per request, from sglext
     spec_verify_ct: int | None = None
     done_sentinel: bool | None = None  # the stream ended with "data: [DONE]"
+    category: str | None = None  # the prompt row's category (draftgen.prompts.rows.row_category)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ from matplotlib.figure import Figure
 from draftgen.bench.occupancy import occupancy_frame
 from draftgen.bench.records import BenchmarkRun, ServerFacts
 from draftgen.bench.stats import level_row, request_rows, worker_rows
+from draftgen.breakdown import Breakdowns, breakdowns
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, on_clock
+from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_by_length
 from draftgen.display.plots import Plot, new_figure, save
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
@@ -437,6 +439,31 @@ def plot_per_gpu(report: BenchmarkReport) -> Figure:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def acceptance_breakdowns(report: BenchmarkReport) -> Breakdowns:
+    """Acceptance length and tok/s per request of the sample by prompt category and output length, over every
+    level's answered requests (per-request tok/s then mixes the levels' batch sizes; acceptance hardly depends
+    on them), tok/s on the servers' clock."""
+    ok = report.requests.filter(pl.col("ok"))
+    frame = ok.select(
+        pl.col("category").cast(pl.String)
+        if "category" in ok.columns
+        else pl.lit(None, pl.String).alias("category"),
+        "completion_tokens",
+        pl.col("spec_verify_ct").alias("verify_ct"),
+        pl.col("spec_accept_length").alias("accept_length"),
+        (pl.col("e2e_s") * report.clock.factor).alias("latency_s"),
+    )
+    return breakdowns(frame, ["category", "length"] if frame["category"].drop_nulls().len() else ["length"])
+
+
+def plot_acceptance_by_category(report: BenchmarkReport) -> Figure:
+    return acceptance_by_category(acceptance_breakdowns(report).get("category"), "the sample's requests")
+
+
+def plot_acceptance_by_length(report: BenchmarkReport) -> Figure:
+    return acceptance_by_length(acceptance_breakdowns(report)["length"], "the sample's requests")
 
 
 def plot_lengths(report: BenchmarkReport, max_tokens: int) -> Figure:

@@ -112,6 +112,7 @@ async def _one_request(
         "concurrency": concurrency,
         "seq": seq,
         "prompt_id": row.id,
+        "category": row.category,
     }
     try:
         result = await client.stream_chat(
@@ -431,7 +432,13 @@ async def _run_server(
 async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
     """Benchmark every server at every concurrency level; returns raw records (see ``stats`` and ``report``)."""
     api_key = config.api_key()
-    sample = await asyncio.to_thread(sample_prompts, config.prompt_path, config.prompts_needed(), config.seed)
+    sample = await asyncio.to_thread(
+        sample_prompts,
+        config.prompt_path,
+        config.prompts_needed(),
+        config.seed,
+        config.category_field or None,
+    )
     print(
         f"prompts: {len(sample.rows)} sampled from {sample.path} ({sample.rows_read} valid rows, "
         f"{sample.rejected} rejected)",

@@ -22,15 +22,18 @@ class PromptSample:
         return [self.rows[(start + i) % size] for i in range(count)]
 
 
-def sample_prompts(path: str | Path, count: int, seed: int = 0) -> PromptSample:
-    """Reservoir-sample ``count`` valid rows (all of them when the file has fewer), in a seeded random order."""
+def sample_prompts(
+    path: str | Path, count: int, seed: int = 0, category_field: str | None = None
+) -> PromptSample:
+    """Reservoir-sample ``count`` valid rows (all of them when the file has fewer), in a seeded random order;
+    each keeps its category (``category_field``, else the common names: ``draftgen.prompts.rows``)."""
     if count < 1:
         raise ValueError("count must be >= 1")
     rng = random.Random(seed)
     reservoir: list[PromptRow] = []
     seen = 0
     rejected = 0
-    for item in iter_prompts(path):
+    for item in iter_prompts(path, category_field=category_field):
         if isinstance(item, RejectedRow):
             rejected += 1
             continue

@@ -133,6 +133,7 @@ def request_rows(level: LevelRun, facts: ServerFacts, max_tokens: int) -> list[d
                 "concurrency": record.concurrency,
                 "seq": record.seq,
                 "prompt_id": record.prompt_id,
+                "category": record.category,
                 "response_id": record.response_id,
                 "ok": record.ok,
                 "error": record.error,

@@ -107,8 +107,10 @@ class ServerClient:
         *,
         stream: bool,
         max_tokens: int | None = None,
+        seed: int | None = None,
     ) -> dict[str, Any]:
-        """The create() arguments for this server: OpenAI fields always, engine extras only where accepted."""
+        """The create() arguments for this server: OpenAI fields always, engine extras only where accepted;
+        ``seed`` (OpenAI's own field) when given."""
         caps = self.capabilities
         kwargs: dict[str, Any] = {
             "model": model,
@@ -117,6 +119,8 @@ class ServerClient:
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
         }
+        if seed is not None:
+            kwargs["seed"] = seed
         extra: dict[str, Any] = {}
         if caps.template_kwargs:
             extra["chat_template_kwargs"] = {"enable_thinking": sampling.enable_thinking}
@@ -144,13 +148,16 @@ class ServerClient:
         stream: bool = False,
         timeout_s: float | None = None,
         max_tokens: int | None = None,
+        seed: int | None = None,
     ) -> ChatResult:
         """One chat completion, whole (the openai SDK) or streamed (``stream_chat``); failures raise RequestError."""
         if stream:
             return await self.stream_chat(
-                messages, sampling, model, timeout_s=timeout_s, max_tokens=max_tokens
+                messages, sampling, model, timeout_s=timeout_s, max_tokens=max_tokens, seed=seed
             )
-        request = self.request_kwargs(messages, sampling, model, stream=False, max_tokens=max_tokens)
+        request = self.request_kwargs(
+            messages, sampling, model, stream=False, max_tokens=max_tokens, seed=seed
+        )
         answer = ChatAccumulator(self.url, stream=False)
         try:
             async with asyncio.timeout(timeout_s or self.timeout_s):
@@ -170,9 +177,10 @@ class ServerClient:
         *,
         timeout_s: float | None = None,
         max_tokens: int | None = None,
+        seed: int | None = None,
     ) -> ChatResult:
         """A streamed chat, its SSE bytes decoded as they arrive; also records whether ``data: [DONE]`` came."""
-        kwargs = self.request_kwargs(messages, sampling, model, stream=True, max_tokens=max_tokens)
+        kwargs = self.request_kwargs(messages, sampling, model, stream=True, max_tokens=max_tokens, seed=seed)
         body = {k: v for k, v in kwargs.items() if k != "extra_body"}
         body.update(kwargs.get("extra_body", {}))
         answer = ChatAccumulator(self.url, stream=True)

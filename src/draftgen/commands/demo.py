@@ -22,7 +22,7 @@ from draftgen.defaults import FLEET_SIZE, MODEL
 from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.paths import resolve_path
-from draftgen.rundir.layout import ESTIMATE, EXPORT, MANIFEST, VALIDATE_SUMMARY
+from draftgen.rundir.layout import ESTIMATE, EXPORT, MANIFEST, PLOTS, VALIDATE_SUMMARY
 from draftgen.runner import RunPlan, execute, resolve_notebook
 from draftgen.sim.fleet import SimFleet
 from draftgen.steps import get_step
@@ -99,6 +99,22 @@ def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[
     return {"generation_dir": str(out / "generate"), "tokenizer": str(out / "tokenizer")}
 
 
+def _acceptance_lines(run_dir: Path) -> list[str]:
+    """Acceptance by prompt category, lowest first, and where its plot is."""
+    from draftgen.generate.report import acceptance_breakdowns
+
+    plot = run_dir / PLOTS / "acceptance_by_category.png"
+    table = acceptance_breakdowns(run_dir).get("category")
+    if table is None or not plot.exists():
+        return []
+    groups = ", ".join(
+        f"{row['category']} {row['accept_length']:.2f} (n={row['requests_with_acceptance']:,})"
+        for row in table.iter_rows(named=True)
+        if row["accept_length"] is not None
+    )
+    return [f"accept   : by prompt category, lowest first: {groups}; plot {plot}"]
+
+
 def _summary(out: Path) -> list[str]:
     lines = []
     estimate = out / "estimate" / ESTIMATE
@@ -124,6 +140,7 @@ def _summary(out: Path) -> list[str]:
         data = json.loads(manifest.read_text())
         counts = data.get("counts", {})
         lines.append(f"generate : {json.dumps(counts)}")
+        lines += _acceptance_lines(out / "generate")
     validation = out / "validate" / VALIDATE_SUMMARY
     if validation.exists():
         data = json.loads(validation.read_text())

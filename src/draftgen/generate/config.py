@@ -9,7 +9,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
+from draftgen.generate.sampling_plan import Arm, check_plan
 from draftgen.params import (
+    CategoryField,
     ConcurrencyPerServer,
     FleetParams,
     Limit,
@@ -37,10 +39,11 @@ FINGERPRINT_FIELDS = (
     "min_p",
     "enable_thinking",
     "turns",
+    "sampling_plan",
 )
 # Fingerprint fields added after runs were made, with the value those runs used: left out of the hash when
 # equal to it, so an older run resumes with that value (and only that value) without force.
-FINGERPRINT_SINCE = {"turns": "last"}
+FINGERPRINT_SINCE: dict[str, Any] = {"turns": "last", "sampling_plan": []}
 
 
 def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
@@ -68,7 +71,8 @@ class GenerateConfig(FleetParams, SamplingParams):
 
     parameters_cell = NotebookCell(
         ("fleet", "servers model api_key_env request_timeout_s"),
-        ("data", "prompts out_dir limit shard turns batch_save_size"),
+        ("data", "prompts out_dir limit shard turns batch_save_size category_field"),
+        ("sampling plan (several answers per prompt, mixed settings)", "sampling_plan"),
         ("sampling (production settings)", "max_tokens temperature top_p top_k min_p enable_thinking"),
         (
             "dispatch",
@@ -111,6 +115,12 @@ class GenerateConfig(FleetParams, SamplingParams):
         min_length=1,
     )
     turns: Turns
+    category_field: CategoryField
+    sampling_plan: list[Arm] = param(
+        default_factory=list,
+        help="arms, each {name, share, answers, and any of enable_thinking temperature top_p top_k min_p "
+        "max_tokens}: which prompts get how many answers sampled how ([]: one answer each, the settings above)",
+    )
     concurrency_per_server: ConcurrencyPerServer
     batch_save_size: PositiveInt = param(500, "rows per parquet shard (written atomically)")
     limit: Limit
@@ -219,6 +229,7 @@ class GenerateConfig(FleetParams, SamplingParams):
         return value
 
     _prompts = field_validator("prompts")(check_prompt_source)
+    _plan = field_validator("sampling_plan")(check_plan)
 
     @model_validator(mode="after")
     def _consistent(self) -> GenerateConfig:
@@ -248,6 +259,7 @@ class GenerateConfig(FleetParams, SamplingParams):
 
     def fingerprint_fields(self) -> dict[str, Any]:
         fields = {name: getattr(self, name) for name in FINGERPRINT_FIELDS}
+        fields["sampling_plan"] = [arm.model_dump(exclude_none=True) for arm in self.sampling_plan]
         shard = self.shard_spec
         fields["shard"] = list(shard) if shard else None
         return fields

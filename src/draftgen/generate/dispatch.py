@@ -32,6 +32,7 @@ from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
 from draftgen.generate.fleet_health import ChatClient, FleetHealth, Server, ServerStats
 from draftgen.generate.hedge import HedgePolicy, TailHedger
+from draftgen.generate.sampling_plan import arm_sampling, sample_seed
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot
 from draftgen.generate.work import Flight, FlightState, Intake, TurnState, Work, WorkQueue
 from draftgen.prompts.rows import PromptRow, RejectedRow
@@ -94,7 +95,12 @@ class Dispatcher:
         self.events = events
         self.policy = RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_max_s)
         self.rng = rng or random.Random()
-        hang = HangPolicy(config.request_timeout_s, config.max_tokens, config.hang_factor, config.hang_min_s)
+        # Each arm's sampling (no plan: the run's); the hang deadline allows for the longest arm's max_tokens.
+        self._sampling = {None: config.sampling} | {
+            arm.name: arm_sampling(config.sampling, arm) for arm in config.sampling_plan
+        }
+        longest = max(s.max_tokens for s in self._sampling.values())
+        hang = HangPolicy(config.request_timeout_s, longest, config.hang_factor, config.hang_min_s)
         self.servers = [
             Server(i, client, ServerDeadline(hang), ServerStats(client.url))
             for i, client in enumerate(clients(plan) for plan in servers)
@@ -210,12 +216,14 @@ class Dispatcher:
         try:
             async with asyncio.timeout(timeout_s) as scope:
                 flight.scope = scope
+                prompt = work.conversation.prompt
                 result = await server.client.chat(
                     work.conversation.request(),
-                    config.sampling,
+                    self._sampling[prompt.arm],
                     config.model,
                     stream=config.stream,
                     timeout_s=config.request_timeout_s + 30.0,
+                    seed=sample_seed(prompt.id) if prompt.arm is not None else None,
                 )
         except TimeoutError:
             if flight.running:  # its own deadline, not cut short by an eviction or the other copy's answer
@@ -277,7 +285,8 @@ class Dispatcher:
         else:  # the next turn goes back to the queue: whichever server pulls it next answers it
             work.next_turn()
             self._requeue(work)
-        self._tell(self.events.kept, server.url, label, result, row)
+        thinking = self._sampling[conversation.prompt.arm].enable_thinking
+        self._tell(self.events.kept, server.url, label, result, row, thinking)
         if row is not None:
             self._intake.ended()
 

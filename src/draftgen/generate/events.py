@@ -18,9 +18,16 @@ class StopRun(RuntimeError):
 
 
 class DispatchEvents(Protocol):
-    def kept(self, server: str, label: str, result: ChatResult, row: dict[str, Any] | None) -> None:
+    def kept(
+        self,
+        server: str,
+        label: str,
+        result: ChatResult,
+        row: dict[str, Any] | None,
+        thinking: bool | None = None,
+    ) -> None:
         """A turn's answer was kept (``label``: its prompt id, and turn when there are several); ``row`` is the
-        conversation's stored row when that was its last turn."""
+        conversation's stored row when that was its last turn; ``thinking``: whether it was asked to think (None: as the run)."""
 
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:
         """A turn failed its last attempt: ``row`` goes to failed.parquet."""

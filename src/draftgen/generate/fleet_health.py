@@ -55,7 +55,9 @@ class ChatClient(Protocol):
 
     url: str
 
-    async def chat(self, messages, sampling, model, *, stream: bool, timeout_s: float | None): ...
+    async def chat(
+        self, messages, sampling, model, *, stream: bool, timeout_s: float | None, seed: int | None = None
+    ): ...
 
     async def get(self, path: str, timeout_s: float = 30.0) -> tuple[int | None, str]: ...
 

@@ -136,9 +136,12 @@ class Guard:
         reasoning: str | None = None,
         finish_reason: str | None = None,
         error: str | None = None,
+        thinking: bool | None = None,
     ) -> tuple[str, ...]:
+        """One result's defects, counted in the window; ``thinking``: whether that request was asked to think
+        (a sampling plan's arms differ; None: the run's setting)."""
         defects = classify(
-            thinking=self.settings.thinking,
+            thinking=self.settings.thinking if thinking is None else thinking,
             content=content,
             reasoning=reasoning,
             finish_reason=finish_reason,

@@ -21,7 +21,9 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
+from draftgen.breakdown import Breakdowns, breakdown, breakdowns
 from draftgen.client.clock import HardwareClock, fleet_clock, on_clock
+from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_by_length
 from draftgen.display.humanize import duration_unit, short_label
 from draftgen.display.plots import Plot, completion_length_histogram, save
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
@@ -172,6 +174,73 @@ def acceptance(out_dir: RunDirs) -> pl.DataFrame:
         for f in folders
     ]
     return pl.concat(tables, how="diagonal_relaxed")
+
+
+# ----- acceptance where it is low --------------------------------------------------------------------------
+def _turn_list(name: str, scalar: str) -> pl.Expr:
+    """A per-turn list column, or (shards written before it) a one-element list of the row's scalar."""
+    return pl.coalesce(pl.col(name), pl.concat_list(pl.col(scalar)))
+
+
+def request_table(out_dir: RunDirs) -> pl.DataFrame:
+    """One row per generated turn (a request): its prompt's category, its sampling-plan arm, turn index, tokens,
+    verify steps, acceptance and latency on the servers' clock — the input of ``draftgen.breakdown``."""
+    frames = []
+    for folder in run_dirs(out_dir):
+        paths = shard_paths(folder)
+        if not paths:
+            raise FileNotFoundError(f"no shards in {folder / SHARDS}: the run stored nothing yet")
+        single = pl.col("turn_completion_tokens").list.len().fill_null(1) == 1
+        frames.append(
+            scan_shards(paths).select(
+                "id",
+                "category",
+                "arm",
+                _turn_list("turn_completion_tokens", "completion_tokens").alias("completion_tokens"),
+                _turn_list("turn_spec_verify_ct", "spec_verify_ct").alias("verify_ct"),
+                _turn_list("turn_spec_accept_length", "spec_accept_length").alias("accept_length"),
+                # older shards kept one latency per row: a turn's only when the row has one turn
+                pl.coalesce(
+                    pl.col("turn_latency_s"), pl.when(single).then(pl.concat_list(pl.col("latency_s")))
+                ).alias("latency_s"),
+            )
+        )
+    lists = ("completion_tokens", "verify_ct", "accept_length")
+    frame = (
+        pl.concat(frames, how="vertical_relaxed")
+        .with_columns(
+            pl.int_ranges(pl.col("completion_tokens").list.len()).alias("turn"),
+            pl.coalesce(
+                pl.col("latency_s"),
+                pl.lit(None, dtype=pl.Float64).repeat_by(pl.col("completion_tokens").list.len()),
+            ),
+        )
+        .explode("turn", *lists, "latency_s")
+        .collect()
+    )
+    clock = run_clock(out_dir)
+    return frame.with_columns(pl.col("latency_s") * clock.factor) if clock.simulated else frame
+
+
+def acceptance_breakdowns(out_dir: RunDirs) -> Breakdowns:
+    """Acceptance length and tok/s per request by prompt category, output length, turn and sampling-plan arm
+    (docs/generate.md, "Acceptance where it is low"); tok/s on the servers' clock."""
+    return breakdowns(request_table(out_dir))
+
+
+def plot_acceptance_by_category(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
+    """Acceptance length per prompt category, sorted, with each category's requests and 95% interval."""
+    home = plots_home(out_dir, save_to)
+    requests = request_table(out_dir)
+    table = breakdown(requests, "category") if "category" in requests.columns else None
+    return _save(acceptance_by_category(table, "generated turns"), home, "acceptance_by_category")
+
+
+def plot_acceptance_by_length(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
+    """Acceptance length per output-length bucket, with each bucket's requests and 95% interval."""
+    home = plots_home(out_dir, save_to)
+    table = breakdown(request_table(out_dir), "length")
+    return _save(acceptance_by_length(table, "generated turns"), home, "acceptance_by_length")
 
 
 def finish_reasons(out_dir: RunDirs) -> pl.DataFrame:

@@ -129,7 +129,14 @@ class RunSession:
             raise
 
     # ----- dispatch's events ---------------------------------------------------------------------------------
-    def kept(self, server: str, label: str, result: ChatResult, row: dict[str, Any] | None) -> None:
+    def kept(
+        self,
+        server: str,
+        label: str,
+        result: ChatResult,
+        row: dict[str, Any] | None,
+        thinking: bool | None = None,
+    ) -> None:
         if row is not None:
             self.store.add(row)
         self.bar.advance(result.completion_tokens or 0, conversation_done=row is not None)
@@ -139,6 +146,7 @@ class RunSession:
             content=result.content,
             reasoning=result.reasoning_content,
             finish_reason=result.finish_reason,
+            thinking=thinking,
         )
 
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:

@@ -71,6 +71,12 @@ OUTPUT_SCHEMA = pl.Schema(
         "usage_reported": pl.Boolean,
         "ttft_s": pl.Float64,
         "source_row": pl.Int64,
+        "category": pl.String,  # the prompt row's category or source field (draftgen.prompts.rows.row_category)
+        # With a sampling plan (draftgen.generate.sampling_plan): ``id`` is the sample's ({prompt_id}#s{k}), and
+        # these say whose and which; null without a plan (``id`` is then the prompt's).
+        "prompt_id": pl.String,
+        "arm": pl.String,
+        "sample": pl.Int64,
         # Per generated turn, in order (draftgen.training.conversation; single-turn rows hold one element). Shards
         # written before these columns existed are read as single-turn rows by conversation.assemble.
         "turn_after": pl.List(pl.Int64),  # index in messages of the last source message before the answer
@@ -81,6 +87,7 @@ OUTPUT_SCHEMA = pl.Schema(
         "turn_completion_tokens": pl.List(pl.Int64),
         "turn_spec_accept_length": pl.List(pl.Float64),
         "turn_spec_verify_ct": pl.List(pl.Int64),
+        "turn_latency_s": pl.List(pl.Float64),  # each turn's request, sent to answered (its last attempt)
         "turns_mode": pl.String,  # "all": every assistant turn generated; "last": only the final one
         # The target's own token ids per generated turn, as its server reported them (null element: that turn's
         # server sent none). Prompt ids are stored compactly (draftgen.training.token_ids): turn k's prompt is

@@ -33,6 +33,11 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
 }
 PARQUET_BATCH_ROWS = 4096
+# Where prompt sets name a row's kind, most specific first: ``category`` (MT-Bench, SPEED-Bench, Dolly, ModelOpt's
+# per-category evaluation), ``task_category`` (Magpie), ``source`` (Tulu, OpenHermes and most mixtures), ``task``,
+# ``domain``, ``subset``. A ``category_field`` parameter names any other.
+CATEGORY_FIELDS = ("category", "task_category", "source", "task", "domain", "subset")
+CATEGORY_MAX_CHARS = 100
 SYNTHETIC = "synthetic"  # ``prompts: synthetic`` → the bundled 2,000-row synthetic set
 
 
@@ -41,6 +46,12 @@ class PromptRow:
     id: str
     messages: tuple[dict[str, str], ...]
     row: int  # 1-based row (JSONL line) number in the source file
+    category: str | None = None  # the row's category or source field, when it has one (CATEGORY_FIELDS)
+    # With a sampling plan (draftgen.generate.sampling_plan) each row is one sample: ``id`` is the sample's,
+    # ``prompt_id`` the prompt's, ``arm`` and ``sample`` say which; None without a plan.
+    prompt_id: str | None = None
+    arm: str | None = None
+    sample: int | None = None
 
 
 @dataclass(frozen=True)
@@ -150,7 +161,23 @@ def _check_turns(messages: list[dict[str, str]], field: str) -> None:
             raise ValueError(f"{field}[{index}] is an empty user turn")
 
 
-def normalize_record(record: Any, row: int, raw_text: str | None = None) -> PromptRow | RejectedRow:
+def row_category(record: dict[str, Any], field: str | None = None) -> str | None:
+    """The row's category: the named ``field``, else the first of CATEGORY_FIELDS present. A scalar becomes
+    text (cut to CATEGORY_MAX_CHARS); a missing, empty or structured value is no category, never a rejection:
+    the category only groups the figures."""
+    names = (field,) if field else CATEGORY_FIELDS
+    for name in names:
+        value = record.get(name)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            text = str(value).strip()
+            if text:
+                return text[:CATEGORY_MAX_CHARS]
+    return None
+
+
+def normalize_record(
+    record: Any, row: int, raw_text: str | None = None, category_field: str | None = None
+) -> PromptRow | RejectedRow:
     raw = raw_text if raw_text is not None else json.dumps(record, ensure_ascii=False, default=str)
     if not isinstance(record, dict):
         return RejectedRow(row, None, f"row is a JSON {type(record).__name__}, not an object", _truncate(raw))
@@ -166,7 +193,7 @@ def normalize_record(record: Any, row: int, raw_text: str | None = None) -> Prom
         messages = _messages_from(record)
     except ValueError as exc:
         return RejectedRow(row, prompt_id, str(exc), _truncate(raw))
-    return PromptRow(prompt_id or stable_id(messages), messages, row)
+    return PromptRow(prompt_id or stable_id(messages), messages, row, row_category(record, category_field))
 
 
 def check_prompt_source(value: str, *, allow_empty: bool = False) -> str:
@@ -200,7 +227,7 @@ def _check_path(path: Path) -> None:
         raise PromptFileError(f"prompt file {path} must be .jsonl or .parquet")
 
 
-def _iter_jsonl(path: Path) -> Iterator[PromptRow | RejectedRow]:
+def _iter_jsonl(path: Path, category_field: str | None) -> Iterator[PromptRow | RejectedRow]:
     with open(path, "rb") as handle:
         for row, line in enumerate(handle, start=1):
             try:
@@ -222,26 +249,33 @@ def _iter_jsonl(path: Path) -> Iterator[PromptRow | RejectedRow]:
                     row, None, f"invalid JSON: {exc.msg} at column {exc.colno}", _truncate(text.strip())
                 )
                 continue
-            yield normalize_record(record, row, text.strip())
+            yield normalize_record(record, row, text.strip(), category_field)
 
 
-def _iter_parquet(path: Path) -> Iterator[PromptRow | RejectedRow]:
+def _iter_parquet(path: Path, category_field: str | None) -> Iterator[PromptRow | RejectedRow]:
     try:
         frames = pl.scan_parquet(path).collect_batches(chunk_size=PARQUET_BATCH_ROWS)
         row = 0
         for frame in frames:
             for record in frame.iter_rows(named=True):
                 row += 1
-                yield normalize_record({k: v for k, v in record.items() if v is not None}, row)
+                yield normalize_record(
+                    {k: v for k, v in record.items() if v is not None}, row, category_field=category_field
+                )
     except (pl.exceptions.ComputeError, OSError) as exc:
         raise PromptFileError(f"prompt file {path} is not readable parquet: {exc}") from exc
 
 
-def iter_prompts(path: str | Path, shard: tuple[int, int] | None = None) -> Iterator[PromptRow | RejectedRow]:
-    """Stream normalized rows; duplicates of an earlier id are rejected; ``shard=(index, count)`` keeps one part."""
+def iter_prompts(
+    path: str | Path, shard: tuple[int, int] | None = None, category_field: str | None = None
+) -> Iterator[PromptRow | RejectedRow]:
+    """Stream normalized rows; duplicates of an earlier id are rejected; ``shard=(index, count)`` keeps one part;
+    ``category_field`` names the field rows carry their category in (default: the first of CATEGORY_FIELDS)."""
     path = Path(path)
     _check_path(path)
-    rows = _iter_jsonl(path) if path.suffix == ".jsonl" else _iter_parquet(path)
+    rows = (
+        _iter_jsonl(path, category_field) if path.suffix == ".jsonl" else _iter_parquet(path, category_field)
+    )
     seen: set[int] = set()
     for item in rows:
         if isinstance(item, PromptRow):

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from draftgen.sglang_rules.hybrid_memory import RESOLVED_CACHE
 from draftgen.sglang_rules.speculation import NEXTN, resolved_algorithm
+from draftgen.sim.categories import classify_rendered
 from draftgen.sim.engine import SimRequest
 from draftgen.sim.textgen import THINK_END, request_seed
 from draftgen.sim.wire import BadRequest, sse
@@ -207,6 +208,7 @@ class NativeApi:
                 {"text": body.get("text"), "input_ids": input_ids}, sampling.get("sampling_seed")
             ),
             "ignore_eos": bool(sampling.get("ignore_eos")),
+            "category": classify_rendered(text),
         }
 
     def _generate_body(self, request: SimRequest, *, first: bool = False) -> dict:

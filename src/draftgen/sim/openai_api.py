@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from draftgen.sim.categories import classify
 from draftgen.sim.engine import SimRequest
 from draftgen.sim.textgen import request_seed
 from draftgen.sim.wire import BadRequest, sse
@@ -98,6 +99,7 @@ class OpenAIApi:
             or headers.get("x-sglext-return-output-ids") == "1",
             "seed": request_seed(seed_payload, body.get("seed")),
             "ignore_eos": bool(body.get("ignore_eos")),
+            "category": classify(messages),
         }
 
     def _texts(self, request: SimRequest, parsed: dict, start: int, end: int) -> tuple[str | None, str]:

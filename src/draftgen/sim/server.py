@@ -27,6 +27,7 @@ from aiohttp import web
 
 from draftgen.defaults import MODEL
 from draftgen.sglang_rules.adaptive import CANDIDATE_STEPS as ADAPTIVE_CANDIDATE_STEPS
+from draftgen.sim import categories
 from draftgen.sim.admin_api import AdminApi
 from draftgen.sim.defaults import (
     EXIT_CRASH,
@@ -44,6 +45,7 @@ from draftgen.sim.speculative import (
     StartupError,
     add_sglang_flags,
     apply_settings,
+    mean_accept_length,
     sim_settings,
     startup_warnings,
 )
@@ -117,6 +119,8 @@ class SimServer:
                 "verify_steps": request.verify_steps,
                 "seed": request.seed,
                 "noncanonical": request.plan.noncanonical,
+                "category": request.category,
+                "accept_expected": request.accept_expected,
                 "emit_times": request.emit_times if request.stream else None,
                 "emit_counts": request.emit_counts if request.stream else None,
             }
@@ -195,6 +199,7 @@ class SimServer:
         stream: bool,
         empty_answer: bool = False,
         noncanonical: bool = False,
+        category: str | None = None,
     ) -> SimRequest:
         plan: CompletionPlan = plan_completion(
             seed,
@@ -210,12 +215,17 @@ class SimServer:
         )
         total = plan.completion_tokens
         rng = None
+        expected = None  # the request's expected acceptance length (ground truth), where the model fixes one
         if self.profile.instant:
             draws = [total]
         elif self.profile.adaptive_steps is not None:
             draws, rng = [], random.Random(seed)  # drawn step by step, at the steps in force then
         else:
-            draws = plan_acceptance_by_position(seed, total, self.accept_probs, self.profile.draft_tokens)
+            factor = categories.factor_of(self.profile.category_accept, category)
+            probs = categories.scaled(self.accept_probs, factor)
+            draws = plan_acceptance_by_position(seed, total, probs, self.profile.draft_tokens)
+            if self.profile.speculative:
+                expected = mean_accept_length(probs[: self.profile.draft_tokens - 1])
         return SimRequest(
             rid=rid,
             kind=kind,
@@ -225,6 +235,8 @@ class SimServer:
             stream=stream,
             seed=seed,
             rng=rng,
+            category=category,
+            accept_expected=expected,
         )
 
     def max_tokens(self, value: object, prompt_tokens: int, name: str) -> int:
@@ -298,6 +310,7 @@ class SimServer:
             stream=parsed["stream"],
             empty_answer=self.draw(self.faults.empty_answer_rate),
             noncanonical=self.draw(self.faults.noncanonical_ids),
+            category=parsed.get("category"),
         )
         self.engine.submit(request)
         if self.draw(self.faults.abort_rate):

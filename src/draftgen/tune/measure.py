@@ -70,6 +70,9 @@ class JobResult:
     clock_factor: float = 1.0  # hardware seconds per wall second (draftgen sim's --speed), from the server
     # every finished request's (prompt id, completion tokens, cut at max_tokens): the lengths the verdict prices
     completions: tuple[tuple[str, float, bool], ...] = ()
+    # every finished request's (prompt category, completion tokens, verify steps, send → last byte in wall
+    # seconds): the verdict's acceptance by category (draftgen.breakdown)
+    per_request: tuple[tuple[str | None, float, int | None, float], ...] = ()
 
     @property
     def start_failed(self) -> bool:
@@ -252,6 +255,11 @@ async def _measure(
         clock_factor=facts.clock_factor,
         completions=tuple(
             (r.prompt_id, float(t.tokens), r.finish_reason == "length")
+            for r, t in zip(records, tokens, strict=True)
+            if r.ok and t.tokens is not None
+        ),
+        per_request=tuple(
+            (r.category, float(t.tokens), r.spec_verify_ct, r.e2e_s)
             for r, t in zip(records, tokens, strict=True)
             if r.ok and t.tokens is not None
         ),

@@ -24,9 +24,11 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
+from draftgen.breakdown import breakdown
 from draftgen.display.plots import new_figure
 from draftgen.estimate.model import LengthSample, RateModel, estimate_wall
 from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir.layout import TUNE_VERDICT_BY_CATEGORY as VERDICT_BY_CATEGORY
 from draftgen.rundir.layout import TUNE_VERDICT_SUMMARY as VERDICT_SUMMARY
 from draftgen.rundir.layout import TUNE_VERDICT_TABLE as VERDICT_TABLE
 from draftgen.tune.config import Candidate
@@ -454,10 +456,59 @@ def summary(v: Verdict) -> dict:
     }
 
 
+def by_category(v: Verdict) -> pl.DataFrame:
+    """Each candidate's acceptance length and per-request tok/s by prompt category at every level, with the
+    request counts and 95% intervals (``draftgen.breakdown``) and ``accept_vs_baseline``, the candidate's
+    acceptance over the baseline's in the same category and level: where a drafter's gain is made or lost.
+    Empty when the prompts carry no category (held-out prompts keep the category of their rows)."""
+    tables = []
+    for results in v.run.results.values():
+        for result in results:
+            if not result.ok or not result.per_request:
+                continue
+            requests = pl.DataFrame(
+                result.per_request,
+                schema={
+                    "category": pl.String,
+                    "completion_tokens": pl.Float64,
+                    "verify_ct": pl.Int64,
+                    "latency_s": pl.Float64,
+                },
+                orient="row",
+            ).with_columns(pl.col("latency_s") * result.clock_factor)
+            if requests["category"].drop_nulls().is_empty():
+                continue
+            tables.append(
+                breakdown(requests, "category").select(
+                    pl.lit(result.candidate.label).alias("candidate"),
+                    pl.lit(result.candidate.index).alias("index"),
+                    pl.lit(result.candidate.concurrency).alias("concurrency"),
+                    pl.all(),
+                )
+            )
+    if not tables:
+        return pl.DataFrame()
+    frame = pl.concat(tables, how="vertical_relaxed")
+    base = frame.filter(pl.col("index") == v.baseline.index).select(
+        "concurrency", "category", pl.col("accept_length").alias("baseline_accept_length")
+    )
+    return (
+        frame.join(base, on=["concurrency", "category"], how="left")
+        .with_columns(
+            (pl.col("accept_length") / pl.col("baseline_accept_length")).round(3).alias("accept_vs_baseline")
+        )
+        .drop("index", "baseline_accept_length")
+        .sort("concurrency", "category", "candidate")
+    )
+
+
 def save_verdict(v: Verdict, out_dir: str | Path) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_parquet(out / VERDICT_TABLE, table(v))
+    categories = by_category(v)
+    if not categories.is_empty():
+        write_parquet(out / VERDICT_BY_CATEGORY, categories)
     info = summary(v)
     write_json(out / VERDICT_SUMMARY, info, indent=2, default=str)
     return info

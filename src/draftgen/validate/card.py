@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from draftgen.rundir import write_json, write_text
 from draftgen.rundir.layout import EXPORT_CARD as CARD_FILE
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_HOLDOUT, EXPORT_PROMPTS, EXPORT_TOKENS
@@ -77,6 +79,32 @@ def file_contents(config: Any, counts: dict[str, Any]) -> dict[str, dict[str, An
     return contents
 
 
+def per_arm(result: Any) -> list[dict[str, Any]]:
+    """Rows, exported rows, generated and trained tokens and yield per sampling-plan arm ([] without a plan)."""
+    records = result.scan()
+    columns = records.collect_schema().names()
+    if "arm" not in columns:
+        return []
+    held = pl.col("held_out") if "held_out" in columns else pl.lit(False)
+    kept = ~pl.col("dropped") & ~held
+    table = (
+        records.filter(pl.col("arm").is_not_null())
+        .group_by("arm")
+        .agg(
+            pl.len().alias("rows"),
+            kept.sum().alias("exported"),
+            pl.col("generated_tokens").sum().alias("generated_tokens"),
+            pl.col("supervised_generated").filter(kept).sum().alias("trained_tokens"),
+        )
+        .sort("arm")
+        .collect()
+    )
+    return [
+        {**row, "yield": row["trained_tokens"] / row["generated_tokens"] if row["generated_tokens"] else None}
+        for row in table.iter_rows(named=True)
+    ]
+
+
 def dataset_info(result: Any) -> dict[str, Any]:
     """Everything the card says, as one JSON-able mapping (``result``: a validate ``ValidationResult``)."""
     config = result.config
@@ -111,6 +139,8 @@ def dataset_info(result: Any) -> dict[str, Any]:
         "target_model": parameters.get("model"),
         "engines": _engines(manifests),
         "sampling": {k: parameters[k] for k in SAMPLING_KEYS if k in parameters},
+        "sampling_plan": parameters.get("sampling_plan") or [],
+        "arms": per_arm(result),
         "generation": [
             {"folder": str(folder), "fingerprint": (m or {}).get("fingerprint")}
             for folder, m in zip(result.output.directories, result.output.manifests, strict=True)
@@ -175,6 +205,28 @@ def _contents_table(info: dict[str, Any]) -> str:
     return "\n".join(lines) + note
 
 
+def _arms_section(info: dict[str, Any]) -> str:
+    """The sampling plan and its rows, tokens and yield per arm (nothing without a plan)."""
+    if not info.get("arms"):
+        return ""
+    plan = {a["name"]: a for a in info.get("sampling_plan") or []}
+    lines = []
+    for row in info["arms"]:
+        arm = plan.get(row["arm"], {})
+        sampling = ", ".join(f"{k} {v}" for k, v in arm.items() if k != "name" and v is not None)
+        share = "n/a" if row["yield"] is None else f"{row['yield']:.1%}"
+        lines.append(
+            f"| {row['arm']} | {sampling} | {row['rows']:,} | {row['exported']:,} | {row['generated_tokens']:,} | "
+            f"{row['trained_tokens']:,} | {share} |"
+        )
+    return (
+        "## The sampling plan, per arm\n\n"
+        "Each arm's samples are rows of their own (id `{prompt id}#s{k}`, `arm` in train.jsonl).\n\n"
+        "| arm | sampling | rows | exported | generated tokens | trained tokens | yield |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n"
+    )
+
+
 def render_readme(info: dict[str, Any]) -> str:
     trainer, source, made = info["trainer"], info["token_source"], info["yield"]
     share = f"{made['share']:.1%}" if made.get("share") is not None else "n/a"
@@ -202,6 +254,7 @@ def render_readme(info: dict[str, Any]) -> str:
             f"({source['retokenized_differs_rate']:.1%})"
         )
     sampling = ", ".join(f"{k} {v}" for k, v in info["sampling"].items() if k != "model")
+    arms = _arms_section(info)
     prompts_path = info["files"].get("prompts")
     training = (
         f"SpecForge: `data.prompts_path: {prompts_path}`, `data.max_length: {trainer['max_length']}` "
@@ -228,7 +281,7 @@ Sampling: {sampling or "not recorded"}.
 
 Train with {training}.
 
-## Which file holds which rows
+{arms}## Which file holds which rows
 
 {_contents_table(info)}
 

@@ -108,14 +108,15 @@ def _invalid(expr: pl.Expr) -> pl.Expr:
     return text.str.contains(INVALID_CHARS) | lone
 
 
-def _answer_flags(enable_thinking: bool) -> list[pl.Expr]:
-    """Flags of one generated answer (columns content, reasoning_content, finish_reason)."""
+def _answer_flags(thinking: pl.Expr) -> list[pl.Expr]:
+    """Flags of one generated answer (columns content, reasoning_content, finish_reason; ``thinking``: whether
+    it was asked to think)."""
     content = pl.col("content").fill_null("")
     opens = content.str.count_matches(THINK_OPEN, literal=True)
     closes = content.str.count_matches(THINK_CLOSE, literal=True)
     return [
         _blank("content").alias("empty_answer"),
-        (_blank("reasoning_content") & pl.lit(enable_thinking)).alias("empty_reasoning"),
+        (_blank("reasoning_content") & thinking).alias("empty_reasoning"),
         (
             (
                 _blank("content") & ~_blank("reasoning_content") & (pl.col("finish_reason") == "length")
@@ -139,13 +140,17 @@ TURN_TEXT = ("turn_content", "turn_reasoning", "turn_finish_reason")
 
 def answer_flags(frame: pl.DataFrame, enable_thinking: bool) -> pl.DataFrame:
     """The answer flags of every generated turn, combined per sample: a sample carries a flag when any of its
-    turns does (the trainer supervises every answer of a multi-turn conversation)."""
+    turns does (the trainer supervises every answer of a multi-turn conversation). A ``thinking`` column (a
+    sampling plan's arms: ``draftgen.generate.sampling_plan``) says per sample whether reasoning is expected;
+    without it, ``enable_thinking`` says it for all."""
     columns = ("content", "reasoning_content", "finish_reason")
+    thinking = pl.col("thinking") if "thinking" in frame.columns else pl.lit(enable_thinking)
     turns = frame.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("sample"),
+        thinking.fill_null(enable_thinking).alias("thinking"),
         *(_per_turn(t, c) for t, c in zip(TURN_TEXT, columns, strict=True)),
     ).explode(list(columns))
-    flags = turns.select("sample", *_answer_flags(enable_thinking))
+    flags = turns.select("sample", *_answer_flags(pl.col("thinking")))
     return flags.group_by("sample").agg(pl.exclude("sample").any()).sort("sample").drop("sample")
 
 
@@ -281,7 +286,7 @@ def flag_batch(
     cut = trains_as_generated(frame, tokens, config)
     where = [
         c
-        for c in ("id", "prompt_id", "turn", "folder", "shard", "row", "finish_reason")
+        for c in ("id", "prompt_id", "turn", "folder", "shard", "row", "finish_reason", "arm")
         if c in frame.columns
     ]
     records = pl.concat(

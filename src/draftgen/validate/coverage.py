@@ -9,12 +9,13 @@ examples. Ids stored more than once — across folders or within one — are lis
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
+from draftgen.generate.sampling_plan import Arm, samples
 from draftgen.generate.store import FAILED
 from draftgen.prompts.rows import PromptFileError, PromptRow, iter_prompts, shard_of
 from draftgen.validate.folders import FolderInfo, GenerationSet
@@ -151,8 +152,11 @@ def _chunks(items: Iterator[tuple[str, int]], size: int = 65_536) -> Iterator[pl
         yield pl.DataFrame({"id": ids, "index": shards}, schema={"id": pl.String, "index": pl.UInt32})
 
 
-def _selection(prompt_file: Path, count: int | None, per_index: dict[int, int]) -> Iterator[tuple[str, int]]:
-    """The ids the folders' runs selected from the prompt file, in file order, with the shard index of each."""
+def _selection(
+    prompt_file: Path, count: int | None, per_index: dict[int, int], arms: Sequence[Arm] = ()
+) -> Iterator[tuple[str, int]]:
+    """The ids the folders' runs selected from the prompt file, in file order, with the shard index of each;
+    with a sampling plan, each selected prompt's sample ids (``draftgen.generate.sampling_plan``)."""
     taken = dict.fromkeys(per_index, 0)
     for item in iter_prompts(prompt_file):
         if not isinstance(item, PromptRow):
@@ -161,7 +165,14 @@ def _selection(prompt_file: Path, count: int | None, per_index: dict[int, int]) 
         if per_index[index] and taken[index] >= per_index[index]:
             continue
         taken[index] += 1
-        yield item.id, index
+        for sample in samples(item.id, arms):
+            yield sample.id, index
+
+
+def _plan(generation: GenerationSet) -> list[Arm]:
+    """The sampling plan the folders ran (they agree on it: it is in the fingerprint); [] without one."""
+    manifest = next((o.manifest for o in generation.outputs if o.manifest), None) or {}
+    return [Arm.model_validate(a) for a in (manifest.get("parameters") or {}).get("sampling_plan") or []]
 
 
 def check_coverage(generation: GenerationSet) -> Coverage:
@@ -190,7 +201,7 @@ def check_coverage(generation: GenerationSet) -> Coverage:
         for i in range(count or 1)
     }
     try:
-        chunks = list(_chunks(_selection(Path(generation.prompt_file), count, per_index)))
+        chunks = list(_chunks(_selection(Path(generation.prompt_file), count, per_index, _plan(generation))))
     except (PromptFileError, OSError) as exc:
         note = f"{exc}; pass prompt_file=PATH where the file is on this machine"
         return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)

@@ -14,7 +14,7 @@ the gate has passed, so a corpus that failed the gate never leaves an export tha
                                  max_length as the trainer cuts; every exported row, cut turns as generated
                                                                                                        (export_prompts)
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
-  export/holdout/prompts.jsonl the held-out prompts as prompt rows {"id", "messages"} (holdout_share of the ids, whole
+  export/holdout/prompts.jsonl the held-out prompts as prompt rows {"id", "messages", "category"?} (holdout_share of the ids, whole
                                  conversations): never in the training files; the drafter verdict benchmarks on them
   export/counts.json           samples in, out, dropped, and dropped per flag
   export/README.md, export/dataset_info.json   the dataset card (validate.card)
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from draftgen.generate.sampling_plan import prompt_of
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import EXPORT as FINAL
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_COUNTS, EXPORT_TOKENS, export_tokens_part_name
@@ -71,8 +72,16 @@ class ExportWriter:
         if self._handle is not None:
             chosen = rows if conversations_keep is None else np.flatnonzero(conversations_keep)
             ids = frame["id"].to_list()
+            arms = frame["arm"].to_list() if "arm" in frame.columns else [None] * frame.height
             lines = [
-                json.dumps({"id": ids[i], "conversations": conversations[i]}, ensure_ascii=False)
+                json.dumps(
+                    {
+                        "id": ids[i],
+                        **({"arm": arms[i]} if arms[i] else {}),
+                        "conversations": conversations[i],
+                    },
+                    ensure_ascii=False,
+                )
                 for i in chosen
             ]
             if lines:
@@ -110,15 +119,31 @@ class ExportWriter:
         return int(rows.size)
 
     def write_holdout(self, stored: pl.DataFrame) -> None:
-        """The held-out conversations' source prompts, as generate and benchmark read prompt rows."""
-        rows = [r for r in stored.select("id", "messages").iter_rows(named=True) if r["id"] not in self._held]
+        """The held-out conversations' source prompts, as generate and benchmark read prompt rows: once per
+        prompt (a sampling plan's samples of one prompt share it, under the prompt's id)."""
+        columns = ["id", "messages", *(["category"] if "category" in stored.columns else [])]
+        rows = []
+        for r in stored.select(columns).iter_rows(named=True):
+            r["id"] = prompt_of(r["id"])
+            if r["id"] not in self._held:
+                self._held.add(r["id"])
+                rows.append(r)
         if not rows:
             return
         if self._holdout is None:
             (self.staging / HOLDOUT).mkdir()
             self._holdout = (self.staging / HOLDOUT / PROMPTS).open("w", encoding="utf-8")
-        self._held.update(r["id"] for r in rows)
-        lines = [json.dumps({"id": r["id"], "messages": r["messages"]}, ensure_ascii=False) for r in rows]
+        lines = [
+            json.dumps(
+                {
+                    "id": r["id"],
+                    "messages": r["messages"],
+                    **({"category": r["category"]} if r.get("category") else {}),
+                },
+                ensure_ascii=False,
+            )
+            for r in rows
+        ]
         self._holdout.write("\n".join(lines) + "\n")
 
     def close(self, counts: dict[str, Any]) -> None:

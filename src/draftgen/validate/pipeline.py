@@ -10,13 +10,14 @@ for overlap and coverage by ``coverage.py``) and returns a ``ValidationResult`` 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from draftgen.generate.sampling_plan import arm_thinking, prompt_of
 from draftgen.prompts.rows import holdout_fraction
 from draftgen.rundir import write_json
 from draftgen.rundir.layout import VALIDATE_RECORDS as RECORDS_FILE
@@ -102,6 +103,23 @@ def _ids_layout(tokenizer: Any, spec: MaskSpec, config: ValidateConfig) -> IdsLa
     return ids_layout(tokenizer, spec.rules)
 
 
+def _by_thinking(
+    frame: pl.DataFrame, spec: MaskSpec, arms: dict[str, bool]
+) -> list[tuple[pl.DataFrame, MaskSpec]]:
+    """A batch as parts of one thinking mode each, with the mask spec of that mode: a sampling plan's arms may
+    think or not, and the trainer's template renders each mode its own way (no plan: the batch, as it is)."""
+    if not arms or "arm" not in frame.columns:
+        return [(frame, spec)]
+    thinking = frame["arm"].replace_strict(arms, default=spec.enable_thinking, return_dtype=pl.Boolean)
+    thinking = thinking.fill_null(spec.enable_thinking)
+    parts = []
+    for mode in (True, False):
+        part = frame.filter(thinking == mode)
+        if part.height:
+            parts.append((part, spec if mode == spec.enable_thinking else replace(spec, enable_thinking=mode)))
+    return parts
+
+
 def _validate_batch(
     stored: pl.DataFrame,
     tokenizer: Any,
@@ -110,8 +128,10 @@ def _validate_batch(
     config: ValidateConfig,
     index: CorpusIndex,
     writer: export.ExportWriter,
+    arms: dict[str, bool] | None = None,
 ) -> pl.DataFrame:
-    """One batch of stored rows → its training rows, checked, flagged and (the kept ones) exported."""
+    """One batch of stored rows → its training rows, checked, flagged and (the kept ones) exported; ``arms``:
+    whether each sampling-plan arm thinks (each sample is then checked by its own arm's rule)."""
     stored_problems = None
     if config.rows == "per_turn":
         turns = turn_rows(stored)
@@ -134,9 +154,20 @@ def _validate_batch(
             stored_problems=stored_problems,
         )
     masks = tokens.masks if tokens is not None else retokenized
+    key = "prompt_id" if config.rows == "per_turn" else "id"  # the stored row's id, in either frame
+    if arms and "arm" in stored.columns:  # each sample's arm, and whether that arm thinks
+        arm_of = dict(zip(stored["id"], stored["arm"], strict=True))
+        frame = frame.with_columns(
+            pl.col(key).replace_strict(arm_of, default=None, return_dtype=pl.String).alias("arm")
+        ).with_columns(
+            pl.col("arm").replace_strict(arms, default=None, return_dtype=pl.Boolean).alias("thinking")
+        )
     records = flag_batch(frame, masks, config, index, foreign, tokens)
     key = "prompt_id" if "prompt_id" in records.columns else "id"
-    held = np.array([holdout_fraction(i) < config.holdout_share for i in records[key].to_list()], dtype=bool)
+    # held out by prompt: every sample of a prompt on the same side (a sample id names its prompt)
+    held = np.array(
+        [holdout_fraction(prompt_of(i)) < config.holdout_share for i in records[key].to_list()], dtype=bool
+    )
     records = records.with_columns(pl.Series("held_out", held))
     kept = (~records["dropped"]).to_numpy() & ~held
     # A cut turn is exact only as ids: train.jsonl, rendered through the chat template, would close it.
@@ -144,7 +175,9 @@ def _validate_batch(
         frame, conversations, masks, kept, conversations_keep=kept & ~records["cut_trained"].to_numpy()
     )
     writer.write_holdout(
-        stored.filter(pl.Series([holdout_fraction(i) < config.holdout_share for i in stored["id"]]))
+        stored.filter(
+            pl.Series([holdout_fraction(prompt_of(i)) < config.holdout_share for i in stored["id"]])
+        )
     )
     return records
 
@@ -165,11 +198,13 @@ def validate_generation(
         out_dir, jsonl=config.export_jsonl, tokens=config.export_tokens, prompts=config.export_prompts
     )
     layout = _ids_layout(tokenizer, spec, config)
+    arms = arm_thinking((output.outputs[0].manifest or {}).get("parameters") or {}) if output.outputs else {}
     samples = RecordsWriter(out_dir / RECORDS_FILE)  # each batch's records go to disk: memory stays bounded
     bar = _progress(output.rows) if progress else None
     try:
         for batch in iter_batches(output.outputs, config.batch_size):
-            samples.write(_validate_batch(batch.frame, tokenizer, spec, layout, config, index, writer))
+            for part, part_spec in _by_thinking(batch.frame, spec, arms):
+                samples.write(_validate_batch(part, tokenizer, part_spec, layout, config, index, writer, arms))
             if bar is not None:
                 bar.update(batch.frame.height)
     finally:

@@ -36,6 +36,10 @@ TURN_COLUMNS = (
     "turn_prompt_shared",
     "turn_prompt_ids",
     "turn_output_ids",
+    # The prompt row's category (draftgen.prompts.rows.row_category), kept with the held-out prompts, and a
+    # sampling plan's arm (draftgen.generate.sampling_plan: a sample's id names its prompt); null where absent.
+    "category",
+    "arm",
 )
 
 

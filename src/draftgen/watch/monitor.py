@@ -17,6 +17,8 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
+from draftgen.breakdown import Breakdowns, breakdowns
+from draftgen.display.breakdown_plots import acceptance_by_category
 from draftgen.display.humanize import short_label
 from draftgen.display.plots import Plot, completion_length_histogram, message
 from draftgen.params import NotebookCell, Params, param
@@ -332,3 +334,22 @@ def max_tokens_of(run_dir: str | Path) -> int | None:
         return None
     value = manifest.get("parameters", {}).get("max_tokens")
     return int(value) if isinstance(value, int) else None
+
+
+# ----- acceptance where it is low -----------------------------------------------------------------------
+def acceptance_breakdowns(run_dir: str | Path) -> Breakdowns:
+    """generate's report tables over the finished shards so far: acceptance length and tok/s per request by
+    prompt category, output length and turn (empty before the first shard)."""
+    from draftgen.generate.report import request_table  # the one reader of per-turn figures
+
+    folder = _folder(run_dir)
+    return breakdowns(request_table(folder)) if shard_files(folder) else Breakdowns()
+
+
+def plot_acceptance_by_category(run_dir: str | Path) -> Plot:
+    """Acceptance length per prompt category over the finished shards so far (shown, never saved)."""
+    table = acceptance_breakdowns(run_dir).get("category")
+    if table is None:
+        figure = Figure(figsize=(8, 2.5))
+        return message(figure, figure.subplots(), "no finished shard with a prompt category yet")
+    return Plot(acceptance_by_category(table, "generated turns so far"))
