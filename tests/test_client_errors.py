@@ -52,7 +52,7 @@ def test_a_deadline_is_a_timeout():
 
 
 class AiohttpConnectError(OSError):
-    """Stands in for aiohttp's connect error (not imported: only the simulator imports aiohttp)."""
+    """Stands in for aiohttp's connect error: any error carrying the ``os_error`` it failed with."""
 
     def __init__(self) -> None:
         super().__init__(111, "Connect call failed")
@@ -264,3 +264,82 @@ def test_leaving_a_request_early_closes_its_connection_at_once(stream):
             await asyncio.wait_for(hung_up.wait(), 5)  # the connection closed, not left in a pool
 
     asyncio.run(go())
+
+
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as uvicorn's connection goes after its unhandled-exception 500."""
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    writer.transport.abort()
+
+
+CHAT_ANSWER = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+).encode()
+
+
+@pytest.mark.parametrize("call", ["sdk", "stream", "raw"])
+def test_a_kept_alive_connection_the_server_dropped_is_resent_once_on_a_new_one(call):
+    """transformers serve's /v1/models answers 500 (kept alive, no ``Connection: close``) and its uvicorn then resets
+    that connection: the next request, taken from the pool, meets the reset before any answer. It was never
+    answered, so it goes once more on a new connection, on every path a request takes."""
+    connections: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        first = len(connections) == 1
+        await read_request(reader)
+        if first:  # the 500 that leaves the connection in the pool, then a reset when it is used again
+            writer.write(answer(500, b"Internal Server Error"))
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")
+            reset(writer)
+            return
+        if call == "stream":
+            last = (
+                b'data: {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]}\n\n'
+            )
+            body = FIRST_CHUNK + chunked(last) + chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+            writer.write(STREAM_HEAD + body)
+        else:
+            head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            writer.write(f"{head}Content-Length: {len(CHAT_ANSWER)}\r\n\r\n".encode() + CHAT_ANSWER)
+        await writer.drain()
+        await wait_for_hang_up(reader)
+        writer.close()
+
+    async def go() -> object:
+        async with raw_server(handler) as url, ServerClient(url, capabilities=SGLANG) as client:
+            assert (await client.request("GET", "/v1/models")).status == 500
+            if call == "raw":
+                return (await client.request("POST", "/v1/chat/completions", json={"model": "m"})).status
+            return (await client.chat(MESSAGES, SAMPLING, "m", stream=call == "stream")).content
+
+    assert asyncio.run(go()) == (200 if call == "raw" else "OK" if call == "sdk" else "Hello")
+    assert len(connections) == 2  # the pooled one, then exactly one new one
+
+
+def test_a_reset_on_a_new_connection_is_the_servers_failure_and_not_resent():
+    connections: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        await read_request(reader)
+        reset(writer)
+
+    async def go() -> RequestError:
+        async with raw_server(handler) as url, ServerClient(url, capabilities=SGLANG) as client:
+            with pytest.raises(RequestError) as caught:
+                await client.chat(MESSAGES, SAMPLING, "m", stream=False)
+            return caught.value
+
+    error = asyncio.run(go())
+    assert (error.kind, error.connected) == ("connection", True)
+    assert connections == [0]  # sent once: a dropped request on a fresh connection is not tried again here

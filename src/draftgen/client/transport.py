@@ -10,18 +10,28 @@ HTTP client itself has none, so no second timer can fire first or be forgotten. 
 wrong leaves here as a ``RequestError`` (``errors.classify_error``), and a stream whose body breaks off after its
 headers is told apart from a server that could not be reached (``errors.cut_off``). Leaving a stream early —
 cancelled, hedged, timed out — closes its connection, so SGLang sees the client go and aborts the request.
+
+A kept-alive connection the server has dropped is not a failure of the request sent on it: uvicorn (under
+``transformers serve``, vLLM and SGLang alike) answers an unhandled exception with a 500 that does not say
+``Connection: close`` and then resets the connection, so the next request taken from the pool meets the reset before
+any answer. Such a request is sent once more on a new connection (``resend_if_dropped``), as curl and browsers do;
+aiohttp does so itself for GETs only. A reset on a new connection is the server's failure and is raised.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
+import aiohttp
 import httpx2
 import openai
+from openai._vendor.httpx_aiohttp import AiohttpTransport
 
 from draftgen.client.errors import classify_error, cut_off, http_error
 
@@ -37,11 +47,55 @@ class Reply:
     headers: Mapping[str, str]
 
 
+# Whether the request being sent in this task went out on a pooled connection (set by aiohttp's trace hook).
+_REUSED: ContextVar[list[bool] | None] = ContextVar("draftgen_connection_reused", default=None)
+
+
+async def _note_reuse(_session: object, _context: SimpleNamespace, _params: object) -> None:
+    reused = _REUSED.get()
+    if reused is not None:
+        reused.append(True)
+
+
+async def resend_if_dropped(
+    request: aiohttp.ClientRequest,
+    send: Callable[[aiohttp.ClientRequest], Awaitable[aiohttp.ClientResponse]],
+) -> aiohttp.ClientResponse:
+    """aiohttp middleware: a request whose pooled connection turns out dropped, before any answer, is sent once
+    more (on a new connection: aiohttp closes the dropped one)."""
+    for attempt in (1, 2):
+        reused: list[bool] = []
+        token = _REUSED.set(reused)
+        try:
+            return await send(request)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if attempt == 2 or not reused or isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+        finally:
+            _REUSED.reset(token)
+    raise AssertionError("unreachable")
+
+
+def _session() -> aiohttp.ClientSession:
+    """One server's aiohttp pool: ``LIMITS``, and dropped kept-alive connections resent (``resend_if_dropped``).
+    Built inside the running loop, on the first request."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_note_reuse)
+    connector = aiohttp.TCPConnector(
+        limit=LIMITS.max_connections or 0, keepalive_timeout=LIMITS.keepalive_expiry
+    )
+    return aiohttp.ClientSession(connector=connector, trace_configs=[trace], middlewares=(resend_if_dropped,))
+
+
 def http_client(api_key: str) -> httpx2.AsyncClient:
     """The client one server's requests share. ``trust_env`` off: servers are addressed by their own URL, never
     through a proxy an environment variable happens to name."""
     return openai.DefaultAioHttpClient(
-        headers={"Authorization": f"Bearer {api_key}"}, timeout=None, limits=LIMITS, trust_env=False
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=None,
+        limits=LIMITS,
+        trust_env=False,
+        transport=AiohttpTransport(limits=LIMITS, trust_env=False, client=_session),
     )
 
 
