@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+REPETITION_LOOP = "repetition_loop"  # the finish reason of an answer the loop check ended (never a server's)
 ANCHOR = 8  # units hashed per anchor: a candidate period needs this many matching units in a row
 TABLE_BITS = 12  # anchor table slots (2^12): collisions only cost a chain step, never a wrong answer
 CHAIN = 4  # earlier positions looked at per unit (the nearest first)

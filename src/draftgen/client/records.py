@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftgen.client.loops import TextLoop
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -21,6 +23,32 @@ class Capabilities:
     # Where the server's own prompt and output token ids come from: "sglext" (SGLang's return_*_ids_in_sglext),
     # "vllm" (return_token_ids) or None (the engine sends none: validate re-tokenizes the text).
     token_ids: str | None = None
+
+
+@dataclass(frozen=True)
+class LoopEnd:
+    """A repetition loop found in an answer (``client.loops``) and what was done: the answer was cut at the end of the
+    cycle's first repetition; ``live``: found while streaming and the stream closed there, so its server stopped
+    generating (else found in a whole answer: flagged, nothing saved); ``max_tokens``: what the request asked for."""
+
+    loop: TextLoop
+    live: bool
+    max_tokens: int | None
+
+    def as_row(self) -> dict[str, object]:
+        """The stored row's ``turn_loop`` element (docs/design.md, the stored row)."""
+        found = self.loop
+        return {
+            "period": found.period,
+            "start": found.start,
+            "kept": found.kept,
+            "received": found.received,
+            "start_char": found.start_char,
+            "kept_chars": found.kept_chars,
+            "received_chars": found.received_chars,
+            "live": self.live,
+            "max_tokens": self.max_tokens,
+        }
 
 
 @dataclass
@@ -46,3 +74,5 @@ class ChatResult:
     # The target's own token ids as the server reported them (Capabilities.token_ids); None when it sent none.
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
+    # A repetition loop ended the answer (finish_reason "repetition_loop"); its text is cut, its output ids dropped.
+    loop: LoopEnd | None = None

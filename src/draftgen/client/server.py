@@ -20,6 +20,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from draftgen.client.errors import RequestError, classify_error
+from draftgen.client.loops import LoopRule
 from draftgen.client.records import Capabilities, ChatResult
 from draftgen.client.sse import SseDecoder
 from draftgen.client.stream import ChatAccumulator
@@ -49,10 +50,12 @@ class ServerClient:
         api_key: str = "EMPTY",
         timeout_s: float = 1800.0,
         capabilities: Capabilities | None = None,
+        loop_rule: LoopRule | None = None,
     ):
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
         self.capabilities = capabilities or Capabilities(engine="unknown")
+        self.loop_rule = loop_rule  # chat answers are checked for repetition loops (client.loops) when given
         http = http_client(api_key)
         self.transport = Transport(self.url, http)
         # timeout=None: the SDK sets no per-phase timers of its own; each call's one deadline is ours (transport)
@@ -158,7 +161,9 @@ class ServerClient:
         request = self.request_kwargs(
             messages, sampling, model, stream=False, max_tokens=max_tokens, seed=seed
         )
-        answer = ChatAccumulator(self.url, stream=False)
+        answer = ChatAccumulator(
+            self.url, stream=False, loop_rule=self.loop_rule, max_tokens=request["max_tokens"]
+        )
         try:
             async with asyncio.timeout(timeout_s or self.timeout_s):
                 reply = await self.openai.chat.completions.create(**request)
@@ -179,11 +184,16 @@ class ServerClient:
         max_tokens: int | None = None,
         seed: int | None = None,
     ) -> ChatResult:
-        """A streamed chat, its SSE bytes decoded as they arrive; also records whether ``data: [DONE]`` came."""
+        """A streamed chat, its SSE bytes decoded as they arrive; also records whether ``data: [DONE]`` came.
+
+        Once the loop check has found a repetition loop the stream is left there: its connection closes, and the
+        server (SGLang, the simulator) aborts the request, generating nothing more."""
         kwargs = self.request_kwargs(messages, sampling, model, stream=True, max_tokens=max_tokens, seed=seed)
         body = {k: v for k, v in kwargs.items() if k != "extra_body"}
         body.update(kwargs.get("extra_body", {}))
-        answer = ChatAccumulator(self.url, stream=True)
+        answer = ChatAccumulator(
+            self.url, stream=True, loop_rule=self.loop_rule, max_tokens=kwargs["max_tokens"]
+        )
         decoder = SseDecoder()
         async with self.transport.stream(
             "POST", CHAT_PATH, json=body, timeout_s=timeout_s or self.timeout_s
@@ -191,6 +201,9 @@ class ServerClient:
             async for data in reply.aiter_bytes():
                 for event in decoder.feed(data):
                     answer.add_event(event)
-            for event in decoder.close():
-                answer.add_event(event)
+                if answer.ended:
+                    break
+            else:
+                for event in decoder.close():
+                    answer.add_event(event)
         return answer.result()

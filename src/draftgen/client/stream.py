@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from draftgen.client.errors import RequestError
-from draftgen.client.records import ChatResult
+from draftgen.client.loops import REPETITION_LOOP, LoopRule, TextLoop, TextLoopCheck
+from draftgen.client.records import ChatResult, LoopEnd
 from draftgen.client.sse import SseEvent
 
 # The separated reasoning text: SGLang and transformers serve name it reasoning_content, vLLM (0.10 and later)
@@ -68,9 +69,20 @@ class ChatAccumulator:
     """Folds one answer — a whole body, or its stream's events in order — into a ``ChatResult``.
 
     Every piece of generated text and every token id the server sends with it passes ``_take_delta``, in order: the
-    one place a check on the answer as it grows belongs."""
+    one place a check on the answer as it grows belongs. The repetition-loop check (``loop_rule``) reads the text
+    there; once it finds a loop, ``ended`` is true, the rest of the answer is not wanted (a stream's reader closes it,
+    and the server aborts the request) and ``result`` keeps the answer up to the end of the cycle's first repetition,
+    finish reason ``repetition_loop``, without output ids (they cannot be cut to the text without the tokenizer)."""
 
-    def __init__(self, server: str, *, stream: bool, started_at: float | None = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        *,
+        stream: bool,
+        started_at: float | None = None,
+        loop_rule: LoopRule | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
         self.server = server
         self.stream = stream
         self.started_at = time.time() if started_at is None else started_at
@@ -86,6 +98,14 @@ class ChatAccumulator:
         # vLLM's return_token_ids: prompt ids on the body (first chunk), output ids on the choice (per delta).
         self._prompt_ids: list[int] | None = None
         self._output_ids: list[int] | None = None
+        self._loops = TextLoopCheck(loop_rule) if loop_rule is not None else None
+        self._max_tokens = max_tokens
+        self.loop: TextLoop | None = None
+
+    @property
+    def ended(self) -> bool:
+        """A loop was found: nothing more of this answer is wanted."""
+        return self.loop is not None
 
     def add_response(self, body: Mapping[str, Any]) -> None:
         """A non-streaming answer: ``choices[0].message``."""
@@ -104,7 +124,7 @@ class ChatAccumulator:
 
         Named events are not chat chunks (SGLang sends ``sglext_ids`` only when asked with a header draftgen never
         sets): they are passed over."""
-        if event.event is not None and event.event != "message":
+        if (event.event is not None and event.event != "message") or self.ended:
             return
         if event.data == DONE:
             self._done = True
@@ -134,10 +154,14 @@ class ChatAccumulator:
         self, reasoning: str | None, content: str | None, token_ids: Any, *, streamed: bool
     ) -> None:
         """One piece of the answer: its reasoning and answer text, and the output ids sent with it (vLLM)."""
+        if self.ended:
+            return
         if reasoning:
             self._reasoning.append(reasoning)
         if content:
             self._content.append(content)
+        if self._loops is not None:
+            self._check_loop(reasoning, content, whole=not streamed)
         if streamed and (reasoning or content):
             self._offsets.append(time.perf_counter() - self._t0)
         if streamed and isinstance(token_ids, list) and token_ids:
@@ -146,6 +170,30 @@ class ChatAccumulator:
             self._output_ids.extend(token_ids)
         elif not streamed and token_ids is not None:
             self._output_ids = _id_list(token_ids)
+
+    def _check_loop(self, reasoning: str | None, content: str | None, *, whole: bool) -> None:
+        loops = self._loops
+        assert loops is not None
+        if (
+            reasoning and self._content
+        ):  # reasoning after the answer began: offsets would not map onto the text
+            self._loops = None
+            return
+        if reasoning:
+            self.loop = loops.feed(reasoning, "reasoning")
+        if content and self.loop is None:
+            self.loop = loops.feed(content, "content")
+        if whole and self.loop is None:
+            self.loop = loops.finish()
+
+    def _loop_end(self) -> LoopEnd | None:
+        """The loop that ended this answer: found live (the stream closed there), or in the answer once whole."""
+        live = self.loop is not None and self.stream and self._finish_reason is None
+        if self.loop is None and self._loops is not None and self.stream:
+            self.loop = self._loops.finish()  # a stream that finished: its last piece, after the fact
+        if self.loop is None:
+            return None
+        return LoopEnd(self.loop, live=live, max_tokens=self._max_tokens)
 
     def _note_envelope(self, body: Mapping[str, Any]) -> None:
         self._response_id = self._response_id or body.get("id")
@@ -158,17 +206,28 @@ class ChatAccumulator:
             self._prompt_ids = _id_list(prompt_ids)
 
     def result(self) -> ChatResult:
-        if self.stream and self._finish_reason is None:
+        loop = self._loop_end()
+        if self.stream and self._finish_reason is None and loop is None:
             raise RequestError("protocol", "stream ended without a finish_reason (connection closed early?)")
         accept_length, verify_ct = spec_from_sglext(self._sglext)
         prompt_ids, output_ids = ids_from_sglext(self._sglext)
         usage = self._usage
+        reasoning, content = "".join(self._reasoning), "".join(self._content)
+        finish_reason = self._finish_reason
+        if (
+            loop is not None
+        ):  # kept: up to the end of the cycle's first repetition, over reasoning then answer
+            keep = loop.loop.kept_chars
+            reasoning, content = reasoning[:keep], content[: max(0, keep - len(reasoning))]
+            finish_reason, output_ids = REPETITION_LOOP, None
+            if self._output_ids is not None:
+                self._output_ids = None
         return ChatResult(
             server=self.server,
             response_id=self._response_id,
-            reasoning_content="".join(self._reasoning) or None,
-            content="".join(self._content) or None,
-            finish_reason=self._finish_reason,
+            reasoning_content=reasoning or None,
+            content=content or None,
+            finish_reason=finish_reason,
             prompt_tokens=usage.get("prompt_tokens") if usage else None,
             completion_tokens=usage.get("completion_tokens") if usage else None,
             usage_reported=usage is not None,
@@ -182,4 +241,5 @@ class ChatAccumulator:
             done_sentinel=self._done,
             prompt_ids=prompt_ids if prompt_ids is not None else self._prompt_ids,
             output_ids=output_ids if output_ids is not None else _id_list(self._output_ids),
+            loop=loop,
         )

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
+from draftgen.client.loops import LoopRule
 from draftgen.generate.sampling_plan import Arm, check_plan
 from draftgen.params import (
     CategoryField,
@@ -76,14 +77,14 @@ class GenerateConfig(FleetParams, SamplingParams):
         ("sampling (production settings)", "max_tokens temperature top_p top_k min_p enable_thinking"),
         (
             "dispatch",
-            "concurrency_per_server stream max_attempts backoff_base_s backoff_max_s hang_factor hang_min_s "
+            "concurrency_per_server stream loop_check max_attempts backoff_base_s backoff_max_s hang_factor hang_min_s "
             "server_silence_s server_down_after probe_interval_s probe_max_interval_s all_down_timeout_s "
             "wait_for_servers_s",
         ),
         (
             "garbage guard",
             "guard_window guard_min_results max_empty_answer_rate max_empty_reasoning_rate max_truncated_rate "
-            "max_failed_rate max_rejected_rate",
+            "max_loop_rate max_failed_rate max_rejected_rate",
         ),
         (
             "checks and reporting",
@@ -128,6 +129,14 @@ class GenerateConfig(FleetParams, SamplingParams):
         "", '"i/n": this process takes the prompts whose id hashes to i of n ("": all)'
     )
     stream: bool = param(False, "stream responses (records TTFT; more client CPU)")
+    loop_check: bool = param(
+        True,
+        "end an answer that falls into a repetition loop, stored up to its first repetition (streamed: live, the "
+        "request stops; else found after the fact)",
+        doc="end an answer that falls into a repetition loop and store it up to the end of the cycle's first "
+        'repetition, flagged `repetition_loop` ("Repetition loops" below): streamed, the stream is closed there and '
+        "the server stops generating; not streamed, the loop is found in the whole answer (nothing saved)",
+    )
     max_attempts: PositiveInt = param(
         5,
         "tries per prompt before it goes to failed.parquet",
@@ -178,6 +187,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     )
     max_empty_reasoning_rate: Rate = param(0.05, "halt above this share of empty reasoning (thinking on)")
     max_truncated_rate: Rate = param(0.5, 'halt above this share of finish_reason "length"')
+    max_loop_rate: Rate = param(0.1, "halt above this share of answers ended as repetition loops")
     max_failed_rate: Rate = param(0.2, "halt above this share of prompts failing every attempt")
     max_rejected_rate: Rate = param(0.01, "abort before starting above this share of malformed prompt rows")
     wait_for_servers_s: NonNegativeFloat = param(
@@ -249,6 +259,11 @@ class GenerateConfig(FleetParams, SamplingParams):
         return self
 
     # ----- derived values --------------------------------------------------------------------------------
+    @property
+    def loop_rule(self) -> LoopRule | None:
+        """The repetition-loop rule the clients apply (None: loop_check off)."""
+        return LoopRule() if self.loop_check else None
+
     @property
     def prompt_path(self) -> Path:
         return prompt_source_path(self.prompts)

@@ -54,7 +54,11 @@ ClientFactory = Callable[[ServerPlan], ChatClient]
 def server_clients(config: GenerateConfig, api_key: str = "EMPTY") -> ClientFactory:
     """The production factory: one ``ServerClient`` (one HTTP stack, the SDK's ``max_retries=0``) per server."""
     return lambda plan: ServerClient(
-        plan.url, api_key=api_key, timeout_s=config.request_timeout_s + 30.0, capabilities=plan.capabilities
+        plan.url,
+        api_key=api_key,
+        timeout_s=config.request_timeout_s + 30.0,
+        capabilities=plan.capabilities,
+        loop_rule=config.loop_rule,
     )
 
 

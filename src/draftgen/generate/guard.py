@@ -1,7 +1,7 @@
 """The garbage guard: a sliding window over recent results that halts the run when they look like garbage.
 
 The user's last run wrote 87% empty answers for days. Here every result is classified as it arrives (empty
-answer, empty reasoning when thinking is on, truncated, failed); when the share of one defect in the last
+answer, empty reasoning when thinking is on, truncated, ended as a repetition loop, failed); when the share of one defect in the last
 ``window`` results passes its threshold, the run halts with a report naming example ids and texts.
 """
 
@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from draftgen.client.loops import REPETITION_LOOP
 from draftgen.generate.events import StopRun
 
-DEFECTS = ("empty_answer", "empty_reasoning", "truncated", "failed")
+DEFECTS = ("empty_answer", "empty_reasoning", "truncated", "repetition_loop", "failed")
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class GuardSettings:
             "empty_answer": 0.05,
             "empty_reasoning": 0.05,
             "truncated": 0.5,
+            "repetition_loop": 0.1,
             "failed": 0.2,
         }
     )
@@ -51,6 +53,10 @@ def classify(
     """The defects of one result (an empty tuple for a good one)."""
     if failed:
         return ("failed",)
+    if (
+        finish_reason == REPETITION_LOOP
+    ):  # cut at its first repetition: an empty answer or reasoning is the loop's
+        return (REPETITION_LOOP,)
     defects = []
     truncated = finish_reason == "length"
     if truncated:
@@ -107,6 +113,9 @@ _ADVICE = {
     "server runs with --reasoning-parser qwen3 and the template honours enable_thinking.",
     "truncated": "Most completions stop at max_tokens: raise max_tokens, or raise max_truncated_rate if that "
     "is expected for this prompt set.",
+    "repetition_loop": "Many answers fall into repetition loops: check the sampling (Qwen3 thinking wants "
+    "temperature 0.6, top_p 0.95, top_k 20; greedy or low-temperature decoding loops) and that the server applies "
+    "it; raise max_loop_rate if this prompt set is known to loop.",
     "failed": "Most prompts fail after every attempt: see failed.parquet for the errors (context length? auth? "
     "a crashing server?).",
 }

@@ -65,6 +65,7 @@ def guard_settings(config: GenerateConfig) -> GuardSettings:
             "empty_answer": config.max_empty_answer_rate,
             "empty_reasoning": config.max_empty_reasoning_rate,
             "truncated": config.max_truncated_rate,
+            "repetition_loop": config.max_loop_rate,
             "failed": config.max_failed_rate,
         },
         thinking=config.enable_thinking,

@@ -52,6 +52,19 @@ HELD_HERE = (
 )
 
 MESSAGES = pl.List(pl.Struct({"role": pl.String, "content": pl.String}))
+LOOP = pl.Struct(
+    {
+        "period": pl.Int64,  # the cycle's length, in pieces (client.loops: about one token each)
+        "start": pl.Int64,  # pieces of the answer before the cycle first began
+        "kept": pl.Int64,  # pieces stored: up to the end of the cycle's first repetition
+        "received": pl.Int64,  # pieces read when the loop was found
+        "start_char": pl.Int64,  # the same three as character offsets in reasoning + answer
+        "kept_chars": pl.Int64,
+        "received_chars": pl.Int64,
+        "live": pl.Boolean,  # found while streaming: the request was ended there (else found in the whole answer)
+        "max_tokens": pl.Int64,  # what the request asked for: a loop runs to it, left alone
+    }
+)
 OUTPUT_SCHEMA = pl.Schema(
     {
         "id": pl.String,
@@ -95,6 +108,9 @@ OUTPUT_SCHEMA = pl.Schema(
         "turn_output_ids": pl.List(pl.List(pl.UInt32)),
         "turn_prompt_ids": pl.List(pl.List(pl.UInt32)),
         "turn_prompt_shared": pl.List(pl.Int32),
+        # Per generated turn: the repetition loop that ended it (finish reason "repetition_loop"), null element
+        # where none did (draftgen.client.records.LoopEnd; docs/generate.md, "Repetition loops").
+        "turn_loop": pl.List(LOOP),
     }
 )
 FAILED_SCHEMA = pl.Schema(

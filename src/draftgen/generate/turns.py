@@ -129,6 +129,7 @@ class Conversation:
             "turn_latency_s": [r.latency_s for r in results],
             "turns_mode": self.mode,
             "turn_output_ids": output_ids,
+            "turn_loop": [r.loop.as_row() if r.loop is not None else None for r in results],
             "turn_prompt_ids": prompt_suffixes,
             "turn_prompt_shared": prompt_shared,
         }

@@ -56,6 +56,16 @@ class Faults:
         "that share answers with the short failure `\\n</think>\\n\\nOK.` + EOS (thinking on; 6 tokens in Qwen3's "
         "vocabulary)",
     )
+    loop_rate: float = fault(
+        0.0,
+        "0–1",
+        "that share of prompts (drawn from each request's seed: the same prompts on every server and attempt) falls "
+        "into a repetition loop at a point drawn uniformly over its completion: one cycle of filler repeats verbatim "
+        "until `max_tokens` (`finish_reason` `length`); ground truth records `loop_start` and `loop_period`",
+    )
+    loop_max_period: int = fault(
+        256, "N ≥ 1", "a loop's cycle is drawn log-uniformly between 1 and N tokens (`loop_rate`)"
+    )
     abort_rate: float = fault(
         0.0, "0–1", "that share is aborted in the queue: empty text, `finish_reason` `abort`, 0 tokens"
     )
@@ -102,6 +112,8 @@ def _check(key: str, value: object) -> None:
         raise ValueError("must be between 0 and 1")
     if key in ("overload", "wedge_after", "load_delay", "startup_delay") and float(value) < 0:  # type: ignore[arg-type]
         raise ValueError("must be >= 0")
+    if key == "loop_max_period" and int(value) < 1:  # type: ignore[call-overload]
+        raise ValueError("must be >= 1")
     if key == "slow" and float(value) <= 0:  # type: ignore[arg-type]
         raise ValueError("must be > 0")
     if key == "overload_status" and value not in (429, 503):

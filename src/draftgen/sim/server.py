@@ -119,6 +119,10 @@ class SimServer:
                 "verify_steps": request.verify_steps,
                 "seed": request.seed,
                 "noncanonical": request.plan.noncanonical,
+                # what it would have generated, left alone (a request ended early generated completion_tokens)
+                "planned_tokens": request.plan.completion_tokens,
+                "loop_start": request.plan.loop_start,
+                "loop_period": request.plan.loop_period,
                 "category": request.category,
                 "accept_expected": request.accept_expected,
                 "emit_times": request.emit_times if request.stream else None,
@@ -212,6 +216,8 @@ class SimServer:
             empty_answer=empty_answer,
             ignore_eos=ignore_eos,
             noncanonical=noncanonical,
+            loop_rate=self.faults.loop_rate if kind in ("chat", "generate") else 0.0,
+            loop_max_period=self.faults.loop_max_period,
         )
         total = plan.completion_tokens
         rng = None

@@ -4,7 +4,10 @@ A completion is filler text with the right structure (reasoning, ``</think>``, a
 tokens of the server's tokenizer (``draftgen.sim.tokenizer.SimTokenizer``): its ids are the canonical encoding of
 its text, so ``completion_tokens`` is the number of ids, a stream's chunks are cut at token boundaries and the
 ids the server reports decode to exactly the text it sends. The ``noncanonical_ids`` fault spells one token as
-smaller vocabulary tokens instead: the same text, ids that re-encoding the text does not give back.
+smaller vocabulary tokens instead: the same text, ids that re-encoding the text does not give back. The
+``loop_rate`` fault makes a completion fall into a repetition loop: from a point drawn over it, one cycle of fresh
+filler repeats verbatim (ids and text alike) until ``max_tokens``, as a looping Qwen3 does; the plan records where
+the loop began and its period (ground truth for the client's loop check).
 """
 
 from __future__ import annotations
@@ -115,6 +118,8 @@ class CompletionPlan:
     )
     eos_id: int
     noncanonical: bool = False  # one token spelled as smaller ones (the noncanonical_ids fault)
+    loop_start: int | None = None  # the loop_rate fault: the id index where the repeated cycle first begins
+    loop_period: int | None = None  # ...and the cycle's length in ids (None: no loop)
 
     @property
     def completion_tokens(self) -> int:
@@ -209,6 +214,39 @@ def _filler(
     return units, count
 
 
+def _cycle(rng: random.Random, tokenizer: SimTokenizer, tokens: int) -> tuple[list[str], int]:
+    """One loop cycle: filler units that continue the text before them (each starts a piece, so the cycle repeated
+    tokenizes as the cycle's ids repeated), of about ``tokens`` tokens; (units, their token count)."""
+    units: list[str] = []
+    count = 0
+    while count < tokens:
+        for unit in _units(_words(rng, FILLER_CHUNK, None, continuing=True)):
+            if unit.startswith("\n"):
+                continue
+            units.append(unit)
+            count += len(tokenizer.encode_unit(unit))
+            if count >= tokens:
+                break
+    return units, count
+
+
+def _fall_into_loop(
+    rng: random.Random, tokenizer: SimTokenizer, units: list[str], budget: int, max_period: int
+) -> tuple[list[str], int, int]:
+    """``units`` cut at a unit edge drawn uniformly over their first ``budget`` tokens, then one cycle of a period
+    drawn log-uniformly in 1..``max_period`` tokens, repeated past ``budget``; (units, loop start, period)."""
+    period = max(1, min(max_period, round(math.exp(rng.uniform(0.0, math.log(max_period))))))
+    counts = [len(tokenizer.encode_unit(unit)) for unit in units]
+    at = rng.randrange(max(1, min(sum(counts), budget - 1)))
+    start, keep = 0, 0
+    while keep < len(units) and start + counts[keep] <= at:
+        start += counts[keep]
+        keep += 1
+    cycle, length = _cycle(rng, tokenizer, period)
+    repeats = (budget - start) // length + 2
+    return units[:keep] + cycle * repeats, start, length
+
+
 def _noncanonical(
     rng: random.Random, tokenizer: SimTokenizer, ids: list[int], within: int
 ) -> list[int] | None:
@@ -232,8 +270,13 @@ def plan_completion(
     empty_answer: bool = False,
     ignore_eos: bool = False,
     noncanonical: bool = False,
+    loop_rate: float = 0.0,
+    loop_max_period: int = 256,
 ) -> CompletionPlan:
-    """Deterministic completion for one request: long-tailed lengths in tokens, truncated at ``max_tokens``."""
+    """Deterministic completion for one request: long-tailed lengths in tokens, truncated at ``max_tokens``.
+
+    Whether it loops is drawn from the request's own seed (its fourth stream), so the same prompt loops on every
+    server, attempt and run: a run with the loop check and one without answer the same prompts the same way."""
     # Lengths, reasoning words, answer words and the fault's choice each have their own stream, and only the
     # first max_tokens + 1 tokens are ever drawn (one more decides stop or length): a request costs what it
     # shows, and a smaller max_tokens cuts the very same completion.
@@ -260,6 +303,10 @@ def plan_completion(
         if answering:
             wanted = max(answer_length, budget) if ignore_eos else answer_length
             units += _filler(words_a, tokenizer, max(1, min(wanted, budget - spent)), None)[0]
+    loop_start = loop_period = None
+    looping = random.Random(seed << 2)
+    if loop_rate and not empty_answer and looping.random() < loop_rate:
+        units, loop_start, loop_period = _fall_into_loop(looping, tokenizer, units, budget, loop_max_period)
     ids = tokenizer.encode_units(units)
     split = _noncanonical(fault, tokenizer, ids, max_tokens) if noncanonical else None
     if split is not None:
@@ -283,6 +330,8 @@ def plan_completion(
         counts_eos=stops,
         eos_id=tokenizer.eos_id,
         noncanonical=split is not None,
+        loop_start=loop_start if loop_start is not None and loop_start < len(ids) else None,
+        loop_period=loop_period if loop_start is not None and loop_start < len(ids) else None,
     )
 
 
