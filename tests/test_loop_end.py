@@ -10,6 +10,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from sim_helpers import tokenizer_of
+from validate_helpers import clean_rows, row, turns, write_generation
 
 from draftgen.client.loops import REPETITION_LOOP, LoopRule
 from draftgen.client.sse import SseDecoder
@@ -19,7 +21,9 @@ from draftgen.generate.guard import Guard, GuardSettings, GuardTripped, classify
 from draftgen.params import build_config
 from draftgen.prompts.synthetic import write_synthetic
 from draftgen.sim.textgen import plan_completion
-from tests.sim_helpers import tokenizer_of
+from draftgen.validate.config import ValidateConfig
+from draftgen.validate.pipeline import validate_generation
+from draftgen.validate.report import flag_table
 
 PREFIX = "Okay, the user wants the area of a circle of radius 3. Area is pi r squared\n"
 CYCLE = "Wait, let me double-check: pi times 9 is about 28.27, so the area is 28.27.\n"
@@ -211,15 +215,15 @@ def test_a_streamed_run_ends_each_looping_request_early_and_stores_it_to_its_fir
     truth = {r["rid"]: r for r in fleet.truth() if r.get("kind") == "chat"}
     tokenizer = tokenizer_of(fleet)
     looped = checked = 0
-    for row in frame.iter_rows(named=True):
-        record = truth[row["response_id"]]
-        (loop,) = row["turn_loop"]
+    for stored in frame.iter_rows(named=True):
+        record = truth[stored["response_id"]]
+        (loop,) = stored["turn_loop"]
         if record["loop_start"] is None:
-            assert row["finish_reason"] in ("stop", "length") and loop is None
+            assert stored["finish_reason"] in ("stop", "length") and loop is None
             assert record["outcome"] == "ok"
             continue
         looped += 1
-        assert row["finish_reason"] == REPETITION_LOOP == row["turn_finish_reason"][0]
+        assert stored["finish_reason"] == REPETITION_LOOP == stored["turn_finish_reason"][0]
         assert loop["live"] and loop["max_tokens"] == 16384
         # the simulator stopped: the client went away after the loop was found, long before max_tokens
         assert record["outcome"] == "client_disconnected"
@@ -237,18 +241,18 @@ def test_a_streamed_run_ends_each_looping_request_early_and_stores_it_to_its_fir
             loop_max_period=48,
         )
         assert plan.loop_start == record["loop_start"]
-        stored = (row["reasoning_content"] or "") + (row["content"] or "")
+        text = (stored["reasoning_content"] or "") + (stored["content"] or "")
         planned = "".join(plan.tokens[: plan.think_end_index or len(plan.tokens)])
         if plan.think_end_index is not None and plan.think_end_index < record["loop_start"]:
             continue  # looped in the answer: the reasoning is whole (checked by the unit tests)
-        assert planned.startswith(stored)
+        assert planned.startswith(text)
         cycle_chars = len("".join(plan.tokens[plan.loop_start : plan.loop_start + plan.loop_period]))
         loop_chars = len("".join(plan.tokens[: plan.loop_start]))
         # up to the first repetition's end (the stretch may begin up to one cycle early where the words before the
         # loop happen to end like the cycle does)
-        assert loop_chars + cycle_chars < len(stored) <= loop_chars + 2 * cycle_chars
-        assert _periodic_tail(stored, cycle_chars, 2 * cycle_chars)
-        assert loop["kept_chars"] == len(stored) and loop["start_char"] <= loop_chars
+        assert loop_chars + cycle_chars < len(text) <= loop_chars + 2 * cycle_chars
+        assert _periodic_tail(text, cycle_chars, 2 * cycle_chars)
+        assert loop["kept_chars"] == len(text) and loop["start_char"] <= loop_chars
         checked += 1
     assert looped >= 5 and checked >= 3
 
@@ -280,3 +284,71 @@ def test_a_run_that_mostly_loops_is_halted_by_the_guard(sim_fleet, tmp_path: Pat
     assert manifest["sessions"][-1]["status"] == "halted"
     stored = pl.read_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet")))
     assert stored.height < 60 and (stored["finish_reason"] == REPETITION_LOOP).any()
+
+
+# ----- validate -----------------------------------------------------------------------------------------------------
+def _loop_rows() -> list[dict]:
+    """A loop in the reasoning, one in the answer, and one ending the first turn of a two-turn conversation."""
+    reasoning = row("loop-think", reasoning=PREFIX + CYCLE * 2, content=None, finish_reason=REPETITION_LOOP)
+    answer = row(
+        "loop-answer", reasoning="Simple enough.", content="So:\n" + CYCLE * 2, finish_reason=REPETITION_LOOP
+    )
+    messages = [
+        {"role": "user", "content": "First: the area of a circle of radius 3?"},
+        {"role": "assistant", "content": "About 28."},
+        {"role": "user", "content": "And of radius 4?"},
+    ]
+    first = row("loop-first", reasoning="Area is pi r squared.", content="About 50.27.", messages=messages)
+    first.update(
+        turns(first, [(0, None, PREFIX + CYCLE * 2), (2, "About 50.27.", "Area is pi r squared.")], "all")
+    )
+    first["turn_finish_reason"] = [REPETITION_LOOP, "stop"]
+    return [reasoning, answer, first]
+
+
+def _validate_config(tokenizer_dir: Path, generation: Path, out: Path, **overrides: object) -> ValidateConfig:
+    values = {
+        "generation_dir": str(generation),
+        "tokenizer": str(tokenizer_dir),
+        "out_dir": str(out),
+        "holdout_share": 0.0,
+        "duplicate_answer_min_prompts": 100,
+        "max_degenerate_share": 1.0,
+    }
+    return build_config(ValidateConfig, {**values, **overrides})
+
+
+def _exported_ids(out: Path) -> set[str]:
+    lines = (out / "export.partial" / "prompts.jsonl").read_text().splitlines()
+    return {json.loads(line)["id"] for line in lines}
+
+
+def test_validate_reports_loops_and_drops_them_unless_asked_to_train_on_the_prefix(
+    tmp_path: Path, tokenizer_dir: Path, tokenizer
+) -> None:  # type: ignore[no-untyped-def]
+    write_generation(tmp_path / "gen", [*clean_rows(20), *_loop_rows()])
+    looped = {"loop-think", "loop-answer", "loop-first#0"}
+    dropped = validate_generation(
+        _validate_config(tokenizer_dir, tmp_path / "gen", tmp_path / "drop"),
+        tokenizer=tokenizer,
+        progress=False,
+    )
+    records = dropped.records
+    flagged = set(records.filter(pl.col("repetition_loop"))["id"].to_list())
+    assert flagged == looped
+    assert records.filter(pl.col("repetition_loop"))["dropped"].all()
+    assert not records.filter(pl.col("repetition_loop"))["truncated"].any()  # a loop is not a length cut
+    assert "loop-first#1" in _exported_ids(tmp_path / "drop")  # the conversation's next turn still trains
+    assert not looped & _exported_ids(tmp_path / "drop")
+    assert dropped.counts["dropped_by_flag"]["repetition_loop"] == 3
+    table = dict(flag_table(dropped).select("flag", "samples").iter_rows())
+    assert table["repetition_loop"] == 3
+    kept = validate_generation(
+        _validate_config(tokenizer_dir, tmp_path / "gen", tmp_path / "train", train_loops=True),
+        tokenizer=tokenizer,
+        progress=False,
+    )
+    records = kept.records.filter(pl.col("repetition_loop"))
+    assert set(records["id"].to_list()) == looped and not records["dropped"].any()
+    assert looped <= _exported_ids(tmp_path / "train")
+    assert kept.counts["flagged_but_kept"]["repetition_loop"] == 3

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from draftgen.client.loops import REPETITION_LOOP
 from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.training.masks import MaskBatch
 from draftgen.training.trainers import SpanTrainer
-from draftgen.validate.config import CUT_CONSEQUENCES, FLAGS, ValidateConfig
+from draftgen.validate.config import CUT_CONSEQUENCES, FLAGS, LOOP_CONSEQUENCES, ValidateConfig
 from draftgen.validate.hashes import HASH_SEED, candidate_ids, place_columns, repeated
 from draftgen.validate.reader import GenerationOutput, read_shard
 from draftgen.validate.token_rows import SERVER, TokenRows
@@ -123,7 +124,11 @@ def _answer_flags(thinking: pl.Expr) -> list[pl.Expr]:
             ).fill_null(False)
             | (opens > closes)
         ).alias("unclosed_think"),
-        (pl.col("finish_reason").is_null() | (pl.col("finish_reason") != "stop")).alias("truncated"),
+        (
+            pl.col("finish_reason").is_null()
+            | ((pl.col("finish_reason") != "stop") & (pl.col("finish_reason") != REPETITION_LOOP))
+        ).alias("truncated"),
+        (pl.col("finish_reason") == REPETITION_LOOP).fill_null(False).alias("repetition_loop"),
         ((opens + closes) > 0).alias("think_markers_in_answer"),
         (_invalid(pl.col("content")) | _invalid(pl.col("reasoning_content"))).alias("invalid_text"),
     ]
@@ -247,6 +252,17 @@ def trains_as_generated(frame: pl.DataFrame, tokens: TokenRows | None, config: V
     return cut & np.array([source == SERVER for source in tokens.source], dtype=bool)
 
 
+def _drops(flag: str, config: ValidateConfig) -> pl.Expr:
+    """Whether ``flag`` drops a row: any defect does, except what a cut by max_tokens explains in a turn that trains
+    as generated (``cut_trained``), and, with train_loops, what a loop explains in a turn it ended."""
+    spared = pl.lit(False)
+    if flag in CUT_CONSEQUENCES:
+        spared = spared | pl.col("cut_trained")
+    if flag in LOOP_CONSEQUENCES and config.train_loops:
+        spared = spared | pl.col("repetition_loop")
+    return pl.col(flag) & ~spared
+
+
 def flag_batch(
     frame: pl.DataFrame,
     masks: MaskBatch,
@@ -281,8 +297,6 @@ def flag_batch(
     )
     flags = flags.select(list(FLAGS))
     drop = [f for f in FLAGS if f in config.drop_flags]
-    always = [pl.col(f) for f in drop if f not in CUT_CONSEQUENCES]  # a defect drops a cut turn too
-    unless_cut = [pl.col(f) for f in drop if f in CUT_CONSEQUENCES]
     cut = trains_as_generated(frame, tokens, config)
     where = [
         c
@@ -314,9 +328,7 @@ def flag_batch(
         pl.concat_list([pl.when(pl.col(f)).then(pl.lit(f)) for f in FLAGS]).list.drop_nulls().alias("flags"),
         pl.Series("cut_trained", cut),
     )
-    dropped = pl.any_horizontal(always or [pl.lit(False)]) | (
-        pl.any_horizontal(unless_cut or [pl.lit(False)]) & ~pl.col("cut_trained")
-    )
+    dropped = pl.any_horizontal([_drops(f, config) for f in drop] or [pl.lit(False)])
     # cut_trained: exported as a cut turn (one with a defect is dropped, like any row)
     return records.with_columns(dropped.alias("dropped")).with_columns(
         pl.col("cut_trained") & ~pl.col("dropped")

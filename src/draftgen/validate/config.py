@@ -20,6 +20,8 @@ FLAGS: dict[str, str] = {
     "or a <think> without </think> in the answer",
     "truncated": "finish_reason is not 'stop' (length limit hit, aborted, or missing); a turn cut by max_tokens "
     "whose row holds the server's ids trains as generated (train_truncated), in prompts.jsonl, not train.jsonl",
+    "repetition_loop": "generate's loop check ended the turn in a repetition loop: stored up to the end of its "
+    "cycle's first repetition, without ids; dropped unless train_loops",
     "tiny_mask": "loss mask covers <= min_assistant_tokens tokens",
     "over_max_length": "the rendered conversation is longer than max_length tokens",
     "think_markers_in_answer": "<think> or </think> inside the answer (reasoning not separated)",
@@ -43,6 +45,7 @@ FlagName = Literal[
     "empty_reasoning",
     "unclosed_think",
     "truncated",
+    "repetition_loop",
     "tiny_mask",
     "over_max_length",
     "think_markers_in_answer",
@@ -65,6 +68,8 @@ LENGTH_FLAGS: tuple[str, ...] = ("truncated", "unclosed_think", "over_max_length
 # max_length tokens still train), a re-tokenized difference is what the server's ids fix, and a turn without ids is
 # exported from its text (the card says how many).
 KEPT_BY_DEFAULT: tuple[str, ...] = ("over_max_length", "retokenized_differs", "ids_missing")
+# What a loop cut explains: no answer when the loop was in the reasoning. With train_loops it does not drop a loop.
+LOOP_CONSEQUENCES: tuple[str, ...] = ("empty_answer",)
 # What a cut by max_tokens explains: no answer when the cut fell inside the reasoning, a think block never closed.
 # A cut turn that trains as generated (train_truncated) is not dropped for these either; any other flag still drops it.
 CUT_CONSEQUENCES: tuple[str, ...] = ("truncated", "unclosed_think", "empty_answer")
@@ -77,7 +82,7 @@ class ValidateConfig(Params):
             "",
             "generation_dir prompt_file tokenizer out_dir trainer mask_convention enable_thinking "
             "rows token_ids min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share "
-            "max_truncated_share train_truncated keep_flagged holdout_share export_jsonl export_prompts export_tokens "
+            "max_truncated_share train_truncated train_loops keep_flagged holdout_share export_jsonl export_prompts export_tokens "
             "batch_size examples_per_flag",
         ),
         help={"enable_thinking": "the generation's setting: thinking on expects non-empty reasoning"},
@@ -149,6 +154,14 @@ class ValidateConfig(Params):
         True,
         "a turn cut by max_tokens trains as generated where its row holds the server's ids (nothing appended; in "
         "prompts.jsonl and the token parquet, not train.jsonl, whose chat template would close it); false: dropped",
+    )
+    train_loops: bool = param(
+        False,
+        "a turn ended as a repetition loop trains on what was stored (its text up to the loop's first repetition, "
+        "rendered by the chat template, which closes it); false: dropped",
+        doc="a turn generate's loop check ended (`repetition_loop`) trains on what was stored — its text up to the "
+        "end of the cycle's first repetition, re-tokenized and rendered by the chat template, which closes the "
+        'think block and the turn after it; false: such rows are dropped ("Repetition loops" below)',
     )
     keep_flagged: list[FlagName] = param(
         default_factory=lambda: list(KEPT_BY_DEFAULT),
@@ -247,8 +260,10 @@ class ValidateConfig(Params):
 
     @property
     def drop_flags(self) -> tuple[str, ...]:
-        """Flags that keep a sample out of the export (every flag not listed in keep_flagged)."""
-        return tuple(f for f in FLAGS if f not in self.keep_flagged)
+        """Flags that keep a sample out of the export (every flag not listed in keep_flagged; repetition_loop not
+        with train_loops)."""
+        kept = {*self.keep_flagged, *(("repetition_loop",) if self.train_loops else ())}
+        return tuple(f for f in FLAGS if f not in kept)
 
     @property
     def trains_cut_turns(self) -> bool:
