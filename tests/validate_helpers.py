@@ -128,6 +128,10 @@ def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[di
             row("bad-no-finish", reasoning=think, content="The sum is " + _text(rng, 20), finish_reason=None),
             "truncated",
         ),
+        (
+            row("bad-loop", reasoning=think + " Wait, again." * 2, content=None, finish_reason="repetition_loop"),
+            "repetition_loop",
+        ),
         (row("bad-six", reasoning="", content="OK."), "tiny_mask"),
         (row("bad-tiny", reasoning="Easy.", content="OK."), "tiny_mask"),
         (row("bad-long", reasoning=think, content=long_answer), "over_max_length"),
