@@ -29,15 +29,20 @@ was chunked. Where the loop ends is then a character offset in the answer's text
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
+from itertools import accumulate
 
 REPETITION_LOOP = "repetition_loop"  # the finish reason of an answer the loop check ended (never a server's)
-ANCHOR = 8  # units hashed per anchor: a candidate period needs this many matching units in a row
+ANCHOR = 8  # units an anchor covers: a candidate period needs at least this many matching units in a row
+SHIFT = (
+    7  # the anchor hash shifts by this per unit and keeps ANCHOR · SHIFT bits: a unit counts for ANCHOR units
+)
+HASH_MASK = (1 << (ANCHOR * SHIFT)) - 1
 TABLE_BITS = 12  # anchor table slots (2^12): collisions only cost a chain step, never a wrong answer
+TABLE_MASK = (1 << TABLE_BITS) - 1
 CHAIN = 4  # earlier positions looked at per unit (the nearest first)
 MAX_CANDIDATES = 8
-_B = 0x100000001B3  # rolling-hash base (odd); hashes are kept modulo 2^61 - 1
-_P = (1 << 61) - 1
 
 
 @dataclass(frozen=True)
@@ -80,19 +85,7 @@ class LoopDetector:
     """Feed it units (ints: token ids, or hashes of text pieces) in order; ``feed`` returns the ``Loop`` once the rule
     holds (and keeps returning it after)."""
 
-    __slots__ = (
-        "_bk",
-        "_cands",
-        "_hash",
-        "_hashes",
-        "_head",
-        "_mask",
-        "_prev",
-        "_ring",
-        "found",
-        "n",
-        "rule",
-    )
+    __slots__ = ("_cands", "_hash", "_hashes", "_head", "_mask", "_prev", "_ring", "found", "n", "rule")
 
     def __init__(self, rule: LoopRule | None = None):
         self.rule = rule or LoopRule()
@@ -102,9 +95,9 @@ class LoopDetector:
         self._hashes = [0] * size  # the anchor hash ending at each recent position
         self._prev = [-1] * size  # the previous position whose anchor fell in the same table slot
         self._head = [-1] * (1 << TABLE_BITS)  # the latest position per table slot
-        self._cands: dict[int, int] = {}  # candidate period -> its run (consecutive matches ending now)
+        # candidate period -> units its run still needs before the rule holds (a countdown: one subtraction a unit)
+        self._cands: dict[int, int] = {}
         self._hash = 0
-        self._bk = pow(_B, ANCHOR, _P)
         self.n = 0  # units seen
         self.found: Loop | None = None
 
@@ -112,55 +105,63 @@ class LoopDetector:
         if self.found is not None:
             return self.found
         ring, hashes, prev, head, cands = self._ring, self._hashes, self._prev, self._head, self._cands
-        mask, bk, rule = self._mask, self._bk, self.rule
-        max_period, needed = rule.max_period, rule.needed
-        table = len(head) - 1
+        mask, max_period = self._mask, self.rule.max_period
         t, h = self.n, self._hash
         for unit in units:
             ring[t & mask] = unit
             if cands:
-                for p, run in list(cands.items()):
-                    if ring[(t - p) & mask] == unit:
-                        run += 1
-                        if run + p >= needed(p):
-                            return self._found(t, p, run)
-                        cands[p] = run
-                    else:
+                for p, left in list(cands.items()):
+                    if ring[(t - p) & mask] != unit:
                         del cands[p]
-            out = ring[(t - ANCHOR) & mask] if t >= ANCHOR else 0
-            h = (h * _B - out * bk + unit) % _P
-            if t >= ANCHOR - 1:
-                slot = h & table
-                q = head[slot]
-                head[slot] = t
-                prev[t & mask] = q
-                hashes[t & mask] = h
-                steps = 0
-                while q >= 0 and t - q <= max_period and steps < CHAIN:
-                    if hashes[q & mask] == h:
-                        d = t - q
-                        if d not in cands and len(cands) < MAX_CANDIDATES and all(d % c for c in cands):
-                            run = self._run_back(t, d)
-                            if run >= ANCHOR:
-                                if run + d >= needed(d):
-                                    return self._found(t, d, run)
-                                cands[d] = run
-                    q = prev[q & mask]
-                    steps += 1
+                    elif left > 1:
+                        cands[p] = left - 1
+                    else:
+                        return self._found(t, p)
+            # the anchor: a shift-xor hash of the last ANCHOR units (each unit's bits leave after ANCHOR shifts)
+            h = ((h << SHIFT) ^ unit) & HASH_MASK
+            slot = (h ^ (h >> 29)) & TABLE_MASK
+            q = head[slot]
+            head[slot] = t
+            prev[t & mask] = q
+            hashes[t & mask] = h
+            steps = 0
+            while q >= 0 and t - q <= max_period and steps < CHAIN:
+                if hashes[q & mask] == h:
+                    d = t - q
+                    if d not in cands and len(cands) < MAX_CANDIDATES and all(d % c for c in cands):
+                        self._candidate(t, d)
+                        if self.found is not None:
+                            return self.found
+                q = prev[q & mask]
+                steps += 1
             t += 1
         self.n, self._hash = t, h
         return None
 
-    def _run_back(self, t: int, d: int) -> int:
-        """How many consecutive positions ending at ``t`` hold the unit ``d`` before them (within the window)."""
+    def _candidate(self, t: int, d: int) -> None:
+        """Take period ``d`` as a candidate if the units up to ``t`` have repeated at that distance for a while:
+        its run is counted back once (within the window), then kept by ``feed``."""
         ring, mask = self._ring, self._mask
         limit = min(t - d + 1, len(ring) - d - 1)
         run = 0
         while run < limit and ring[(t - run) & mask] == ring[(t - run - d) & mask]:
             run += 1
-        return run
+        if run < ANCHOR:
+            return  # the anchors matched by chance (a hash collision), or only just
+        left = self.rule.needed(d) - d - run
+        if left <= 0:
+            self._found(t, d)
+        else:
+            self._cands[d] = left
 
-    def _found(self, t: int, period: int, run: int) -> Loop:
+    def _found(self, t: int, period: int) -> Loop:
+        """The rule holds at ``t`` for ``period``: its stretch is exactly the rule's length (the first moment it
+        holds), unless the candidate was taken late and its run counted back was longer."""
+        ring, mask = self._ring, self._mask
+        limit = min(t - period + 1, len(ring) - period - 1)
+        run = self.rule.needed(period) - period
+        while run < limit and ring[(t - run) & mask] == ring[(t - run - period) & mask]:
+            run += 1
         self.n = t + 1
         self.found = Loop(start=t - run - period + 1, period=period, found_at=t + 1)
         return self.found
@@ -169,9 +170,8 @@ class LoopDetector:
 # Qwen's pre-tokenizer, in Python's re: a letter run with one leading non-letter (a space, a mark), one digit, a run of
 # punctuation (and the newlines after it), newline runs, spaces before a space or the end, other spaces.
 PIECES = re.compile(r"(?:[^\r\n\w]|_)?[^\W\d_]+|\d| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-BATCH = (
-    1024  # pieces handed to the detector at a time (well under its ring, so their offsets are still there)
-)
+BATCH = 1024  # pieces handed to the detector at a time, well under its window
+CHECK_EVERY = 256  # characters of text gathered before a check (about 60 pieces)
 FIELD_SWITCH = -1  # the unit fed between the reasoning and the answer: a loop never spans the two
 
 
@@ -191,16 +191,32 @@ class TextLoop:
 
 
 class TextLoopCheck:
-    """The loop check over an answer's text as it arrives: reasoning deltas, then answer deltas."""
+    """The loop check over an answer's text as it arrives: reasoning deltas, then answer deltas.
 
-    __slots__ = ("_carry", "_ends", "_field", "_mask", "_offset", "detector", "found")
+    Deltas are gathered and checked every ``every`` characters (and at the end or a switch of field): one regex pass
+    and one detector call per batch instead of per delta, at the price of finding a loop up to that many characters
+    later (where it is cut does not change)."""
 
-    def __init__(self, rule: LoopRule | None = None):
+    __slots__ = (
+        "_batches",
+        "_carry",
+        "_every",
+        "_field",
+        "_offset",
+        "_pending",
+        "_pending_chars",
+        "detector",
+        "found",
+    )
+
+    def __init__(self, rule: LoopRule | None = None, every: int = CHECK_EVERY):
         self.detector = LoopDetector(rule)
-        self._mask = len(self.detector._ring) - 1
-        self._ends = [0] * (self._mask + 1)  # each recent unit's end, as a character offset
+        self._every = every
+        self._pending: list[str] = []
+        self._pending_chars = 0
         self._carry = ""  # the last piece, held back: the next delta may continue it
-        self._offset = 0  # characters fed before the carry
+        self._offset = 0  # characters checked (before the carry)
+        self._batches: deque[tuple[int, list[int]]] = deque()  # recent (first unit, each unit's end offset)
         self._field: str | None = None
         self.found: TextLoop | None = None
 
@@ -210,36 +226,42 @@ class TextLoopCheck:
             return self.found
         if field != self._field:
             if self._field is not None:
-                self._flush()
-                self._push([FIELD_SWITCH], [""])  # the switch: one unit of no text
+                self._check(final=True)
+                if self.found is None:
+                    self._push([FIELD_SWITCH], [0])  # the switch: one unit of no text
             self._field = field
-        pieces = PIECES.findall(self._carry + text)
-        self._carry = pieces.pop() if pieces else ""
-        for at in range(0, len(pieces), BATCH):  # a whole answer at once: in batches the offset ring can hold
-            batch = pieces[at : at + BATCH]
-            if self._push([hash(piece) for piece in batch], batch) is not None:
-                break
+        self._pending.append(text)
+        self._pending_chars += len(text)
+        if self._pending_chars >= self._every:
+            self._check(final=False)
         return self.found
 
     def finish(self) -> TextLoop | None:
-        """The answer is whole: its last piece counts too."""
+        """The answer is whole (or its field ends): what is pending, its last piece included, is checked."""
         if self.found is None:
-            self._flush()
+            self._check(final=True)
         return self.found
 
-    def _flush(self) -> None:
-        if self._carry:
-            self._push([hash(self._carry)], [self._carry])
-            self._carry = ""
+    def _check(self, *, final: bool) -> None:
+        pieces = PIECES.findall(self._carry + "".join(self._pending))
+        self._pending.clear()
+        self._pending_chars = 0
+        self._carry = "" if final or not pieces else pieces.pop()
+        for at in range(
+            0, len(pieces), BATCH
+        ):  # a whole answer at once: in batches, so the window keeps offsets
+            batch = pieces[at : at + BATCH]
+            self._push(list(map(hash, batch)), list(map(len, batch)))
+            if self.found is not None:
+                return
 
-    def _push(self, units: list[int], pieces: list[str]) -> TextLoop | None:
-        detector, ends, mask = self.detector, self._ends, self._mask
-        n, offset = detector.n, self._offset
-        for piece in pieces:
-            offset += len(piece)
-            ends[n & mask] = offset
-            n += 1
-        self._offset = offset
+    def _push(self, units: list[int], lengths: list[int]) -> None:
+        detector, batches = self.detector, self._batches
+        ends = list(accumulate(lengths, initial=self._offset))[1:]
+        self._offset = ends[-1]
+        batches.append((detector.n, ends))
+        while batches[0][0] + len(batches[0][1]) < detector.n - detector.rule.window - BATCH:
+            batches.popleft()
         loop = detector.feed(units)
         if loop is not None:
             self.found = TextLoop(
@@ -247,8 +269,16 @@ class TextLoopCheck:
                 period=loop.period,
                 kept=loop.kept,
                 received=loop.found_at,
-                start_char=ends[(loop.start - 1) & mask] if loop.start else 0,
-                kept_chars=ends[(loop.kept - 1) & mask],
-                received_chars=ends[(loop.found_at - 1) & mask],
+                start_char=self._end_of(loop.start - 1),
+                kept_chars=self._end_of(loop.kept - 1),
+                received_chars=self._end_of(loop.found_at - 1),
             )
-        return self.found
+
+    def _end_of(self, unit: int) -> int:
+        """The character offset where ``unit`` ends (0 before the first)."""
+        if unit < 0:
+            return 0
+        for first, ends in reversed(self._batches):
+            if first <= unit:
+                return ends[unit - first]
+        raise AssertionError(f"unit {unit} is older than the window: a draftgen bug")

@@ -174,10 +174,8 @@ class ChatAccumulator:
     def _check_loop(self, reasoning: str | None, content: str | None, *, whole: bool) -> None:
         loops = self._loops
         assert loops is not None
-        if (
-            reasoning and self._content
-        ):  # reasoning after the answer began: offsets would not map onto the text
-            self._loops = None
+        if reasoning and self._content:
+            self._loops = None  # reasoning after the answer began: its offsets would not map onto the text
             return
         if reasoning:
             self.loop = loops.feed(reasoning, "reasoning")
@@ -214,14 +212,12 @@ class ChatAccumulator:
         usage = self._usage
         reasoning, content = "".join(self._reasoning), "".join(self._content)
         finish_reason = self._finish_reason
-        if (
-            loop is not None
-        ):  # kept: up to the end of the cycle's first repetition, over reasoning then answer
+        output_ids = output_ids if output_ids is not None else _id_list(self._output_ids)
+        if loop is not None:
+            # kept: up to the end of the cycle's first repetition, over the reasoning then the answer
             keep = loop.loop.kept_chars
             reasoning, content = reasoning[:keep], content[: max(0, keep - len(reasoning))]
             finish_reason, output_ids = REPETITION_LOOP, None
-            if self._output_ids is not None:
-                self._output_ids = None
         return ChatResult(
             server=self.server,
             response_id=self._response_id,
@@ -240,6 +236,6 @@ class ChatAccumulator:
             stream=self.stream,
             done_sentinel=self._done,
             prompt_ids=prompt_ids if prompt_ids is not None else self._prompt_ids,
-            output_ids=output_ids if output_ids is not None else _id_list(self._output_ids),
+            output_ids=output_ids,
             loop=loop,
         )
