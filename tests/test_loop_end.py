@@ -16,7 +16,7 @@ from validate_helpers import clean_rows, row, turns, write_generation
 from draftgen.client.loops import REPETITION_LOOP, LoopRule
 from draftgen.client.sse import SseDecoder
 from draftgen.client.stream import ChatAccumulator
-from draftgen.generate import GenerateConfig, generate, preflight
+from draftgen.generate import GenerateConfig, generate, preflight, report
 from draftgen.generate.guard import Guard, GuardSettings, GuardTripped, classify
 from draftgen.params import build_config
 from draftgen.prompts.synthetic import write_synthetic
@@ -255,6 +255,10 @@ def test_a_streamed_run_ends_each_looping_request_early_and_stores_it_to_its_fir
         assert loop["kept_chars"] == len(text) and loop["start_char"] <= loop_chars
         checked += 1
     assert looped >= 5 and checked >= 3
+    figures = report.summary(config.out_dir).to_dicts()[0]
+    loops = [loop for (loop,) in frame["turn_loop"].to_list() if loop is not None]
+    assert figures["repetition_loops"] == looped == len(loops)
+    assert figures["loop_tokens_saved"] == sum(16384 - loop["received"] for loop in loops) > 0
 
 
 def fleet_sigma(fleet) -> float:  # type: ignore[no-untyped-def]

@@ -66,10 +66,26 @@ def scan_results(out_dir: RunDirs) -> pl.LazyFrame:
                 pl.col("turn_after").list.len().fill_null(1).cast(pl.Int64).alias("turns"),  # older shards: 1
                 (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
                 (pl.col("reasoning_content").fill_null("").str.strip_chars() == "").alias("empty_reasoning"),
+                *_loop_columns(),
                 pl.lit(str(folder)).alias("folder"),
             )
         )
     return pl.concat(frames, how="vertical_relaxed")
+
+
+def _loop_columns() -> tuple[pl.Expr, pl.Expr]:
+    """Per row: turns the loop check ended (``repetition_loops``), and the tokens their servers did not generate
+    because the stream was closed there (``loop_tokens_saved``: max_tokens − pieces read, about a token each)."""
+    loop = pl.element().struct
+    saved = pl.when(loop.field("live")).then((loop.field("max_tokens") - loop.field("received")).clip(0))
+    return (
+        pl.col("turn_loop")
+        .list.eval(loop.field("period").is_not_null())
+        .list.sum()
+        .fill_null(0)
+        .alias("repetition_loops"),
+        pl.col("turn_loop").list.eval(saved.otherwise(0)).list.sum().fill_null(0).alias("loop_tokens_saved"),
+    )
 
 
 def _count(path: Path) -> int:
@@ -118,6 +134,8 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.col("empty_reasoning").mean().round(4).alias("empty_reasoning_rate"),
         pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
         (pl.col("attempts") > pl.col("turns")).sum().alias("retried"),
+        pl.col("repetition_loops").sum(),
+        pl.col("loop_tokens_saved").sum(),
     ).collect()
     frame = on_clock(frame, clock).with_columns(
         pl.col("median_latency_s", "p99_latency_s").round(2),
