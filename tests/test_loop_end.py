@@ -267,7 +267,9 @@ def fleet_sigma(fleet) -> float:  # type: ignore[no-untyped-def]
     return get_profile(fleet.profile).length_sigma
 
 
-def test_a_run_that_mostly_loops_is_halted_by_the_guard(sim_fleet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_that_mostly_loops_is_halted_by_the_guard_and_unstreamed_loops_are_flagged_after_the_fact(
+    sim_fleet, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     prompts = tmp_path / "p.jsonl"
     write_synthetic(prompts, 60, seed=9)
     fleet = sim_fleet(servers=1, profile="instant", faults=["loop_rate=0.9", "loop_max_period=16"])
@@ -287,7 +289,11 @@ def test_a_run_that_mostly_loops_is_halted_by_the_guard(sim_fleet, tmp_path: Pat
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["sessions"][-1]["status"] == "halted"
     stored = pl.read_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet")))
-    assert stored.height < 60 and (stored["finish_reason"] == REPETITION_LOOP).any()
+    looped = stored.filter(pl.col("finish_reason") == REPETITION_LOOP)
+    assert stored.height < 60 and looped.height > 0
+    # not streamed: found in the whole answer, which the server had generated to max_tokens (nothing saved)
+    assert all(not loop["live"] for (loop,) in looped["turn_loop"].to_list())
+    assert (looped["completion_tokens"] == 1024).all()
 
 
 # ----- validate -----------------------------------------------------------------------------------------------------
