@@ -11,19 +11,20 @@ streams and says, at the first moment the rule holds, where the loop began and h
 counter that changes each time round, one word different — breaks the run and never triggers.
 
 **The algorithm** (``LoopDetector``), O(1) amortised per unit over a bounded window, so hundreds of streams share one
-event loop: every unit's last ``ANCHOR`` units are hashed (a rolling hash) into a fixed table with chains through a
-ring of recent positions, as LZ77 compressors find matches. When the anchor ending at position t also ended at
+event loop: every unit's last ``ANCHOR`` units are hashed (a shift-xor hash: each unit's bits leave it ``ANCHOR``
+units later) into a fixed table with chains through a ring of recent positions, as LZ77 compressors find matches. When the anchor ending at position t also ended at
 t − d (d <= max_period), d becomes a *candidate period*: its run — how many consecutive units up to t equal the unit
 d before them — is counted back once, then kept up to date with one comparison per unit, and dropped at the first
 mismatch. A candidate that is a multiple of a live one is not taken (the cycle's own period is found first). The
-rule holds when a candidate's run + p reaches max(min_repeats · p, min_span). Memory per stream: a few fixed tables
+rule holds when a candidate's run + p reaches max(min_repeats · p, min_span) (a countdown per candidate). Memory per stream: a few fixed tables
 (tens of kB), whatever the answer's length.
 
 **Text** (``TextLoopCheck``): SGLang's chat stream sends the output ids only after the finish (docs/engines.md), so
 a live check reads the text. It is cut into pieces the way Qwen's pre-tokenizer cuts it (a letter run with one
 leading space or mark, one digit, a punctuation run, newline runs, spaces), which for prose are about one token
 each; the last piece of each delta is held back until the next one, so the pieces do not depend on how the stream
-was chunked. Where the loop ends is then a character offset in the answer's text.
+was chunked. Deltas are gathered and checked every ``CHECK_EVERY`` characters. Where the loop ends is then a
+character offset in the answer's text.
 """
 
 from __future__ import annotations

@@ -304,8 +304,8 @@ def plan_completion(
             wanted = max(answer_length, budget) if ignore_eos else answer_length
             units += _filler(words_a, tokenizer, max(1, min(wanted, budget - spent)), None)[0]
     loop_start = loop_period = None
-    looping = random.Random(seed << 2)
-    if loop_rate and not empty_answer and looping.random() < loop_rate:
+    looping = random.Random(seed << 2) if loop_rate and not empty_answer else None
+    if looping is not None and looping.random() < loop_rate:
         units, loop_start, loop_period = _fall_into_loop(looping, tokenizer, units, budget, loop_max_period)
     ids = tokenizer.encode_units(units)
     split = _noncanonical(fault, tokenizer, ids, max_tokens) if noncanonical else None
