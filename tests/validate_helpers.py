@@ -129,7 +129,12 @@ def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[di
             "truncated",
         ),
         (
-            row("bad-loop", reasoning=think + " Wait, again." * 2, content=None, finish_reason="repetition_loop"),
+            row(
+                "bad-loop",
+                reasoning=think + " Wait, again." * 2,
+                content=None,
+                finish_reason="repetition_loop",
+            ),
             "repetition_loop",
         ),
         (row("bad-six", reasoning="", content="OK."), "tiny_mask"),
