@@ -28,7 +28,7 @@ from draftgen.client import introspect
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, read_clock
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities
-from draftgen.client.retry import RetryPolicy, retrying
+from draftgen.client.retry import PROBE_RETRY, retrying
 from draftgen.client.server import ServerClient
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
@@ -60,9 +60,6 @@ CANARY_PROMPTS = (
     "Is 91 a prime number? Answer yes or no.",
 )
 HEALTH_POLL_S = 2.0
-# A probe or canary tried again after a transient failure (one 500 or 429 should not stop a run): waits of up to
-# 1 s, then 2 s (Retry-After honoured), as dispatch's policy draws them.
-PREFLIGHT_RETRY = RetryPolicy(max_attempts=3, base_s=1.0, max_s=2.0)
 
 
 @dataclass(frozen=True)
@@ -416,12 +413,10 @@ async def _server_checks(
     else:
         checks.append(Check("model", url, "ok", config.model))
     try:
-        caps = await retrying(
-            lambda: introspect.probe(client, config.model, config.sampling), PREFLIGHT_RETRY
-        )
+        caps = await retrying(lambda: introspect.probe(client, config.model, config.sampling), PROBE_RETRY)
     except RequestError as exc:
         checks.append(
-            Check("probe", url, "fail", f"a tiny request failed {PREFLIGHT_RETRY.max_attempts} times: {exc}")
+            Check("probe", url, "fail", f"a tiny request failed {PROBE_RETRY.max_attempts} times: {exc}")
         )
         return checks, None
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
@@ -474,11 +469,11 @@ async def canary(client: ServerClient, config: GenerateConfig) -> Check:
                     stream=config.stream,
                     timeout_s=config.request_timeout_s,
                 ),
-                PREFLIGHT_RETRY,
+                PROBE_RETRY,
             )
         except RequestError as exc:
             return Check(
-                "canary", client.url, "fail", f"request failed {PREFLIGHT_RETRY.max_attempts} times: {exc}"
+                "canary", client.url, "fail", f"request failed {PROBE_RETRY.max_attempts} times: {exc}"
             )
         defects = classify(
             thinking=config.enable_thinking,
