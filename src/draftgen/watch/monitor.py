@@ -240,10 +240,17 @@ def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot
         top.plot(x, group["tok_s"].to_numpy(), label=short_label(str(server)), linewidth=1.2)
         bottom.plot(x, group["accept"].cast(pl.Float64).to_numpy(), linewidth=1.2)
     top.set_title("How fast is each server producing tokens, and how much of each draft does it accept?")
-    top.set_ylabel("completion tok/s")
+    top.set_ylabel("completion tok/s (wall clock)")
     top.set_ylim(bottom=0)
     top.legend(fontsize=7, ncols=2)
-    bottom.set_ylabel("mean acceptance length")
+    accepted = history.drop_nulls("d_accept_n").filter(pl.col("d_accept_n") > 0)
+    if not accepted.is_empty():  # the run's mean so far: a wobble around it reads as one, not as a collapse
+        mean = float(accepted["d_accept_sum"].sum() / accepted["d_accept_n"].sum())
+        bottom.axhline(mean, color="black", linestyle="--", linewidth=1, label=f"run mean {mean:.2f}")
+        bottom.legend(fontsize=7, loc="lower right")
+    values = frame["accept"].drop_nulls()
+    bottom.set_ylim(1.0, max(float(values.max()) if values.len() else 1.0, 1.5) * 1.08)
+    bottom.set_ylabel("mean acceptance length\n(tokens per verify; 1 = none accepted)")
     bottom.set_xlabel(f"time since the history began ({unit})")
     for axes in (top, bottom):
         axes.grid(alpha=0.3)
@@ -318,8 +325,8 @@ def plot_completion_lengths(rows: pl.DataFrame, max_tokens: int | None = None) -
         axes,
         tokens,
         max_tokens,
-        title="How long are the completions so far (reasoning + answer)?",
-        ylabel="completions",
+        title="How long are the answers so far? (per generated turn)",
+        ylabel="generated turns",
     )
     return Plot(figure)
 
