@@ -26,8 +26,8 @@ import polars as pl
 
 KINDS = ("text", "int", "number", "percent", "seconds", "duration", "tok_s", "usd", "ratio", "bool", "bytes")
 MISSING = "–"
-PAGE_CHARS = 120  # what fits beside the page's margins at 1,300 px (~8 px a character, cell padding included)
-WRAP_CHARS = 48  # a text column wider than this wraps inside its cell
+PAGE_CHARS = 150  # what fits beside the page's margins at 1,300 px (~7 px a character at 13 px, padding counted per cell)
+WRAP_CHARS = 40  # a text column wider than this wraps inside its cell (max-width 22em)
 ACRONYMS = {
     "ttft": "TTFT",
     "itl": "ITL",
@@ -292,7 +292,7 @@ STYLE = (
     "border-bottom:1px solid #999;padding:0.25em 0.6em}"
     ".dg-table td{text-align:right;padding:0.2em 0.6em;white-space:nowrap;font-variant-numeric:tabular-nums}"
     ".dg-table th.dg-text,.dg-table td.dg-text{text-align:left}"
-    ".dg-table td.dg-text{white-space:normal;overflow-wrap:anywhere;max-width:36em}"
+    ".dg-table td.dg-text{white-space:normal;overflow-wrap:anywhere;max-width:22em}"
     ".dg-table tbody tr:nth-child(odd){background:rgba(0,0,0,0.03)}"
     ".dg-table .dg-note,.dg-table .dg-empty{color:#555;font-style:italic;margin:0.2em 0 0.8em 0}"
     ".dg-table .dg-caption{margin:0.6em 0 0.2em 0}"

@@ -19,8 +19,10 @@ from matplotlib.figure import Figure
 
 from draftgen.breakdown import Breakdowns, breakdowns
 from draftgen.display.breakdown_plots import acceptance_by_category
+from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import short_label
 from draftgen.display.plots import Plot, completion_length_histogram, message
+from draftgen.display.table import format_value
 from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
 from draftgen.rundir.layout import MANIFEST, shard_paths
@@ -360,3 +362,41 @@ def plot_acceptance_by_category(run_dir: str | Path) -> Plot:
         figure = Figure(figsize=(8, 2.5))
         return message(figure, figure.subplots(), "no finished shard with a prompt category yet")
     return Plot(acceptance_by_category(table, "generated turns so far"))
+
+
+# ----- the headline -------------------------------------------------------------------------------------
+HEADLINE_VERDICTS = {"RUNNING": "RUNNING", "FINISHED": "PASS"}  # any other word: the run stopped early
+
+
+def headline(run_dir: str | Path) -> Headline:
+    """How is the run doing, and when will it end? From progress.json (read-only)."""
+    folder = _folder(run_dir)
+    progress = read_progress(folder) or {}
+    verdict = judge(progress) if progress else None
+    conversations = progress.get("conversations") or {}
+    done, total = int(conversations.get("done", 0)), int(conversations.get("total", 0))
+    rate = progress.get("rate") or {}
+    eta_at = progress.get("eta_at") if verdict is not None and verdict.code == RUNNING else None
+    word = verdict.word if verdict is not None else ""
+    stats = [
+        Stat("conversations done", f"{done:,}", "", f"of {total:,}: {done / total:.1%}" if total else ""),
+        Stat("failed", f"{int(conversations.get('failed', 0)):,}", ""),
+        Stat(
+            "completion tok/s", format_value(rate.get("tok_s"), "tok_s"), "tok/s", "recent window, wall clock"
+        ),
+        Stat(
+            "ends",
+            time.strftime("%a %H:%M", time.localtime(float(eta_at))) if eta_at else "–",
+            "",
+            f"in {format_value(progress.get('eta_s'), 'duration')}" if eta_at else "not running",
+        ),
+    ]
+    return Headline(
+        step="monitor",
+        question="how is the running job doing, and when will it end?",
+        answer=(verdict.sentence if verdict is not None else f"no progress.json in {folder} yet"),
+        stats=stats,
+        verdict=HEADLINE_VERDICTS.get(word, "STOPPED") if word else "",
+        files=[("progress", folder / "progress.json")],
+        home=None,
+    )
