@@ -586,7 +586,7 @@ def compare_view(estimate_path: str | Path, out_dir: RunDirs) -> Table:
             Column("figure", "figure", "text"),
             Column("planned", "planned", "number"),
             Column("actual", "actual", "number"),
-            Column("actual / planned", "actual ÷ planned", "ratio"),
+            Column("actual / planned", "actual / planned", "ratio"),
         ),
     )
 
