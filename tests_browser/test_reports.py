@@ -31,7 +31,22 @@ from draftgen.runner import write_html
 DEMO_STEPS = ("benchmark", "estimate", "generate", "validate")
 LAB_NOTEBOOKS = ("benchmark", "estimate", "generate", "validate", "tune")
 WIDTH = 1300
-DTYPES = {"i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64", "str", "bool", "list[str]", "null"}
+DTYPES = {
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+    "f32",
+    "f64",
+    "str",
+    "bool",
+    "list[str]",
+    "null",
+}
 BAR = re.compile(r"^\s*([\w -]+):\s+\d+%\|")  # tqdm's "desc:  42%|███"
 
 
@@ -79,7 +94,9 @@ def check_report(page, html: Path, name: str) -> None:
         MARKER,
     )
     assert first is not None, f"{name}: no headline block"
-    assert first["inFirstCell"] and first["top"] < 200, f"{name}: the headline is not the first thing: {first}"
+    assert first["inFirstCell"] and first["top"] < 200, (
+        f"{name}: the headline is not the first thing: {first}"
+    )
 
     text = page.inner_text("body")
     assert "shape: (" not in text, f"{name}: a raw DataFrame repr"
@@ -87,7 +104,9 @@ def check_report(page, html: Path, name: str) -> None:
     header_rows = page.evaluate(
         "() => [...document.querySelectorAll('tr')].map(r => [...r.children].map(c => c.innerText.trim()))"
     )
-    dtype_rows = [row for row in header_rows if len(row) > 1 and set(row) & DTYPES and set(row) <= DTYPES | {""}]
+    dtype_rows = [
+        row for row in header_rows if len(row) > 1 and set(row) & DTYPES and set(row) <= DTYPES | {""}
+    ]
     assert not dtype_rows, f"{name}: dtype rows {dtype_rows[:2]}"
     bars = Counter(m.group(1) for line in text.splitlines() if (m := BAR.match(line)))
     assert all(n == 1 for n in bars.values()), f"{name}: progress redrawn line after line: {bars}"
