@@ -315,10 +315,21 @@ def verdict_views(verdict: verdict_report.Verdict | None) -> Stack:
     )
 
 
-def frame_view(frame: pl.DataFrame | None, title: str = "", empty: str = "nothing measured") -> Table | Notes:
-    """Any of the verdict's tables, formatted from its column names."""
-    if frame is None:
+def _frame_view(frame: pl.DataFrame, title: str = "") -> Table:
+    """One of the verdict's tables, formatted from its column names."""
+    keys = ("candidate",) if "candidate" in frame.columns else None
+    return Table(frame, title=title, keys=keys, empty="nothing was measured")
+
+
+def by_category_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
+    """Acceptance by prompt category per candidate and level, against the baseline's in that category."""
+    if verdict is None:
         return Notes((), none="No verdict asked: set verdict_levels and drafters.")
-    return Table(
-        frame, title=title, keys=("candidate",) if "candidate" in frame.columns else None, empty=empty
-    )
+    return _frame_view(verdict_report.by_category(verdict))
+
+
+def money_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
+    """Days and dollars for the full prompt set per candidate, and what each saves against the baseline."""
+    if verdict is None:
+        return Notes((), none="No verdict asked: set verdict_levels and drafters.")
+    return _frame_view(verdict_report.money_table(verdict))
