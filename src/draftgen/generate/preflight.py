@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import json
 import time
 from collections import Counter
@@ -30,6 +29,8 @@ from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities
 from draftgen.client.retry import PROBE_RETRY, retrying
 from draftgen.client.server import ServerClient
+from draftgen.display.checks import checks_html as grouped_checks_html
+from draftgen.display.checks import checks_text as grouped_checks_text
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
@@ -157,29 +158,13 @@ def checks_frame(checks: list[Check]) -> pl.DataFrame:
     )
 
 
-_COLOURS = {"ok": "#2e7d32", "info": "#1565c0", "warn": "#ef6c00", "fail": "#c62828"}
-
-
 def checks_html(checks: list[Check]) -> str:
-    rows = "".join(
-        f"<tr><td style='color:{_COLOURS.get(c.status, '')};font-weight:bold'>{html.escape(c.status)}</td>"
-        f"<td>{html.escape(c.check)}</td><td>{html.escape(c.target)}</td>"
-        f"<td style='text-align:left'>{html.escape(c.detail)}</td></tr>"
-        for c in checks
-    )
-    return (
-        "<table><thead><tr><th>status</th><th>check</th><th>target</th><th>detail</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
-    )
+    """One row per check with the count of servers that passed, and a row per server that did not."""
+    return grouped_checks_html(checks)
 
 
 def format_checks(checks: list[Check]) -> str:
-    widths = [max([len(h), *(len(getattr(c, h)) for c in checks)]) for h in ("check", "target")]
-    lines = []
-    for c in checks:
-        mark = c.status.upper() if c.status != "ok" else "ok"
-        lines.append(f"  {mark:<4}  {c.check:<{widths[0]}}  {c.target:<{widths[1]}}  {c.detail}")
-    return "\n".join(lines)
+    return grouped_checks_text(checks)
 
 
 # ----- environment and files -------------------------------------------------------------------------------
