@@ -179,3 +179,26 @@ def test_a_process_reading_notebooks_skips_the_iri_grammars_and_still_validates_
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "invalid caught"
+
+
+def test_reading_a_run_does_not_import_the_openai_sdk():
+    """The SDK costs 2 s of CPU to import: the reports, monitor and status read runs without it (it is imported
+    when a client is built), and a notebook kernel that only reports starts that much sooner."""
+    readers = (
+        "draftgen.generate.report",
+        "draftgen.bench.report",
+        "draftgen.estimate.report",
+        "draftgen.validate.report",
+        "draftgen.watch.monitor",
+        "draftgen.commands.status",
+    )
+    probe = f"import sys\nfor name in {readers!r}:\n    __import__(name)\nprint('openai' in sys.modules)\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    built = (
+        "from draftgen.client.server import ServerClient\nimport sys\nServerClient('http://127.0.0.1:9')\n"
+    )
+    built += "print('openai' in sys.modules)\n"
+    done = subprocess.run([sys.executable, "-c", built], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr
