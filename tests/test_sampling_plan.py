@@ -22,10 +22,10 @@ from test_generate_notebook import (
 
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig
-from draftgen.generate.sampling_plan import Arm, arm_sampling, expected_answers, prompt_of, samples, takes
 from draftgen.generate.store import FingerprintMismatch, check_fingerprint
 from draftgen.params import ParameterError, SamplingParams, build_config
 from draftgen.prompts.synthetic import write_synthetic
+from draftgen.sampling_plan import Arm, arm_sampling, expected_answers, prompt_of, samples, takes
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import finalize_export, validate_generation
 

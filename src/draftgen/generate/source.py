@@ -7,15 +7,15 @@ import dataclasses
 from collections.abc import Iterator
 
 from draftgen.generate.config import GenerateConfig
-from draftgen.generate.sampling_plan import samples
 from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts
+from draftgen.sampling_plan import samples
 
 
 def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:
     """Stream the run's rows (streamed, never loaded whole): malformed rows come out as RejectedRow.
 
     ``limit`` counts valid rows of this shard, stored or not, so a resumed run selects the same prompts. With a
-    ``sampling_plan`` every prompt comes out once per planned sample (``draftgen.generate.sampling_plan``).
+    ``sampling_plan`` every prompt comes out once per planned sample (``draftgen.sampling_plan``).
     """
     taken = 0
     arms = config.sampling_plan
