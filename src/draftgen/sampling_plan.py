@@ -16,6 +16,7 @@ so each sample keeps the guarantees a prompt has (docs/generate.md, "The samplin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from draftgen.params import Params, SamplingParams, param
+from draftgen.prompts.rows import PromptRow
 
 PLAN_KEY = b"draftgen-sampling-plan"  # keys the hash: independent of the shards and the held-out split
 SAMPLE_SEP = "#s"
@@ -96,6 +98,16 @@ def samples(prompt_id: str, arms: Sequence[Arm]) -> list[Sample]:
                 k = len(out)
                 out.append(Sample(f"{prompt_id}{SAMPLE_SEP}{k}", prompt_id, arm.name, k))
     return out
+
+
+def sample_rows(row: PromptRow, arms: Sequence[Arm]) -> list[PromptRow]:
+    """The prompt row once per planned sample, each under its sample id with its arm (the row itself, no plan)."""
+    if not arms:
+        return [row]
+    return [
+        dataclasses.replace(row, id=s.id, prompt_id=row.id, arm=s.arm, sample=s.index)
+        for s in samples(row.id, arms)
+    ]
 
 
 def prompt_of(sample_id: str) -> str:

@@ -3,12 +3,11 @@ sampling plan each prompt's planned samples (one row each, under its sample id).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 from draftgen.generate.config import GenerateConfig
 from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts
-from draftgen.sampling_plan import samples
+from draftgen.sampling_plan import sample_rows
 
 
 def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:
@@ -26,10 +25,6 @@ def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:
             if config.limit and taken >= config.limit:
                 return
             taken += 1
-            if arms:
-                for sample in samples(item.id, arms):
-                    yield dataclasses.replace(
-                        item, id=sample.id, prompt_id=item.id, arm=sample.arm, sample=sample.index
-                    )
-                continue
+            yield from sample_rows(item, arms)
+            continue
         yield item
