@@ -73,6 +73,9 @@ def estimate_json(estimate: Estimate) -> dict:
         "num_prompts_source": estimate.num_prompts_source,
         "accept_length": accept,
         "accept_length_source": accept_source,
+        # the sampling plan priced: requests per prompt and each arm's figures (docs/benchmark.md)
+        "requests_per_prompt": estimate.plan.requests_per_prompt if estimate.config.sampling_plan else 1.0,
+        "arms": estimate.arms_table().to_dicts() if estimate.config.sampling_plan else [],
         "prefill_s_per_request_upper_bound": estimate.prefill_s_per_request,
         "concurrency_1": {
             "wall_time_s": c1.wall_time_s,
