@@ -4,6 +4,7 @@ benchmark run with the plan, or assumed), so a two-arm run's wall time is predic
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -51,7 +52,8 @@ def _requests(rng: np.random.Generator) -> pl.DataFrame:
 # ----- units ------------------------------------------------------------------------------------------------
 def test_each_arm_is_priced_from_its_own_requests():
     requests = _requests(np.random.default_rng(1))
-    plan = price_plan(requests, 4096, PLAN, ARMS, [], 4096)
+    recorded = [arm.model_dump(mode="json") for arm in ARMS]  # as benchmark.json holds it: unset fields null
+    plan = price_plan(requests, 4096, recorded, ARMS, [], 4096)
     assert plan.requests_per_prompt == pytest.approx(2.5)
     think, nothink = plan.arms
     own = requests.filter(pl.col("arm") == "nothink")
@@ -74,6 +76,9 @@ def test_each_arm_is_priced_from_its_own_requests():
         / 2.5
     )
     assert plan.notes == ()
+    hotter = [ARMS[0], Arm(**{**PLAN[1], "temperature": 1.2})]
+    (note,) = price_plan(requests, 4096, recorded, hotter, [], 4096).notes
+    assert "arm nothink" in note and "benchmarked as" in note and "'temperature': 1.0" in note
     table = plan.table(1000)
     assert table["arm"].to_list() == ["think", "nothink"] and table["requests"].to_list() == [800, 200]
     assert table["share_of_tokens"].sum() == pytest.approx(1.0, abs=1e-3)
@@ -219,6 +224,7 @@ def test_the_estimate_of_a_two_arm_plan_predicts_the_generate_run(sim_fleet, tmp
     arms = {a["arm"]: a for a in estimate["arms"]}
     assert set(arms) == {"think", "nothink"}
     assert all(a["lengths_from"].startswith("measured") for a in arms.values())
+    assert not any(re.search(r"\barm\b", note) for note in estimate["notes"])  # each measured as run
     for arm, row in arms.items():
         actual = rows.filter(pl.col("arm") == arm)
         assert row["mean_completion_tokens"] == pytest.approx(actual["completion_tokens"].mean(), rel=0.1), (

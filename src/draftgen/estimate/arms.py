@@ -171,7 +171,8 @@ def price_plan(
         requests if "arm" in requests.columns else requests.with_columns(pl.lit(None, pl.String).alias("arm"))
     )
     reference = _accept(tagged)
-    measured_plan = {a["name"]: a for a in benchmark_plan}
+    # as the benchmark's benchmark.json recorded it (unset fields as null), in the plan's own terms
+    measured_plan = {a["name"]: Arm.model_validate(a).model_dump(exclude_none=True) for a in benchmark_plan}
     everything = LengthSample.from_requests(tagged, benchmark_max_tokens)
     if not arms:
         if measured_plan:
