@@ -71,7 +71,10 @@ def test_temperature_moves_acceptance_and_thinking_off_answers_short_without_rea
     arms = {
         "greedy": {"temperature": 0.0},
         "hot": {"temperature": 1.0},
-        "off": {"temperature": 1.0, "extra_body": {**SPEC, "chat_template_kwargs": {"enable_thinking": False}}},
+        "off": {
+            "temperature": 1.0,
+            "extra_body": {**SPEC, "chat_template_kwargs": {"enable_thinking": False}},
+        },
     }
     replies = {
         name: asyncio.run(
