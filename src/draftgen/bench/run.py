@@ -32,6 +32,7 @@ from draftgen.client.metrics import (
     parse_metrics,
 )
 from draftgen.client.records import Capabilities
+from draftgen.client.retry import PROBE_RETRY, retrying
 from draftgen.client.server import ServerClient
 from draftgen.prompts.rows import PromptRow
 from draftgen.rundir.layout import BENCH_LEVELS
@@ -63,9 +64,13 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
             "fix `model` or the server list"
         )
     try:
-        caps: Capabilities = await introspect.probe(client, config.model, config.sampling)
+        caps: Capabilities = await retrying(
+            lambda: introspect.probe(client, config.model, config.sampling), PROBE_RETRY
+        )
     except RequestError as exc:
-        raise BenchmarkError(f"server {client.url} failed a one-token probe request: {exc}") from exc
+        raise BenchmarkError(
+            f"server {client.url} failed a one-token probe request {PROBE_RETRY.max_attempts} times: {exc}"
+        ) from exc
     info = await introspect.server_info(client)
     clock = await read_clock(client)
     return ServerFacts(
