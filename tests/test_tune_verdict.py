@@ -253,6 +253,19 @@ def test_the_verdict_files_and_plot(judged):
     assert categories.group_by("candidate", "concurrency").agg(pl.col("requests").sum()).height == 3 * len(
         LEVELS
     )
+    # and by output length: the same requests, in length buckets, against the baseline's in the same bucket
+    lengths = pl.read_parquet(f"{out}/verdict_by_length.parquet")
+    assert set(lengths["candidate"]) == set(table["candidate"])
+    per_level = ["candidate", "concurrency"]
+    assert (
+        lengths.group_by(per_level)
+        .agg(pl.col("requests").sum())
+        .sort(per_level)
+        .equals(categories.group_by(per_level).agg(pl.col("requests").sum()).sort(per_level))
+    )
+    assert lengths["output_tokens"].is_in(["≤256", "257–512", "513–1024", "1025–2048", "2049–4096"]).all()
+    base_lengths = lengths.filter(pl.col("candidate") == verdict.baseline.label)["accept_vs_baseline"]
+    assert base_lengths.drop_nulls().to_list() == [1.0] * base_lengths.drop_nulls().len()
 
 
 def test_a_target_without_mtp_heads_is_judged_against_no_speculation(tmp_path):

@@ -55,6 +55,7 @@ SHARED_PARAMETERS = frozenset(
         "turns",
         "train_max_length",
         "category_field",
+        "sampling_plan",
     }
 )
 

@@ -446,20 +446,24 @@ def plot_per_gpu(report: BenchmarkReport) -> Figure:
 
 
 def acceptance_breakdowns(report: BenchmarkReport) -> Breakdowns:
-    """Acceptance length and tok/s per request of the sample by prompt category and output length, over every
-    level's answered requests (per-request tok/s then mixes the levels' batch sizes; acceptance hardly depends
-    on them), tok/s on the servers' clock."""
+    """Acceptance length and tok/s per request of the sample by prompt category, output length and sampling-plan
+    arm, over every level's answered requests (per-request tok/s then mixes the levels' batch sizes; acceptance
+    hardly depends on them), tok/s on the servers' clock."""
     ok = report.requests.filter(pl.col("ok"))
     frame = ok.select(
-        pl.col("category").cast(pl.String)
-        if "category" in ok.columns
-        else pl.lit(None, pl.String).alias("category"),
+        *(
+            pl.col(name).cast(pl.String) if name in ok.columns else pl.lit(None, pl.String).alias(name)
+            for name in ("category", "arm")
+        ),
         "completion_tokens",
         pl.col("spec_verify_ct").alias("verify_ct"),
         pl.col("spec_accept_length").alias("accept_length"),
         (pl.col("e2e_s") * report.clock.factor).alias("latency_s"),
     )
-    return breakdowns(frame, ["category", "length"] if frame["category"].drop_nulls().len() else ["length"])
+    groups = ["category", "length"] if frame["category"].drop_nulls().len() else ["length"]
+    if frame["arm"].drop_nulls().len():
+        groups.append("arm")
+    return breakdowns(frame, groups)
 
 
 def plot_acceptance_by_category(report: BenchmarkReport) -> Figure:

@@ -77,6 +77,9 @@ def estimate_json(estimate: Estimate) -> dict:
         "num_prompts_source": estimate.num_prompts_source,
         "accept_length": accept,
         "accept_length_source": accept_source,
+        # the sampling plan priced: requests per prompt and each arm's figures (docs/benchmark.md)
+        "requests_per_prompt": estimate.plan.requests_per_prompt if estimate.config.sampling_plan else 1.0,
+        "arms": estimate.arms_table().to_dicts() if estimate.config.sampling_plan else [],
         "prefill_s_per_request_upper_bound": estimate.prefill_s_per_request,
         "concurrency_1": {
             "wall_time_s": c1.wall_time_s,
@@ -332,6 +335,29 @@ def inputs(estimate: Estimate, path: str | Path) -> Stack:
         *estimate.notes,
     ]
     return Stack((figures, Notes(notes, title="Notes")))
+
+
+def arms_table(estimate: Estimate) -> Table:
+    """The sampling plan's arms: requests, lengths, acceptance and speed, and where each figure came from."""
+    return Table(
+        estimate.arms_table(),
+        (
+            Column("arm", "arm", "text"),
+            Column("requests_per_prompt", "requests per prompt", "number", digits=2),
+            Column("requests", "requests", "int"),
+            Column("max_tokens", "max_tokens", "int"),
+            Column("mean_completion_tokens", "mean completion tokens", "number", digits=0),
+            Column("truncated_rate", "truncated", "percent"),
+            Column("accept_length", "acceptance length", "number", digits=2),
+            Column("relative_speed", "speed vs the benchmark's mix", "ratio"),
+            Column("share_of_tokens", "share of the tokens", "percent"),
+            Column("lengths_from", "lengths from", "text"),
+            Column("acceptance_from", "acceptance from", "text"),
+        )
+        if estimate.config.sampling_plan
+        else None,
+        empty="no sampling plan: one answer per prompt, priced from the benchmark's whole sample",
+    )
 
 
 def fit_table(estimate: Estimate) -> Table:

@@ -34,6 +34,7 @@ from draftgen.generate.acceptance import read_samples
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.store import read_manifest, scan_shards
 from draftgen.rundir.layout import FAILED, PLOTS, REJECTED, SHARDS, shard_paths
+from draftgen.sampling_plan import Arm
 
 REPORT_COLUMNS = (
     "id",
@@ -476,7 +477,7 @@ def compare_estimate(
 
 
 def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any]) -> list[str]:
-    """Where this run differs from what the estimate assumed (servers, concurrency, max_tokens)."""
+    """Where this run differs from what the estimate assumed (servers, concurrency, max_tokens, sampling plan)."""
     estimate = load_estimate(estimate_path)
     notes = []
     servers = estimate["servers"]
@@ -486,6 +487,16 @@ def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any
     for key in ("concurrency_per_server", "max_tokens"):
         if estimate[key] != config_values[key]:
             notes.append(f"estimate assumed {key}={estimate[key]}, this run used {config_values[key]}")
+
+    def arms(plan: list[dict] | None) -> list[dict]:
+        return [Arm.model_validate(arm).model_dump(exclude_none=True) for arm in plan or []]
+
+    priced = arms((estimate.get("config") or {}).get("sampling_plan"))
+    if priced != arms(config_values.get("sampling_plan")):
+        notes.append(
+            f"estimate priced the sampling plan {priced or 'none'}, this run uses "
+            f"{arms(config_values.get('sampling_plan')) or 'none'}"
+        )
     planned = HardwareClock.from_dict(estimate.get("clock"))
     out_dir = config_values.get("out_dir")
     actual = run_clock(out_dir) if out_dir else planned

@@ -328,6 +328,13 @@ def by_category_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
     return _frame_view(verdict_report.by_category(verdict))
 
 
+def by_length_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
+    """The same by output length: whether a drafter's gain holds on long answers."""
+    if verdict is None:
+        return Notes((), none="No verdict asked: set verdict_levels and drafters.")
+    return _frame_view(verdict_report.by_length(verdict))
+
+
 def money_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
     """Days and dollars for the full prompt set per candidate, and what each saves against the baseline."""
     if verdict is None:

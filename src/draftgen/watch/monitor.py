@@ -348,7 +348,7 @@ def max_tokens_of(run_dir: str | Path) -> int | None:
 # ----- acceptance where it is low -----------------------------------------------------------------------
 def acceptance_breakdowns(run_dir: str | Path) -> Breakdowns:
     """generate's report tables over the finished shards so far: acceptance length and tok/s per request by
-    prompt category, output length and turn (empty before the first shard)."""
+    prompt category, output length, turn and sampling-plan arm (empty before the first shard)."""
     from draftgen.generate.report import request_table  # the one reader of per-turn figures
 
     folder = _folder(run_dir)
