@@ -168,6 +168,7 @@ CONCURRENCY = 8
 MAX_TOKENS = 768
 
 
+@pytest.mark.timing
 def test_the_estimate_of_a_two_arm_plan_predicts_the_generate_run(sim_fleet, tmp_path):
     """benchmark → estimate → generate with the same two-arm plan (2 answers per prompt thinking at 0.6, and half
     the prompts once more with thinking off at 1.0), on one simulated B200+MTP fleet. As in
