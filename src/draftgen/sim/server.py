@@ -27,7 +27,7 @@ from aiohttp import web
 
 from draftgen.defaults import MODEL
 from draftgen.sglang_rules.adaptive import CANDIDATE_STEPS as ADAPTIVE_CANDIDATE_STEPS
-from draftgen.sim import categories
+from draftgen.sim import categories, temperature
 from draftgen.sim.admin_api import AdminApi
 from draftgen.sim.defaults import (
     EXIT_CRASH,
@@ -124,6 +124,7 @@ class SimServer:
                 "loop_start": request.plan.loop_start,
                 "loop_period": request.plan.loop_period,
                 "category": request.category,
+                "temperature": request.temperature,
                 "accept_expected": request.accept_expected,
                 "emit_times": request.emit_times if request.stream else None,
                 "emit_counts": request.emit_counts if request.stream else None,
@@ -204,6 +205,7 @@ class SimServer:
         empty_answer: bool = False,
         noncanonical: bool = False,
         category: str | None = None,
+        sampling_temperature: float | None = None,
     ) -> SimRequest:
         plan: CompletionPlan = plan_completion(
             seed,
@@ -227,7 +229,9 @@ class SimServer:
         elif self.profile.adaptive_steps is not None:
             draws, rng = [], random.Random(seed)  # drawn step by step, at the steps in force then
         else:
-            factor = categories.factor_of(self.profile.category_accept, category)
+            factor = categories.factor_of(self.profile.category_accept, category) * temperature.factor_at(
+                self.profile.temperature_accept, sampling_temperature
+            )
             probs = categories.scaled(self.accept_probs, factor)
             draws = plan_acceptance_by_position(seed, total, probs, self.profile.draft_tokens)
             if self.profile.speculative:
@@ -242,6 +246,7 @@ class SimServer:
             seed=seed,
             rng=rng,
             category=category,
+            temperature=sampling_temperature,
             accept_expected=expected,
         )
 
@@ -317,6 +322,7 @@ class SimServer:
             empty_answer=self.draw(self.faults.empty_answer_rate),
             noncanonical=self.draw(self.faults.noncanonical_ids),
             category=parsed.get("category"),
+            sampling_temperature=parsed.get("temperature"),
         )
         self.engine.submit(request)
         if self.draw(self.faults.abort_rate):
