@@ -722,3 +722,27 @@ def test_smg_killed_mid_run_is_restarted_by_serve_and_generate_stores_every_id_o
     run.signal(signal.SIGTERM)
     assert run.finish() == 0, run.output()
     assert run.survivors() == []
+
+
+def test_a_start_whose_deadline_passed_before_the_first_probe_is_probed_once_and_names_its_stage() -> None:
+    """On a loaded machine the start-up deadline can pass before the watch first asks: the server is still asked
+    once, so the timeout says what it was doing (refused here), never 'not probed yet'."""
+    from draftgen.serve.startup import StartupWatch, wait_until_ready
+
+    async def go():  # type: ignore[no-untyped-def]
+        process = await asyncio.create_subprocess_exec("sleep", "30")
+        try:
+            with socket.socket() as bound:  # bound, never listening: connections are refused
+                bound.bind(("127.0.0.1", 0))
+                url = f"http://127.0.0.1:{bound.getsockname()[1]}"
+                watch = StartupWatch(timeout_s=1.0, probe_timeout_s=1.0, poll_interval_s=0.1)
+                return await wait_until_ready(
+                    process, url, "/health", watch, started_at=time.monotonic() - 60
+                )
+        finally:
+            process.kill()
+            await process.wait()
+
+    outcome = asyncio.run(go())
+    assert outcome.result == "timeout" and outcome.last is not None
+    assert outcome.last_stage == StartupStage.REFUSED.value

@@ -72,7 +72,7 @@ async def wait_until_ready(
             if process.returncode is not None:
                 return StartupOutcome("exited", last)
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 and last is not None:  # probed at least once: a timeout names the stage it saw
                 return StartupOutcome("timeout", last)
             probe_timeout = min(watch.probe_timeout_s, max(remaining, 0.5))
             reading = await introspect.startup_stage(client, health_path, probe_timeout)
