@@ -32,6 +32,7 @@ from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
 from draftgen.generate.fleet_health import ChatClient, FleetHealth, Server, ServerStats
 from draftgen.generate.hedge import HedgePolicy, TailHedger
+from draftgen.generate.length_cap import LengthCap, TurnLimit
 from draftgen.generate.sampling_plan import arm_sampling, sample_seed
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot
 from draftgen.generate.work import Flight, FlightState, Intake, TurnState, Work, WorkQueue
@@ -71,6 +72,7 @@ class DispatchOutcome:
     turns: int = 0  # turn requests answered (a conversation of k answers is k turns)
     hedged: int = 0  # requests copied to an idle server at the tail
     hedge_wins: int = 0  # turns whose kept answer came from the copy
+    set_aside: int = 0  # turns not sent: their prompt alone reached the trainer's max_length
 
     @property
     def wall_s(self) -> float:
@@ -90,8 +92,10 @@ class Dispatcher:
         clients: ClientFactory,
         skip: Container[str] = frozenset(),
         rng: random.Random | None = None,
+        length_cap: LengthCap | None = None,
     ):
         self.config = config
+        self.length_cap = length_cap  # None: every turn is sent with its arm's max_tokens
         self.events = events
         self.policy = RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_max_s)
         self.rng = rng or random.Random()
@@ -108,7 +112,8 @@ class Dispatcher:
         self.health = FleetHealth(config, self.servers, events.note)
         self.hedger = TailHedger(HedgePolicy(config.hedge_slow_ratio), config.concurrency_per_server)
         self.halt: BaseException | None = None
-        self.completed = self.turns = self.failed = self.hedged = self.hedge_wins = 0
+        self.completed = self.turns = self.failed = self.hedged = self.hedge_wins = self.set_aside = 0
+        self._count_differs_noted = False
         self._queue = WorkQueue()
         window = max(64, 2 * config.concurrency_per_server * len(servers))
         self._intake = Intake(self._queue, turns=config.turns, window=window, skip=skip)
@@ -153,6 +158,7 @@ class Dispatcher:
             turns=self.turns,
             hedged=self.hedged,
             hedge_wins=self.hedge_wins,
+            set_aside=self.set_aside,
         )
 
     def _jobs(self, prompts: Iterator[PromptRow | RejectedRow]) -> Iterator[Coroutine[Any, Any, None]]:
@@ -201,6 +207,8 @@ class Dispatcher:
             if not server.up:  # went down while this worker waited for work
                 self._requeue(work)
                 continue
+            if not self._limit(work):  # the turn could train nothing: set aside, not sent
+                continue
             await self._send(server, work.launch(server.url, self._now()))
 
     async def _send(self, server: Server, flight: Flight) -> None:
@@ -223,6 +231,7 @@ class Dispatcher:
                     config.model,
                     stream=config.stream,
                     timeout_s=config.request_timeout_s + 30.0,
+                    max_tokens=work.limit.max_tokens if work.limit is not None else None,
                     seed=sample_seed(prompt.id) if prompt.arm is not None else None,
                 )
         except TimeoutError:
@@ -245,6 +254,49 @@ class Dispatcher:
                 self._requeue(work)
             return
         self._settle(server, flight, result, error)
+
+    # ----- the trainer's max_length ------------------------------------------------------------------------
+    def _limit(self, work: Work) -> bool:
+        """Give the turn its max_tokens, min(max_tokens, max_length − prompt tokens), once per turn (retries and
+        hedged copies send the same); False when nothing it generated could train: then it is set aside."""
+        if self.length_cap is None or work.limit is not None:
+            return True
+        conversation = work.conversation
+        sampling = self._sampling[conversation.prompt.arm]
+        limit = self.length_cap.limit(conversation.request(), sampling.max_tokens, sampling.enable_thinking)
+        if limit.trains_nothing:
+            self._set_aside(work, limit)
+            return False
+        work.limit = limit
+        return True
+
+    def _set_aside(self, work: Work, limit: TurnLimit) -> None:
+        assert self.length_cap is not None
+        conversation = work.conversation
+        label, first = conversation.label(), conversation.turn == 0
+        reason = limit.reason(self.length_cap.max_length)
+        conversation.set_aside_rest()
+        work.state = TurnState.SET_ASIDE
+        self.set_aside += 1
+        row = None if first else conversation.output_row()
+        self.completed += not first
+        rejected = conversation.rejected_row(reason) if first else None
+        self._tell(self.events.set_aside, label, reason, row, rejected)
+        self._intake.ended()
+
+    def _check_count(self, server: Server, work: Work, result: ChatResult) -> None:
+        """The first turn whose prompt the server counted otherwise than the tokenizer did is noted (once)."""
+        limit = work.limit
+        if limit is None or result.prompt_tokens is None or self._count_differs_noted:
+            return
+        if result.prompt_tokens != limit.prompt_tokens:
+            self._count_differs_noted = True
+            self.events.note(
+                server.url,
+                f"{work.conversation.label()}: the server counted {result.prompt_tokens:,} prompt tokens, the "
+                f"tokenizer {limit.prompt_tokens:,}: is tokenizer the served model's? (max_tokens is capped on "
+                "the tokenizer's count)",
+            )
 
     # ----- what an answer or a failure decides ---------------------------------------------------------------
     def _settle(
@@ -273,9 +325,11 @@ class Dispatcher:
             self.events.note(server.url, server.deadline.learned_note())
         self.health.answered(server)
         stats.count_answer(result.completion_tokens, result.spec_accept_length)
+        self._check_count(server, work, result)
         conversation = work.conversation
         label = conversation.label()
-        conversation.record(result, work.attempts)
+        sent = work.limit.max_tokens if work.limit else self._sampling[conversation.prompt.arm].max_tokens
+        conversation.record(result, work.attempts, sent)
         self.turns += 1
         row = None
         if conversation.finished:

@@ -136,6 +136,7 @@ async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng
         clients=server_clients(config, _api_key(config)),
         skip=session.store.done_ids,
         rng=rng,
+        length_cap=plan.length_cap,
     )
     stop = asyncio.Event()
     received: list[str] = []

@@ -31,6 +31,7 @@ from draftgen.watch.progress_file import set_state
 
 EVENT_LOG_LIMIT = 1000
 RECENT_EVENTS = 20  # the last events, for progress.json
+SET_ASIDE_NOTES = 5  # turns set aside at the trainer's max_length that are noted one by one
 
 # How a session ended, in the manifest → in progress.json (with its detail).
 ENDINGS = {
@@ -122,6 +123,7 @@ class RunSession:
             note=self.bar.note,
         )
         self.ending: str | None = None
+        self.set_aside_count = 0
         try:
             self.store.flush()
         except BaseException:
@@ -153,6 +155,19 @@ class RunSession:
         self.store.add_failure(row)
         self.bar.fail()
         self.guard.observe(id=label, server=server, error=str(error))
+
+    def set_aside(
+        self, label: str, reason: str, row: dict[str, Any] | None, rejected: dict[str, Any] | None
+    ) -> None:
+        if row is not None:
+            self.store.add(row)
+        if rejected is not None:
+            self.store.add_rejected(rejected)
+        self.bar.skip()
+        self.set_aside_count += 1
+        if self.set_aside_count <= SET_ASIDE_NOTES:
+            more = " (further ones are counted, not shown)" if self.set_aside_count == SET_ASIDE_NOTES else ""
+            self.note("", f"{label} set aside, not sent: {reason}{more}")
 
     def note(self, server: str, what: str) -> None:
         self.log.add(server, what)

@@ -95,6 +95,12 @@ OUTPUT_SCHEMA = pl.Schema(
         "turn_output_ids": pl.List(pl.List(pl.UInt32)),
         "turn_prompt_ids": pl.List(pl.List(pl.UInt32)),
         "turn_prompt_shared": pl.List(pl.Int32),
+        # The max_tokens each turn was sent with: the run's, or less where the trainer's max_length capped it
+        # (draftgen.generate.length_cap); null in shards written before the cap existed.
+        "turn_max_tokens": pl.List(pl.Int64),
+        # Answer points after the last stored one that were not generated: their prompt alone reached the
+        # trainer's max_length (``messages`` then ends at the last answered point); 0 otherwise.
+        "turns_set_aside": pl.Int64,
     }
 )
 FAILED_SCHEMA = pl.Schema(
@@ -178,6 +184,12 @@ class SessionCounts:
     failed: int = 0
     hedged: int = 0  # requests copied to an idle server at the tail (dispatch's hedge)
     hedge_wins: int = 0  # prompts whose stored answer came from the copy
+    set_aside: int = (
+        0  # prompts set aside before their first turn: their prompt alone reached train_max_length
+    )
+    turns_set_aside: int = (
+        0  # later turns not generated for that reason (their conversation stored up to them)
+    )
     servers: list[dict[str, Any]] = field(
         default_factory=list
     )  # server_entry() of each server preflight approved
@@ -205,6 +217,7 @@ class RunStore:
         self._buffer: list[dict[str, Any]] = []
         self._failures: dict[str, dict[str, Any]] = {}
         self._failures_dirty = False
+        self._set_aside: list[dict[str, Any]] = []  # rejected.parquet rows found by dispatch, not yet written
         self._next_seq = self._last_seq() + 1
         self._lease: RunFolderLease | None = None
         self.session = SessionCounts()
@@ -312,6 +325,7 @@ class RunStore:
         self._buffer.append(row)
         self.session.completed += 1
         self.session.turns += len(row.get("turn_after") or (None,))
+        self.session.turns_set_aside += row.get("turns_set_aside") or 0
         self.session.completion_tokens += row.get("completion_tokens") or 0
         if self._failures.pop(row["id"], None) is not None:
             self._failures_dirty = True
@@ -325,6 +339,13 @@ class RunStore:
         self._failures_dirty = True
         self.session.failed += 1
 
+    def add_rejected(self, row: dict[str, Any]) -> None:
+        """A prompt set aside by dispatch (its first turn could train nothing): appended to rejected.parquet at
+        the next flush. A resume's preflight rewrites that file from its scan, and dispatch finds these again."""
+        self._set_aside.append(row)
+        self.rejected_count += 1
+        self.session.set_aside += 1
+
     def write_rejected(self, rows: Iterable[dict[str, Any]], prompt_stats: dict[str, Any]) -> Path:
         """Rewrite rejected.parquet with this scan's malformed rows (the prompt file may have been fixed)."""
         frame = pl.DataFrame(list(rows), schema=REJECTED_SCHEMA)
@@ -336,7 +357,7 @@ class RunStore:
 
     def flush(self) -> Path | None:
         """Write buffered rows as one shard, failures, and the manifest. Safe to call at any time."""
-        written = None
+        written, wrote_rejected = None, False
         if self._buffer:
             frame = pl.DataFrame(self._buffer, schema=OUTPUT_SCHEMA)
             written = self.shard_dir / shard_name(self._next_seq)
@@ -357,7 +378,15 @@ class RunStore:
             frame = pl.DataFrame(list(self._failures.values()), schema=FAILED_SCHEMA)
             atomic_write_parquet(frame, self.out_dir / FAILED)
             self._failures_dirty = False
-        if written is not None or not (self.out_dir / MANIFEST).exists():
+        if self._set_aside:
+            path = self.out_dir / REJECTED
+            frame = pl.DataFrame(self._set_aside, schema=REJECTED_SCHEMA)
+            if path.exists():
+                frame = pl.concat([pl.read_parquet(path).cast(REJECTED_SCHEMA), frame])  # type: ignore[arg-type]
+            atomic_write_parquet(frame, path)
+            self._set_aside = []
+            wrote_rejected = True
+        if wrote_rejected or written is not None or not (self.out_dir / MANIFEST).exists():
             self._write_manifest("running")
         return written
 
@@ -409,6 +438,8 @@ class RunStore:
                 "failed": self.session.failed,
                 "hedged": self.session.hedged,
                 "hedge_wins": self.session.hedge_wins,
+                "set_aside": self.session.set_aside,
+                "turns_set_aside": self.session.turns_set_aside,
                 "clock_factor": self.clock.factor,  # started_at/ended_at are wall clock; × this = hardware seconds
                 "servers": self.session.servers,
                 "status": status,

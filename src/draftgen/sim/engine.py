@@ -37,6 +37,7 @@ class SimRequest:
     rng: random.Random | None = None  # adaptive speculation: draws are made per step, at that step's count
     category: str | None = None  # the prompt's category (draftgen.sim.categories), which sets its acceptance
     accept_expected: float | None = None  # its expected acceptance length (None: adaptive, instant, MTP off)
+    max_tokens: int | None = None  # the request's max_tokens (as the server took it), for the ground truth
     proposed_drafts: int = 0  # drafts proposed over its verifies (adaptive: the steps in force each time)
     arrival: float = field(default_factory=time.time)
     admitted: float | None = None
