@@ -22,7 +22,7 @@ from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.client import introspect
-from draftgen.client.clock import read_clock
+from draftgen.client.clock import kept_share, read_clock, read_clock_kept
 from draftgen.client.errors import RequestError
 from draftgen.client.metrics import (
     MetricsParseError,
@@ -255,6 +255,7 @@ async def _run_level(
 ) -> LevelRun:
     before, note = await _snapshot(client, facts)
     workers_before = await _worker_snapshots(workers)
+    kept_before = await read_clock_kept(client) if facts.hardware else None
     # With cancel_in_flight the last row only marks the end (a request sent then could never count).
     sendable = len(rows) - 1 if limit.cancel_in_flight else len(rows)
     records: list[RequestRecord] = []
@@ -331,6 +332,7 @@ async def _run_level(
         finally:
             stop.set()
     finished_at = time.time()
+    kept = kept_share([kept_before], [await read_clock_kept(client)]) if kept_before else None
     after, note_after = await _snapshot(client, facts)
     worker_windows = _worker_windows(workers, workers_before, await _worker_snapshots(workers))
     window = counter_window(before, after) if before is not None and after is not None else None
@@ -357,6 +359,7 @@ async def _run_level(
         worker_windows=worker_windows,
         sending_ended_at=sending_ended_at,
         cancelled=cancelled,
+        clock_kept=kept,
     )
 
 

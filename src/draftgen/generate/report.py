@@ -94,6 +94,55 @@ def run_clock(out_dir: RunDirs) -> HardwareClock:
     return fleet_clock(clocks)[0]
 
 
+def kept_share_of(sessions: list[dict[str, Any]]) -> float:
+    """The share of its clock a simulated fleet kept over these sessions, weighted by their length (1.0: real
+    servers, or sessions recorded before it was measured): the run's wall time on the simulated GPU's clock is
+    wall-clock seconds × clock factor × this."""
+    weights = [(s["ended_at"] - s["started_at"], s.get("clock_kept") or 1.0) for s in sessions]
+    total = sum(w for w, _ in weights)
+    return sum(w * k for w, k in weights) / total if total > 0 else 1.0
+
+
+def gpu_seconds(sessions: list[dict[str, Any]]) -> float:
+    """GPU-seconds the sessions held their servers, on the hardware's clock (the simulated GPU's: × clock factor ×
+    the share of its clock the simulator kept): each session's length × the servers it ran on."""
+    return sum(
+        (s["ended_at"] - s["started_at"])
+        * float(s.get("clock_factor") or 1.0)
+        * float(s.get("clock_kept") or 1.0)
+        * max(1, len(s.get("servers") or ()))
+        for s in sessions
+    )
+
+
+def trained_tokens(out_dir: RunDirs) -> int:
+    """Generated tokens the trainer keeps: per turn, at most its ``train_max_length`` − its prompt tokens (a capped
+    run generates nothing past that; an uncapped one has the rest cut in training). Validate's own count, after
+    its checks and held-out prompts, is the dataset card's."""
+    total = 0
+    for folder in run_dirs(out_dir):
+        paths = shard_paths(folder)
+        if not paths:
+            continue
+        limit = int(((read_manifest(folder) or {}).get("parameters") or {}).get("train_max_length") or 0)
+        turns = (
+            scan_shards(paths)
+            .select(
+                pl.coalesce("turn_prompt_tokens", pl.concat_list("prompt_tokens")).alias("prompt"),
+                pl.coalesce("turn_completion_tokens", pl.concat_list("completion_tokens")).alias("made"),
+            )
+            .explode("prompt", "made")
+        )
+        made = pl.col("made").fill_null(0)
+        kept = (
+            pl.min_horizontal(made, pl.max_horizontal(limit - pl.col("prompt").fill_null(0), 0))
+            if limit
+            else made
+        )
+        total += int(turns.select(kept.sum()).collect().item() or 0)
+    return total
+
+
 def summary(out_dir: RunDirs) -> pl.DataFrame:
     """One row of run-level figures (several folders: one row for them together, wall time their union), times
     and rates on the servers' clock (``clock`` and the raw ``wall_clock_s`` columns when simulated)."""
@@ -102,8 +151,9 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
     rows = scan_results(folders)
     sessions = [s for folder in folders for s in (read_manifest(folder) or {}).get("sessions", [])]
     wall_clock = busy_seconds([(s["started_at"], s["ended_at"]) for s in sessions])
-    wall = clock.seconds(wall_clock)
+    wall = clock.seconds(wall_clock) * kept_share_of(sessions)
     session_tokens = sum(s["completion_tokens"] for s in sessions)
+    trained, gpu_s = trained_tokens(folders), gpu_seconds(sessions)
     frame = rows.select(
         pl.len().alias("rows"),
         pl.col("id").n_unique().alias("unique_ids"),
@@ -125,13 +175,17 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(sum(_count(folder / REJECTED) for folder in folders)).alias("rejected"),
         pl.lit(round(wall, 1)).alias("wall_s"),
         pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
+        pl.lit(trained).alias("trained_tokens"),
+        pl.lit(round(gpu_s / trained * 1e6, 1) if trained else None).alias("gpu_s_per_m_trained"),
         pl.lit(len(sessions)).alias("sessions"),
         pl.lit(sum(s.get("hedged", 0) for s in sessions)).alias("hedged"),
         pl.lit(sum(s.get("hedge_wins", 0) for s in sessions)).alias("hedge_wins"),
     )
     if clock.simulated:
         frame = frame.with_columns(
-            pl.lit(round(wall_clock, 1)).alias("wall_clock_s"), pl.lit(clock.short).alias("clock")
+            pl.lit(round(wall_clock, 1)).alias("wall_clock_s"),
+            pl.lit(round(kept_share_of(sessions), 4)).alias("clock_kept"),
+            pl.lit(clock.short).alias("clock"),
         )
     return frame.with_columns(pl.lit(len(folders)).alias("folders")) if len(folders) > 1 else frame
 
@@ -429,11 +483,24 @@ def compare_estimate(
             actual_wall / unit_s if actual_wall else None,
         ),
     ]
+    if (
+        estimate.get("gpu_s_per_m_trained") is not None
+    ):  # estimates made before trained tokens were priced lack it
+        usd = float(estimate.get("gpu_hour_usd") or 0.0) / 3600.0
+        actual_gpu_s = run.get("gpu_s_per_m_trained")
+        records += [
+            ("GPU-seconds per million trained tokens", float(estimate["gpu_s_per_m_trained"]), actual_gpu_s),
+            (
+                "dollars per million trained tokens",
+                float(estimate["gpu_s_per_m_trained"]) * usd,
+                actual_gpu_s * usd if actual_gpu_s else None,
+            ),
+        ]
     return pl.DataFrame(
         {
             "figure": [r[0] for r in records],
-            "planned": [round(r[1], 2) for r in records],
-            "actual": [round(r[2], 2) if r[2] is not None else None for r in records],
+            "planned": [round(r[1], 3) for r in records],
+            "actual": [round(r[2], 3) if r[2] is not None else None for r in records],
             "actual / planned": [round(r[2] / r[1], 3) if r[2] and r[1] else None for r in records],
         }
     )

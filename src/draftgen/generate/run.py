@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from draftgen.client.clock import kept_share, read_clock_kept
+from draftgen.client.server import ServerClient
 from draftgen.generate.acceptance import AcceptanceSampler, metrics_targets, write_samples
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome, server_clients
@@ -127,6 +129,18 @@ async def _beside(work: Awaitable[T], *companions: Awaitable[object]) -> T:
                 await task
 
 
+async def _clock_readings(config: GenerateConfig, plan: Plan) -> list[tuple[float, float] | None] | None:
+    """Each simulated server's clock_kept counters now (None: the servers are real, on the wall clock)."""
+    if not plan.clock.simulated:
+        return None
+
+    async def one(url: str) -> tuple[float, float] | None:
+        async with ServerClient(url, api_key=_api_key(config)) as client:
+            return await read_clock_kept(client)
+
+    return list(await asyncio.gather(*(one(s.url) for s in plan.servers)))
+
+
 async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng: random.Random | None):
     """Dispatch every prompt still to do, with the progress display and the /metrics sampler beside it."""
     dispatcher = Dispatcher(
@@ -142,9 +156,12 @@ async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng
     received: list[str] = []
     sampler = _acceptance_sampler(config, plan)
     companions = [session.watch(dispatcher)] + ([sampler.run()] if sampler else [])
+    clock_before = await _clock_readings(config, plan)
     try:
         with _stop_on_signals(stop, received):
             outcome = await _beside(dispatcher.run(prompt_source(config), stop), *companions)
+        if clock_before is not None:
+            session.clock_kept = kept_share(clock_before, await _clock_readings(config, plan) or [])
     finally:
         session.show(dispatcher, force=True)
         if sampler is not None:

@@ -124,6 +124,9 @@ class RunSession:
         )
         self.ending: str | None = None
         self.set_aside_count = 0
+        self.clock_kept: float | None = (
+            None  # draftgen sim: the share of its clock the fleet kept this session
+        )
         try:
             self.store.flush()
         except BaseException:
@@ -205,7 +208,7 @@ class RunSession:
         state = ENDINGS[ending]
         self.status.finish(state, detail or ending.replace("_", " "))
         hedges = {"hedged": outcome.hedged, "hedge_wins": outcome.hedge_wins} if outcome else {}
-        self.store.close(ending, detail, **hedges)
+        self.store.close(ending, detail, clock_kept=self.clock_kept, **hedges)
 
     def end_disk_full(self, error: DiskFull) -> DiskFullStop:
         """The disk filled: record it as far as space allows and say what is kept and what to do."""

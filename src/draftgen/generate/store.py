@@ -390,10 +390,20 @@ class RunStore:
             self._write_manifest("running")
         return written
 
-    def close(self, status: str, detail: str = "", *, hedged: int = 0, hedge_wins: int = 0) -> None:
+    def close(
+        self,
+        status: str,
+        detail: str = "",
+        *,
+        hedged: int = 0,
+        hedge_wins: int = 0,
+        clock_kept: float | None = None,
+    ) -> None:
         """Flush everything and record how this session ended (complete, interrupted, halted, failed), with the
-        tail copies dispatch sent and how many of them answered first."""
+        tail copies dispatch sent and how many of them answered first, and (draftgen sim) the share of its clock
+        the fleet kept."""
         self.session.hedged, self.session.hedge_wins = hedged, hedge_wins
+        self.session.clock_kept = clock_kept
         self.flush()
         self._end_session(status, detail)
 
@@ -441,6 +451,7 @@ class RunStore:
                 "set_aside": self.session.set_aside,
                 "turns_set_aside": self.session.turns_set_aside,
                 "clock_factor": self.clock.factor,  # started_at/ended_at are wall clock; × this = hardware seconds
+                "clock_kept": self.session.clock_kept,  # draftgen sim: × this too (the share of its clock it kept)
                 "servers": self.session.servers,
                 "status": status,
                 "detail": detail[:2000],
