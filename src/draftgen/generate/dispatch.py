@@ -20,7 +20,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Container, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from draftgen.client.errors import RequestError
@@ -113,6 +113,7 @@ class Dispatcher:
         self.hedger = TailHedger(HedgePolicy(config.hedge_slow_ratio), config.concurrency_per_server)
         self.halt: BaseException | None = None
         self.completed = self.turns = self.failed = self.hedged = self.hedge_wins = self.set_aside = 0
+        self.trained_tokens = 0  # completion tokens the trainer keeps: each turn's up to train_max_length
         self._count_differs_noted = False
         self._queue = WorkQueue()
         window = max(64, 2 * config.concurrency_per_server * len(servers))
@@ -315,7 +316,7 @@ class Dispatcher:
             self._fail(server, work, error)
 
     def _keep(self, server: Server, flight: Flight, result: ChatResult) -> None:
-        work, stats = flight.work, server.stats
+        config, work, stats = self.config, flight.work, server.stats
         work.answered(self._now())  # any other copy of this turn is cut short: its server aborts it
         if flight.hedge:
             self.hedge_wins += 1
@@ -331,6 +332,7 @@ class Dispatcher:
         sent = work.limit.max_tokens if work.limit else self._sampling[conversation.prompt.arm].max_tokens
         conversation.record(result, work.attempts, sent)
         self.turns += 1
+        self.trained_tokens += trained_part(result, config.train_max_length)
         row = None
         if conversation.finished:
             work.state = TurnState.STORED
@@ -373,7 +375,16 @@ class Dispatcher:
     # ----- what the session shows ----------------------------------------------------------------------------
     def snapshot(self) -> FleetSnapshot:
         """The session's counters now, for progress.json and the progress bar."""
-        return fleet_snapshot(self.servers, self.completed, self.failed, len(self._timers), self.turns)
+        snapshot = fleet_snapshot(self.servers, self.completed, self.failed, len(self._timers), self.turns)
+        return replace(snapshot, trained_tokens=self.trained_tokens)
+
+
+def trained_part(result: ChatResult, max_length: int) -> int:
+    """The tokens of an answer the trainer keeps: at most max_length − its prompt (all of a capped turn's)."""
+    made = result.completion_tokens or 0
+    if not max_length or result.prompt_tokens is None:
+        return made
+    return min(made, max(0, max_length - result.prompt_tokens))
 
 
 def fleet_snapshot(

@@ -28,6 +28,7 @@ from draftgen.display.humanize import duration_unit, short_label
 from draftgen.display.plots import Plot, completion_length_histogram, save
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
+from draftgen.generate.gpu_time import gpu_seconds, kept_share_of
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.store import read_manifest, scan_shards
 from draftgen.rundir.layout import FAILED, PLOTS, REJECTED, SHARDS, shard_paths
@@ -92,27 +93,6 @@ def run_clock(out_dir: RunDirs) -> HardwareClock:
     servers ran on different clocks: the wall clock)."""
     clocks = [HardwareClock.from_dict((read_manifest(f) or {}).get("clock")) for f in run_dirs(out_dir)]
     return fleet_clock(clocks)[0]
-
-
-def kept_share_of(sessions: list[dict[str, Any]]) -> float:
-    """The share of its clock a simulated fleet kept over these sessions, weighted by their length (1.0: real
-    servers, or sessions recorded before it was measured): the run's wall time on the simulated GPU's clock is
-    wall-clock seconds × clock factor × this."""
-    weights = [(s["ended_at"] - s["started_at"], s.get("clock_kept") or 1.0) for s in sessions]
-    total = sum(w for w, _ in weights)
-    return sum(w * k for w, k in weights) / total if total > 0 else 1.0
-
-
-def gpu_seconds(sessions: list[dict[str, Any]]) -> float:
-    """GPU-seconds the sessions held their servers, on the hardware's clock (the simulated GPU's: × clock factor ×
-    the share of its clock the simulator kept): each session's length × the servers it ran on."""
-    return sum(
-        (s["ended_at"] - s["started_at"])
-        * float(s.get("clock_factor") or 1.0)
-        * float(s.get("clock_kept") or 1.0)
-        * max(1, len(s.get("servers") or ()))
-        for s in sessions
-    )
 
 
 def trained_tokens(out_dir: RunDirs) -> int:

@@ -121,6 +121,7 @@ class RunSession:
             done_at_start=plan.scan.stored,
             max_rates=self.guard.settings.max_rates,
             note=self.bar.note,
+            servers_clock=plan.clock.as_dict(),
         )
         self.ending: str | None = None
         self.set_aside_count = 0
