@@ -73,6 +73,10 @@ class DispatchOutcome:
     hedged: int = 0  # requests copied to an idle server at the tail
     hedge_wins: int = 0  # turns whose kept answer came from the copy
     set_aside: int = 0  # turns not sent: their prompt alone reached the trainer's max_length
+    first_sent_at: float | None = None  # wall clock: the first request sent ...
+    last_answer_at: float | None = (
+        None  # ... and the last answer (or failure) received: the generation's span
+    )
 
     @property
     def wall_s(self) -> float:
@@ -114,6 +118,8 @@ class Dispatcher:
         self.halt: BaseException | None = None
         self.completed = self.turns = self.failed = self.hedged = self.hedge_wins = self.set_aside = 0
         self.trained_tokens = 0  # completion tokens the trainer keeps: each turn's up to train_max_length
+        self.first_sent_at: float | None = None
+        self.last_answer_at: float | None = None
         self._count_differs_noted = False
         self._queue = WorkQueue()
         window = max(64, 2 * config.concurrency_per_server * len(servers))
@@ -160,6 +166,8 @@ class Dispatcher:
             hedged=self.hedged,
             hedge_wins=self.hedge_wins,
             set_aside=self.set_aside,
+            first_sent_at=self.first_sent_at,
+            last_answer_at=self.last_answer_at,
         )
 
     def _jobs(self, prompts: Iterator[PromptRow | RejectedRow]) -> Iterator[Coroutine[Any, Any, None]]:
@@ -219,6 +227,8 @@ class Dispatcher:
             server.last_answer = self._now()  # an idle spell is not silence
         key = next(self._keys)
         server.in_flight[key] = flight
+        if self.first_sent_at is None:
+            self.first_sent_at = time.time()
         result: ChatResult | None = None
         error: RequestError | None = None
         timeout_s = server.deadline.timeout_s(work.presumed_hung)
@@ -245,6 +255,7 @@ class Dispatcher:
         finally:
             del server.in_flight[key]
             work.land(flight)
+            self.last_answer_at = time.time()
         if result is not None or (error is not None and error.kind in ("http", "protocol")):
             server.last_answer = self._now()  # it answered, if only with an error
         if flight.state is FlightState.LOST:  # the other copy of its turn answered first

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SET_ASIDE = "set aside at the trainer's max_length"  # how a set-aside prompt's rejected.parquet reason begins
 PromptCounter = Callable[
     [Sequence[Mapping[str, Any]], bool], int
 ]  # (messages, enable_thinking) → prompt tokens
@@ -38,8 +39,8 @@ class TurnLimit:
 
     def reason(self, max_length: int) -> str:
         return (
-            f"its prompt is {self.prompt_tokens:,} tokens, the trainer's max_length (train_max_length) "
-            f"{max_length:,}: nothing generated after it could train"
+            f"{SET_ASIDE}: its prompt is {self.prompt_tokens:,} tokens, train_max_length {max_length:,}, so nothing "
+            "generated after it could train"
         )
 
 

@@ -95,6 +95,16 @@ def run_clock(out_dir: RunDirs) -> HardwareClock:
     return fleet_clock(clocks)[0]
 
 
+def generating_seconds(sessions: list[dict[str, Any]], clock: HardwareClock) -> float | None:
+    """The generation's own time, on the hardware's clock: from each session's first request sent to its last
+    answer (what the estimate models), without the session's start-up and end (opening the folder, building
+    clients, writing the last shard). None for sessions recorded before the span was."""
+    spans = [(s.get("first_sent_at"), s.get("last_answer_at")) for s in sessions]
+    if not spans or any(a is None or b is None for a, b in spans):
+        return None
+    return clock.seconds(busy_seconds(spans)) * kept_share_of(sessions)  # type: ignore[arg-type]
+
+
 def trained_tokens(out_dir: RunDirs) -> int:
     """Generated tokens the trainer keeps: per turn, at most its ``train_max_length`` − its prompt tokens (a capped
     run generates nothing past that; an uncapped one has the rest cut in training). Validate's own count, after
@@ -134,6 +144,7 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
     wall = clock.seconds(wall_clock) * kept_share_of(sessions)
     session_tokens = sum(s["completion_tokens"] for s in sessions)
     trained, gpu_s = trained_tokens(folders), gpu_seconds(sessions)
+    generating = generating_seconds(sessions, clock) if sessions else None
     frame = rows.select(
         pl.len().alias("rows"),
         pl.col("id").n_unique().alias("unique_ids"),
@@ -155,6 +166,8 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(sum(_count(folder / REJECTED) for folder in folders)).alias("rejected"),
         pl.lit(round(wall, 1)).alias("wall_s"),
         pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
+        pl.lit(round(generating, 1) if generating else None).alias("generating_s"),
+        pl.lit(round(session_tokens / generating, 1) if generating else None).alias("generating_tok_s"),
         pl.lit(trained).alias("trained_tokens"),
         pl.lit(round(gpu_s / trained * 1e6, 1) if trained else None).alias("gpu_s_per_m_trained"),
         pl.lit(len(sessions)).alias("sessions"),
@@ -448,7 +461,9 @@ def compare_estimate(
     prompts = int(total_prompts or estimate["num_prompts"])
     planned_tok_s = float(estimate["aggregate_output_tok_s"])
     planned_wall = float(estimate["wall_time_s"]) * prompts / max(1, int(estimate["num_prompts"]))
-    actual_tok_s = run["output_tok_s"]
+    # The generation's own span (first request to last answer), which is what the estimate models; the session's
+    # start-up and end are reported beside it.
+    actual_tok_s = run.get("generating_tok_s") or run["output_tok_s"]
     turns = run["turns"]
     mean_tokens = round(run["completion_tokens"] / turns, 1) if turns and run["completion_tokens"] else None
     actual_wall = prompts * mean_tokens / actual_tok_s if actual_tok_s and mean_tokens else None
@@ -463,11 +478,17 @@ def compare_estimate(
             actual_wall / unit_s if actual_wall else None,
         ),
     ]
-    if (
-        estimate.get("gpu_s_per_m_trained") is not None
-    ):  # estimates made before trained tokens were priced lack it
+    generating, servers = run.get("generating_s"), _servers(out_dir)
+    if generating and run["wall_s"]:
+        records.append(
+            ("session start-up and end outside the generation (s)", 0.0, run["wall_s"] - generating)
+        )
+    # estimates made before trained tokens were priced lack it
+    if estimate.get("gpu_s_per_m_trained") is not None:
         usd = float(estimate.get("gpu_hour_usd") or 0.0) / 3600.0
-        actual_gpu_s = run.get("gpu_s_per_m_trained")
+        trained = run.get("trained_tokens")
+        span = generating or run["wall_s"]
+        actual_gpu_s = span * servers / trained * 1e6 if trained and servers else None
         records += [
             ("GPU-seconds per million trained tokens", float(estimate["gpu_s_per_m_trained"]), actual_gpu_s),
             (
@@ -481,9 +502,20 @@ def compare_estimate(
             "figure": [r[0] for r in records],
             "planned": [round(r[1], 3) for r in records],
             "actual": [round(r[2], 3) if r[2] is not None else None for r in records],
-            "actual / planned": [round(r[2] / r[1], 3) if r[2] and r[1] else None for r in records],
+            "actual / planned": [
+                round(r[2] / r[1], 3) if r[2] is not None and r[1] else None for r in records
+            ],
         }
     )
+
+
+def _servers(out_dir: RunDirs) -> int:
+    """Servers of the run's last session (summed over the folders)."""
+    count = 0
+    for folder in run_dirs(out_dir):
+        sessions = (read_manifest(folder) or {}).get("sessions") or []
+        count += len(sessions[-1].get("servers") or ()) if sessions else 0
+    return count
 
 
 def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any]) -> list[str]:

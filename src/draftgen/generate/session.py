@@ -209,7 +209,8 @@ class RunSession:
         state = ENDINGS[ending]
         self.status.finish(state, detail or ending.replace("_", " "))
         hedges = {"hedged": outcome.hedged, "hedge_wins": outcome.hedge_wins} if outcome else {}
-        self.store.close(ending, detail, clock_kept=self.clock_kept, **hedges)
+        span = (outcome.first_sent_at, outcome.last_answer_at) if outcome else (None, None)
+        self.store.close(ending, detail, clock_kept=self.clock_kept, generating=span, **hedges)
 
     def end_disk_full(self, error: DiskFull) -> DiskFullStop:
         """The disk filled: record it as far as space allows and say what is kept and what to do."""

@@ -190,6 +190,7 @@ class SessionCounts:
     turns_set_aside: int = (
         0  # later turns not generated for that reason (their conversation stored up to them)
     )
+    generating: tuple[float | None, float | None] = (None, None)  # first request sent, last answer (wall)
     servers: list[dict[str, Any]] = field(
         default_factory=list
     )  # server_entry() of each server preflight approved
@@ -398,12 +399,14 @@ class RunStore:
         hedged: int = 0,
         hedge_wins: int = 0,
         clock_kept: float | None = None,
+        generating: tuple[float | None, float | None] = (None, None),
     ) -> None:
         """Flush everything and record how this session ended (complete, interrupted, halted, failed), with the
         tail copies dispatch sent and how many of them answered first, and (draftgen sim) the share of its clock
         the fleet kept."""
         self.session.hedged, self.session.hedge_wins = hedged, hedge_wins
         self.session.clock_kept = clock_kept
+        self.session.generating = generating
         self.flush()
         self._end_session(status, detail)
 
@@ -452,6 +455,9 @@ class RunStore:
                 "turns_set_aside": self.session.turns_set_aside,
                 "clock_factor": self.clock.factor,  # started_at/ended_at are wall clock; × this = hardware seconds
                 "clock_kept": self.session.clock_kept,  # draftgen sim: × this too (the share of its clock it kept)
+                # the generation's own span inside the session: the first request sent to the last answer
+                "first_sent_at": self.session.generating[0],
+                "last_answer_at": self.session.generating[1],
                 "servers": self.session.servers,
                 "status": status,
                 "detail": detail[:2000],

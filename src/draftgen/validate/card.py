@@ -128,12 +128,15 @@ def generation_cost(manifests: list[dict[str, Any]], trained: int) -> dict[str, 
     gpu_s = gpu_seconds(sessions)
     price = _gpu_hour_usd(manifests)
     clock = (manifests[0].get("clock") or {}) if manifests else {}
+    hardware, factor = clock.get("hardware"), clock.get("factor") or 1.0
     return {
         "gpu_seconds": gpu_s,
         "trained_tokens": trained,
         **per_million(gpu_s, trained, price),
         "gpu_hour_usd": price,
-        "clock": clock.get("note") or "wall clock",
+        "clock": f"simulated {hardware} clock, sim ×{factor:g}, as the simulator kept it"
+        if hardware
+        else "wall clock",
     }
 
 

@@ -114,20 +114,31 @@ def _at(epoch: float) -> str:
 
 
 def _clock(progress: dict[str, Any], run_dir: Path) -> tuple[float, str | None]:
-    """(factor, hardware) of the servers' clock, as every report states it: progress.json's, else the manifest's
-    (runs written before progress.json carried it); (1.0, None) on real servers."""
+    """(factor, label) of the servers' clock, as every report states it: progress.json's, else the manifest's
+    (runs written before progress.json carried it), times the share of it the simulator kept once a session has
+    recorded it; (1.0, None) on real servers."""
     clock = progress.get("clock")
-    if not isinstance(clock, dict) or not clock:
+    manifest: dict[str, Any] = {}
+    if not isinstance(clock, dict) or not clock or progress.get("ended_at"):
         try:
-            clock = json.loads((run_dir / MANIFEST).read_text()).get("clock")
+            manifest = json.loads((run_dir / MANIFEST).read_text())
         except (OSError, ValueError):
-            clock = None
+            manifest = {}
+        if not isinstance(clock, dict) or not clock:
+            clock = manifest.get("clock")
     if not isinstance(clock, dict):
         return 1.0, None
     factor = clock.get("factor")
     if not isinstance(factor, (int, float)) or factor <= 0:
         return 1.0, None
-    return float(factor), clock.get("hardware")
+    # A finished session recorded the share of its clock the simulator kept: the reports state its time with it.
+    sessions = manifest.get("sessions") or []
+    kept = sessions[-1].get("clock_kept") if sessions and isinstance(sessions[-1], dict) else None
+    label = f"simulated {clock.get('hardware')} clock, sim ×{factor:g}" if clock.get("hardware") else None
+    if isinstance(kept, (int, float)) and 0 < kept <= 1:
+        factor *= kept
+        label = f"{label}, {kept:.0%} of it kept" if label else None
+    return float(factor), label
 
 
 def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, now: float) -> str:
@@ -151,7 +162,7 @@ def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *
         lines.append(f"turns     {text}")
     rate = progress.get("rate", {})
     factor, hardware = _clock(progress, run_dir)
-    on = f" (simulated {hardware} clock, sim ×{factor:g})" if hardware else ""
+    on = f" ({hardware})" if hardware else ""
     window = (rate.get("window_s") or 0.0) * factor
     per_s, tok_s = rate.get("conversations_per_s"), rate.get("tok_s")
     lines.append(
