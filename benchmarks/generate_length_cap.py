@@ -48,7 +48,7 @@ def write_prompts(path: Path, conversations: int) -> Path:
                 next(m["content"] for m in firsts[3 * i + k]["messages"] if m["role"] == "user")
                 for k in range(3)
             ]
-            size = (200, 700, 1200)[i % 3]  # words of pasted context per user turn
+            size = (60, 200, 450)[i % 3]  # words of pasted context per user turn
             messages = []
             for k, question in enumerate(questions):
                 if k:

@@ -171,7 +171,7 @@ class RunSession:
         self.set_aside_count += 1
         if self.set_aside_count <= SET_ASIDE_NOTES:
             more = " (further ones are counted, not shown)" if self.set_aside_count == SET_ASIDE_NOTES else ""
-            self.note("", f"{label} set aside, not sent: {reason}{more}")
+            self.note("", f"{label}, not sent: {reason}{more}")
 
     def note(self, server: str, what: str) -> None:
         self.log.add(server, what)
