@@ -146,8 +146,8 @@ def main() -> None:
             f"{made_c / turns_c['trained'].sum():.3f}"
         )
         print(
-            f"capped run: {int((turns_c['sent'] < args.max_tokens).sum()):,} of {turns_c.height:,} turns capped, "
-            f"{session['set_aside']} prompts set "
+            f"capped run: {int(((turns_c['made'] >= turns_c['sent']) & (turns_c['sent'] < args.max_tokens)).sum()):,} "
+            f"of {turns_c.height:,} turns ended by the cap (max_length − prompt), {session['set_aside']} prompts set "
             f"aside before their first turn, {session['turns_set_aside']} later turns set aside (never sent); "
             f"{capped.completed:,} conversations stored"
         )
