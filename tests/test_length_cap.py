@@ -74,6 +74,12 @@ def test_the_cap_is_max_length_minus_the_prompt_and_never_above_max_tokens():
     over = cap.limit([{"role": "user", "content": " ".join(["w"] * 250)}], MAX_TOKENS, True)
     assert over.trains_nothing and over.max_tokens < 0
 
+    def unrenderable(messages, enable_thinking: bool) -> int:
+        raise ValueError("the chat template raised: no user message")
+
+    sent = LengthCap(200, unrenderable).limit([{"role": "system", "content": "x"}], MAX_TOKENS, True)
+    assert (sent.prompt_tokens, sent.max_tokens, sent.trains_nothing) == (None, MAX_TOKENS, False)
+
 
 def test_the_tokenizer_counts_the_prompt_as_the_simulated_server_renders_it(sim_tokenizer_dir):
     count = tokenizer_counter(sim_tokenizer_dir)

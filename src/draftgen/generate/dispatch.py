@@ -299,7 +299,9 @@ class Dispatcher:
     def _check_count(self, server: Server, work: Work, result: ChatResult) -> None:
         """The first turn whose prompt the server counted otherwise than the tokenizer did is noted (once)."""
         limit = work.limit
-        if limit is None or result.prompt_tokens is None or self._count_differs_noted:
+        if limit is None or limit.prompt_tokens is None or result.prompt_tokens is None:
+            return
+        if self._count_differs_noted:
             return
         if result.prompt_tokens != limit.prompt_tokens:
             self._count_differs_noted = True

@@ -29,7 +29,7 @@ PromptCounter = Callable[
 class TurnLimit:
     """What one turn may generate: its prompt's length and the max_tokens it is sent with (≤ 0: nothing trains)."""
 
-    prompt_tokens: int
+    prompt_tokens: int | None  # None: the tokenizer could not render this prompt (sent uncapped)
     max_tokens: int
     capped: bool  # max_tokens is the trainer's limit, not the run's
 
@@ -39,7 +39,7 @@ class TurnLimit:
 
     def reason(self, max_length: int) -> str:
         return (
-            f"{SET_ASIDE}: its prompt is {self.prompt_tokens:,} tokens, train_max_length {max_length:,}, so nothing "
+            f"{SET_ASIDE}: its prompt is {self.prompt_tokens or 0:,} tokens, train_max_length {max_length:,}, so nothing "
             "generated after it could train"
         )
 
@@ -55,7 +55,13 @@ class LengthCap:
     def limit(
         self, messages: Sequence[Mapping[str, Any]], max_tokens: int, enable_thinking: bool
     ) -> TurnLimit:
-        prompt = int(self.count(messages, enable_thinking))
+        """The turn's max_tokens; a prompt the chat template cannot render goes uncapped (the server judges it)."""
+        try:
+            prompt = int(self.count(messages, enable_thinking))
+        except (
+            Exception
+        ):  # the template's own error (raise_exception) or the tokenizer's: not the run's to stop
+            return TurnLimit(prompt_tokens=None, max_tokens=max_tokens, capped=False)
         room = self.max_length - prompt
         return TurnLimit(prompt_tokens=prompt, max_tokens=min(max_tokens, room), capped=room < max_tokens)
 
