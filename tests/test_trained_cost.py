@@ -25,6 +25,7 @@ from draftgen.estimate.model import LengthSample
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.gpu_time import gpu_seconds, per_million
+from draftgen.generate.ramp import _idle_seconds
 from draftgen.generate.store import RunStore
 from draftgen.params import build_config
 from draftgen.watch import progress_file
@@ -182,3 +183,10 @@ def test_status_states_rates_on_the_simulated_gpus_clock_and_the_trained_tokens(
     main(["status", str(tmp_path)])
     [rate] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("rate")]
     assert rate.endswith("0.50 conversations/s, 5,000 completion tok/s over the last 60.0 s")
+
+
+def test_the_start_up_waves_idle_capacity_is_integrated_from_the_running_gauge():
+    # full at 48: empty for 1 s, then 12 running for 1 s, 36 for 1 s, then full
+    samples = [(11.0, 12.0), (12.0, 36.0), (13.0, 48.0)]
+    assert _idle_seconds(samples, 48.0, start=10.0) == pytest.approx(1.0 + 0.75 + 0.25)
+    assert _idle_seconds([(10.5, 48.0)], 48.0, start=10.0) == pytest.approx(0.5)

@@ -20,7 +20,6 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Container, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,8 +121,6 @@ class Dispatcher:
         self.first_sent_at: float | None = None
         self.last_answer_at: float | None = None
         self._count_differs_noted = False
-        # one thread: the tokenizer is not shared between threads, and counting stays in prompt order
-        self._counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-count")
         self._queue = WorkQueue()
         window = max(64, 2 * config.concurrency_per_server * len(servers))
         self._intake = Intake(self._queue, turns=config.turns, window=window, skip=skip)
@@ -154,7 +151,6 @@ class Dispatcher:
         finally:
             self._timers.cancel_all()
             self.health.close()
-            self._counting.shutdown(wait=False, cancel_futures=True)
             for server in self.servers:
                 await server.client.close()
         return DispatchOutcome(
@@ -220,7 +216,7 @@ class Dispatcher:
             if not server.up:  # went down while this worker waited for work
                 self._requeue(work)
                 continue
-            if not await self._limit(work):  # the turn could train nothing: set aside, not sent
+            if not self._limit(work):  # the turn could train nothing: set aside, not sent
                 continue
             await self._send(server, work.launch(server.url, self._now()))
 
@@ -272,22 +268,14 @@ class Dispatcher:
         self._settle(server, flight, result, error)
 
     # ----- the trainer's max_length ------------------------------------------------------------------------
-    async def _limit(self, work: Work) -> bool:
+    def _limit(self, work: Work) -> bool:
         """Give the turn its max_tokens, min(max_tokens, max_length − prompt tokens), once per turn (retries and
-        hedged copies send the same); False when nothing it generated could train: then it is set aside.
-
-        A real tokenizer counts on one thread of its own, so the loop goes on sending: at the start, the first
-        wave's hundreds of prompts would otherwise be counted before the first request left."""
-        cap = self.length_cap
-        if cap is None or work.limit is not None:
+        hedged copies send the same); False when nothing it generated could train: then it is set aside."""
+        if self.length_cap is None or work.limit is not None:
             return True
         conversation = work.conversation
         sampling = self._sampling[conversation.prompt.arm]
-        args = (conversation.request(), sampling.max_tokens, sampling.enable_thinking)
-        if cap.threaded:
-            limit = await asyncio.get_running_loop().run_in_executor(self._counting, cap.limit, *args)
-        else:
-            limit = cap.limit(*args)
+        limit = self.length_cap.limit(conversation.request(), sampling.max_tokens, sampling.enable_thinking)
         if limit.trains_nothing:
             self._set_aside(work, limit)
             return False

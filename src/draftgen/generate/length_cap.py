@@ -51,9 +51,6 @@ class LengthCap:
     max_length: int
     count: PromptCounter
     tokenizer: str = ""  # where the counter's tokenizer came from (for messages)
-    threaded: bool = (
-        False  # count off the event loop (a real tokenizer: milliseconds a prompt on a busy machine)
-    )
 
     def limit(
         self, messages: Sequence[Mapping[str, Any]], max_tokens: int, enable_thinking: bool

@@ -601,7 +601,7 @@ async def load_length_cap(config: GenerateConfig) -> tuple[LengthCap | None, Che
         counter = await asyncio.to_thread(tokenizer_counter, config.tokenizer)
     except ValueError as exc:
         return None, Check("tokenizer", config.tokenizer, "fail", str(exc))
-    return LengthCap(config.length_cap, counter, config.tokenizer, threaded=True), None
+    return LengthCap(config.length_cap, counter, config.tokenizer), None
 
 
 async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:

@@ -105,6 +105,14 @@ def generating_seconds(sessions: list[dict[str, Any]], clock: HardwareClock) -> 
     return clock.seconds(busy_seconds(spans)) * kept_share_of(sessions)  # type: ignore[arg-type]
 
 
+def start_wave_seconds(sessions: list[dict[str, Any]], clock: HardwareClock) -> float:
+    """The fleet's capacity idle while each session's first wave was sent and admitted (generate.ramp), on the
+    hardware's clock: the one part of a run the estimate does not model."""
+    return sum(
+        clock.seconds(s.get("start_wave_idle_s") or 0.0) * (s.get("clock_kept") or 1.0) for s in sessions
+    )
+
+
 def trained_tokens(out_dir: RunDirs) -> int:
     """Generated tokens the trainer keeps: per turn, at most its ``train_max_length`` − its prompt tokens (a capped
     run generates nothing past that; an uncapped one has the rest cut in training). Validate's own count, after
@@ -145,6 +153,8 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
     session_tokens = sum(s["completion_tokens"] for s in sessions)
     trained, gpu_s = trained_tokens(folders), gpu_seconds(sessions)
     generating = generating_seconds(sessions, clock) if sessions else None
+    wave = start_wave_seconds(sessions, clock)
+    warm = generating - wave if generating and generating > wave else None
     frame = rows.select(
         pl.len().alias("rows"),
         pl.col("id").n_unique().alias("unique_ids"),
@@ -167,7 +177,8 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(round(wall, 1)).alias("wall_s"),
         pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
         pl.lit(round(generating, 1) if generating else None).alias("generating_s"),
-        pl.lit(round(session_tokens / generating, 1) if generating else None).alias("generating_tok_s"),
+        pl.lit(round(wave, 1)).alias("start_wave_idle_s"),
+        pl.lit(round(session_tokens / warm, 1) if warm else None).alias("generating_tok_s"),
         pl.lit(trained).alias("trained_tokens"),
         pl.lit(round(gpu_s / trained * 1e6, 1) if trained else None).alias("gpu_s_per_m_trained"),
         pl.lit(len(sessions)).alias("sessions"),
@@ -483,6 +494,9 @@ def compare_estimate(
         records.append(
             ("session start-up and end outside the generation (s)", 0.0, run["wall_s"] - generating)
         )
+        wave = run.get("start_wave_idle_s") or 0.0
+        records.append(("capacity idle while the first wave went out (s, not in the wall time)", 0.0, wave))
+        generating -= wave
     # estimates made before trained tokens were priced lack it
     if estimate.get("gpu_s_per_m_trained") is not None:
         usd = float(estimate.get("gpu_hour_usd") or 0.0) / 3600.0

@@ -25,6 +25,7 @@ from draftgen.generate.acceptance import AcceptanceSampler, metrics_targets, wri
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome, server_clients
 from draftgen.generate.preflight import Plan
+from draftgen.generate.ramp import measure_ramp
 from draftgen.generate.session import DiskFullStop, RunInterrupted, RunSession, guard_settings
 from draftgen.generate.source import prompt_source
 from draftgen.rundir import DiskFull
@@ -141,6 +142,10 @@ async def _clock_readings(config: GenerateConfig, plan: Plan) -> list[tuple[floa
     return list(await asyncio.gather(*(one(s.url) for s in plan.servers)))
 
 
+async def _none() -> None:
+    return None
+
+
 async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng: random.Random | None):
     """Dispatch every prompt still to do, with the progress display and the /metrics sampler beside it."""
     dispatcher = Dispatcher(
@@ -157,11 +162,17 @@ async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng
     sampler = _acceptance_sampler(config, plan)
     companions = [session.watch(dispatcher)] + ([sampler.run()] if sampler else [])
     clock_before = await _clock_readings(config, plan)
+    gauges = [s.url for s in plan.servers if s.capabilities.metrics and not s.capabilities.workers]
+    ramp = asyncio.ensure_future(
+        measure_ramp(gauges, config.concurrency_per_server, api_key=_api_key(config)) if gauges else _none()
+    )
     try:
         with _stop_on_signals(stop, received):
             outcome = await _beside(dispatcher.run(prompt_source(config), stop), *companions)
         if clock_before is not None:
             session.clock_kept = kept_share(clock_before, await _clock_readings(config, plan) or [])
+        ramp.cancel()  # a wave that never filled the servers (a short run): measured as far as it went
+        session.start_wave_idle_s = await ramp
     finally:
         session.show(dispatcher, force=True)
         if sampler is not None:

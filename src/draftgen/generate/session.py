@@ -128,6 +128,7 @@ class RunSession:
         self.clock_kept: float | None = (
             None  # draftgen sim: the share of its clock the fleet kept this session
         )
+        self.start_wave_idle_s: float | None = None  # wall seconds of capacity idle in the start-up wave
         try:
             self.store.flush()
         except BaseException:
@@ -210,7 +211,14 @@ class RunSession:
         self.status.finish(state, detail or ending.replace("_", " "))
         hedges = {"hedged": outcome.hedged, "hedge_wins": outcome.hedge_wins} if outcome else {}
         span = (outcome.first_sent_at, outcome.last_answer_at) if outcome else (None, None)
-        self.store.close(ending, detail, clock_kept=self.clock_kept, generating=span, **hedges)
+        self.store.close(
+            ending,
+            detail,
+            clock_kept=self.clock_kept,
+            generating=span,
+            start_wave_idle_s=self.start_wave_idle_s,
+            **hedges,
+        )
 
     def end_disk_full(self, error: DiskFull) -> DiskFullStop:
         """The disk filled: record it as far as space allows and say what is kept and what to do."""

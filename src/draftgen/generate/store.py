@@ -191,6 +191,7 @@ class SessionCounts:
         0  # later turns not generated for that reason (their conversation stored up to them)
     )
     generating: tuple[float | None, float | None] = (None, None)  # first request sent, last answer (wall)
+    start_wave_idle_s: float | None = None  # wall seconds of capacity idle while the first wave went out
     servers: list[dict[str, Any]] = field(
         default_factory=list
     )  # server_entry() of each server preflight approved
@@ -400,6 +401,7 @@ class RunStore:
         hedge_wins: int = 0,
         clock_kept: float | None = None,
         generating: tuple[float | None, float | None] = (None, None),
+        start_wave_idle_s: float | None = None,
     ) -> None:
         """Flush everything and record how this session ended (complete, interrupted, halted, failed), with the
         tail copies dispatch sent and how many of them answered first, and (draftgen sim) the share of its clock
@@ -407,6 +409,7 @@ class RunStore:
         self.session.hedged, self.session.hedge_wins = hedged, hedge_wins
         self.session.clock_kept = clock_kept
         self.session.generating = generating
+        self.session.start_wave_idle_s = start_wave_idle_s
         self.flush()
         self._end_session(status, detail)
 
@@ -458,6 +461,8 @@ class RunStore:
                 # the generation's own span inside the session: the first request sent to the last answer
                 "first_sent_at": self.session.generating[0],
                 "last_answer_at": self.session.generating[1],
+                # capacity idle while the first wave was sent and admitted (generate.ramp; null: no /metrics)
+                "start_wave_idle_s": self.session.start_wave_idle_s,
                 "servers": self.session.servers,
                 "status": status,
                 "detail": detail[:2000],
