@@ -109,7 +109,6 @@ class Engine:
         self._next_deadline: float | None = None
         self.wedged = False
         self.last_step_at = 0.0  # time.time() of the last step that produced tokens (SGLang's "last receive")
-        self._woken_at: float | None = None  # monotonic: when work reached the idle engine
         costs = profile.spec_costs
         self.adaptive = (
             AdaptiveRuntime(costs, profile.adaptive_steps)
@@ -128,8 +127,6 @@ class Engine:
         self.wedged = True
 
     def submit(self, request: SimRequest) -> None:
-        if not self.running and self._woken_at is None:
-            self._woken_at = time.monotonic()  # an idle GPU would start on it at once
         self.waiting.append(request)
         self._wake.set()
 
@@ -179,11 +176,6 @@ class Engine:
                 await self._wake.wait()
                 continue
             cycle_started = time.monotonic()
-            if self._woken_at is not None:
-                # Work waited for an idle engine to get the CPU (this process busy building other requests'
-                # answers): late by that much, as a step that overshoots its deadline is.
-                self.stats.step_actual_s += max(0.0, cycle_started - self._woken_at)
-                self._woken_at = None
             admitted = self._admissible()
             now = time.time()
             for request in admitted:
