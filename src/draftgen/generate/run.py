@@ -171,9 +171,10 @@ async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng
             outcome = await _beside(dispatcher.run(prompt_source(config), stop), *companions)
         if clock_before is not None:
             session.clock_kept = kept_share(clock_before, await _clock_readings(config, plan) or [])
-        ramp.cancel()  # a wave that never filled the servers (a short run): measured as far as it went
-        session.start_wave_idle_s = await ramp
     finally:
+        ramp.cancel()  # long done on a run of more than one wave; a shorter one never filled its servers
+        with contextlib.suppress(asyncio.CancelledError):
+            session.start_wave_idle_s = await ramp
         session.show(dispatcher, force=True)
         if sampler is not None:
             write_samples(config.out_dir, sampler.samples)
