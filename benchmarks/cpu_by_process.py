@@ -4,10 +4,12 @@ start-ups, and what to measure again before trying to make the tier faster.
 Runs the command, reads every process's CPU time (user + system, from /proc) every ``--every`` seconds while it
 runs, and prints core-seconds per kind (an SGLang launcher, SGLang's scheduler and detokenizer, a notebook
 kernel, draftgen, pytest, other), the number of processes of each kind, the wall time and the cores used on
-average. Every process on the machine counts, so run it on a quiet one. Processes that live shorter than one
-interval are missed (a few core-seconds at most). Linux only.
+average. Every process on the machine counts, so run it on a quiet one, or pass ``--tree`` to count only the
+command and what it started (a process that outlives its parent is counted while its parent lives). Processes
+that live shorter than one interval are missed (a few core-seconds at most). Linux only.
 
     .venv/bin/python benchmarks/cpu_by_process.py -- make test-sglang
+    .venv/bin/python benchmarks/cpu_by_process.py --tree -- make test
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ KINDS = (  # first match wins: (kind, words of the command line that mark it)
     ("SGLang scheduler/detokenizer", ("multiprocessing.spawn", "sglang::")),
     ("SGLang launcher (tokenizer manager)", ("sglang.launch_server",)),
     ("notebook kernel", ("ipykernel",)),
+    ("simulated SGLang server", ("draftgen.sim.server",)),
+    ("SMG (the gateway)", ("smg ", "/smg")),
     ("draftgen (serve, run, sim, dry runs)", ("draftgen",)),
-    ("pytest", ("pytest",)),
+    ("pytest", ("pytest", "xdist")),
 )
 
 
@@ -62,8 +66,34 @@ def kind_of(command: str) -> str:
     return "other"
 
 
-def sample(seen: dict[str, Seen]) -> None:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def parent_of(pid: str) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[1]
+
+
+def tree_of(root: str, pids: list[str]) -> set[str]:
+    """``root`` and every process whose chain of parents reaches it."""
+    parents = {pid: parent_of(pid) for pid in pids}
+    inside = {root}
+    for pid in pids:
+        chain, cursor = [], pid
+        while cursor is not None and cursor not in inside and cursor != "0" and len(chain) < 64:
+            chain.append(cursor)
+            cursor = parents.get(cursor) or parent_of(cursor)
+        if cursor in inside:
+            inside.update(chain)
+    return inside
+
+
+def sample(seen: dict[str, Seen], root: str | None = None) -> None:
+    pids = list(filter(str.isdigit, os.listdir("/proc")))
+    if root is not None:
+        inside = tree_of(root, pids)
+        pids = [pid for pid in pids if pid in inside]
+    for pid in pids:
         cpu = cpu_seconds(pid)
         if cpu is None:
             continue
@@ -71,22 +101,25 @@ def sample(seen: dict[str, Seen]) -> None:
             seen[pid].last_cpu_s = cpu
             if "sglang.launch_server" in seen[pid].command:  # a forked child renames itself a moment later
                 seen[pid].command = command_of(pid) or seen[pid].command
-        else:  # a process already running counts from now on
-            seen[pid] = Seen(command_of(pid), cpu, cpu)
+        else:  # a process already running counts from now on; one of the tree's own from its start
+            seen[pid] = Seen(command_of(pid), 0.0 if root is not None else cpu, cpu)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--every", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument("--tree", action="store_true", help="count only the command and what it started")
     parser.add_argument("command", nargs="+", help="the command to run (after --)")
     args = parser.parse_args()
     seen: dict[str, Seen] = {}
-    sample(seen)
     began = time.monotonic()
+    if not args.tree:
+        sample(seen)
     process = subprocess.Popen(args.command)
+    root = str(process.pid) if args.tree else None
     while process.poll() is None:
         time.sleep(args.every)
-        sample(seen)
+        sample(seen, root)
     wall = time.monotonic() - began
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)

@@ -37,6 +37,7 @@ def _read(run):  # type: ignore[no-untyped-def]
     )
 
 
+@pytest.mark.timing
 def test_measurements_match_the_simulators_truth(sim_fleet, tmp_path):
     # Batch cap 4: the concurrency-8 level queues, so its TTFT is large and checkable.
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=3.0, max_running_requests=4)

@@ -232,6 +232,7 @@ def _measure(url: str, out_dir) -> pl.DataFrame:  # type: ignore[no-untyped-def]
     return report
 
 
+@pytest.mark.timing
 def test_benchmarks_at_two_speeds_report_the_same_simulated_b200(sim_fleet, tmp_path):
     """Each report shows the simulator's own (wall-clock) truth ÷ its speed, so both read as one B200, and the raw
     file keeps the wall clock's figure exactly (levels of a few seconds: within 10%, plus the client's measured

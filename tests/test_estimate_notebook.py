@@ -27,6 +27,7 @@ CONCURRENCY = 8
 MAX_TOKENS = 768
 
 
+@pytest.mark.timing
 def test_estimate_from_a_benchmark_predicts_the_generate_run(sim_fleet, tmp_path):
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=3.0)
     prompts = tmp_path / "prompts.jsonl"

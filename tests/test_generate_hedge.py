@@ -70,6 +70,7 @@ def run_config(fleet, prompts: Path, out_dir: Path, **changes: object) -> Genera
     return build_config(GenerateConfig, values)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("slow_ratio", [0.7, 0.0])
 def test_a_slow_servers_tail_is_hedged_stored_once_and_the_losing_copy_aborted(
     sim_fleet, tmp_path: Path, slow_ratio: float

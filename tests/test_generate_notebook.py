@@ -18,6 +18,7 @@ import psutil
 import pytest
 from generate_helpers import run_command
 
+from draftgen.display.headline import MARKER
 from draftgen.generate.store import read_done_ids, read_manifest
 from draftgen.prompts.rows import PromptRow, iter_prompts
 from draftgen.prompts.synthetic import write_synthetic
@@ -167,7 +168,12 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
     bars = [o["name"] for o in streams if "2000/2000" in "".join(o["text"])]
     assert bars and set(bars) == {"stdout"}  # the bar is output, not an error (JupyterLab paints stderr red)
     text = notebook_text(run_dir)
-    assert "wall time for the set (h)" in text and "900000" in text  # planned vs actual, from the estimate
+    # the report opens with the answer, and draftgen run printed the same block at the end
+    report = (run_dir / "report.html").read_text()
+    assert -1 < report.index(MARKER) < report.index("<h1")
+    assert "generate: is every prompt answered exactly once" in result.stdout and "PASS" in result.stdout
+    assert "shape: (" not in report and report.count("2000/2000") == 1  # the bar's final line only
+    assert "wall time for the set (h)" in text and "900,000" in text  # planned vs actual, from the estimate
     assert "estimate assumed concurrency_per_server=64, this run used 8" in text
     # the key went to the servers but into no file: notebook, HTML, parameters, manifest, data, logs
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]

@@ -158,3 +158,47 @@ def test_bundled_prompts_are_the_seeded_synthetic_set():
     rows = [json.loads(line) for line in BUNDLED_PROMPTS.read_text().splitlines() if line.strip()]
     assert len(rows) == BUNDLED_COUNT
     assert rows == list(synthetic_rows(BUNDLED_COUNT, BUNDLED_SEED))
+
+
+def test_a_process_reading_notebooks_skips_the_iri_grammars_and_still_validates_them():
+    """draftgen marks rfc3987-syntax absent (2-3 s of CPU per `draftgen run` otherwise): papermill and nbconvert
+    still import, and nbformat still validates every notebook of the project against its schema."""
+    probe = (
+        "import draftgen, sys, papermill, nbconvert, nbformat, glob\n"
+        "assert sys.modules['rfc3987_syntax'] is None, 'the iri grammars were built'\n"
+        "for path in sorted(glob.glob('notebooks/*.ipynb')):\n"
+        "    nbformat.validate(nbformat.read(path, as_version=4))\n"
+        "bad = nbformat.v4.new_notebook(); bad.cells = [{'cell_type': 'code', 'source': 'x'}]\n"
+        "try:\n"
+        "    nbformat.validate(bad)\n"
+        "except nbformat.ValidationError:\n"
+        "    print('invalid caught')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "invalid caught"
+
+
+def test_reading_a_run_does_not_import_the_openai_sdk():
+    """The SDK costs 2 s of CPU to import: the reports, monitor and status read runs without it (it is imported
+    when a client is built), and a notebook kernel that only reports starts that much sooner."""
+    readers = (
+        "draftgen.generate.report",
+        "draftgen.bench.report",
+        "draftgen.estimate.report",
+        "draftgen.validate.report",
+        "draftgen.watch.monitor",
+        "draftgen.commands.status",
+    )
+    probe = f"import sys\nfor name in {readers!r}:\n    __import__(name)\nprint('openai' in sys.modules)\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    built = (
+        "from draftgen.client.server import ServerClient\nimport sys\nServerClient('http://127.0.0.1:9')\n"
+    )
+    built += "print('openai' in sys.modules)\n"
+    done = subprocess.run([sys.executable, "-c", built], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr

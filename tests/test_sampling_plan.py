@@ -22,12 +22,13 @@ from test_generate_notebook import (
 
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig
-from draftgen.generate.sampling_plan import Arm, arm_sampling, expected_answers, prompt_of, samples, takes
 from draftgen.generate.store import FingerprintMismatch, check_fingerprint
 from draftgen.params import ParameterError, SamplingParams, build_config
 from draftgen.prompts.synthetic import write_synthetic
+from draftgen.sampling_plan import Arm, arm_sampling, expected_answers, prompt_of, samples, takes
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import finalize_export, validate_generation
+from draftgen.watch import monitor
 
 TWO_ARMS = [
     {"name": "think", "answers": 2, "temperature": 0.6},
@@ -166,6 +167,8 @@ def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a
         arm: rows.filter(pl.col("arm") == arm)["turn_completion_tokens"].list.len().sum()
         for arm in ("think", "nothink")
     }
+    watched = monitor.acceptance_breakdowns(run_dir)["arm"]  # monitor shows the same, over the shards so far
+    assert watched.equals(arms_table)
 
     # validate: every sample is expected, each arm checked by its own rule, whole prompts held out
     config = build_config(

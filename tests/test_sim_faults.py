@@ -207,7 +207,8 @@ def test_overload_rejects_past_the_queue_limit(sim_fleet, status_code):
                     await asyncio.sleep(0.01)
                 raise AssertionError(f"server never reached running={running} queued={queued}: {state}")
 
-            long = asyncio.ensure_future(send("long", 5000, ignore_eos=True))  # ~10 s of simulated work
+            # Minutes of simulated work: still running when the client hangs up, however slow this machine is.
+            long = asyncio.ensure_future(send("long", 200_000, ignore_eos=True))
             await until(1, 0)
             waiting = [asyncio.ensure_future(send(f"short {i}", 1)) for i in range(2)]
             full = await until(1, 2)  # with the cap at 1 the two others queue behind it

@@ -213,3 +213,28 @@ def test_http_status_is_none_for_a_peer_that_does_not_speak_http():
         thread.start()
         assert http_status(f"http://127.0.0.1:{port}/health", timeout=2.0) is None
         thread.join(timeout=5)
+
+
+def test_a_fleet_whose_picked_port_is_taken_before_its_server_binds_picks_again(monkeypatch, tmp_path):
+    """Free when picked, taken by another process before our server bound it (two test workers, or two fleets,
+    picking at once): the server exits 'port in use' and the fleet picks new ports; ports the caller named are
+    not changed behind its back."""
+    import draftgen.sim.fleet as fleet_module
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", find_free_base_port(1)))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy])
+        real_pick = fleet_module.find_free_base_port
+        monkeypatch.setattr(fleet_module, "find_free_base_port", lambda n: next(picks, None) or real_pick(n))
+        monkeypatch.setattr(fleet_module, "port_is_free", lambda port, host="127.0.0.1": True)  # the race
+        fleet = fleet_module.SimFleet(servers=1, profile="instant", work_dir=tmp_path / "picked")
+        try:
+            fleet.start()
+            assert fleet.base_port != busy and http_status(f"{fleet.urls[0]}/health") == 200
+        finally:
+            fleet.cleanup()
+        named = fleet_module.SimFleet(servers=1, profile="instant", base_port=busy, work_dir=tmp_path / "named")
+        with pytest.raises(fleet_module.PortInUse, match=f"port {busy} already in use"):
+            named.start()

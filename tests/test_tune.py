@@ -79,6 +79,7 @@ def tuned(tmp_path_factory):
     return config, run, report.save_report(run), lines
 
 
+@pytest.mark.timing
 def test_tune_picks_within_two_percent_of_the_best_and_never_a_failed_start(tuned):
     _config, run, info, lines = tuned
     truths = {c.index: truth_tok_s(c.settings, c.concurrency) for c in run.candidates}
@@ -112,6 +113,7 @@ def test_tune_picks_within_two_percent_of_the_best_and_never_a_failed_start(tune
     assert info["tok_s_per_gpu"] > 0 and info["baseline_tok_s_per_gpu"] > 0
 
 
+@pytest.mark.timing
 def test_finalists_within_the_chosen_ones_interval_are_reported_as_ties(tuned):
     """The race still writes its best point figure to the settings file, but names the finalists whose interval
     overlaps the chosen one's: their order may be noise."""
@@ -138,6 +140,7 @@ def test_finalists_within_the_chosen_ones_interval_are_reported_as_ties(tuned):
         assert (other.label in report.ties_with_chosen(swapped)) is tied
 
 
+@pytest.mark.timing
 def test_the_settings_file_launches_with_draftgen_serve(tuned, tmp_path):
     config, run, _info, _ = tuned
     settings = load_settings(config.settings_path)

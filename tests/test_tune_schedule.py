@@ -134,6 +134,7 @@ def test_a_time_limit_ends_the_level_between_finishes(sim_fleet):
     assert len(measured) == 4 + 1  # + the facts probe: nothing else was sent
 
 
+@pytest.mark.timing
 def test_equal_time_stops_the_slow_candidate_at_the_fast_ones_time_and_a_replay_sends_the_same(tmp_path):
     """MTP off beside 3/1/4 on two simulated GPUs: 3/1/4 sends its requests first, so MTP off stops sending then,
     with enough finished requests, and its estimate stays near the one it gets when it sends them all."""

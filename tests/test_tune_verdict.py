@@ -95,6 +95,7 @@ def judged(tmp_path_factory):
     return config, run, report.verdict_of(run), info, lines
 
 
+@pytest.mark.timing
 def test_the_profiles_numbers_make_the_block_drafter_win_alone_and_lose_at_64(judged):
     config, *_ = judged
     mtp, block, head = (c.settings for c in config.verdict_candidates())
@@ -103,6 +104,7 @@ def test_the_profiles_numbers_make_the_block_drafter_win_alone_and_lose_at_64(ju
     assert truth(head, 64) > 1.05 * truth(mtp, 64) and truth(head, 1) < truth(block, 1)
 
 
+@pytest.mark.timing
 def test_the_ranking_at_each_concurrency_is_the_measured_one_and_matches_the_profiles(judged):
     config, _run, verdict, info, _ = judged
     candidates = config.verdict_candidates()
@@ -121,6 +123,7 @@ def test_the_ranking_at_each_concurrency_is_the_measured_one_and_matches_the_pro
     assert (config.settings_path).is_file()  # race off: the verdict's winner is the settings file
 
 
+@pytest.mark.timing
 def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
     config, _run, verdict, info, _ = judged
     mtp, block, _head = config.verdict_candidates()
@@ -137,6 +140,7 @@ def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
     )
 
 
+@pytest.mark.timing
 def test_days_and_dollars_are_the_ranking_figure_priced(judged):
     """One figure ranks and prices: each candidate's measured tok/s per GPU at the production concurrency, played
     by the estimate's fleet model with every running request at that measured speed."""
@@ -171,6 +175,7 @@ def _with_interval(point, low: float, high: float):  # type: ignore[no-untyped-d
     return dataclasses.replace(point, tok_s_per_gpu=value, tok_s_low=low, tok_s_high=high)
 
 
+@pytest.mark.timing
 def test_overlapping_intervals_are_a_tie_and_nobody_wins_by_noise(judged):
     """A winner only when its interval lies above every other's; else a tie, reported with both intervals, and the
     money says the saving is within the noise."""
@@ -203,6 +208,7 @@ def test_overlapping_intervals_are_a_tie_and_nobody_wins_by_noise(judged):
     assert win.tok_s_low > base.tok_s_high, verdict_report.format_table(verdict)
 
 
+@pytest.mark.timing
 def test_a_tie_with_the_race_off_writes_no_settings_file(judged, tmp_path):
     """With the race off the verdict's winner is the settings file; a tie leaves the current settings alone."""
     config, run, verdict, _, _ = judged
@@ -230,6 +236,7 @@ def test_a_tie_with_the_race_off_writes_no_settings_file(judged, tmp_path):
     assert "settings_file" not in info or info["settings_file"] is None
 
 
+@pytest.mark.timing
 def test_the_verdict_files_and_plot(judged):
     config, _run, verdict, _info, lines = judged
     out = config.out_dir
@@ -253,6 +260,19 @@ def test_the_verdict_files_and_plot(judged):
     assert categories.group_by("candidate", "concurrency").agg(pl.col("requests").sum()).height == 3 * len(
         LEVELS
     )
+    # and by output length: the same requests, in length buckets, against the baseline's in the same bucket
+    lengths = pl.read_parquet(f"{out}/verdict_by_length.parquet")
+    assert set(lengths["candidate"]) == set(table["candidate"])
+    per_level = ["candidate", "concurrency"]
+    assert (
+        lengths.group_by(per_level)
+        .agg(pl.col("requests").sum())
+        .sort(per_level)
+        .equals(categories.group_by(per_level).agg(pl.col("requests").sum()).sort(per_level))
+    )
+    assert lengths["output_tokens"].is_in(["≤256", "257–512", "513–1024", "1025–2048", "2049–4096"]).all()
+    base_lengths = lengths.filter(pl.col("candidate") == verdict.baseline.label)["accept_vs_baseline"]
+    assert base_lengths.drop_nulls().to_list() == [1.0] * base_lengths.drop_nulls().len()
 
 
 def test_a_target_without_mtp_heads_is_judged_against_no_speculation(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,7 +90,9 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
             assert ":" + url.rsplit(":", 1)[1] in mid.stdout
         text = monitor(run_dir, tmp_path / "out", "mid")
         assert "RUNNING" in text
-        stored = int(text.split(" completions read")[0].rsplit("'", 1)[-1].replace(",", ""))
+        read = re.search(r"([\d,]+) generated turns read from the finished shards", text)
+        assert read, text[-2000:]
+        stored = int(read.group(1).replace(",", ""))
         assert 100 <= stored < 1000
         assert proc.poll() is None  # it was read mid-run
         for server in frozen:
@@ -117,7 +120,7 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
     )
     assert turns > 1000 and progress["turns"]["session_done"] == turns
     text = monitor(run_dir, tmp_path / "out", "finished")
-    assert "FINISHED" in text and f"'{turns:,} completions read from the shards'" in text
+    assert "FINISHED" in text and f"{turns:,} generated turns read from the finished shards" in text
     assert f"{turns:,} assistant turns" in done.stdout
 
 

@@ -169,7 +169,13 @@ class NotebookTab:
         while self.saved_mtime() == before and time.monotonic() < deadline:
             time.sleep(0.2)
         assert self.saved_mtime() != before, "the notebook was not saved"
-        return json.loads((self.server.root / self.path).read_text())
+        while True:  # the server may still be writing the file it just touched: read it once it is whole
+            try:
+                return json.loads((self.server.root / self.path).read_text())
+            except json.JSONDecodeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def saved_mtime(self) -> float:
         return (self.server.root / self.path).stat().st_mtime

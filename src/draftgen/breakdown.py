@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from draftgen.display.table import Column, Table
+
 Z95 = 1.959964
 NO_CATEGORY = "(none)"  # the group of rows without a category field
 # Output-length buckets (completion tokens, upper edges): powers of two around the production max_tokens.
@@ -131,15 +133,66 @@ TITLES = {
 }
 
 
+def _with_interval(table: pl.DataFrame, value: str, digits: int) -> list[str | None]:
+    """``3.10 (3.06–3.14)``: each row's figure and its 95% interval in one cell."""
+    cells: list[str | None] = []
+    for v, low, high in zip(table[value], table[f"{value}_low"], table[f"{value}_high"], strict=True):
+        if v is None:
+            cells.append(None)
+        elif low is None or high is None:
+            cells.append(f"{v:,.{digits}f}")
+        else:
+            cells.append(f"{v:,.{digits}f} ({low:,.{digits}f}–{high:,.{digits}f})")
+    return cells
+
+
+def shown(table: pl.DataFrame, name: str) -> Table:
+    """One breakdown as a report table: a figure and its interval per cell, counts with separators."""
+    group = table.columns[0]
+    frame = table.select(
+        pl.col(group).cast(pl.String),
+        "requests",
+        "share",
+        "completion_tokens",
+        pl.Series("accept_length", _with_interval(table, "accept_length", 2), dtype=pl.String),
+        "requests_with_acceptance",
+        pl.Series("tok_s", _with_interval(table, "tok_s", 1), dtype=pl.String),
+    )
+    return Table(
+        frame,
+        (
+            Column(group, LABELS.get(name, group.replace("_", " "))),
+            Column("requests", "requests", "int"),
+            Column("share", "share", "percent"),
+            Column("completion_tokens", "completion tokens", "int"),
+            Column("accept_length", "acceptance length (95% interval)", "text"),
+            Column("requests_with_acceptance", "requests with acceptance", "int"),
+            Column("tok_s", "tok/s per request (95% interval)", "text"),
+        ),
+        title=f"Acceptance length and tok/s per request {TITLES.get(name, 'by ' + name)}",
+        empty="no requests to break down",
+    )
+
+
+LABELS = {"category": "category", "length": "output length (tokens)", "turn": "turn", "arm": "arm"}
+
+
 class Breakdowns(dict[str, pl.DataFrame]):
     """The tables by name; in a notebook, shown one under the other with a heading each."""
 
+    def tables(self) -> list[Table]:
+        return [shown(table, name) for name, table in self.items()]
+
     def _repr_html_(self) -> str:
-        parts = []
-        for name, table in self.items():
-            title = html.escape(f"Acceptance length and tok/s per request {TITLES.get(name, 'by ' + name)}")
-            parts.append(f"<h4>{title}</h4>{table._repr_html_()}")
-        return "".join(parts)
+        if not self:
+            return f"<p><i>{html.escape(NOTHING)}</i></p>"
+        return "".join(table._repr_html_() for table in self.tables())
+
+    def __repr__(self) -> str:
+        return "\n\n".join(str(table) for table in self.tables()) if self else NOTHING
+
+
+NOTHING = "no finished requests to break acceptance down by yet"
 
 
 def breakdowns(requests: pl.DataFrame, groups: Sequence[str] | None = None) -> Breakdowns:
@@ -154,3 +207,24 @@ def breakdowns(requests: pl.DataFrame, groups: Sequence[str] | None = None) -> B
         if "arm" in requests.columns and requests["arm"].n_unique() > 1:
             groups.append("arm")
     return Breakdowns({group: breakdown(requests, group) for group in groups})
+
+
+def ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float]
+) -> tuple[float, float, float] | None:
+    """Σ num / Σ den and its 95% interval (the delta method, as ``breakdown``'s tables): for a whole run's
+    acceptance over its /metrics windows, the line and band its plot draws. None without a positive denominator."""
+    import numpy as np
+
+    num = np.asarray(numerator, dtype=float)
+    den = np.asarray(denominator, dtype=float)
+    keep = np.isfinite(num) & np.isfinite(den) & (den > 0)
+    num, den = num[keep], den[keep]
+    if not den.size:
+        return None
+    ratio = float(num.sum() / den.sum())
+    n = den.size
+    if n < 2:
+        return ratio, ratio, ratio
+    se = float(np.sqrt(((num - ratio * den) ** 2).sum() / (n * (n - 1))) / den.mean())
+    return ratio, ratio - Z95 * se, ratio + Z95 * se

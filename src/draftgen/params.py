@@ -55,6 +55,7 @@ SHARED_PARAMETERS = frozenset(
         "turns",
         "train_max_length",
         "category_field",
+        "sampling_plan",
     }
 )
 
@@ -148,6 +149,24 @@ class Params(BaseModel):
     def public_dict(self) -> dict[str, Any]:
         """Parameters safe to write next to results (configs hold env-var names, never secrets)."""
         return self.model_dump(mode="json")
+
+    def _repr_html_(self) -> str:
+        """In a notebook and its report: the parameters folded under one line, one per row when opened."""
+        import html
+
+        from draftgen.display.table import format_value
+
+        values = self.public_dict()
+        rows = "".join(
+            f"<tr><td style='text-align:left'><code>{html.escape(name)}</code></td>"
+            f"<td style='text-align:left;white-space:normal;overflow-wrap:anywhere'>"
+            f"{html.escape(format_value(value, 'text') if not isinstance(value, dict) else str(value))}</td></tr>"
+            for name, value in values.items()
+        )
+        return (
+            f"<details class='dg-params'><summary>{html.escape(type(self).__name__)}: {len(values)} parameters, "
+            f"checked (click to show)</summary><table>{rows}</table></details>"
+        )
 
 
 def _unset_if_empty(value: Any) -> Any:

@@ -195,11 +195,20 @@ def plan_run(
 
 
 def write_html(executed: Path, html_path: Path) -> None:
-    from nbconvert import HTMLExporter
+    """report.html: the headline first, code hidden, progress streams reduced to their final line
+    (``draftgen.display.report_html``)."""
+    from draftgen.display.report_html import write_report
 
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_filename(str(executed))
-    write_text(html_path, body)
+    write_report(executed, html_path)
+
+
+def headline(plan: RunPlan) -> str | None:
+    """The executed notebook's headline block as text (None: its headline cell did not run)."""
+    from draftgen.display.report_html import headline_text
+
+    if not plan.executed_path.exists():
+        return None
+    return headline_text(json.loads(plan.executed_path.read_text()))
 
 
 def local_kernel_config(socket_dir: Path) -> Any:

@@ -36,7 +36,7 @@ def level_identity(
     facts: ServerFacts, config: BenchmarkConfig, concurrency: int, rows: Sequence[PromptRow]
 ) -> dict[str, Any]:
     """Everything a stored level must share with the level about to run for its numbers to stand in for it."""
-    return {
+    identity = {
         "format": FORMAT_VERSION,
         "server": {name: getattr(facts, name) for name in SERVER_IDENTITY},
         "model": config.model,
@@ -44,6 +44,9 @@ def level_identity(
         "concurrency": concurrency,
         "prompt_ids": [row.id for row in rows],
     }
+    if config.sampling_plan:  # absent without a plan: levels stored before the plan existed still match
+        identity["sampling_plan"] = [arm.model_dump(exclude_none=True) for arm in config.sampling_plan]
+    return identity
 
 
 def _differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:

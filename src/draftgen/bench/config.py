@@ -20,6 +20,7 @@ from draftgen.params import (
 )
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.sampling_plan import SamplingPlan, arm_sampling
 
 DEFAULT_CONCURRENCIES = [1, 8, 16, 32, 48, 64, 96, 128]
 MIN_LEVEL_REQUESTS = 8  # fewest requests a level sends when sized by rounds
@@ -33,7 +34,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         ("fleet", "servers model api_key_env request_timeout_s"),
         (
             "prompts and sampling (production settings)",
-            "prompts category_field max_tokens temperature top_p top_k min_p enable_thinking",
+            "prompts category_field max_tokens temperature top_p top_k min_p enable_thinking sampling_plan",
         ),
         (
             "levels",
@@ -44,6 +45,9 @@ class BenchmarkConfig(FleetParams, SamplingParams):
             "servers": "base URLs, one SGLang server per GPU",
             "request_timeout_s": "one request's time limit (s); a timed-out request counts as failed",
             "warmup_requests": "short requests per server before the first level (not measured)",
+            "sampling_plan": "generate's plan: each level sends the plan's mix (each sampled prompt once per "
+            "planned sample, each sample with its arm's sampling), so each arm is measured ([]: one request per "
+            "prompt, the settings above)",
         },
     )
 
@@ -52,6 +56,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         'a .jsonl/.parquet sample of YOUR prompts (lengths depend on them), or "synthetic" (the bundled set)',
     )
     category_field: CategoryField
+    sampling_plan: SamplingPlan
     num_prompts: PositiveInt = param(
         128,
         "requests per server at each level unless rounds is set (2x the concurrency or more keeps a steady phase)",
@@ -100,6 +105,11 @@ class BenchmarkConfig(FleetParams, SamplingParams):
     @property
     def prompt_path(self) -> Path:
         return prompt_source_path(self.prompts)
+
+    def arm_sampling(self, arm: str | None) -> SamplingParams:
+        """What a request of ``arm`` is sampled with (None, or no plan: the settings above)."""
+        plan = {a.name: a for a in self.sampling_plan}
+        return arm_sampling(self.sampling, plan.get(arm) if arm is not None else None)
 
     def level_requests(self, concurrency: int) -> int:
         """Requests sent at one level: ``num_prompts``, or ``rounds`` waves of the level's concurrency.

@@ -36,7 +36,7 @@ class RequestRecord:
     gpu: int
     concurrency: int
     seq: int  # order sent within the level
-    prompt_id: str
+    prompt_id: str  # the prompt's id (with a sampling plan: the prompt the sample answers)
     ok: bool
     error: str | None
     started_at: float  # time.time() when sent
@@ -55,6 +55,7 @@ class RequestRecord:
     spec_verify_ct: int | None = None
     done_sentinel: bool | None = None  # the stream ended with "data: [DONE]"
     category: str | None = None  # the prompt row's category (draftgen.prompts.rows.row_category)
+    arm: str | None = None  # the sampling plan's arm the request was sampled by (None: no plan)
 
 
 @dataclass(frozen=True)

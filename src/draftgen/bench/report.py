@@ -20,7 +20,10 @@ from draftgen.bench.stats import level_row, request_rows, worker_rows
 from draftgen.breakdown import Breakdowns, breakdowns
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, on_clock
 from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_by_length
+from draftgen.display.headline import Headline, Stat
+from draftgen.display.notes import Notes, Stack
 from draftgen.display.plots import Plot, new_figure, save
+from draftgen.display.table import Column, Table, figures_table, format_value
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
 from draftgen.rundir.layout import BENCH_REQUESTS as REQUESTS_FILE
@@ -392,7 +395,8 @@ def plot_acceptance(report: BenchmarkReport) -> Figure:
             data.append(values)
     if data:
         ax.boxplot(data, tick_labels=labels, showfliers=False)
-        ax.set_ylabel("acceptance length per request (sglext)")
+        ax.set_ylabel("acceptance length per request\n(tokens per verify step, from sglext)")
+        ax.set_xlabel("server (box: middle half of its requests, whiskers: the rest)")
     else:
         for facts in report.servers:
             rows = report.results.filter(pl.col("server") == facts.url).drop_nulls("accept_length")
@@ -442,20 +446,24 @@ def plot_per_gpu(report: BenchmarkReport) -> Figure:
 
 
 def acceptance_breakdowns(report: BenchmarkReport) -> Breakdowns:
-    """Acceptance length and tok/s per request of the sample by prompt category and output length, over every
-    level's answered requests (per-request tok/s then mixes the levels' batch sizes; acceptance hardly depends
-    on them), tok/s on the servers' clock."""
+    """Acceptance length and tok/s per request of the sample by prompt category, output length and sampling-plan
+    arm, over every level's answered requests (per-request tok/s then mixes the levels' batch sizes; acceptance
+    hardly depends on them), tok/s on the servers' clock."""
     ok = report.requests.filter(pl.col("ok"))
     frame = ok.select(
-        pl.col("category").cast(pl.String)
-        if "category" in ok.columns
-        else pl.lit(None, pl.String).alias("category"),
+        *(
+            pl.col(name).cast(pl.String) if name in ok.columns else pl.lit(None, pl.String).alias(name)
+            for name in ("category", "arm")
+        ),
         "completion_tokens",
         pl.col("spec_verify_ct").alias("verify_ct"),
         pl.col("spec_accept_length").alias("accept_length"),
         (pl.col("e2e_s") * report.clock.factor).alias("latency_s"),
     )
-    return breakdowns(frame, ["category", "length"] if frame["category"].drop_nulls().len() else ["length"])
+    groups = ["category", "length"] if frame["category"].drop_nulls().len() else ["length"]
+    if frame["arm"].drop_nulls().len():
+        groups.append("arm")
+    return breakdowns(frame, groups)
 
 
 def plot_acceptance_by_category(report: BenchmarkReport) -> Figure:
@@ -472,10 +480,10 @@ def plot_lengths(report: BenchmarkReport, max_tokens: int) -> Figure:
     values = ok["completion_tokens"].to_numpy()
     if values.size:
         ax.hist(values, bins=40, color="tab:blue", alpha=0.8)
-    ax.axvline(max_tokens, color="red", ls="--", label=f"max_tokens={max_tokens}")
+    ax.axvline(max_tokens, color="red", ls="--", label=f"max_tokens={max_tokens:,} (caps each request)")
     truncated = float(ok["truncated"].mean()) if ok.height else 0.0
     empty = float(ok["empty_answer"].mean()) if ok.height else 0.0
-    ax.set_xlabel("completion tokens")
+    ax.set_xlabel("completion tokens per request (reasoning + answer)")
     ax.set_ylabel("requests")
     ax.set_title(f"How long are completions? {truncated:.1%} hit max_tokens, {empty:.1%} empty answers")
     ax.legend(fontsize=8)
@@ -486,3 +494,184 @@ def plot_lengths(report: BenchmarkReport, max_tokens: int) -> Figure:
 def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Plot:
     """Write ``out_dir/name.png`` and return it for inline display (the notebooks' call)."""
     return save(fig, out_dir, name)
+
+
+# ----- what the report shows --------------------------------------------------------------------------------
+RESULT_COLUMNS = (
+    Column("gpu", "GPU", "int"),
+    Column("concurrency", "in flight", "int"),
+    Column("ok", "ok", "int"),
+    Column("failed", "failed", "int"),
+    Column("output_tok_s", "output tok/s", "tok_s"),
+    Column("requests_per_s", "requests/s", "number", 2),
+    Column("ttft_s_p50", "TTFT p50 (s)", "number"),
+    Column("ttft_s_p90", "TTFT p90 (s)", "number"),
+    Column("itl_s_p50", "ITL p50 (s)", "number", 3),
+    Column("tpot_s_p50", "TPOT p50 (s)", "number", 4),
+    Column("e2e_s_p50", "E2E p50 (s)", "number"),
+    Column("e2e_s_p99", "E2E p99 (s)", "number"),
+    Column("accept_length", "acceptance length", "number", 2),
+)
+FLEET_COLUMNS = (
+    Column("concurrency", "in flight per server", "int"),
+    Column("servers", "servers", "int"),
+    Column("fleet_output_tok_s", "fleet output tok/s", "tok_s"),
+    Column("per_server_tok_s_mean", "tok/s per server, mean", "tok_s"),
+    Column("per_server_tok_s_min", "min", "tok_s"),
+    Column("per_server_tok_s_max", "max", "tok_s"),
+    Column("ttft_s_p50", "TTFT p50 (s)", "number"),
+    Column("itl_s_p50", "ITL p50 (s)", "number", 3),
+    Column("e2e_s_p50", "E2E p50 (s)", "number"),
+    Column("accept_length_mean", "acceptance length", "number", 2),
+    Column("failed", "failed", "int"),
+)
+
+
+def _sources(report: BenchmarkReport) -> str:
+    """Where tokens and acceptance came from, in a sentence (the *_source columns, fleet-wide)."""
+    results = report.results
+    parts = []
+    for column, what in (("output_tokens_source", "output tokens"), ("accept_length_source", "acceptance")):
+        if column in results.columns:
+            values = sorted({str(v) for v in results[column].drop_nulls().to_list()})
+            parts.append(f"{what} from {' and '.join(values) if values else 'nowhere (not reported)'}")
+    return "; ".join(parts)
+
+
+def results_table(report: BenchmarkReport) -> Table:
+    """One row per server × level, on the hardware's clock, with units; the sources as a note."""
+    clock = report.clock
+    note = "; ".join(p for p in (_sources(report), clock.note) if p)
+    return Table(
+        report.results_on_clock,
+        RESULT_COLUMNS,
+        note=note,
+        keys=("gpu", "concurrency"),
+        empty="no level was measured",
+    )
+
+
+def workers_table(report: BenchmarkReport) -> Table:
+    """Behind a router: each worker's tokens and acceptance from its own /metrics."""
+    return Table(
+        on_clock(report.workers, report.clock),
+        (
+            "gpu",
+            "concurrency",
+            "worker",
+            "generated_tokens",
+            "output_tok_s",
+            "accept_length",
+            "accept_length_source",
+        ),
+        empty="no router between the client and the servers: each server is its own worker (the table above)",
+    )
+
+
+def fleet_view(report: BenchmarkReport) -> Table:
+    """The fleet level by level (all servers together), on the hardware's clock."""
+    rec = report.recommendation
+    return Table(
+        report.fleet,
+        FLEET_COLUMNS,
+        note=f"recommended concurrency_per_server: {rec.concurrency_per_server}. {rec.reason}.",
+        empty="no level was measured",
+    )
+
+
+def findings(report: BenchmarkReport) -> Stack:
+    """What the servers did not send, and which levels deserve doubt: sentences."""
+    return Stack(
+        (
+            Notes(
+                report.missing,
+                title="What the servers did not send",
+                none="Nothing missing: usage, [DONE], per-request acceptance and /metrics all present.",
+                level="warn",
+            ),
+            Notes(
+                report.warnings,
+                title="What to doubt",
+                none="No warnings: every level had a steady phase, no failures, and the client kept up.",
+                level="warn",
+            ),
+        )
+    )
+
+
+def sample_table(report: BenchmarkReport) -> Table:
+    """The sample's completions: how many, how long, how often cut by max_tokens or empty."""
+    s = report.summary
+    return figures_table(
+        [
+            ("requests sent", s["requests"], "int"),
+            ("failed", s["failed"], "int"),
+            ("mean completion length (tokens)", s["mean_completion_tokens"], "int"),
+            (f"cut by max_tokens ({s['max_tokens']:,})", s["truncated_rate"], "percent"),
+            ("empty answers (finish 'stop', no answer text)", s["empty_answer_rate"], "percent"),
+        ]
+    )
+
+
+def headline(report: BenchmarkReport, out_dir: str | Path) -> Headline:
+    """How many output tok/s per GPU, at which concurrency, with what acceptance?"""
+    rec = report.recommendation
+    fleet = report.fleet
+    at = fleet.filter(pl.col("concurrency") == rec.concurrency_per_server).row(0, named=True)
+    low = fleet.sort("concurrency").row(0, named=True)
+    clock = report.clock
+    per = clock.per_gpu if clock.simulated else "per GPU"
+    accept = at.get("accept_length_mean")
+    failed = int(report.summary["failed"])
+    speedup = rec.knee_tok_s / low["per_server_tok_s_mean"] if low["per_server_tok_s_mean"] else None
+    stats = [
+        Stat("recommended concurrency", f"{rec.concurrency_per_server}", "in flight per server"),
+        Stat(
+            f"output tok/s {per}",
+            format_value(rec.knee_tok_s, "tok_s"),
+            "tok/s",
+            f"at {rec.concurrency_per_server} in flight",
+        ),
+        Stat(
+            f"at {low['concurrency']} in flight",
+            format_value(low["per_server_tok_s_mean"], "tok_s"),
+            "tok/s",
+            f"{speedup:.1f}× less" if speedup else "",
+        ),
+        Stat(
+            "acceptance length",
+            format_value(accept, "number", 2),
+            "tokens per verify step",
+            f"at {rec.concurrency_per_server} in flight",
+        ),
+        Stat(
+            "TTFT p50",
+            format_value(at.get("ttft_s_p50"), "number"),
+            "s",
+            f"at {rec.concurrency_per_server} in flight",
+        ),
+        Stat("failed requests", f"{failed:,}", f"of {report.summary['requests']:,}"),
+    ]
+    doubts = len(report.warnings)
+    answer = (
+        f"{format_value(rec.knee_tok_s, 'tok_s')} output tok/s {per} at {rec.concurrency_per_server} requests in "
+        f"flight per server" + (f", acceptance length {accept:.2f}" if accept is not None else "")
+    )
+    out = Path(out_dir)
+    return Headline(
+        step="benchmark",
+        question="how many output tokens/s does each GPU deliver, at which concurrency, with what acceptance?",
+        answer=answer,
+        stats=stats,
+        verdict="WARN" if failed or doubts else "",
+        reason=(f"{doubts} warning(s) below name levels to doubt" if doubts else "")
+        + ("; " if doubts and failed else "")
+        + (f"{failed:,} requests failed" if failed else ""),
+        clock=clock.note,
+        files=[
+            ("per server × level", out / RESULTS_FILE),
+            ("per request", out / REQUESTS_FILE),
+            ("summary the estimate reads", out / SUMMARY_FILE),
+        ],
+        home=out,
+    )

@@ -32,9 +32,11 @@ from draftgen.client.metrics import (
     parse_metrics,
 )
 from draftgen.client.records import Capabilities
+from draftgen.client.retry import PROBE_RETRY, retrying
 from draftgen.client.server import ServerClient
 from draftgen.prompts.rows import PromptRow
 from draftgen.rundir.layout import BENCH_LEVELS
+from draftgen.sampling_plan import sample_seed
 
 LAG_PROBE_INTERVAL_S = 0.05
 STOP_POLL_INTERVAL_S = 0.05  # how often a level asks SendLimit.stop_sending between finishes
@@ -62,9 +64,13 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
             "fix `model` or the server list"
         )
     try:
-        caps: Capabilities = await introspect.probe(client, config.model, config.sampling)
+        caps: Capabilities = await retrying(
+            lambda: introspect.probe(client, config.model, config.sampling), PROBE_RETRY
+        )
     except RequestError as exc:
-        raise BenchmarkError(f"server {client.url} failed a one-token probe request: {exc}") from exc
+        raise BenchmarkError(
+            f"server {client.url} failed a one-token probe request {PROBE_RETRY.max_attempts} times: {exc}"
+        ) from exc
     info = await introspect.server_info(client)
     clock = await read_clock(client)
     return ServerFacts(
@@ -111,12 +117,17 @@ async def _one_request(
         "gpu": facts.index,
         "concurrency": concurrency,
         "seq": seq,
-        "prompt_id": row.id,
+        "prompt_id": row.prompt_id or row.id,  # a sample's prompt: its answers are grouped by prompt
         "category": row.category,
+        "arm": row.arm,
     }
     try:
         result = await client.stream_chat(
-            row.messages, config.sampling, config.model, timeout_s=config.request_timeout_s
+            row.messages,
+            config.arm_sampling(row.arm),
+            config.model,
+            timeout_s=config.request_timeout_s,
+            seed=sample_seed(row.id) if row.arm is not None else None,
         )
     except RequestError as exc:
         return RequestRecord(
@@ -447,6 +458,10 @@ async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
         f"{sample.rejected} rejected)",
         flush=True,
     )
+    if config.sampling_plan:
+        sample = sample.planned(config.sampling_plan)
+        arms = ", ".join(a.name for a in config.sampling_plan)
+        print(f"sampling plan: {len(sample.rows)} planned samples of them, arms {arms}", flush=True)
     store = LevelStore(Path(config.out_dir) / BENCH_LEVELS)
     store.remove_leftovers()
     if not config.resume:

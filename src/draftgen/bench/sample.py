@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts
+from draftgen.sampling_plan import Arm, sample_rows
 
 
 @dataclass(frozen=True)
@@ -15,6 +18,14 @@ class PromptSample:
     path: Path
     rows_read: int  # valid rows seen in the file
     rejected: int  # malformed rows skipped (the generate notebook reports them one by one)
+
+    def planned(self, arms: Sequence[Arm]) -> PromptSample:
+        """The sample with each prompt once per planned sample of the sampling plan, a prompt's samples side by
+        side (as generate sends them); itself without a plan."""
+        if not arms:
+            return self
+        rows = tuple(sample for row in self.rows for sample in sample_rows(row, arms))
+        return dataclasses.replace(self, rows=rows)
 
     def slice(self, start: int, count: int) -> list[PromptRow]:
         """``count`` rows from position ``start``, wrapping around when the sample is smaller than asked."""

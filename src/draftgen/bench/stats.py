@@ -134,6 +134,7 @@ def request_rows(level: LevelRun, facts: ServerFacts, max_tokens: int) -> list[d
                 "seq": record.seq,
                 "prompt_id": record.prompt_id,
                 "category": record.category,
+                "arm": record.arm,
                 "response_id": record.response_id,
                 "ok": record.ok,
                 "error": record.error,

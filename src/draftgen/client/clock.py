@@ -16,9 +16,10 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from draftgen.client.server import ServerClient
+if TYPE_CHECKING:  # the clock's records are read by reports that send nothing: no HTTP stack imported
+    from draftgen.client.server import ServerClient
 
 HARDWARE = {"b200-mtp": "B200", "rtx-pro-6000": "RTX PRO 6000"}  # simulator profile → the GPU it stands for
 # Columns of raw wall-clock figures: durations (window_s, ttft_s_p50, median_latency_s, ...) and rates.

@@ -35,6 +35,10 @@ class RetryPolicy:
         return wait
 
 
+# A one-off request (a probe, a canary) tried again after a transient failure — one 500, 429 or slow first answer
+# should not stop a run or a benchmark: waits of up to 1 s, then 2 s (Retry-After honoured).
+PROBE_RETRY = RetryPolicy(max_attempts=3, base_s=1.0, max_s=2.0)
+
 T = TypeVar("T")
 
 

@@ -17,8 +17,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from openai import AsyncOpenAI
-
 from draftgen.client.errors import RequestError, classify_error
 from draftgen.client.records import Capabilities, ChatResult
 from draftgen.client.sse import SseDecoder
@@ -53,6 +51,9 @@ class ServerClient:
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
         self.capabilities = capabilities or Capabilities(engine="unknown")
+        # The SDK is imported here, not with this module: it costs 2 s of CPU (docs/design.md).
+        from openai import AsyncOpenAI
+
         http = http_client(api_key)
         self.transport = Transport(self.url, http)
         # timeout=None: the SDK sets no per-phase timers of its own; each call's one deadline is ours (transport)

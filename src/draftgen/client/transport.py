@@ -30,8 +30,6 @@ from typing import Any
 
 import aiohttp
 import httpx2
-import openai
-from openai._vendor.httpx_aiohttp import AiohttpTransport
 
 from draftgen.client.errors import classify_error, cut_off, http_error
 
@@ -89,7 +87,11 @@ def _session() -> aiohttp.ClientSession:
 
 def http_client(api_key: str) -> httpx2.AsyncClient:
     """The client one server's requests share. ``trust_env`` off: servers are addressed by their own URL, never
-    through a proxy an environment variable happens to name."""
+    through a proxy an environment variable happens to name. The SDK is imported here, when a client is built, not
+    when a report merely reads the client's records (docs/design.md)."""
+    import openai
+    from openai._vendor.httpx_aiohttp import AiohttpTransport
+
     return openai.DefaultAioHttpClient(
         headers={"Authorization": f"Bearer {api_key}"},
         timeout=None,

@@ -23,7 +23,7 @@ from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.paths import resolve_path
 from draftgen.rundir.layout import ESTIMATE, EXPORT, MANIFEST, PLOTS, VALIDATE_SUMMARY
-from draftgen.runner import RunPlan, execute, resolve_notebook
+from draftgen.runner import RunPlan, execute, headline, resolve_notebook
 from draftgen.sim.fleet import SimFleet
 from draftgen.steps import get_step
 
@@ -166,7 +166,10 @@ def _summary(out: Path) -> list[str]:
     if manifest.exists():
         data = json.loads(manifest.read_text())
         counts = data.get("counts", {})
-        lines.append(f"generate : {json.dumps(counts)}")
+        lines.append(
+            f"generate : {counts.get('done', 0):,} stored, {counts.get('failed', 0):,} failed, "
+            f"{counts.get('rejected', 0):,} prompt rows rejected ({data.get('status')})"
+        )
         lines += _cost_lines(out)
         lines += _acceptance_lines(out / "generate")
     validation = out / "validate" / VALIDATE_SUMMARY
@@ -242,6 +245,9 @@ def run(args: argparse.Namespace) -> int:
                 )
                 print(f"draftgen demo: see {plan.executed_path} and {plan.html_path}", file=sys.stderr)
                 return 1
+            block = headline(plan)
+            if block:
+                print(block)
             print(
                 f"=== {step} done in {time.perf_counter() - step_started:.0f}s: report {plan.html_path}",
                 flush=True,

@@ -19,6 +19,7 @@ from draftgen.runner import (
     check_parameters,
     cli_parameters,
     execute,
+    headline,
     plan_run,
     resolve_notebook,
 )
@@ -105,10 +106,16 @@ def run(args: argparse.Namespace) -> int:
         summary = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [name]
         if isinstance(summary, list):
             summary = summary[0]
+        block = headline(plan)
+        if block:  # a gate that failed (validate) has said why in its headline before raising
+            print("\n" + block + "\n", file=sys.stderr)
         print(
             f"draftgen run: {notebook.stem} failed: {getattr(exc, 'ename', name)}: {summary}", file=sys.stderr
         )
         print(f"draftgen run: executed notebook kept at {plan.executed_path}", file=sys.stderr)
         return 1
+    block = headline(plan)
+    if block:
+        print("\n" + block + "\n")
     print(f"draftgen run: done. notebook {plan.executed_path}  report {plan.html_path}")
     return 0

@@ -81,8 +81,10 @@ def acceptance_by_length(table: pl.DataFrame, unit: str = "requests") -> Figure:
         color="#c44e52",
     )
     axes.set_xticks(positions, labels, fontsize=8)
+    highs = [h for h in table["accept_length_high"].to_list() if h is not None]
+    axes.set_ylim(1.0, max([*highs, *table["accept_length"].to_list()]) * 1.08)  # from 1: no draft accepted
     axes.set_title("Does acceptance change with output length? (95% interval; grey: requests)")
     axes.set_xlabel("completion tokens per request")
-    axes.set_ylabel("acceptance length")
+    axes.set_ylabel("acceptance length\n(tokens per verify step; 1 = none accepted)")
     axes.grid(axis="y", alpha=0.3)
     return figure

@@ -63,16 +63,32 @@ def message(figure: Figure, axes: Any, text: str) -> Plot:
 
 
 def completion_length_histogram(
-    axes: Any, tokens: Any, max_tokens: int | None, *, title: str, ylabel: str
+    axes: Any,
+    tokens: Any,
+    max_tokens: int | None,
+    *,
+    title: str,
+    ylabel: str,
+    xlabel: str = "completion tokens per turn (reasoning + answer)",
 ) -> None:
-    """Completion tokens as a histogram, with max_tokens marked: where thinking models pile up when cut."""
+    """Completion tokens as a histogram, with max_tokens marked: where thinking models pile up when cut.
+    ``tokens`` must be per request (a turn): max_tokens caps each request, not a conversation's sum."""
     import math
 
-    bins = min(80, max(10, int(math.sqrt(max(1, len(tokens))))))
-    axes.hist(tokens, bins=bins, color="#55a868")
+    import numpy as np
+
+    values = np.asarray(tokens, dtype=float)
+    bins = min(80, max(10, int(math.sqrt(max(1, len(values))))))
+    axes.hist(values, bins=bins, color="#55a868")
     if max_tokens:
-        axes.axvline(max_tokens, color="#c44e52", linestyle="--", label=f"max_tokens {max_tokens}")
+        cut = float((values >= max_tokens).mean()) if values.size else 0.0
+        axes.axvline(
+            max_tokens,
+            color="#c44e52",
+            linestyle="--",
+            label=f"max_tokens {max_tokens:,} ({cut:.1%} reach it)",
+        )
         axes.legend(fontsize=8)
     axes.set_title(title)
-    axes.set_xlabel("completion tokens")
+    axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)

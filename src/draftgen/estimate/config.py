@@ -27,6 +27,7 @@ from draftgen.params import (
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.rundir.layout import BENCH_RESULTS
+from draftgen.sampling_plan import SamplingPlan
 
 
 class ScenarioSpec(Params):
@@ -58,6 +59,22 @@ class ScenarioSpec(Params):
         return self
 
 
+class ArmAssumption(Params):
+    """What the estimate assumes of a sampling-plan arm the benchmark did not measure (docs/benchmark.md)."""
+
+    arm: str = Field(min_length=1)  # the arm's name in sampling_plan
+    length_factor: PositiveFloat | None = None  # its completion lengths as a multiple of the benchmark's
+    accept_length: Annotated[float, Field(ge=1)] | None = (
+        None  # its acceptance length (tokens per verify step)
+    )
+
+    @model_validator(mode="after")
+    def _something(self) -> ArmAssumption:
+        if self.length_factor is None and self.accept_length is None:
+            raise ValueError(f"arm {self.arm!r}: assume length_factor, accept_length or both")
+        return self
+
+
 # The fleet the last plan priced (docs/benchmark.md): compared by default, at an assumed per-GPU rate.
 OLD_PLAN_FLEET = {
     "name": "4x RTX PRO 6000, no MTP (assumed 400 tok/s per GPU)",
@@ -71,6 +88,10 @@ OLD_PLAN_FLEET = {
 class EstimateConfig(Params):
     parameters_cell = NotebookCell(
         ("inputs", "benchmark_dir prompts limit dataset_size turns"),
+        (
+            "the sampling plan (as in generate) and what to assume of arms the benchmark did not measure",
+            "sampling_plan arm_assumptions",
+        ),
         ("the production fleet", "gpus concurrency_per_server max_tokens train_max_length gpu_hour_usd"),
         (
             "other fleets to compare: name, gpus, and either benchmark_dir (measured) or tok_s_per_gpu (assumed)",
@@ -83,6 +104,9 @@ class EstimateConfig(Params):
             "train_max_length": "the trainer's max_length: what share of the generated tokens falls past it "
             "(0: not checked)",
             "interval": "coverage of the wall-time interval",
+            "sampling_plan": "generate's plan: requests per prompt and each arm's lengths and acceptance, from the "
+            "benchmark's requests of that arm (benchmark with the same plan) or arm_assumptions ([]: one answer "
+            "per prompt)",
         },
     )
 
@@ -96,6 +120,12 @@ class EstimateConfig(Params):
     limit: Limit
     dataset_size: Annotated[int, Field(ge=0)] = param(0, "prompts in the set; 0: count the rows of `prompts`")
     turns: Turns
+    sampling_plan: SamplingPlan
+    arm_assumptions: list[ArmAssumption] = param(
+        default_factory=list,
+        help="per arm the benchmark did not measure: {arm, length_factor (x the benchmark's lengths; thinking off "
+        "is far shorter), accept_length}",
+    )
     gpus: Annotated[int, Field(ge=0)] = param(0, "GPUs, one server each; 0: as many as the benchmark had")
     concurrency_per_server: ConcurrencyPerServer
     max_tokens: MaxTokens
@@ -135,6 +165,17 @@ class EstimateConfig(Params):
                 "(outputs/benchmark/<run>/), or '' for the newest"
             )
         return path
+
+    @model_validator(mode="after")
+    def _assumed_arms_are_planned(self) -> EstimateConfig:
+        planned = {arm.name for arm in self.sampling_plan}
+        unknown = [a.arm for a in self.arm_assumptions if a.arm not in planned]
+        if unknown:
+            raise ValueError(
+                f"arm_assumptions name arms that are not in sampling_plan: {', '.join(unknown)} "
+                f"(its arms: {', '.join(sorted(planned)) or 'none'})"
+            )
+        return self
 
     @field_validator("scenarios")
     @classmethod

@@ -8,6 +8,7 @@ so everything the estimate computes — rates, days, dollars — is the simulate
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
 from draftgen.rundir.layout import BENCH_REQUESTS as REQUESTS_FILE
 from draftgen.rundir.layout import BENCH_RESULTS as RESULTS_FILE
 from draftgen.rundir.layout import BENCH_SUMMARY as SUMMARY_FILE
+from draftgen.sampling_plan import Arm, samples
 from draftgen.training.conversation import answer_points
 
 BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftgen.paths)
@@ -147,3 +149,18 @@ def answers_per_prompt(prompt_path: Path, limit: int) -> np.ndarray | None:
     if not counts or max(counts) == 1:
         return None
     return np.asarray(counts, dtype=np.int64)
+
+
+def planned_requests(prompt_path: Path, limit: int, turns: str, arms: Sequence[Arm]) -> tuple[int, int]:
+    """(requests, prompts) a sampling plan makes of the first ``limit`` valid prompts (all when 0), counted
+    exactly: each prompt's planned samples (``draftgen.sampling_plan``, by its id, as generate assigns them), each
+    one request per answer point with ``turns: all``."""
+    requests = prompts = 0
+    for row in iter_prompts(prompt_path):
+        if isinstance(row, PromptRow):
+            points = len(answer_points(row.messages, "all")) if turns == "all" else 1
+            requests += len(samples(row.id, arms)) * points
+            prompts += 1
+            if limit and prompts >= limit:
+                break
+    return requests, prompts

@@ -266,6 +266,7 @@ def estimate_wall(
     rng: np.random.Generator,
     repeats: int = 3,
     turns: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> WallTime:
     """Expected wall time for ``num_prompts`` requests whose lengths follow ``per_prompt``.
 
@@ -273,21 +274,22 @@ def estimate_wall(
     the first ``exact`` requests, as the simulation's wall time minus its own tokens at the steady rate. Taking
     the tail this way keeps the random draw of lengths from moving the steady part. With ``turns`` (answers per
     conversation, sampled from the prompt file; generate's ``turns: all``) the simulated jobs are conversations:
-    one slot runs a conversation's requests one after another, so their lengths add up.
+    one slot runs a conversation's requests one after another, so their lengths add up. With ``weights`` (a
+    sampling plan's arms pooled: ``draftgen.estimate.arms``) each length is drawn with its probability.
     """
     if num_prompts < 1:
         raise ValueError("num_prompts must be >= 1")
-    mean = float(per_prompt.mean())
+    mean = float(per_prompt.mean() if weights is None else np.dot(per_prompt, weights))
     fleet_rate = servers * rate.tok_s(concurrency)
     per_server = math.ceil(num_prompts / servers)
     exact = min(num_prompts, servers * min(per_server, max(EXACT_ROUNDS * concurrency, EXACT_MIN_PER_SERVER)))
     tails = []
     for _ in range(repeats):
         if turns is None:
-            lengths = jobs = rng.choice(per_prompt, size=exact, replace=True)
+            lengths = jobs = rng.choice(per_prompt, size=exact, replace=True, p=weights)
         else:
             counts = rng.choice(turns, size=max(1, round(exact / float(turns.mean()))), replace=True)
-            lengths = rng.choice(per_prompt, size=int(counts.sum()), replace=True)
+            lengths = rng.choice(per_prompt, size=int(counts.sum()), replace=True, p=weights)
             jobs = np.add.reduceat(lengths, np.concatenate([[0], np.cumsum(counts)[:-1]]))
         tails.append(simulate_fleet(jobs, servers, concurrency, rate) - float(lengths.sum()) / fleet_rate)
     total = num_prompts * mean
@@ -305,11 +307,13 @@ def bootstrap_walls(
     concurrency: int,
     rng: np.random.Generator,
     turns: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
-    """One wall time per resample: prompts resampled with replacement, each paired with one resampled rate."""
+    """One wall time per resample: prompts resampled with replacement (each with its weight), each paired with
+    one resampled rate."""
     out = []
     for rate in rates:
-        resample = rng.choice(per_prompt, size=per_prompt.size, replace=True)
+        resample = rng.choice(per_prompt, size=per_prompt.size, replace=True, p=weights)
         wall = estimate_wall(resample, num_prompts, servers, concurrency, rate, rng, repeats=1, turns=turns)
         out.append(wall.wall_s)
     return np.asarray(out)

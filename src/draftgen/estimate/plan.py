@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from draftgen.estimate.arms import PlanDraws, PricedPlan, price_plan
 from draftgen.estimate.config import EstimateConfig, ScenarioSpec
 from draftgen.estimate.inputs import (
     BenchmarkData,
@@ -21,6 +22,7 @@ from draftgen.estimate.inputs import (
     dataset_size,
     find_latest_benchmark,
     load_benchmark,
+    planned_requests,
 )
 from draftgen.estimate.model import (
     LengthSample,
@@ -133,11 +135,18 @@ class Estimate:
     notes: tuple[str, ...]
     prefill_s_per_request: float | None
     max_length_cost: MaxLengthCost | None = None
+    plan: PricedPlan | None = None  # the sampling plan priced from the production benchmark
     created_at: float = field(default_factory=time.time)
 
     def table(self) -> pl.DataFrame:
         rows = [self.production.row(), self.concurrency_1.row(), *(s.row() for s in self.scenarios)]
         return pl.DataFrame(rows)
+
+    def arms_table(self) -> pl.DataFrame:
+        """Per arm of the sampling plan: requests, lengths, acceptance, speed, and where each came from."""
+        if self.plan is None:
+            return pl.DataFrame()
+        return self.plan.table(self.num_prompts)
 
 
 @dataclass(frozen=True)
@@ -194,6 +203,19 @@ def digest(data: BenchmarkData, bootstrap: int, rng: np.random.Generator, max_le
     )
 
 
+def priced(measured: Measured, config: EstimateConfig) -> PricedPlan:
+    """The estimate's sampling plan priced from one benchmark's requests (or the config's assumptions)."""
+    plan = (measured.data.summary.get("config") or {}).get("sampling_plan") or []
+    return price_plan(
+        measured.data.requests,
+        measured.data.max_tokens,
+        plan,
+        config.sampling_plan,
+        config.arm_assumptions,
+        config.max_tokens,
+    )
+
+
 def evaluate(
     name: str,
     measured: Measured,
@@ -209,12 +231,20 @@ def evaluate(
     source: str,
     interval_note: str,
     rng: np.random.Generator,
+    plan: PricedPlan,
     turns: np.ndarray | None = None,
 ) -> ScenarioResult:
-    per_prompt = measured.lengths.per_prompt(max_tokens)
-    point = estimate_wall(per_prompt, num_prompts, gpus, concurrency, rate, rng, turns=turns)
-    walls = bootstrap_walls(per_prompt, boot_rates, num_prompts, gpus, concurrency, rng, turns=turns)
+    """One scenario's wall time: requests drawn from the plan's arms (``draftgen.estimate.arms``: no plan, the
+    benchmark's lengths), simulated on ``rate`` in work units, tokens counted apart."""
+    draws = plan.draws(max_tokens)
+    point = estimate_wall(
+        draws.work, num_prompts, gpus, concurrency, rate, rng, turns=turns, weights=draws.weights
+    )
+    walls = bootstrap_walls(
+        draws.work, boot_rates, num_prompts, gpus, concurrency, rng, turns=turns, weights=draws.weights
+    )
     low, high = np.quantile(walls, [(1 - interval) / 2, (1 + interval) / 2])
+    total_tokens = num_prompts * draws.mean_tokens
     return ScenarioResult(
         name=name,
         gpus=gpus,
@@ -225,15 +255,15 @@ def evaluate(
         source=source,
         tok_s_per_gpu=rate.tok_s(concurrency),
         steady_output_tok_s=gpus * rate.tok_s(concurrency),
-        aggregate_output_tok_s=point.total_tokens / point.wall_s,
-        mean_completion_tokens=float(per_prompt.mean()),
-        total_output_tokens=point.total_tokens,
-        truncated_rate=measured.lengths.truncated_rate(max_tokens),
+        aggregate_output_tok_s=total_tokens / point.wall_s,
+        mean_completion_tokens=draws.mean_tokens,
+        total_output_tokens=total_tokens,
+        truncated_rate=plan.truncated_rate(),
         wall_time_s=point.wall_s,
         wall_time_low_s=float(min(low, point.wall_s)),
         wall_time_high_s=float(max(high, point.wall_s)),
         tail_s=point.tail_s,
-        lengths_are_lower_bound=measured.lengths.extrapolated(max_tokens),
+        lengths_are_lower_bound=plan.lengths_are_lower_bound(),
         interval_note=interval_note,
     )
 
@@ -266,7 +296,14 @@ def _scenario(
         rate = base.scaled(factor, source)
         note = "throughput assumed, not measured: the interval covers completion lengths only"
         return evaluate(
-            spec.name, main, rate, [rate] * len(main.boot_rates), source=source, interval_note=note, **common
+            spec.name,
+            main,
+            rate,
+            [rate] * len(main.boot_rates),
+            source=source,
+            interval_note=note,
+            plan=priced(main, config),
+            **common,
         )
     measured = main
     if spec.benchmark_dir:
@@ -284,6 +321,7 @@ def _scenario(
         list(measured.boot_rates),
         source=source,
         interval_note=_boot_note(measured),
+        plan=priced(measured, config),
         **common,
     )
 
@@ -298,6 +336,7 @@ def _boot_note(measured: Measured) -> str:
 
 def sweeps(
     main: Measured,
+    plan: PricedPlan,
     num_prompts: int,
     gpus: int,
     concurrency: int,
@@ -311,12 +350,15 @@ def sweeps(
     parameter, not by the draw.
     """
     rate = main.fit.model
-    per_prompt = main.lengths.per_prompt(max_tokens)
+    per_prompt = plan.draws(max_tokens)
     measured_to = main.data.max_in_flight
 
-    def days(pp: np.ndarray, g: int, c: int) -> float:
+    def days(pp: PlanDraws, g: int, c: int) -> float:
         draw = np.random.default_rng(seed)
-        return estimate_wall(pp, num_prompts, g, c, rate, draw, repeats=3, turns=turns).wall_s / DAY_S
+        wall = estimate_wall(
+            pp.work, num_prompts, g, c, rate, draw, repeats=3, turns=turns, weights=pp.weights
+        )
+        return wall.wall_s / DAY_S
 
     levels = sorted({*SWEEP_CONCURRENCY, concurrency, *main.data.levels})
     by_concurrency = pl.DataFrame(
@@ -333,7 +375,7 @@ def sweeps(
     by_max_tokens = pl.DataFrame(
         {
             "max_tokens": tokens,
-            "days": [days(main.lengths.per_prompt(t), gpus, concurrency) for t in tokens],
+            "days": [days(plan.draws(t), gpus, concurrency) for t in tokens],
             "lower_bound": [main.lengths.extrapolated(t) for t in tokens],
         }
     )
@@ -356,8 +398,20 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         config.dataset_size, config.prompt_path, config.limit, config.turns
     )
     turns = answers_per_prompt(config.prompt_path, config.limit) if config.turns == "all" else None
+    plan = priced(main, config)
+    if config.sampling_plan and not config.dataset_size:
+        num_prompts, counted = planned_requests(
+            config.prompt_path, config.limit, config.turns, config.sampling_plan
+        )
+        size_source = f"the planned samples of {counted:,} prompts of {config.prompt_path} (sampling_plan)"
+        if config.turns == "all":
+            size_source += ", one request per assistant turn (turns: all)"
+    elif config.sampling_plan:
+        answers = plan.requests_per_prompt
+        num_prompts = max(1, round(num_prompts * answers))
+        size_source = f"{size_source} x {answers:g} expected samples per prompt (sampling_plan)"
     gpus = config.gpus or main.data.servers
-    notes = []
+    notes = list(plan.notes)
     if main.data.clock.simulated:
         notes.append(f"{main.data.clock.note}; the benchmark's parquet files keep the raw wall-clock figures")
     if main.fit.note:
@@ -390,6 +444,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         "interval": config.interval,
         "rng": rng,
         "turns": turns,
+        "plan": plan,
     }
     production = evaluate(
         "production (this benchmark)",
@@ -433,9 +488,17 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         concurrency_1=concurrency_1,
         scenarios=scenarios,
         sweeps=sweeps(
-            main, num_prompts, gpus, config.concurrency_per_server, config.max_tokens, config.seed, turns
+            main,
+            plan,
+            num_prompts,
+            gpus,
+            config.concurrency_per_server,
+            config.max_tokens,
+            config.seed,
+            turns,
         ),
         notes=tuple(notes),
         prefill_s_per_request=_prefill_per_request(main.data),
         max_length_cost=cost,
+        plan=plan,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -10,7 +11,10 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.bench.report import save_figure as save_figure  # re-exported: notebooks save plots through it
+from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import duration, duration_unit
+from draftgen.display.notes import Notes, Stack
+from draftgen.display.table import Column, Table, figures_table, format_value
 from draftgen.estimate.plan import Estimate, ScenarioResult
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import ESTIMATE as ESTIMATE_FILE
@@ -77,6 +81,9 @@ def estimate_json(estimate: Estimate) -> dict:
         "num_prompts_source": estimate.num_prompts_source,
         "accept_length": accept,
         "accept_length_source": accept_source,
+        # the sampling plan priced: requests per prompt and each arm's figures (docs/benchmark.md)
+        "requests_per_prompt": estimate.plan.requests_per_prompt if estimate.config.sampling_plan else 1.0,
+        "arms": estimate.arms_table().to_dicts() if estimate.config.sampling_plan else [],
         "prefill_s_per_request_upper_bound": estimate.prefill_s_per_request,
         "concurrency_1": {
             "wall_time_s": c1.wall_time_s,
@@ -262,3 +269,188 @@ def plot_rate_fit(estimate: Estimate) -> Figure:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# ----- what the report shows --------------------------------------------------------------------------------
+def _interval(value: float, low: float, high: float, fmt: Callable[[float], str]) -> str:
+    return f"{fmt(value)} ({fmt(low)}–{fmt(high)})"
+
+
+def _cost(result: ScenarioResult, seconds: float) -> float:
+    return seconds / 3600.0 * result.gpus * result.gpu_hour_usd
+
+
+def scenarios_table(estimate: Estimate) -> Table:
+    """Production, the same fleet at concurrency 1, and the other fleets: time and money with their interval."""
+    results = [estimate.production, estimate.concurrency_1, *estimate.scenarios]
+    frame = pl.DataFrame(
+        {
+            "scenario": [r.name for r in results],
+            "requests": [r.num_prompts for r in results],
+            "fleet": [f"{r.gpus} GPU × {r.concurrency_per_server} in flight" for r in results],
+            "tok_s_per_gpu": [r.tok_s_per_gpu for r in results],
+            "fleet_tok_s": [r.aggregate_output_tok_s for r in results],
+            "wall_time": [
+                _interval(r.wall_time_s, r.wall_time_low_s, r.wall_time_high_s, duration) for r in results
+            ],
+            "gpu_hours": [r.gpu_hours for r in results],
+            "gpu_s_per_m_trained": [r.gpu_s_per_m_trained for r in results],
+            "usd_per_m_trained": [r.usd_per_m_trained for r in results],
+            "cost": [
+                _interval(
+                    r.cost_usd,
+                    _cost(r, r.wall_time_low_s),
+                    _cost(r, r.wall_time_high_s),
+                    lambda v: format_value(v, "usd"),
+                )
+                for r in results
+            ],
+            "source": [r.source for r in results],
+        }
+    )
+    clock = estimate.benchmark.data.clock
+    return Table(
+        frame,
+        (
+            Column("scenario", "scenario", "text"),
+            Column("requests", "requests", "int"),
+            Column("fleet", "fleet", "text"),
+            Column("tok_s_per_gpu", "tok/s per GPU", "tok_s"),
+            Column("fleet_tok_s", "fleet tok/s", "tok_s"),
+            Column("wall_time", f"wall time ({estimate.config.interval:.0%} interval)", "text"),
+            Column("gpu_hours", "GPU-hours", "number"),
+            Column("cost", f"cost ({estimate.config.interval:.0%} interval)", "text"),
+            Column("gpu_s_per_m_trained", "GPU-s per M trained tokens", "number", digits=0),
+            Column("usd_per_m_trained", "$ per M trained tokens", "usd"),
+            Column("source", "rate from", "text"),
+        ),
+        note=clock.note,
+    )
+
+
+def inputs(estimate: Estimate, path: str | Path) -> Stack:
+    """What the estimate read and wrote, and its notes, as sentences."""
+    figures = figures_table(
+        [
+            ("benchmark read", str(estimate.benchmark.data.path)),
+            ("requests in the set", f"{estimate.num_prompts:,} ({estimate.num_prompts_source})"),
+            ("estimate written", str(path)),
+        ]
+    )
+    p = estimate.production
+    notes = [
+        f"The tail (ramp-up and the drain of the last requests) takes {duration(p.tail_s)}; {p.interval_note}.",
+        *estimate.notes,
+    ]
+    return Stack((figures, Notes(notes, title="Notes")))
+
+
+def arms_table(estimate: Estimate) -> Table:
+    """The sampling plan's arms: requests, lengths, acceptance and speed, and where each figure came from."""
+    return Table(
+        estimate.arms_table(),
+        (
+            Column("arm", "arm", "text"),
+            Column("requests_per_prompt", "requests per prompt", "number", digits=2),
+            Column("requests", "requests", "int"),
+            Column("max_tokens", "max_tokens", "int"),
+            Column("mean_completion_tokens", "mean completion tokens", "number", digits=0),
+            Column("truncated_rate", "truncated", "percent"),
+            Column("accept_length", "acceptance length", "number", digits=2),
+            Column("relative_speed", "speed vs the benchmark's mix", "ratio"),
+            Column("share_of_tokens", "share of the tokens", "percent"),
+            Column("lengths_from", "lengths from", "text"),
+            Column("acceptance_from", "acceptance from", "text"),
+        )
+        if estimate.config.sampling_plan
+        else None,
+        empty="no sampling plan: one answer per prompt, priced from the benchmark's whole sample",
+    )
+
+
+def fit_table(estimate: Estimate) -> Table:
+    """The benchmark's measured tok/s at each number of running requests beside the fitted curve."""
+    points = estimate.benchmark.fit.points
+    return Table(
+        points,
+        (
+            Column("running", "requests running", "int"),
+            Column("seconds", "time spent (s)", "number"),
+            Column("tokens", "tokens", "int"),
+            Column("measured_tok_s", "measured tok/s", "tok_s"),
+            Column("fitted_tok_s", "fitted tok/s", "tok_s"),
+            Column("rel_error", "fitted ÷ measured − 1", "percent"),
+        )
+        if {"running", "seconds", "tokens", "measured_tok_s", "fitted_tok_s", "rel_error"}
+        <= set(points.columns)
+        else None,
+        empty="the benchmark's streams gave no points to fit",
+    )
+
+
+def headline(estimate: Estimate, out_dir: str | Path) -> Headline:
+    """How many days and dollars will the whole set take on this fleet?"""
+    p, c1 = estimate.production, estimate.concurrency_1
+    clock = estimate.benchmark.data.clock
+    longer = c1.wall_time_s / p.wall_time_s if p.wall_time_s else None
+    out = Path(out_dir)
+    return Headline(
+        step="estimate",
+        question="how long will the whole prompt set take on this fleet, and what will it cost?",
+        answer=(
+            f"{duration(p.wall_time_s)} and {format_value(p.cost_usd, 'usd')} for {p.num_prompts:,} requests on "
+            f"{p.gpus} GPU × {p.concurrency_per_server} in flight"
+        ),
+        stats=[
+            Stat(
+                "wall time",
+                duration(p.wall_time_s),
+                "",
+                f"{estimate.config.interval:.0%} interval {duration(p.wall_time_low_s)} – {duration(p.wall_time_high_s)}",
+            ),
+            Stat(
+                "cost",
+                format_value(p.cost_usd, "usd"),
+                "",
+                f"{format_value(p.gpu_hours, 'number')} GPU-hours at "
+                f"{format_value(p.gpu_hour_usd, 'usd', 2)}/GPU-hour",
+            ),
+            Stat(
+                "fleet output",
+                format_value(p.aggregate_output_tok_s, "tok_s"),
+                "tok/s",
+                f"{format_value(p.tok_s_per_gpu, 'tok_s')} tok/s per GPU",
+            ),
+            Stat(
+                "per million trained tokens",
+                f"{p.gpu_s_per_m_trained:,.0f}",
+                "GPU-s",
+                f"{format_value(p.usd_per_m_trained, 'usd', 2)}; {p.trained_tokens:,.0f} trained tokens"
+                + (
+                    f", capped at max_length {estimate.benchmark.lengths.max_length}"
+                    if estimate.benchmark.lengths.max_length
+                    else ""
+                ),
+            ),
+            Stat("requests", f"{p.num_prompts:,}", "", estimate.num_prompts_source),
+            Stat(
+                "at concurrency 1",
+                f"{longer:,.1f}×" if longer else "–",
+                "longer",
+                f"{duration(c1.wall_time_s)}: how the last plan was made",
+            ),
+        ],
+        reason=(
+            "max_tokens is above the benchmark's, whose completions cut there could have run longer: the time is a "
+            "lower bound"
+            if p.lengths_are_lower_bound
+            else ""
+        ),
+        verdict="WARN" if p.lengths_are_lower_bound else "",
+        clock=clock.note,
+        files=[
+            ("estimate (generate reads it)", out / ESTIMATE_FILE),
+            ("scenarios", out / ESTIMATE_SCENARIOS),
+        ],
+        home=out,
+    )

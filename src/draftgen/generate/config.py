@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.generate.sampling_plan import Arm, check_plan
 from draftgen.params import (
     CategoryField,
     ConcurrencyPerServer,
@@ -26,6 +25,7 @@ from draftgen.params import (
 )
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
+from draftgen.sampling_plan import SamplingPlan
 
 Rate = Annotated[float, Field(ge=0, le=1)]
 
@@ -117,11 +117,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     )
     turns: Turns
     category_field: CategoryField
-    sampling_plan: list[Arm] = param(
-        default_factory=list,
-        help="arms, each {name, share, answers, and any of enable_thinking temperature top_p top_k min_p "
-        "max_tokens}: which prompts get how many answers sampled how ([]: one answer each, the settings above)",
-    )
+    sampling_plan: SamplingPlan
     concurrency_per_server: ConcurrencyPerServer
     batch_save_size: PositiveInt = param(500, "rows per parquet shard (written atomically)")
     limit: Limit
@@ -239,7 +235,6 @@ class GenerateConfig(FleetParams, SamplingParams):
         return value
 
     _prompts = field_validator("prompts")(check_prompt_source)
-    _plan = field_validator("sampling_plan")(check_plan)
 
     @model_validator(mode="after")
     def _consistent(self) -> GenerateConfig:

@@ -33,10 +33,10 @@ from draftgen.generate.events import DispatchEvents, StopRun
 from draftgen.generate.fleet_health import ChatClient, FleetHealth, Server, ServerStats
 from draftgen.generate.hedge import HedgePolicy, TailHedger
 from draftgen.generate.length_cap import LengthCap, TurnLimit
-from draftgen.generate.sampling_plan import arm_sampling, sample_seed
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot
 from draftgen.generate.work import Flight, FlightState, Intake, TurnState, Work, WorkQueue
 from draftgen.prompts.rows import PromptRow, RejectedRow
+from draftgen.sampling_plan import arm_sampling, sample_seed
 
 MAIN_POLL_S = 0.2
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import html
 import json
 import time
 from collections import Counter
@@ -28,8 +27,10 @@ from draftgen.client import introspect
 from draftgen.client.clock import WALL, HardwareClock, fleet_clock, read_clock
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities
-from draftgen.client.retry import RetryPolicy, retrying
+from draftgen.client.retry import PROBE_RETRY, retrying
 from draftgen.client.server import ServerClient
+from draftgen.display.checks import checks_html as grouped_checks_html
+from draftgen.display.checks import checks_text as grouped_checks_text
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
@@ -61,9 +62,6 @@ CANARY_PROMPTS = (
     "Is 91 a prime number? Answer yes or no.",
 )
 HEALTH_POLL_S = 2.0
-# A probe or canary tried again after a transient failure (one 500 or 429 should not stop a run): waits of up to
-# 1 s, then 2 s (Retry-After honoured), as dispatch's policy draws them.
-PREFLIGHT_RETRY = RetryPolicy(max_attempts=3, base_s=1.0, max_s=2.0)
 
 
 @dataclass(frozen=True)
@@ -164,29 +162,13 @@ def checks_frame(checks: list[Check]) -> pl.DataFrame:
     )
 
 
-_COLOURS = {"ok": "#2e7d32", "info": "#1565c0", "warn": "#ef6c00", "fail": "#c62828"}
-
-
 def checks_html(checks: list[Check]) -> str:
-    rows = "".join(
-        f"<tr><td style='color:{_COLOURS.get(c.status, '')};font-weight:bold'>{html.escape(c.status)}</td>"
-        f"<td>{html.escape(c.check)}</td><td>{html.escape(c.target)}</td>"
-        f"<td style='text-align:left'>{html.escape(c.detail)}</td></tr>"
-        for c in checks
-    )
-    return (
-        "<table><thead><tr><th>status</th><th>check</th><th>target</th><th>detail</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
-    )
+    """One row per check with the count of servers that passed, and a row per server that did not."""
+    return grouped_checks_html(checks)
 
 
 def format_checks(checks: list[Check]) -> str:
-    widths = [max([len(h), *(len(getattr(c, h)) for c in checks)]) for h in ("check", "target")]
-    lines = []
-    for c in checks:
-        mark = c.status.upper() if c.status != "ok" else "ok"
-        lines.append(f"  {mark:<4}  {c.check:<{widths[0]}}  {c.target:<{widths[1]}}  {c.detail}")
-    return "\n".join(lines)
+    return grouped_checks_text(checks)
 
 
 # ----- environment and files -------------------------------------------------------------------------------
@@ -428,12 +410,10 @@ async def _server_checks(
     else:
         checks.append(Check("model", url, "ok", config.model))
     try:
-        caps = await retrying(
-            lambda: introspect.probe(client, config.model, config.sampling), PREFLIGHT_RETRY
-        )
+        caps = await retrying(lambda: introspect.probe(client, config.model, config.sampling), PROBE_RETRY)
     except RequestError as exc:
         checks.append(
-            Check("probe", url, "fail", f"a tiny request failed {PREFLIGHT_RETRY.max_attempts} times: {exc}")
+            Check("probe", url, "fail", f"a tiny request failed {PROBE_RETRY.max_attempts} times: {exc}")
         )
         return checks, None
     notes = [f"engine {caps.engine}{' ' + caps.version if caps.version else ''}"]
@@ -486,11 +466,11 @@ async def canary(client: ServerClient, config: GenerateConfig) -> Check:
                     stream=config.stream,
                     timeout_s=config.request_timeout_s,
                 ),
-                PREFLIGHT_RETRY,
+                PROBE_RETRY,
             )
         except RequestError as exc:
             return Check(
-                "canary", client.url, "fail", f"request failed {PREFLIGHT_RETRY.max_attempts} times: {exc}"
+                "canary", client.url, "fail", f"request failed {PROBE_RETRY.max_attempts} times: {exc}"
             )
         defects = classify(
             thinking=config.enable_thinking,

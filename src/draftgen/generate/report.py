@@ -21,17 +21,21 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.breakdown import Breakdowns, breakdown, breakdowns
+from draftgen.breakdown import Breakdowns, breakdown, breakdowns, ratio_interval
 from draftgen.client.clock import HardwareClock, fleet_clock, on_clock
 from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_by_length
+from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import duration_unit, short_label
+from draftgen.display.notes import Notes, Stack
 from draftgen.display.plots import Plot, completion_length_histogram, save
+from draftgen.display.table import Column, Table, format_value, with_specs
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.gpu_time import gpu_seconds, kept_share_of
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.store import read_manifest, scan_shards
 from draftgen.rundir.layout import FAILED, PLOTS, REJECTED, SHARDS, shard_paths
+from draftgen.sampling_plan import Arm
 
 REPORT_COLUMNS = (
     "id",
@@ -394,7 +398,9 @@ def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot
 
 
 def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
-    """MTP acceptance length over time, one line per worker, from its /metrics windows (acceptance.parquet)."""
+    """MTP acceptance length over time, one line per worker, from its /metrics windows (acceptance.parquet),
+    against the run's token-weighted mean and its 95% interval; the axis starts at 1 (no draft token accepted),
+    so a ±1% wobble looks like one."""
     home = plots_home(out_dir, save_to)
     folders = run_dirs(out_dir)
     frames = [
@@ -402,24 +408,39 @@ def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot
         for folder in folders
     ]
     samples = pl.concat(frames).filter(pl.col("accept_length").is_not_null())
-    figure = Figure(figsize=(9, 3.5))
+    figure = Figure(figsize=(9, 3.8))
     axes = figure.subplots()
     if samples.is_empty():
         axes.text(0.5, 0.5, "no acceptance windows (acceptance_interval_s 0, or no /metrics)", ha="center")
+        axes.set_axis_off()
         return _save(figure, home, "acceptance")
+    clock = run_clock(folders)
     t0 = samples["started_at"].min()
-    span = samples["ended_at"].max() - t0
+    span = clock.seconds(samples["ended_at"].max() - t0)
     scale, unit = (3600.0, "h") if span > 7200 else (60.0, "min") if span > 600 else (1.0, "s")
     for (folder, worker), group in samples.sort("ended_at").group_by("folder", "worker", maintain_order=True):
-        middle = ((group["started_at"] + group["ended_at"]) / 2 - t0) / scale
+        middle = clock.seconds(((group["started_at"] + group["ended_at"]) / 2 - t0).to_numpy()) / scale
         label = f"{folder} {short_label(worker)}" if folder else short_label(worker)
-        axes.plot(
-            middle.to_numpy(), group["accept_length"].to_numpy(), marker=".", linewidth=1.0, label=label
+        axes.plot(middle, group["accept_length"].to_numpy(), marker=".", linewidth=1.0, label=label)
+    tokens = samples["generated_tokens"].cast(pl.Float64).to_numpy()
+    band = ratio_interval(tokens, tokens / samples["accept_length"].to_numpy())
+    top = float(samples["accept_length"].max())
+    if band is not None:
+        mean, low, high = band
+        axes.axhspan(low, high, color="#888888", alpha=0.25, lw=0)
+        axes.axhline(
+            mean,
+            color="black",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"run mean {mean:.2f} (95% interval {low:.2f}–{high:.2f})",
         )
+        top = max(top, high)
+    axes.set_ylim(1.0, top * 1.08)
     axes.set_title("Did MTP acceptance hold up on every worker over the run?")
-    axes.set_xlabel(f"time since the first window ({unit})")
-    axes.set_ylabel("acceptance length (tokens per verify)")
-    axes.legend(fontsize=7, ncols=2)
+    axes.set_xlabel(f"time since the first window ({unit}{', ' + clock.short if clock.simulated else ''})")
+    axes.set_ylabel("acceptance length\n(tokens per verify step; 1 = no draft accepted)")
+    axes.legend(fontsize=7, ncols=3, loc="lower right")
     axes.grid(alpha=0.3)
     return _save(figure, home, "acceptance")
 
@@ -441,16 +462,32 @@ def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> 
 def plot_completion_lengths(
     out_dir: RunDirs, max_tokens: int | None = None, save_to: str | Path | None = None
 ) -> Plot:
+    """Completion tokens per generated turn, where max_tokens applies (it caps each turn); with multi-turn rows,
+    the whole conversations' lengths beside it, without the cap's line (it does not apply to a sum)."""
     home = plots_home(out_dir, save_to)
-    tokens = scan_results(out_dir).select("completion_tokens").drop_nulls().collect()["completion_tokens"]
-    figure = Figure(figsize=(7, 3.4))
+    turns = request_table(out_dir)["completion_tokens"].drop_nulls().to_numpy()
+    rows = scan_results(out_dir).select("completion_tokens", "turns").drop_nulls().collect()
+    several = bool(rows.height) and int(rows["turns"].max()) > 1
+    figure = Figure(figsize=(11, 3.6) if several else (7, 3.6))
+    axes = figure.subplots(1, 2 if several else 1)
+    first = axes[0] if several else axes
     completion_length_histogram(
-        figure.subplots(),
-        tokens.to_numpy(),
+        first,
+        turns,
         max_tokens,
-        title="How long are the completions (reasoning + answer)?",
-        ylabel="rows",
+        title="How long are the answers? (per generated turn)",
+        ylabel="generated turns",
     )
+    if several:
+        completion_length_histogram(
+            axes[1],
+            rows["completion_tokens"].to_numpy(),
+            None,
+            title="…and whole conversations (all turns; no cap)",
+            ylabel="conversations",
+            xlabel="completion tokens per conversation",
+        )
+    figure.tight_layout()
     return _save(figure, home, "completion_lengths")
 
 
@@ -533,7 +570,7 @@ def _servers(out_dir: RunDirs) -> int:
 
 
 def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any]) -> list[str]:
-    """Where this run differs from what the estimate assumed (servers, concurrency, max_tokens)."""
+    """Where this run differs from what the estimate assumed (servers, concurrency, max_tokens, sampling plan)."""
     estimate = load_estimate(estimate_path)
     notes = []
     servers = estimate["servers"]
@@ -543,6 +580,16 @@ def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any
     for key in ("concurrency_per_server", "max_tokens"):
         if estimate[key] != config_values[key]:
             notes.append(f"estimate assumed {key}={estimate[key]}, this run used {config_values[key]}")
+
+    def arms(plan: list[dict] | None) -> list[dict]:
+        return [Arm.model_validate(arm).model_dump(exclude_none=True) for arm in plan or []]
+
+    priced = arms((estimate.get("config") or {}).get("sampling_plan"))
+    if priced != arms(config_values.get("sampling_plan")):
+        notes.append(
+            f"estimate priced the sampling plan {priced or 'none'}, this run uses "
+            f"{arms(config_values.get('sampling_plan')) or 'none'}"
+        )
     planned = HardwareClock.from_dict(estimate.get("clock"))
     out_dir = config_values.get("out_dir")
     actual = run_clock(out_dir) if out_dir else planned
@@ -551,3 +598,200 @@ def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any
             f"the estimate is on the {planned.short}, this run on the {actual.short}: not like for like"
         )
     return notes
+
+
+# ----- what the report shows --------------------------------------------------------------------------------
+SUMMARY_SPECS = (
+    Column("rows", "rows stored", "int"),
+    Column("unique_ids", "distinct ids", "int"),
+    Column("turns", "turns answered", "int"),
+    Column("completion_tokens", "completion tokens", "int"),
+    Column("mean_completion_tokens", "mean completion tokens per row", "int"),
+    Column("p99_completion_tokens", "p99 completion tokens per row", "int"),
+    Column("median_latency_s", "median latency (s)", "number"),
+    Column("p99_latency_s", "p99 latency (s)", "number"),
+    Column("truncated_rate", "cut by max_tokens", "percent"),
+    Column("empty_answer_rate", "empty answers", "percent"),
+    Column("empty_reasoning_rate", "empty reasoning", "percent"),
+    Column("mean_accept_length", "mean acceptance length", "number", 2),
+    Column("retried", "rows retried", "int"),
+    Column("failed", "failed (failed.parquet)", "int"),
+    Column("rejected", "rejected prompt rows", "int"),
+    Column("wall_s", "wall time", "duration"),
+    Column("output_tok_s", "fleet output tok/s", "tok_s"),
+    Column("generating_s", "the generation (first request sent to last answer)", "duration"),
+    Column("start_wave_idle_s", "capacity idle while the first wave went out", "duration"),
+    Column("generating_tok_s", "fleet output tok/s over the generation less that", "tok_s"),
+    Column("trained_tokens", "trained tokens (each turn's up to train_max_length)", "int"),
+    Column("gpu_s_per_m_trained", "GPU-seconds per million trained tokens", "number", 0),
+    Column("sessions", "sessions", "int"),
+    Column("hedged", "requests hedged at the tail", "int"),
+    Column("hedge_wins", "hedges that won", "int"),
+    Column("wall_clock_s", "wall time on the wall clock", "duration"),
+    Column("clock_kept", "share of its clock the simulator kept", "percent"),
+    Column("folders", "run folders", "int"),
+)
+PER_SERVER_SPECS = (
+    Column("folder", "folder", "text"),
+    Column("server", "server", "text"),
+    Column("rows", "rows", "int"),
+    Column("completion_tokens", "completion tokens", "int"),
+    Column("span_s", "busy span", "duration"),
+    Column("median_latency_s", "median latency (s)", "number"),
+    Column("mean_accept_length", "mean acceptance length", "number", 2),
+    Column("retried", "retried", "int"),
+    Column("tok_s", "completion tok/s", "tok_s"),
+)
+ACCEPTANCE_SPECS = (
+    Column("folder", "folder", "text"),
+    Column("worker", "worker", "text"),
+    Column("via", "via", "text"),
+    Column("windows", "/metrics windows", "int"),
+    Column("generated_tokens", "generated tokens", "int"),
+    Column("accept_length", "acceptance length", "number", 2),
+    Column("min_window", "lowest window", "number", 2),
+    Column("max_window", "highest window", "number", 2),
+    Column("span_s", "span", "duration"),
+)
+
+
+def summary_view(out_dir: RunDirs) -> Table:
+    """The run-level figures, one per line, on the servers' clock (the clock as a note, not a column)."""
+    frame = summary(out_dir)
+    clock = run_clock(out_dir)
+    return Table(frame, with_specs(frame, SUMMARY_SPECS, drop=("clock",)), note=clock.note)
+
+
+def per_server_view(out_dir: RunDirs) -> Table:
+    """Rows, tokens and speed per server, servers by their short name."""
+    frame = per_server(out_dir).with_columns(
+        pl.col("server").map_elements(short_label, return_dtype=pl.String)
+    )
+    return Table(
+        frame, with_specs(frame, PER_SERVER_SPECS), note=run_clock(out_dir).note, empty="no rows stored"
+    )
+
+
+def acceptance_view(out_dir: RunDirs) -> Table:
+    """MTP acceptance per worker from its /metrics windows."""
+    frame = acceptance(out_dir)
+    if "via" in frame.columns and frame["via"].to_list() == frame["worker"].to_list():
+        frame = frame.drop("via")  # no router: each server is its own worker
+    for column in ("worker", "via"):
+        if column in frame.columns:
+            frame = frame.with_columns(pl.col(column).map_elements(short_label, return_dtype=pl.String))
+    return Table(
+        frame,
+        with_specs(frame, ACCEPTANCE_SPECS),
+        title="MTP acceptance per worker, from its /metrics counters",
+        empty="no acceptance windows: acceptance_interval_s is 0, or the servers expose no /metrics",
+    )
+
+
+def compare_view(estimate_path: str | Path, out_dir: RunDirs) -> Table:
+    """The estimate's planned figures beside this run's."""
+    return Table(
+        compare_estimate(estimate_path, out_dir),
+        (
+            Column("figure", "figure", "text"),
+            Column("planned", "planned", "number"),
+            Column("actual", "actual", "number"),
+            Column("actual / planned", "actual / planned", "ratio"),
+        ),
+    )
+
+
+def assumptions_view(estimate_path: str | Path, config_values: dict[str, Any]) -> Notes:
+    return Notes(
+        estimate_assumptions(estimate_path, config_values),
+        title="Where this run differs from what the estimate assumed",
+        none="This run used the servers, concurrency, max_tokens and clock the estimate assumed.",
+        level="warn",
+    )
+
+
+def headline(out_dir: RunDirs, estimate_path: str | Path | None = None) -> Headline:
+    """Is every prompt answered once, nothing lost, and how fast? From the run folder(s), so a resumed run's
+    headline counts every session."""
+    folders = run_dirs(out_dir)
+    manifests = [read_manifest(f) or {} for f in folders]
+    run = summary(folders).row(0, named=True)
+    clock = run_clock(folders)
+    statuses = {str(m.get("status")) for m in manifests}
+    todo = sum(int((m.get("prompts") or {}).get("valid", 0)) for m in manifests)
+    stored, failed, rejected = run["unique_ids"], run["failed"], run["rejected"]
+    gpus = sum(len((m.get("sessions") or [{}])[-1].get("servers", []) or []) for m in manifests) or None
+    per_gpu = run["output_tok_s"] / gpus if gpus and run["output_tok_s"] else None
+    if statuses <= {"complete"} and not failed:
+        verdict, reason = "PASS", ""
+    elif statuses <= {"complete", "complete_with_failures"}:
+        verdict, reason = (
+            "WARN",
+            f"{failed:,} prompts failed every attempt (failed.parquet; a resume retries them)",
+        )
+    else:
+        verdict = "STOPPED"
+        reason = f"the run ended {', '.join(sorted(statuses))}: run it again with --resume to finish"
+    stats = [
+        Stat("rows stored", f"{stored:,}", "", f"of {todo:,} prompts" if todo else ""),
+        Stat("failed", f"{failed:,}", "", f"{rejected:,} prompt rows rejected"),
+        Stat(
+            "fleet output",
+            format_value(run["output_tok_s"], "tok_s"),
+            "tok/s",
+            f"{format_value(per_gpu, 'tok_s')} tok/s {clock.per_gpu}" if per_gpu else "",
+        ),
+        Stat("wall time", format_value(run["wall_s"], "duration"), "", f"{run['sessions']} session(s)"),
+        Stat(
+            "per million trained tokens",
+            format_value(run["gpu_s_per_m_trained"], "number", 0),
+            "GPU-s",
+            f"{run['trained_tokens']:,} trained tokens (each turn's up to the trainer's max_length)",
+        ),
+        Stat(
+            "acceptance length", format_value(run["mean_accept_length"], "number", 2), "", "mean per request"
+        ),
+        Stat(
+            "cut by max_tokens",
+            format_value(run["truncated_rate"], "percent"),
+            "",
+            f"empty answers {format_value(run['empty_answer_rate'], 'percent')}",
+        ),
+    ]
+    if estimate_path:
+        planned = load_estimate(estimate_path)
+        actual = run.get("generating_tok_s") or run["output_tok_s"]  # as compare_estimate compares it
+        ratio = actual / planned["aggregate_output_tok_s"] if actual else None
+        if ratio:
+            stats.append(
+                Stat("against the estimate", f"{ratio:.2f}×", "its tok/s", "planned vs actual below")
+            )
+    home = folders[0]
+    files = [("manifest", home / "manifest.json"), ("shards", home / SHARDS)]
+    if failed:
+        files.append(("failed prompts", home / FAILED))
+    return Headline(
+        step="generate",
+        question="is every prompt answered exactly once, nothing lost, and how fast did the fleet do it?",
+        answer=f"{stored:,} of {todo:,} prompts stored, {failed:,} failed"
+        if todo
+        else f"{stored:,} rows stored",
+        stats=stats,
+        verdict=verdict,
+        reason=reason,
+        clock=clock.note,
+        files=files,
+        home=home,
+    )
+
+
+def planned_vs_actual(
+    estimate_path: str | Path | None, out_dir: RunDirs, config_values: dict[str, Any]
+) -> Stack:
+    """The estimate's figures beside this run's and where the run differs from its assumptions; without an
+    estimate, the sentence saying how to get one."""
+    if not estimate_path:
+        return Stack(
+            (Notes((), none="No estimate given: set estimate to an estimate.json to compare with it."),)
+        )
+    return Stack((compare_view(estimate_path, out_dir), assumptions_view(estimate_path, config_values)))

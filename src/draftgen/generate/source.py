@@ -3,19 +3,18 @@ sampling plan each prompt's planned samples (one row each, under its sample id).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 from draftgen.generate.config import GenerateConfig
-from draftgen.generate.sampling_plan import samples
 from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts
+from draftgen.sampling_plan import sample_rows
 
 
 def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:
     """Stream the run's rows (streamed, never loaded whole): malformed rows come out as RejectedRow.
 
     ``limit`` counts valid rows of this shard, stored or not, so a resumed run selects the same prompts. With a
-    ``sampling_plan`` every prompt comes out once per planned sample (``draftgen.generate.sampling_plan``).
+    ``sampling_plan`` every prompt comes out once per planned sample (``draftgen.sampling_plan``).
     """
     taken = 0
     arms = config.sampling_plan
@@ -26,10 +25,6 @@ def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:
             if config.limit and taken >= config.limit:
                 return
             taken += 1
-            if arms:
-                for sample in samples(item.id, arms):
-                    yield dataclasses.replace(
-                        item, id=sample.id, prompt_id=item.id, arm=sample.arm, sample=sample.index
-                    )
-                continue
+            yield from sample_rows(item, arms)
+            continue
         yield item

@@ -72,7 +72,7 @@ OUTPUT_SCHEMA = pl.Schema(
         "ttft_s": pl.Float64,
         "source_row": pl.Int64,
         "category": pl.String,  # the prompt row's category or source field (draftgen.prompts.rows.row_category)
-        # With a sampling plan (draftgen.generate.sampling_plan): ``id`` is the sample's ({prompt_id}#s{k}), and
+        # With a sampling plan (draftgen.sampling_plan): ``id`` is the sample's ({prompt_id}#s{k}), and
         # these say whose and which; null without a plan (``id`` is then the prompt's).
         "prompt_id": pl.String,
         "arm": pl.String,

@@ -47,7 +47,7 @@ class PromptRow:
     messages: tuple[dict[str, str], ...]
     row: int  # 1-based row (JSONL line) number in the source file
     category: str | None = None  # the row's category or source field, when it has one (CATEGORY_FIELDS)
-    # With a sampling plan (draftgen.generate.sampling_plan) each row is one sample: ``id`` is the sample's,
+    # With a sampling plan (draftgen.sampling_plan) each row is one sample: ``id`` is the sample's,
     # ``prompt_id`` the prompt's, ``arm`` and ``sample`` say which; None without a plan.
     prompt_id: str | None = None
     arm: str | None = None

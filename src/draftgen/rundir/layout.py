@@ -69,6 +69,7 @@ TUNE_SUMMARY = "tune.json"
 TUNE_VERDICT_TABLE = "verdict.parquet"
 TUNE_VERDICT_SUMMARY = "verdict.json"
 TUNE_VERDICT_BY_CATEGORY = "verdict_by_category.parquet"
+TUNE_VERDICT_BY_LENGTH = "verdict_by_length.parquet"
 SETTINGS = "settings.yaml"  # the chosen server settings (draftgen.server_settings), unless settings_file says
 
 # ----- validate (draftgen.validate: pipeline, records, export, card) ----------------------------------------------

@@ -36,6 +36,9 @@ class SimRequest:
     seed: int | None = None  # what the completion was drawn from (a hash of the messages and sampling seed)
     rng: random.Random | None = None  # adaptive speculation: draws are made per step, at that step's count
     category: str | None = None  # the prompt's category (draftgen.sim.categories), which sets its acceptance
+    temperature: float | None = (
+        None  # as the request gave it (None: the model's default), which moves acceptance
+    )
     accept_expected: float | None = None  # its expected acceptance length (None: adaptive, instant, MTP off)
     max_tokens: int | None = None  # the request's max_tokens (as the server took it), for the ground truth
     proposed_drafts: int = 0  # drafts proposed over its verifies (adaptive: the steps in force each time)

@@ -30,6 +30,13 @@ class FleetError(RuntimeError):
     """A server could not be started; the message names it and quotes its log."""
 
 
+class PortInUse(FleetError):
+    """A server's port was taken by another process."""
+
+
+PORT_PICKS = 5  # base ports a fleet that picks its own tries before giving up
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when a server could listen on ``port`` now. Like the servers, binds with SO_REUSEADDR, so a port
     whose last connections linger in TIME_WAIT (a fleet just stopped) counts as free; a listener does not."""
@@ -160,11 +167,24 @@ class SimFleet:
                 SimTokenizer(self.tokenizer)
             except TokenizerFolderError as exc:
                 raise FleetError(str(exc)) from exc
-        if self.base_port is None:
-            self.base_port = find_free_base_port(self.servers)
+        picked = self.base_port is None
+        for attempt in range(1, PORT_PICKS + 1):
+            if picked:
+                self.base_port = find_free_base_port(self.servers)
+            try:
+                self._start_on_ports(wait, timeout)
+                return self
+            except PortInUse:
+                # Free when picked, taken before our server bound it (another process picked it too): ports we
+                # chose are chosen again; ports the caller named are the caller's to change.
+                if not picked or attempt == PORT_PICKS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_on_ports(self, wait: str, timeout: float) -> None:
         busy = [self.port(i) for i in range(self.servers) if not port_is_free(self.port(i), self.host)]
         if busy:
-            raise FleetError(f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use")
+            raise PortInUse(f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use")
         try:
             for index in range(self.servers):
                 self._spawn(index)
@@ -172,7 +192,6 @@ class SimFleet:
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _command(self, index: int, extra_faults: Iterable[str] = ()) -> list[str]:
         command = [
@@ -241,7 +260,7 @@ class SimFleet:
     def _raise_exited(self, index: int, code: int) -> None:
         port = self.port(index)
         if code == EXIT_PORT_IN_USE:
-            raise FleetError(f"port {port} already in use")
+            raise PortInUse(f"port {port} already in use")
         raise FleetError(
             f"simulated server on port {port} exited with code {code}:\n{_log_tail(self.log_path(index))}"
         )

@@ -16,6 +16,7 @@ from draftgen.sglang_rules.hybrid_memory import RESOLVED_CACHE
 from draftgen.sglang_rules.speculation import NEXTN, resolved_algorithm
 from draftgen.sim.categories import classify_rendered
 from draftgen.sim.engine import SimRequest
+from draftgen.sim.temperature import temperature_of
 from draftgen.sim.textgen import THINK_END, request_seed
 from draftgen.sim.wire import BadRequest, sse
 
@@ -209,6 +210,7 @@ class NativeApi:
             ),
             "ignore_eos": bool(sampling.get("ignore_eos")),
             "category": classify_rendered(text),
+            "temperature": temperature_of(sampling),
         }
 
     def _generate_body(self, request: SimRequest, *, first: bool = False) -> dict:

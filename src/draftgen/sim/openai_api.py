@@ -10,6 +10,7 @@ from aiohttp import web
 
 from draftgen.sim.categories import classify
 from draftgen.sim.engine import SimRequest
+from draftgen.sim.temperature import temperature_of
 from draftgen.sim.textgen import request_seed
 from draftgen.sim.wire import BadRequest, sse
 
@@ -100,6 +101,7 @@ class OpenAIApi:
             "seed": request_seed(seed_payload, body.get("seed")),
             "ignore_eos": bool(body.get("ignore_eos")),
             "category": classify(messages),
+            "temperature": temperature_of(body),
         }
 
     def _texts(self, request: SimRequest, parsed: dict, start: int, end: int) -> tuple[str | None, str]:

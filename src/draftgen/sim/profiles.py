@@ -85,6 +85,9 @@ class Profile:
     drafter: str | None = None
     # Per prompt category (draftgen.sim.categories): the factor on every draft position's acceptance; () = none.
     category_accept: tuple[tuple[str, float], ...] = ()
+    # By temperature (draftgen.sim.temperature): (temperature, factor on every draft position's acceptance)
+    # anchors, linear between them; () = acceptance does not depend on the temperature.
+    temperature_accept: tuple[tuple[float, float], ...] = ()
 
     def position_probabilities(self) -> tuple[float, ...]:
         """Conditional acceptance of draft positions 1..draft_tokens-1 (each only if the previous was accepted)."""
@@ -167,6 +170,10 @@ B200_CATEGORY_ACCEPT_LENGTH = {
     "long": 3.1,
 }
 _B200_P = acceptance_probability(3.6, AUTO_NUMBERS.draft_tokens)
+# Acceptance length by sampling temperature at the launched 3/1/4: the profile's 3.6 at Qwen3's default 0.6, more
+# when sampling is sharper, less when it is flatter. The direction is what speculative-decoding results show; the
+# size is the simulator's assumption (about 5% per 0.4 of temperature), not a measurement of Qwen3.6's MTP head.
+B200_TEMPERATURE_ACCEPT_LENGTH = {0.0: 3.85, 0.6: 3.6, 1.0: 3.4, 1.5: 3.1}
 B200_MTP = Profile(
     name="b200-mtp",
     description="B200 + Qwen3.6-27B with MTP: ~250 tok/s alone, acceptance ~3.6, ~2,000 tok/s at the 48 cap",
@@ -190,6 +197,10 @@ B200_MTP = Profile(
     category_accept=tuple(
         (category, acceptance_probability(length, AUTO_NUMBERS.draft_tokens) / _B200_P)
         for category, length in B200_CATEGORY_ACCEPT_LENGTH.items()
+    ),
+    temperature_accept=tuple(
+        (temperature, acceptance_probability(length, AUTO_NUMBERS.draft_tokens) / _B200_P)
+        for temperature, length in B200_TEMPERATURE_ACCEPT_LENGTH.items()
     ),
 )
 

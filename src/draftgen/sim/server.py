@@ -27,7 +27,7 @@ from aiohttp import web
 
 from draftgen.defaults import MODEL
 from draftgen.sglang_rules.adaptive import CANDIDATE_STEPS as ADAPTIVE_CANDIDATE_STEPS
-from draftgen.sim import categories
+from draftgen.sim import categories, temperature
 from draftgen.sim.admin_api import AdminApi
 from draftgen.sim.defaults import (
     EXIT_CRASH,
@@ -121,6 +121,7 @@ class SimServer:
                 "seed": request.seed,
                 "noncanonical": request.plan.noncanonical,
                 "category": request.category,
+                "temperature": request.temperature,
                 "accept_expected": request.accept_expected,
                 "emit_times": request.emit_times if request.stream else None,
                 "emit_counts": request.emit_counts if request.stream else None,
@@ -201,6 +202,7 @@ class SimServer:
         empty_answer: bool = False,
         noncanonical: bool = False,
         category: str | None = None,
+        sampling_temperature: float | None = None,
     ) -> SimRequest:
         plan: CompletionPlan = plan_completion(
             seed,
@@ -222,7 +224,9 @@ class SimServer:
         elif self.profile.adaptive_steps is not None:
             draws, rng = [], random.Random(seed)  # drawn step by step, at the steps in force then
         else:
-            factor = categories.factor_of(self.profile.category_accept, category)
+            factor = categories.factor_of(self.profile.category_accept, category) * temperature.factor_at(
+                self.profile.temperature_accept, sampling_temperature
+            )
             probs = categories.scaled(self.accept_probs, factor)
             draws = plan_acceptance_by_position(seed, total, probs, self.profile.draft_tokens)
             if self.profile.speculative:
@@ -237,6 +241,7 @@ class SimServer:
             seed=seed,
             rng=rng,
             category=category,
+            temperature=sampling_temperature,
             accept_expected=expected,
             max_tokens=max_tokens,
         )
@@ -313,6 +318,7 @@ class SimServer:
             empty_answer=self.draw(self.faults.empty_answer_rate),
             noncanonical=self.draw(self.faults.noncanonical_ids),
             category=parsed.get("category"),
+            sampling_temperature=parsed.get("temperature"),
         )
         self.engine.submit(request)
         if self.draw(self.faults.abort_rate):

@@ -14,7 +14,10 @@ from typing import Any
 
 import polars as pl
 
+from draftgen.display.headline import Headline, Stat
 from draftgen.display.plots import Plot
+from draftgen.display.table import format_value
+from draftgen.rundir.layout import TUNE_SUMMARY
 from draftgen.tune import report, verdict_report
 from draftgen.tune.config import TuneConfig
 from draftgen.tune.run import TuneRun, run_tune
@@ -79,3 +82,65 @@ async def run_and_report(config: TuneConfig, log: Callable[[str], None] = print)
         ):
             plots[name] = report.save_figure(verdict_report.plot_verdict(verdict, value), out, name)
     return TuneReport(run, info, table, verdict, plots)
+
+
+def headline(tuned: TuneReport) -> Headline:
+    """Which settings give the most output tok/s per GPU, and by how much over the seeds' MTP?"""
+    info, verdict, config = tuned.info, tuned.verdict, tuned.run.config
+    out = Path(config.out_dir)
+    files: list[tuple[str, str | Path]] = [("summary", out / TUNE_SUMMARY)]
+    if tuned.chosen:
+        files.append(("settings for draftgen serve --settings", config.settings_path))
+    stats: list[Stat] = []
+    if tuned.table is not None and info.get("chosen_label"):
+        low, high = info.get("tok_s_per_gpu_interval") or (None, None)
+        stats += [
+            Stat("chosen", str(info["chosen_label"]), "", f"at {info['concurrency']} in flight"),
+            Stat(
+                "output tok/s per GPU",
+                format_value(info["tok_s_per_gpu"], "tok_s"),
+                "tok/s",
+                f"{config.interval:.0%} interval {format_value(low, 'tok_s')}–{format_value(high, 'tok_s')}",
+            ),
+            Stat("acceptance length", format_value(info.get("accept_length"), "number", 2), ""),
+        ]
+        if info.get("gain_vs_baseline") is not None:
+            stats.append(
+                Stat(
+                    "against the baseline",
+                    f"{info['gain_vs_baseline']:+.1%}",
+                    "",
+                    str(info["baseline_label"]),
+                )
+            )
+    if verdict is not None:
+        best = verdict.ranking.best
+        if best is not None:
+            stats.append(
+                Stat(
+                    f"verdict at {verdict.production} in flight",
+                    verdict.winner.label if verdict.winner else "a tie",
+                    "",
+                    f"{format_value(best.tok_s_per_gpu, 'tok_s')} tok/s per GPU",
+                )
+            )
+    stats.append(Stat("failed to start", f"{len(info.get('failed_to_start') or []):,}", "candidates"))
+    if tuned.table is not None and info.get("chosen_label"):
+        answer = (
+            f"{info['chosen_label']}: {format_value(info['tok_s_per_gpu'], 'tok_s')} output tok/s per GPU at "
+            f"{info['concurrency']} in flight"
+        )
+    elif verdict is not None:
+        answer = verdict_report.headline(verdict).splitlines()[0]
+    else:
+        answer = "no candidate could be measured"
+    return Headline(
+        step="tune",
+        question="which speculative settings and batch cap give the most output tok/s per GPU?",
+        answer=answer,
+        stats=stats,
+        verdict="PASS" if tuned.answered else "FAIL",
+        reason="" if tuned.answered else "no candidate could be measured: see the log tails below",
+        files=files,
+        home=out,
+    )

@@ -8,7 +8,9 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.bench.report import save_figure
+from draftgen.display.notes import Notes, Stack
 from draftgen.display.plots import Plot, new_figure
+from draftgen.display.table import Column, Table
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import TUNE_CANDIDATES as CANDIDATES_FILE
 from draftgen.rundir.layout import TUNE_JOBS as JOBS_FILE
@@ -219,7 +221,7 @@ def plot_throughput(table: pl.DataFrame, interval: float) -> Figure:
     fig, ax = new_figure((8, 0.45 * max(4, measured.height) + 1))
     _errorbar(ax, measured, "tok_s_per_gpu", "tok_s_per_gpu_low", "tok_s_per_gpu_high")
     ax.set_xlabel(f"output tok/s per GPU at the candidate's concurrency ({interval:.0%} interval)")
-    ax.set_title("Throughput per candidate (green: chosen)")
+    ax.set_title("Which candidate gives the most output tok/s per GPU? (green: chosen)")
     return fig
 
 
@@ -228,7 +230,7 @@ def plot_acceptance(table: pl.DataFrame, interval: float) -> Figure:
     fig, ax = new_figure((8, 0.45 * max(4, measured.height) + 1))
     _errorbar(ax, measured, "accept_length", "accept_length_low", "accept_length_high")
     ax.set_xlabel(f"acceptance length, tokens per verify step ({interval:.0%} interval)")
-    ax.set_title("Speculative acceptance per candidate")
+    ax.set_title("What acceptance length does each candidate reach? (green: chosen)")
     return fig
 
 
@@ -248,3 +250,93 @@ def format_table(table: pl.DataFrame) -> str:
             lines.append(f"    {row['failure']}")
             lines += [f"    | {line}" for line in (row["log_tail"] or "").splitlines()[-5:]]
     return "\n".join(lines)
+
+
+# ----- what the report shows --------------------------------------------------------------------------------
+def _with_interval(frame: pl.DataFrame, value: str, low: str, high: str, digits: int) -> list[str | None]:
+    cells: list[str | None] = []
+    for v, lo, hi in zip(frame[value], frame[low], frame[high], strict=True):
+        if v is None:
+            cells.append(None)
+        elif lo is None or hi is None:
+            cells.append(f"{v:,.{digits}f}")
+        else:
+            cells.append(f"{v:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})")
+    return cells
+
+
+def candidates_view(table: pl.DataFrame | None, interval: float) -> Table | Notes:
+    """The race's candidates, best first: tok/s per GPU and acceptance with their intervals, failures named."""
+    if table is None:
+        return Notes((), none="The race was off (race: false): the verdict below is the whole run.")
+    frame = table.select(
+        "candidate",
+        "status",
+        "concurrency",
+        pl.Series(
+            "tok_s", _with_interval(table, "tok_s_per_gpu", "tok_s_per_gpu_low", "tok_s_per_gpu_high", 0)
+        ),
+        pl.Series(
+            "accept", _with_interval(table, "accept_length", "accept_length_low", "accept_length_high", 2)
+        ),
+        "jobs",
+        "steady_requests",
+        "failure",
+    )
+    return Table(
+        frame,
+        (
+            Column("candidate", kind="text"),
+            Column("status", kind="text"),
+            Column("concurrency", "in flight", "int"),
+            Column("tok_s", f"output tok/s per GPU ({interval:.0%} interval)", "text"),
+            Column("accept", f"acceptance length ({interval:.0%} interval)", "text"),
+            Column("jobs", kind="int"),
+            Column("steady_requests", "steady requests", "int"),
+            Column("failure", kind="text"),
+        ),
+        empty="no candidate was measured",
+    )
+
+
+def verdict_views(verdict: verdict_report.Verdict | None) -> Stack:
+    """The verdict's tables: each candidate at each level, and the days and dollars it costs."""
+    if verdict is None:
+        return Stack((Notes((), none="No verdict asked: set verdict_levels and drafters."),))
+    return Stack(
+        (
+            Notes(verdict_report.headline(verdict).splitlines()),
+            Table(
+                verdict_report.table(verdict),
+                title="Each candidate at each concurrency",
+                keys=("candidate", "concurrency"),
+            ),
+        )
+    )
+
+
+def _frame_view(frame: pl.DataFrame, title: str = "") -> Table:
+    """One of the verdict's tables, formatted from its column names."""
+    keys = ("candidate",) if "candidate" in frame.columns else None
+    return Table(frame, title=title, keys=keys, empty="nothing was measured")
+
+
+def by_category_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
+    """Acceptance by prompt category per candidate and level, against the baseline's in that category."""
+    if verdict is None:
+        return Notes((), none="No verdict asked: set verdict_levels and drafters.")
+    return _frame_view(verdict_report.by_category(verdict))
+
+
+def by_length_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
+    """The same by output length: whether a drafter's gain holds on long answers."""
+    if verdict is None:
+        return Notes((), none="No verdict asked: set verdict_levels and drafters.")
+    return _frame_view(verdict_report.by_length(verdict))
+
+
+def money_view(verdict: verdict_report.Verdict | None) -> Table | Notes:
+    """Days and dollars for the full prompt set per candidate, and what each saves against the baseline."""
+    if verdict is None:
+        return Notes((), none="No verdict asked: set verdict_levels and drafters.")
+    return _frame_view(verdict_report.money_table(verdict))

@@ -24,11 +24,12 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.breakdown import breakdown
+from draftgen.breakdown import GROUPS, breakdown, bucket_order
 from draftgen.display.plots import new_figure
 from draftgen.estimate.model import LengthSample, RateModel, estimate_wall
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import TUNE_VERDICT_BY_CATEGORY as VERDICT_BY_CATEGORY
+from draftgen.rundir.layout import TUNE_VERDICT_BY_LENGTH as VERDICT_BY_LENGTH
 from draftgen.rundir.layout import TUNE_VERDICT_SUMMARY as VERDICT_SUMMARY
 from draftgen.rundir.layout import TUNE_VERDICT_TABLE as VERDICT_TABLE
 from draftgen.tune.config import Candidate
@@ -461,6 +462,17 @@ def by_category(v: Verdict) -> pl.DataFrame:
     request counts and 95% intervals (``draftgen.breakdown``) and ``accept_vs_baseline``, the candidate's
     acceptance over the baseline's in the same category and level: where a drafter's gain is made or lost.
     Empty when the prompts carry no category (held-out prompts keep the category of their rows)."""
+    return _broken_down(v, "category")
+
+
+def by_length(v: Verdict) -> pl.DataFrame:
+    """The same by output length (completion-token buckets, ``output_tokens``): whether a drafter's gain holds
+    on long answers, where acceptance falls for some drafters."""
+    return _broken_down(v, "length")
+
+
+def _broken_down(v: Verdict, by: str) -> pl.DataFrame:
+    column = GROUPS[by]
     tables = []
     for results in v.run.results.values():
         for result in results:
@@ -476,10 +488,10 @@ def by_category(v: Verdict) -> pl.DataFrame:
                 },
                 orient="row",
             ).with_columns(pl.col("latency_s") * result.clock_factor)
-            if requests["category"].drop_nulls().is_empty():
+            if by == "category" and requests["category"].drop_nulls().is_empty():
                 continue
             tables.append(
-                breakdown(requests, "category").select(
+                breakdown(requests, by).select(
                     pl.lit(result.candidate.label).alias("candidate"),
                     pl.lit(result.candidate.index).alias("index"),
                     pl.lit(result.candidate.concurrency).alias("concurrency"),
@@ -490,15 +502,16 @@ def by_category(v: Verdict) -> pl.DataFrame:
         return pl.DataFrame()
     frame = pl.concat(tables, how="vertical_relaxed")
     base = frame.filter(pl.col("index") == v.baseline.index).select(
-        "concurrency", "category", pl.col("accept_length").alias("baseline_accept_length")
+        "concurrency", column, pl.col("accept_length").alias("baseline_accept_length")
     )
+    order = [pl.col(column).map_elements(bucket_order, return_dtype=pl.Int64)] if by == "length" else [column]
     return (
-        frame.join(base, on=["concurrency", "category"], how="left")
+        frame.join(base, on=["concurrency", column], how="left")
         .with_columns(
             (pl.col("accept_length") / pl.col("baseline_accept_length")).round(3).alias("accept_vs_baseline")
         )
         .drop("index", "baseline_accept_length")
-        .sort("concurrency", "category", "candidate")
+        .sort([pl.col("concurrency"), *order, pl.col("candidate")])
     )
 
 
@@ -506,9 +519,9 @@ def save_verdict(v: Verdict, out_dir: str | Path) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_parquet(out / VERDICT_TABLE, table(v))
-    categories = by_category(v)
-    if not categories.is_empty():
-        write_parquet(out / VERDICT_BY_CATEGORY, categories)
+    for name, frame in ((VERDICT_BY_CATEGORY, by_category(v)), (VERDICT_BY_LENGTH, by_length(v))):
+        if not frame.is_empty():
+            write_parquet(out / name, frame)
     info = summary(v)
     write_json(out / VERDICT_SUMMARY, info, indent=2, default=str)
     return info

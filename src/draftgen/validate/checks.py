@@ -141,7 +141,7 @@ TURN_TEXT = ("turn_content", "turn_reasoning", "turn_finish_reason")
 def answer_flags(frame: pl.DataFrame, enable_thinking: bool) -> pl.DataFrame:
     """The answer flags of every generated turn, combined per sample: a sample carries a flag when any of its
     turns does (the trainer supervises every answer of a multi-turn conversation). A ``thinking`` column (a
-    sampling plan's arms: ``draftgen.generate.sampling_plan``) says per sample whether reasoning is expected;
+    sampling plan's arms: ``draftgen.sampling_plan``) says per sample whether reasoning is expected;
     without it, ``enable_thinking`` says it for all."""
     columns = ("content", "reasoning_content", "finish_reason")
     thinking = pl.col("thinking") if "thinking" in frame.columns else pl.lit(enable_thinking)

@@ -16,9 +16,9 @@ from pathlib import Path
 import polars as pl
 
 from draftgen.generate.length_cap import SET_ASIDE
-from draftgen.generate.sampling_plan import Arm, samples
 from draftgen.generate.store import FAILED, REJECTED
 from draftgen.prompts.rows import PromptFileError, PromptRow, iter_prompts, shard_of
+from draftgen.sampling_plan import Arm, samples
 from draftgen.validate.folders import FolderInfo, GenerationSet
 from draftgen.validate.hashes import candidate_ids, id_hashes
 from draftgen.validate.reader import read_shard
@@ -178,7 +178,7 @@ def _selection(
     prompt_file: Path, count: int | None, per_index: dict[int, int], arms: Sequence[Arm] = ()
 ) -> Iterator[tuple[str, int]]:
     """The ids the folders' runs selected from the prompt file, in file order, with the shard index of each;
-    with a sampling plan, each selected prompt's sample ids (``draftgen.generate.sampling_plan``)."""
+    with a sampling plan, each selected prompt's sample ids (``draftgen.sampling_plan``)."""
     taken = dict.fromkeys(per_index, 0)
     for item in iter_prompts(prompt_file):
         if not isinstance(item, PromptRow):

@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from draftgen.generate.sampling_plan import prompt_of
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import EXPORT as FINAL
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_COUNTS, EXPORT_TOKENS, export_tokens_part_name
 from draftgen.rundir.layout import EXPORT_HOLDOUT as HOLDOUT
 from draftgen.rundir.layout import EXPORT_PROMPTS as PROMPTS
 from draftgen.rundir.layout import EXPORT_STAGING as STAGING
+from draftgen.sampling_plan import prompt_of
 from draftgen.training.masks import MaskBatch
 
 

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from draftgen.generate.sampling_plan import arm_thinking, prompt_of
 from draftgen.prompts.rows import holdout_fraction
 from draftgen.rundir import write_json
 from draftgen.rundir.layout import VALIDATE_RECORDS as RECORDS_FILE
 from draftgen.rundir.layout import VALIDATE_SUMMARY as SUMMARY_FILE
+from draftgen.sampling_plan import arm_thinking, prompt_of
 from draftgen.training.id_rows import IdsLayout, ids_layout
 from draftgen.training.masks import MaskSpec, build_conversation_masks, load_tokenizer
 from draftgen.training.trainers import SpanTrainer

@@ -37,7 +37,7 @@ TURN_COLUMNS = (
     "turn_prompt_ids",
     "turn_output_ids",
     # The prompt row's category (draftgen.prompts.rows.row_category), kept with the held-out prompts, and a
-    # sampling plan's arm (draftgen.generate.sampling_plan: a sample's id names its prompt); null where absent.
+    # sampling plan's arm (draftgen.sampling_plan: a sample's id names its prompt); null where absent.
     "category",
     "arm",
 )

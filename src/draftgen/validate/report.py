@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from draftgen.display.headline import Headline, Stat
+from draftgen.display.notes import Notes, Stack
+from draftgen.display.table import Column, Table, format_value
+from draftgen.rundir.layout import EXPORT, EXPORT_STAGING, VALIDATE_RECORDS, VALIDATE_SUMMARY
 from draftgen.validate.config import FLAGS
 from draftgen.validate.counts import TRAINED
 from draftgen.validate.pipeline import ValidationResult
@@ -276,3 +281,213 @@ def plot_yield(result: ValidationResult, ax: Any = None) -> Any:
         f"How much of what the GPUs generated trains the drafter? {share:.1%}" if share is not None else ""
     )
     return ax
+
+
+# ----- what the report shows --------------------------------------------------------------------------------
+def inputs(result: ValidationResult) -> Stack:
+    """What was read (folders, shards, tokenizer, trainer) and each folder's manifest, in a table."""
+    lines = [
+        f"{result.samples:,} samples from {len(result.output.shards):,} shards in {result.output.describe()} "
+        f"({result.seconds:.1f} s); tokenizer {result.config.tokenizer}, trainer {result.config.trainer.value}.",
+        *(f"Warning: {w}" for w in result.output.warnings),
+    ]
+    runs = []
+    for folder, manifest in zip(result.output.labels, result.output.manifests, strict=True):
+        if manifest is not None:
+            counts = manifest.get("counts") or {}
+            runs.append(
+                {
+                    "folder": str(folder),
+                    "status": str(manifest.get("status")),
+                    "done": counts.get("done"),
+                    "failed": counts.get("failed"),
+                    "rejected": counts.get("rejected"),
+                    "fingerprint": str(manifest.get("fingerprint")),
+                }
+            )
+    table = Table(
+        pl.DataFrame(
+            runs,
+            schema={
+                "folder": pl.String,
+                "status": pl.String,
+                "done": pl.Int64,
+                "failed": pl.Int64,
+                "rejected": pl.Int64,
+                "fingerprint": pl.String,
+            },
+        ),
+        title="The generation runs read (their manifests)",
+        empty="no manifest in the generation folders",
+    )
+    return Stack((Notes(lines), table))
+
+
+def coverage_view(result: ValidationResult) -> Stack:
+    """Do the folders cover the prompt file, each id once?"""
+    blocks: list[Any] = [
+        Notes((result.coverage.line(),)),
+        Table(folder_table(result), title="Generation folders"),
+        Table(coverage_table(result), (Column("figure", kind="text"), Column("value", kind="text"))),
+    ]
+    if result.coverage.duplicated_ids:
+        blocks.append(
+            Table(
+                duplicate_table(result),
+                title="Ids stored more than once (the first folder's copy is exported)",
+            )
+        )
+    return Stack(blocks)
+
+
+def flags_view(result: ValidationResult) -> Stack:
+    """Which defects, how often, and what reaches the export."""
+    flags = Table(
+        flag_table(result),
+        (
+            Column("flag", kind="text"),
+            Column("samples", kind="int"),
+            Column("rate", "share of samples", "percent", 2),
+            Column("dropped", "dropped from the export", "int"),
+            Column("meaning", kind="text"),
+        ),
+    )
+    counts = Table(counts_table(result), (Column("samples", kind="text"), Column("count", kind="int")))
+    return Stack((flags, counts))
+
+
+def examples_view(result: ValidationResult) -> Stack:
+    """A few example rows per flag that any sample carries, the answers shared by many prompts."""
+    blocks: list[Any] = []
+    for flag, meaning in FLAGS.items():
+        examples = flag_examples(result, flag)
+        if examples.height:
+            blocks.append(
+                Table(
+                    examples.with_columns(
+                        pl.col(c).map_elements(_short, return_dtype=pl.String)
+                        for c in ("answer", "reasoning", "difference", "mismatch", "ids_problem")
+                        if c in examples.columns and examples.schema[c] == pl.String
+                    ),
+                    title=f"{flag}: {meaning}",
+                    keys=("id",),
+                )
+            )
+    shared = result.index.duplicate_answer_examples
+    if shared.height:
+        blocks.append(
+            Table(shared.select("count", "answer").head(10), title="Answers shared by many prompts")
+        )
+    if not blocks:
+        blocks.append(Notes((), none="No sample carries any flag."))
+    return Stack(blocks)
+
+
+def _short(text: str | None, width: int = 120) -> str | None:
+    if text is None:
+        return None
+    text = text.replace("\n", " ⏎ ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def yield_view(result: ValidationResult) -> Stack:
+    """Where the tokens the target generated went, trained first; which ids the rows were built from."""
+    table = Table(
+        yield_table(result),
+        (
+            Column("tokens", "where the tokens went", "text"),
+            Column("count", "tokens", "int"),
+            Column("share", "share", "percent"),
+        ),
+    )
+    return Stack((Notes((token_source_line(result) + ".",)), table))
+
+
+def headline(result: ValidationResult) -> Headline:
+    """Is the data fit to train on? PASS/FAIL and why, exported rows and the yield."""
+    counts = result.counts
+    made = counts.get("yield") or {}
+    share = made.get("share")
+    worst = sorted(counts["dropped_by_flag"].items(), key=lambda item: -item[1])
+    top = ", ".join(f"{flag} {n:,}" for flag, n in worst[:3] if n) or "none"
+    config = result.config
+    passed = result.passed
+    if passed:
+        reason = (
+            f"degenerate {result.degenerate_share:.1%} ≤ {config.max_degenerate_share:.1%} and cut by a length "
+            f"limit {result.truncated_share:.1%} ≤ {config.max_truncated_share:.1%}"
+        )
+    else:
+        over = []
+        if result.degenerate_share > config.max_degenerate_share:
+            over.append(
+                f"degenerate {result.degenerate_share:.1%} > max_degenerate_share {config.max_degenerate_share:.1%}"
+            )
+        if result.truncated_share > config.max_truncated_share:
+            over.append(
+                f"cut by a length limit {result.truncated_share:.1%} > max_truncated_share {config.max_truncated_share:.1%}"
+            )
+        if not counts["in"]:
+            over.append("no samples")
+        reason = "; ".join(over) + ": the export is not published"
+    out = result.out_dir
+    return Headline(
+        step="validate",
+        question="is the generated data fit to train a drafter on?",
+        answer=(
+            f"{counts['out']:,} of {counts['in']:,} training rows exported"
+            + (f"; {share:.1%} of the generated tokens train the drafter" if share is not None else "")
+        ),
+        verdict="PASS" if passed else "FAIL",
+        reason=reason,
+        stats=[
+            Stat("rows exported", f"{counts['out']:,}", "", f"of {counts['in']:,} (one per generated turn)"),
+            Stat(
+                "yield",
+                format_value(share, "percent"),
+                "",
+                f"{made.get('trained_tokens', 0):,} trained tokens",
+            ),
+            Stat(
+                "degenerate",
+                format_value(result.degenerate_share, "percent"),
+                "",
+                f"threshold {config.max_degenerate_share:.1%}",
+            ),
+            Stat(
+                "cut by a length limit",
+                format_value(result.truncated_share, "percent"),
+                "",
+                f"threshold {config.max_truncated_share:.1%}",
+            ),
+            Stat("dropped", f"{counts['dropped']:,}", "rows", f"most: {top}"),
+        ],
+        files=[
+            ("summary", out / VALIDATE_SUMMARY),
+            ("per-sample records", out / VALIDATE_RECORDS),
+            ("training export", out / (EXPORT if passed else EXPORT_STAGING)),
+        ],
+        home=out,
+    )
+
+
+def export_view(result: ValidationResult, export_dir: Path) -> Stack:
+    """What the export holds: a sentence, then each file and its size."""
+    counts = result.counts
+    files = sorted(p for p in export_dir.rglob("*") if p.is_file())
+    table = Table(
+        pl.DataFrame(
+            {
+                "file": [str(p.relative_to(export_dir)) for p in files],
+                "bytes": [p.stat().st_size for p in files],
+            },
+            schema={"file": pl.String, "bytes": pl.Int64},
+        ),
+        (Column("file", kind="text"), Column("bytes", "size", "bytes")),
+        empty="the export folder is empty",
+    )
+    line = (
+        f"Exported {counts['out']:,} of {counts['in']:,} samples to {export_dir} "
+        f"({counts['conversation_rows']:,} of them in train.jsonl)."
+    )
+    return Stack((Notes((line,)), table))

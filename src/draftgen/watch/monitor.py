@@ -19,8 +19,10 @@ from matplotlib.figure import Figure
 
 from draftgen.breakdown import Breakdowns, breakdowns
 from draftgen.display.breakdown_plots import acceptance_by_category
+from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import short_label
 from draftgen.display.plots import Plot, completion_length_histogram, message
+from draftgen.display.table import format_value
 from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
 from draftgen.rundir.layout import MANIFEST, shard_paths
@@ -240,10 +242,17 @@ def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot
         top.plot(x, group["tok_s"].to_numpy(), label=short_label(str(server)), linewidth=1.2)
         bottom.plot(x, group["accept"].cast(pl.Float64).to_numpy(), linewidth=1.2)
     top.set_title("How fast is each server producing tokens, and how much of each draft does it accept?")
-    top.set_ylabel("completion tok/s")
+    top.set_ylabel("completion tok/s (wall clock)")
     top.set_ylim(bottom=0)
     top.legend(fontsize=7, ncols=2)
-    bottom.set_ylabel("mean acceptance length")
+    accepted = history.drop_nulls("d_accept_n").filter(pl.col("d_accept_n") > 0)
+    if not accepted.is_empty():  # the run's mean so far: a wobble around it reads as one, not as a collapse
+        mean = float(accepted["d_accept_sum"].sum() / accepted["d_accept_n"].sum())
+        bottom.axhline(mean, color="black", linestyle="--", linewidth=1, label=f"run mean {mean:.2f}")
+        bottom.legend(fontsize=7, loc="lower right")
+    values = frame["accept"].drop_nulls()
+    bottom.set_ylim(1.0, max(float(values.max()) if values.len() else 1.0, 1.5) * 1.08)
+    bottom.set_ylabel("mean acceptance length\n(tokens per verify; 1 = none accepted)")
     bottom.set_xlabel(f"time since the history began ({unit})")
     for axes in (top, bottom):
         axes.grid(alpha=0.3)
@@ -318,8 +327,8 @@ def plot_completion_lengths(rows: pl.DataFrame, max_tokens: int | None = None) -
         axes,
         tokens,
         max_tokens,
-        title="How long are the completions so far (reasoning + answer)?",
-        ylabel="completions",
+        title="How long are the answers so far? (per generated turn)",
+        ylabel="generated turns",
     )
     return Plot(figure)
 
@@ -339,7 +348,7 @@ def max_tokens_of(run_dir: str | Path) -> int | None:
 # ----- acceptance where it is low -----------------------------------------------------------------------
 def acceptance_breakdowns(run_dir: str | Path) -> Breakdowns:
     """generate's report tables over the finished shards so far: acceptance length and tok/s per request by
-    prompt category, output length and turn (empty before the first shard)."""
+    prompt category, output length, turn and sampling-plan arm (empty before the first shard)."""
     from draftgen.generate.report import request_table  # the one reader of per-turn figures
 
     folder = _folder(run_dir)
@@ -353,3 +362,41 @@ def plot_acceptance_by_category(run_dir: str | Path) -> Plot:
         figure = Figure(figsize=(8, 2.5))
         return message(figure, figure.subplots(), "no finished shard with a prompt category yet")
     return Plot(acceptance_by_category(table, "generated turns so far"))
+
+
+# ----- the headline -------------------------------------------------------------------------------------
+HEADLINE_VERDICTS = {"RUNNING": "RUNNING", "FINISHED": "PASS"}  # any other word: the run stopped early
+
+
+def headline(run_dir: str | Path) -> Headline:
+    """How is the run doing, and when will it end? From progress.json (read-only)."""
+    folder = _folder(run_dir)
+    progress = read_progress(folder) or {}
+    verdict = judge(progress) if progress else None
+    conversations = progress.get("conversations") or {}
+    done, total = int(conversations.get("done", 0)), int(conversations.get("total", 0))
+    rate = progress.get("rate") or {}
+    eta_at = progress.get("eta_at") if verdict is not None and verdict.code == RUNNING else None
+    word = verdict.word if verdict is not None else ""
+    stats = [
+        Stat("conversations done", f"{done:,}", "", f"of {total:,}: {done / total:.1%}" if total else ""),
+        Stat("failed", f"{int(conversations.get('failed', 0)):,}", ""),
+        Stat(
+            "completion tok/s", format_value(rate.get("tok_s"), "tok_s"), "tok/s", "recent window, wall clock"
+        ),
+        Stat(
+            "ends",
+            time.strftime("%a %H:%M", time.localtime(float(eta_at))) if eta_at else "–",
+            "",
+            f"in {format_value(progress.get('eta_s'), 'duration')}" if eta_at else "not running",
+        ),
+    ]
+    return Headline(
+        step="monitor",
+        question="how is the running job doing, and when will it end?",
+        answer=(verdict.sentence if verdict is not None else f"no progress.json in {folder} yet"),
+        stats=stats,
+        verdict=HEADLINE_VERDICTS.get(word, "STOPPED") if word else "",
+        files=[("progress", folder / "progress.json")],
+        home=None,
+    )

@@ -1,5 +1,8 @@
 """The sampling plan: which answers a run generates for each prompt, and how each is sampled.
 
+A parameter of generate (which runs it), the benchmark (which measures each arm) and the estimate (which prices
+it), declared once here (``SamplingPlan``), so one params file sets it for all three.
+
 A plan is a list of arms. Each arm takes a share of the prompts (``share``, decided per prompt id by a keyed
 hash, so every node of a sharded run, every resume and every rerun agrees) and gives each prompt it takes
 ``answers`` samples, sampled with the run's settings overridden by the arm's own. An empty plan is today's run:
@@ -13,15 +16,17 @@ so each sample keeps the guarantees a prompt has (docs/generate.md, "The samplin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from draftgen.params import Params, SamplingParams
+from draftgen.params import Params, SamplingParams, param
+from draftgen.prompts.rows import PromptRow
 
 PLAN_KEY = b"draftgen-sampling-plan"  # keys the hash: independent of the shards and the held-out split
 SAMPLE_SEP = "#s"
@@ -45,12 +50,23 @@ class Arm(Params):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
-def check_plan(arms: Sequence[Arm]) -> Sequence[Arm]:
+def check_plan(arms: list[Arm]) -> list[Arm]:
     names = [arm.name for arm in arms]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"arm names must be distinct: {', '.join(repeated)} appear more than once")
     return arms
+
+
+SamplingPlan = Annotated[
+    list[Arm],
+    param(
+        default_factory=list,
+        help="arms, each {name, share, answers, and any of enable_thinking temperature top_p top_k min_p "
+        "max_tokens}: which prompts get how many answers sampled how ([]: one answer each, the settings above)",
+    ),
+    AfterValidator(check_plan),
+]
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,16 @@ def samples(prompt_id: str, arms: Sequence[Arm]) -> list[Sample]:
                 k = len(out)
                 out.append(Sample(f"{prompt_id}{SAMPLE_SEP}{k}", prompt_id, arm.name, k))
     return out
+
+
+def sample_rows(row: PromptRow, arms: Sequence[Arm]) -> list[PromptRow]:
+    """The prompt row once per planned sample, each under its sample id with its arm (the row itself, no plan)."""
+    if not arms:
+        return [row]
+    return [
+        dataclasses.replace(row, id=s.id, prompt_id=row.id, arm=s.arm, sample=s.index)
+        for s in samples(row.id, arms)
+    ]
 
 
 def prompt_of(sample_id: str) -> str:

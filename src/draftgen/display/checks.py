@@ -1,0 +1,109 @@
+"""Checks grouped for a reader: one row per check with the count of servers that passed, plus a row per server
+that did not.
+
+Preflight checks every server the same way (healthy, model, engine, batch cap, canary); seven servers all "ok"
+are one row ("healthy: 7/7 servers"), not seven. A server whose check failed, warned or said something the others
+did not keeps its own row, named. Anything with ``check``, ``target``, ``status`` and ``detail`` attributes
+groups (generate's ``Check``; serve's and tune's rows the same way).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from draftgen.display.humanize import short_label
+
+ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
+COLOURS = {"ok": "#2e7d32", "info": "#1565c0", "warn": "#ef6c00", "fail": "#c62828"}
+
+
+class CheckLike(Protocol):
+    check: str
+    target: str
+    status: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class GroupedCheck:
+    """One shown row: a check, its status, which targets it covers (``targets`` of ``of``), and the detail."""
+
+    check: str
+    status: str
+    targets: tuple[str, ...]
+    of: int  # how many targets the check was made on
+    detail: str
+
+    @property
+    def where(self) -> str:
+        """``7/7 servers`` for a group, the target's short name for one of several, the target for a single."""
+        if len(self.targets) > 1 or (self.of > 1 and len(self.targets) == self.of):
+            noun = "servers" if all("://" in t for t in self.targets) else "targets"
+            return f"{len(self.targets)}/{self.of} {noun}"
+        target = self.targets[0] if self.targets else ""
+        return short_label(target) if self.of > 1 and "://" in target else target
+
+
+def group_checks(checks: Iterable[CheckLike]) -> list[GroupedCheck]:
+    """Rows in first-seen check order: per check, the targets that passed as one row (its detail when they all
+    said the same, else the first one's with "e.g."), then each other (status, detail) as one row naming its
+    targets. A check made on one target stays one row."""
+    by_check: dict[str, list[CheckLike]] = {}
+    for check in checks:
+        by_check.setdefault(check.check, []).append(check)
+    rows: list[GroupedCheck] = []
+    for name, items in by_check.items():
+        targets = list(dict.fromkeys(c.target for c in items))
+        if len(targets) <= 1:
+            rows += [GroupedCheck(name, c.status, (c.target,), 1, c.detail) for c in items]
+            continue
+        passed = [c for c in items if c.status == "ok"]
+        if passed:
+            details = list(dict.fromkeys(c.detail for c in passed))
+            detail = (
+                details[0] if len(details) == 1 else f"e.g. {short_label(passed[0].target)}: {details[0]}"
+            )
+            rows.append(GroupedCheck(name, "ok", tuple(c.target for c in passed), len(targets), detail))
+        others: dict[tuple[str, str], list[str]] = {}
+        for c in items:
+            if c.status != "ok":
+                others.setdefault((c.status, c.detail), []).append(c.target)
+        for (status, detail), where in sorted(others.items(), key=lambda kv: ORDER.get(kv[0][0], 9)):
+            rows.append(GroupedCheck(name, status, tuple(where), len(targets), detail))
+    return rows
+
+
+def _targets_text(row: GroupedCheck) -> str:
+    if len(row.targets) > 1 and row.status != "ok" and len(row.targets) < row.of:
+        return f"{row.where}: " + ", ".join(short_label(t) for t in row.targets)
+    return row.where
+
+
+def checks_text(checks: Sequence[CheckLike]) -> str:
+    rows = group_checks(checks)
+    if not rows:
+        return "  (no checks)"
+    widths = [max(len(r.check) for r in rows), max(len(_targets_text(r)) for r in rows)]
+    lines = []
+    for r in rows:
+        mark = r.status.upper() if r.status != "ok" else "ok"
+        lines.append(
+            f"  {mark:<4}  {r.check:<{widths[0]}}  {_targets_text(r):<{widths[1]}}  {r.detail}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def checks_html(checks: Sequence[CheckLike]) -> str:
+    esc = html.escape
+    body = "".join(
+        f"<tr><td style='color:{COLOURS.get(r.status, '')};font-weight:bold;text-align:left'>{esc(r.status)}</td>"
+        f"<td style='text-align:left'>{esc(r.check)}</td>"
+        f"<td style='text-align:left;white-space:nowrap'>{esc(_targets_text(r))}</td>"
+        f"<td style='text-align:left;white-space:normal;overflow-wrap:anywhere'>{esc(r.detail)}</td></tr>"
+        for r in group_checks(checks)
+    )
+    head = "".join(f"<th style='text-align:left'>{h}</th>" for h in ("status", "check", "where", "detail"))
+    return f"<table class='dg-checks'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
