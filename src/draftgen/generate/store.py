@@ -190,6 +190,7 @@ class SessionCounts:
     turns_set_aside: int = (
         0  # later turns not generated for that reason (their conversation stored up to them)
     )
+    clock_kept: float | None = None  # draftgen sim: the share of its clock the fleet kept (None: real servers)
     generating: tuple[float | None, float | None] = (None, None)  # first request sent, last answer (wall)
     start_wave_idle_s: float | None = None  # wall seconds of capacity idle while the first wave went out
     servers: list[dict[str, Any]] = field(
