@@ -184,13 +184,11 @@ class SessionCounts:
     failed: int = 0
     hedged: int = 0  # requests copied to an idle server at the tail (dispatch's hedge)
     hedge_wins: int = 0  # prompts whose stored answer came from the copy
-    set_aside: int = (
-        0  # prompts set aside before their first turn: their prompt alone reached train_max_length
-    )
-    turns_set_aside: int = (
-        0  # later turns not generated for that reason (their conversation stored up to them)
-    )
-    clock_kept: float | None = None  # draftgen sim: the share of its clock the fleet kept (None: real servers)
+    # prompts set aside before their first turn (their prompt alone reached train_max_length), and later turns
+    # not generated for that reason (their conversation stored up to them)
+    set_aside: int = 0
+    turns_set_aside: int = 0
+    clock_kept: float | None = None  # draftgen sim: the share of its clock the fleet kept (None: real)
     generating: tuple[float | None, float | None] = (None, None)  # first request sent, last answer (wall)
     start_wave_idle_s: float | None = None  # wall seconds of capacity idle while the first wave went out
     servers: list[dict[str, Any]] = field(
