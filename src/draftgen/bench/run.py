@@ -264,9 +264,10 @@ async def _run_level(
     workers: Sequence[ServerClient],
     limit: SendLimit,
 ) -> LevelRun:
+    # the simulator's clock read outside the counters' window, which stays as tight around the level as it was
+    kept_before = await read_clock_kept(client) if facts.hardware else None
     before, note = await _snapshot(client, facts)
     workers_before = await _worker_snapshots(workers)
-    kept_before = await read_clock_kept(client) if facts.hardware else None
     # With cancel_in_flight the last row only marks the end (a request sent then could never count).
     sendable = len(rows) - 1 if limit.cancel_in_flight else len(rows)
     records: list[RequestRecord] = []
@@ -343,8 +344,8 @@ async def _run_level(
         finally:
             stop.set()
     finished_at = time.time()
-    kept = kept_share([kept_before], [await read_clock_kept(client)]) if kept_before else None
     after, note_after = await _snapshot(client, facts)
+    kept = kept_share([kept_before], [await read_clock_kept(client)]) if kept_before else None
     worker_windows = _worker_windows(workers, workers_before, await _worker_snapshots(workers))
     window = counter_window(before, after) if before is not None and after is not None else None
     if window is not None and window.reset:
