@@ -19,6 +19,7 @@ from typing import Any
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities, ChatResult
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome, ServerPlan
+from draftgen.generate.length_cap import LengthCap
 from draftgen.prompts.rows import PromptRow
 
 VIRTUAL_LIMIT_S = 30 * 24 * 3600.0  # a run still going after a virtual month is stuck
@@ -78,6 +79,7 @@ class Request:
     turn: int  # answers already in its history
     sent_at: float
     outcome: str = "running"  # answered, error, cancelled
+    max_tokens: int | None = None  # the max_tokens the request carried (None: the run's, not overridden)
 
 
 Script = Callable[["FakeServer", Request], Reply]
@@ -99,10 +101,14 @@ class FakeServer:
     def count(self, outcome: str) -> int:
         return sum(r.outcome == outcome for r in self.requests)
 
-    async def chat(self, messages, sampling, model, *, stream=False, timeout_s=None, seed=None) -> ChatResult:
+    async def chat(
+        self, messages, sampling, model, *, stream=False, timeout_s=None, max_tokens=None, seed=None
+    ) -> ChatResult:
         loop = asyncio.get_running_loop()
         prompt_id = messages[0]["content"].split(" ", 1)[0]
-        request = Request(prompt_id, sum(m["role"] == "assistant" for m in messages), loop.time())
+        request = Request(
+            prompt_id, sum(m["role"] == "assistant" for m in messages), loop.time(), max_tokens=max_tokens
+        )
         self.requests.append(request)
         reply = self.script(self, request)
         try:
@@ -147,6 +153,7 @@ class Recorder:
     stored: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     notes: list[tuple[float, str, str]] = field(default_factory=list)
+    aside: list[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=list)
 
     def kept(
         self,
@@ -162,6 +169,13 @@ class Recorder:
 
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:
         self.failures.append(row)
+
+    def set_aside(
+        self, label: str, reason: str, row: dict[str, Any] | None, rejected: dict[str, Any] | None
+    ) -> None:
+        self.aside.append((label, reason, row, rejected))
+        if row is not None:
+            self.stored.append(row)
 
     def note(self, server: str, what: str) -> None:
         self.notes.append((asyncio.get_running_loop().time(), server, what))
@@ -190,6 +204,7 @@ def dispatch(
     *,
     seed: int = 0,
     during: Callable[[Dispatcher], Any] | None = None,
+    length_cap: LengthCap | None = None,
 ) -> tuple[DispatchOutcome, Recorder, Dispatcher]:
     """Run one dispatch session on the virtual clock; ``during(dispatcher)`` runs beside it (a scenario)."""
     import random
@@ -198,7 +213,12 @@ def dispatch(
     recorder = Recorder()
     plans = [ServerPlan(url, Capabilities(engine="fake")) for url in fakes]
     dispatcher = Dispatcher(
-        config, plans, recorder, clients=lambda plan: fakes[plan.url], rng=random.Random(seed)
+        config,
+        plans,
+        recorder,
+        clients=lambda plan: fakes[plan.url],
+        rng=random.Random(seed),
+        length_cap=length_cap,
     )
 
     async def session() -> DispatchOutcome:

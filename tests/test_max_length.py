@@ -26,7 +26,12 @@ def test_the_estimate_counts_the_generated_tokens_past_max_length():
     # past 4096: 0, 4, 404 of 8,500 generated tokens; two of three requests
     assert cost.share_of_tokens == pytest.approx(408 / 8500)
     assert cost.share_of_requests == pytest.approx(2 / 3) and cost.median_prompt_tokens == 100
-    assert "raise the trainer's max_length or lower max_tokens" in cost.note(4096)
+    # what an uncapped run would generate past max_length, and that the estimate is priced capped
+    note = cost.note(4096)
+    assert (
+        "uncapped, 4.8% of the generated tokens" in note
+        and "min(max_tokens, max_length − its prompt)" in note
+    )
     assert max_length_cost(requests, 0) is None
     assert max_length_cost(requests.drop("prompt_tokens"), 4096) is None
 

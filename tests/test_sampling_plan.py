@@ -85,8 +85,9 @@ def test_the_fingerprint_covers_the_plan_and_no_plan_is_todays(tmp_path):
     plain = config(tmp_path)
     planned = config(tmp_path, sampling_plan=TWO_ARMS)
     assert plain.fingerprint() != planned.fingerprint()
-    # without a plan the hash is the one runs had before the plan existed (sampling_plan left out of it)
-    fields = {k: v for k, v in plain.fingerprint_fields().items() if k != "sampling_plan"}
+    # without a plan the hash is the one runs had before the plan existed (sampling_plan left out of it, and the
+    # max_length cap, off without a tokenizer, likewise)
+    fields = {k: v for k, v in plain.fingerprint_fields().items() if k not in ("sampling_plan", "length_cap")}
     import hashlib
 
     assert plain.fingerprint() == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]

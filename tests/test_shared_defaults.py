@@ -38,6 +38,8 @@ PER_STEP = {
     "model": "tune's is the --model-path it launches the candidates with (also their served name)",
     "gpus": "tune's are GPU indices to launch on (as serve's --gpus), estimate's a count of GPUs to price",
     "dataset_size": "estimate counts its prompt file when 0; tune's prompts are a held-out sample, nothing to count",
+    "tokenizer": "the same folder, the target model's: validate cannot build its rows without it; generate only counts "
+    "prompts with it to cap max_tokens at the trainer's max_length, and runs uncapped without one",
 }
 
 

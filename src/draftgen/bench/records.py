@@ -89,6 +89,7 @@ class LevelRun:
         None  # time.time() the steady window ended: the last send, or (tune) the first freed slot not refilled
     )
     cancelled: int = 0  # requests in flight after the last send, cancelled instead of drained (tune's jobs)
+    clock_kept: float | None = None  # draftgen sim: the share of its clock the server kept over the level
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.bench.sample import PromptSample, sample_prompts
 from draftgen.client import introspect
-from draftgen.client.clock import read_clock
+from draftgen.client.clock import kept_share, read_clock, read_clock_kept
 from draftgen.client.errors import RequestError
 from draftgen.client.metrics import (
     MetricsParseError,
@@ -264,6 +264,8 @@ async def _run_level(
     workers: Sequence[ServerClient],
     limit: SendLimit,
 ) -> LevelRun:
+    # the simulator's clock read outside the counters' window, which stays as tight around the level as it was
+    kept_before = await read_clock_kept(client) if facts.hardware else None
     before, note = await _snapshot(client, facts)
     workers_before = await _worker_snapshots(workers)
     # With cancel_in_flight the last row only marks the end (a request sent then could never count).
@@ -343,6 +345,7 @@ async def _run_level(
             stop.set()
     finished_at = time.time()
     after, note_after = await _snapshot(client, facts)
+    kept = kept_share([kept_before], [await read_clock_kept(client)]) if kept_before else None
     worker_windows = _worker_windows(workers, workers_before, await _worker_snapshots(workers))
     window = counter_window(before, after) if before is not None and after is not None else None
     if window is not None and window.reset:
@@ -368,6 +371,7 @@ async def _run_level(
         worker_windows=worker_windows,
         sending_ended_at=sending_ended_at,
         cancelled=cancelled,
+        clock_kept=kept,
     )
 
 

@@ -241,6 +241,7 @@ def level_row(level: LevelRun, facts: ServerFacts, requests: Sequence[dict], max
         "started_at": level.started_at,
         "finished_at": level.finished_at,
         "reused": level.reused,
+        "clock_kept": level.clock_kept,  # draftgen sim: share of its clock kept (None elsewhere)
     }
     row["missing"] = "; ".join(missing_parts(level, facts, tokens_source, accept_source)) or ""
     return row

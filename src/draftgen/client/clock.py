@@ -104,6 +104,38 @@ def clock_from_sim_info(info: Any) -> HardwareClock:
     )
 
 
+async def read_clock_kept(client: ServerClient) -> tuple[float, float] | None:
+    """The simulator's ``clock_kept`` counters now: wall seconds its steps should have taken, and took (None: not
+    the simulator). On a starved machine a simulator falls behind its clock (the second grows faster)."""
+    info = await client.get_json("/sim/info", timeout_s=10.0)
+    kept = info.get("clock_kept") if isinstance(info, dict) else None
+    if not isinstance(kept, dict):
+        return None
+    planned, actual = kept.get("planned_s"), kept.get("actual_s")
+    if not isinstance(planned, (int, float)) or not isinstance(actual, (int, float)):
+        return None
+    return float(planned), float(actual)
+
+
+def kept_share(
+    before: Sequence[tuple[float, float] | None], after: Sequence[tuple[float, float] | None]
+) -> float | None:
+    """The share of its clock a simulated fleet kept between two readings (1.0: on time; 0.8: its steps took 25%
+    longer than simulated), its servers together; None when no server is a simulator or nothing ran.
+
+    A window of wall time W then holds W × factor × share seconds of the simulated hardware: reports state the
+    simulated GPU's time as the simulator really kept it, so a loaded machine does not make it look slower."""
+    planned = actual = 0.0
+    for start, end in zip(before, after, strict=True):
+        if start is None or end is None:
+            continue
+        planned += end[0] - start[0]
+        actual += end[1] - start[1]
+    if planned <= 0 or actual <= 0:
+        return None
+    return min(1.0, planned / actual)
+
+
 async def read_clock(client: ServerClient) -> HardwareClock:
     """One server's clock: ``GET /sim/info`` answers only on ``draftgen sim`` (404 elsewhere: the wall clock)."""
     return clock_from_sim_info(await client.get_json("/sim/info", timeout_s=10.0))
@@ -127,6 +159,24 @@ def _scaled(name: str) -> str | None:
     if _SECONDS.search(name):
         return "seconds"
     return None
+
+
+def on_kept_clock(frame: Any, column: str = "clock_kept") -> Any:
+    """A frame already on the hardware's clock, its durations and rates put on the clock the simulator kept, row by
+    row (``column``: each row's kept share; null or absent: 1). Seconds × share, rates ÷ share."""
+    import polars as pl
+
+    if column not in frame.columns:
+        return frame
+    share = pl.col(column).fill_null(1.0)
+    changes = []
+    for name in frame.columns:
+        kind = _scaled(name)
+        if kind == "seconds":
+            changes.append(pl.col(name) * share)
+        elif kind == "rate":
+            changes.append(pl.col(name) / share)
+    return frame.with_columns(changes) if changes else frame
 
 
 def on_clock(frame: Any, clock: HardwareClock) -> Any:

@@ -95,6 +95,8 @@ def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[
             "prompts": "synthetic",
             "limit": limit,
             "estimate": str(out / "estimate" / ESTIMATE),
+            # the target's tokenizer: each turn's max_tokens is capped at the trainer's max_length − its prompt
+            "tokenizer": str(out / "tokenizer"),
         }
     return {"generation_dir": str(out / "generate"), "tokenizer": str(out / "tokenizer")}
 
@@ -113,6 +115,31 @@ def _acceptance_lines(run_dir: Path) -> list[str]:
         if row["accept_length"] is not None
     )
     return [f"accept   : by prompt category, lowest first: {groups}; plot {plot}"]
+
+
+def _cost_lines(out: Path) -> list[str]:
+    """Planned vs actual: wall time, and GPU-seconds and dollars per million trained tokens."""
+    from draftgen.generate.report import compare_estimate
+
+    estimate = out / "estimate" / ESTIMATE
+    if not estimate.exists():
+        return []
+    table = {row["figure"]: row for row in compare_estimate(estimate, out / "generate").iter_rows(named=True)}
+    wall = next((row for name, row in table.items() if name.startswith("wall time")), None)
+    gpu_s = table.get("GPU-seconds per million trained tokens")
+    usd = table.get("dollars per million trained tokens")
+    lines = []
+    if wall and wall["actual"]:
+        lines.append(
+            f"planned  : {wall['figure']}: planned {wall['planned']:,.2f}, actual {wall['actual']:,.2f} "
+            f"(actual / planned {wall['actual / planned']:.3f})"
+        )
+    if gpu_s and usd and gpu_s["actual"]:
+        lines.append(
+            f"cost     : {gpu_s['actual']:,.0f} GPU-seconds (${usd['actual']:,.2f}) per million trained tokens "
+            f"(planned {gpu_s['planned']:,.0f}, ${usd['planned']:,.2f}), on the simulated B200's clock"
+        )
+    return lines
 
 
 def _summary(out: Path) -> list[str]:
@@ -143,6 +170,7 @@ def _summary(out: Path) -> list[str]:
             f"generate : {counts.get('done', 0):,} stored, {counts.get('failed', 0):,} failed, "
             f"{counts.get('rejected', 0):,} prompt rows rejected ({data.get('status')})"
         )
+        lines += _cost_lines(out)
         lines += _acceptance_lines(out / "generate")
     validation = out / "validate" / VALIDATE_SUMMARY
     if validation.exists():

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from draftgen.client.clock import WALL, HardwareClock, on_clock
+from draftgen.client.clock import WALL, HardwareClock, on_clock, on_kept_clock
 from draftgen.paths import resolve_path
 from draftgen.prompts.rows import PromptRow, count_rows, iter_prompts
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
@@ -95,12 +95,21 @@ def load_benchmark(path: str | Path) -> BenchmarkData:
         clock = HardwareClock.from_dict(summary.get("clock"))
     except ValueError as exc:
         raise ValueError(f"{folder / SUMMARY_FILE}: {exc}") from exc
-    occupancy = pl.read_parquet(folder / OCCUPANCY_FILE)
+    results = pl.read_parquet(folder / RESULTS_FILE)
+    occupancy = pl.read_parquet(folder / OCCUPANCY_FILE).with_columns(pl.col("seconds") * clock.factor)
+    if "clock_kept" in results.columns:
+        # Each level on the clock its simulator kept: a level run late on a busy machine is not a slower GPU.
+        kept = results.select("server", "concurrency", pl.col("clock_kept").cast(pl.Float64))
+        occupancy = (
+            occupancy.join(kept, on=["server", "concurrency"], how="left")
+            .with_columns(pl.col("seconds") * pl.col("clock_kept").fill_null(1.0))
+            .drop("clock_kept")
+        )
     return BenchmarkData(
         path=folder,
-        results=on_clock(pl.read_parquet(folder / RESULTS_FILE), clock),
+        results=on_kept_clock(on_clock(results, clock)),
         requests=pl.read_parquet(folder / REQUESTS_FILE),
-        occupancy=occupancy.with_columns(pl.col("seconds") * clock.factor),
+        occupancy=occupancy,
         summary=summary,
         clock=clock,
     )

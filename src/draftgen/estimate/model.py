@@ -130,12 +130,24 @@ class LengthSample:
     truncated: np.ndarray  # finish_reason == "length" per request
     max_tokens: int  # the benchmark's max_tokens
     _groups: tuple[np.ndarray, ...] = field(default=(), repr=False)
+    max_length: int = 0  # the trainer's max_length each request was capped at (0: none)
+    set_aside: int = 0  # requests whose prompt alone reached max_length: generate sends none of them
 
     @classmethod
-    def from_requests(cls, requests: pl.DataFrame, max_tokens: int) -> LengthSample:
+    def from_requests(cls, requests: pl.DataFrame, max_tokens: int, max_length: int = 0) -> LengthSample:
+        """The benchmark's completion lengths; with ``max_length``, as generate's cap makes them: each request's
+        at most max_length − its prompt tokens (cut ones count as truncated), none for a prompt with no room."""
         ok = requests.filter(
             pl.col("ok") & pl.col("completion_tokens").is_not_null() & (pl.col("completion_tokens") > 0)
         )
+        set_aside = 0
+        if max_length and "prompt_tokens" in ok.columns:
+            room = pl.lit(max_length) - pl.col("prompt_tokens").fill_null(0)
+            set_aside = ok.filter(room <= 0).height
+            ok = ok.filter(room > 0).with_columns(
+                (pl.col("truncated") | (pl.col("completion_tokens") > room)).alias("truncated"),
+                pl.min_horizontal("completion_tokens", room).alias("completion_tokens"),
+            )
         if ok.is_empty():
             raise ValueError(
                 "the benchmark has no successful request with a token count: no length distribution"
@@ -150,6 +162,8 @@ class LengthSample:
             truncated=ok["truncated"].to_numpy().astype(bool),
             max_tokens=max_tokens,
             _groups=tuple(np.asarray(v) for v in order.values()),
+            max_length=max_length,
+            set_aside=set_aside,
         )
 
     @property

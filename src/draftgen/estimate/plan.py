@@ -6,6 +6,7 @@ Every time, rate and dollar is on the benchmarked hardware's clock (``BenchmarkD
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,21 @@ class ScenarioResult:
     def cost_usd(self) -> float:
         return self.gpu_hours * self.gpu_hour_usd
 
+    @property
+    def trained_tokens(self) -> float:
+        """Tokens a trainer learns from: every generated one, the run being capped at the trainer's max_length
+        (validate's held-out prompts aside)."""
+        return self.total_output_tokens
+
+    @property
+    def gpu_s_per_m_trained(self) -> float:
+        """GPU-seconds per million trained tokens."""
+        return self.wall_time_s * self.gpus / self.trained_tokens * 1e6 if self.trained_tokens else math.inf
+
+    @property
+    def usd_per_m_trained(self) -> float:
+        return self.gpu_s_per_m_trained / 3600.0 * self.gpu_hour_usd
+
     def row(self) -> dict:
         hours = 3600.0 / self.gpus  # seconds per GPU-hour at this fleet size
         return {
@@ -99,6 +115,9 @@ class ScenarioResult:
             "cost_usd": round(self.cost_usd, 0),
             "cost_low_usd": round(self.wall_time_low_s / hours * self.gpu_hour_usd, 0),
             "cost_high_usd": round(self.wall_time_high_s / hours * self.gpu_hour_usd, 0),
+            "trained_tokens": round(self.trained_tokens),
+            "gpu_s_per_m_trained": round(self.gpu_s_per_m_trained, 1),
+            "usd_per_m_trained": round(self.usd_per_m_trained, 3),
             "source": self.source,
         }
 
@@ -143,10 +162,10 @@ class MaxLengthCost:
     def note(self, max_tokens: int) -> str:
         return (
             f"max_tokens {max_tokens} + prompts (median {self.median_prompt_tokens:,.0f} tokens) against the "
-            f"trainer's max_length {self.max_length}: {self.share_of_tokens:.1%} of the generated tokens "
-            f"({self.share_of_requests:.1%} of the {self.requests} benchmark requests) fall past it and are cut in "
-            "training (validate keeps each row's first max_length tokens): raise the trainer's max_length or "
-            "lower max_tokens to keep them"
+            f"trainer's max_length {self.max_length}: uncapped, {self.share_of_tokens:.1%} of the generated tokens "
+            f"({self.share_of_requests:.1%} of the {self.requests} benchmark requests) would fall past it and be "
+            "cut in training. Priced capped, as generate runs with a tokenizer: each request's max_tokens is "
+            "min(max_tokens, max_length − its prompt), so those tokens are never generated"
         )
 
 
@@ -173,14 +192,14 @@ def max_length_cost(requests: pl.DataFrame, max_length: int) -> MaxLengthCost | 
     )
 
 
-def digest(data: BenchmarkData, bootstrap: int, rng: np.random.Generator) -> Measured:
+def digest(data: BenchmarkData, bootstrap: int, rng: np.random.Generator, max_length: int = 0) -> Measured:
     fit = fit_rate_model(data.occupancy, data.max_running, source=f"measured: {data.path}")
     rates = resampled_rates(data.occupancy, data.max_running, bootstrap, rng)
     return Measured(
         data=data,
         fit=fit,
         boot_rates=tuple(rates),
-        lengths=LengthSample.from_requests(data.requests, data.max_tokens),
+        lengths=LengthSample.from_requests(data.requests, data.max_tokens, max_length),
     )
 
 
@@ -288,7 +307,9 @@ def _scenario(
         )
     measured = main
     if spec.benchmark_dir:
-        measured = digest(load_benchmark(spec.benchmark_dir), len(main.boot_rates), rng)
+        measured = digest(
+            load_benchmark(spec.benchmark_dir), len(main.boot_rates), rng, main.lengths.max_length
+        )
     rate = measured.fit.model
     if spec.max_running_requests:
         rate = RateModel(rate.alpha_s, rate.beta_s, spec.max_running_requests, rate.source)
@@ -372,7 +393,7 @@ def _prefill_per_request(data: BenchmarkData) -> float | None:
 def run_estimate(config: EstimateConfig) -> Estimate:
     rng = np.random.default_rng(config.seed)
     folder = Path(config.benchmark_dir) if config.benchmark_dir else find_latest_benchmark()
-    main = digest(load_benchmark(folder), config.bootstrap, rng)
+    main = digest(load_benchmark(folder), config.bootstrap, rng, config.train_max_length)
     num_prompts, size_source = dataset_size(
         config.dataset_size, config.prompt_path, config.limit, config.turns
     )
@@ -451,8 +472,13 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     )
     scenarios = tuple(_scenario(spec, config, main, num_prompts, rng, turns) for spec in config.scenarios)
     cost = max_length_cost(main.data.requests, config.train_max_length)
-    if cost is not None and cost.share_of_tokens > 0.005:
+    if cost is not None and cost.share_of_tokens > 0:
         notes.append(cost.note(config.max_tokens))
+    if main.lengths.set_aside:
+        notes.append(
+            f"{main.lengths.set_aside} benchmark requests had prompts of {config.train_max_length} tokens or more: "
+            "generate sets such prompts aside (nothing they generate could train), so they are not priced"
+        )
     return Estimate(
         config=config,
         benchmark=main,

@@ -65,6 +65,10 @@ def estimate_json(estimate: Estimate) -> dict:
         "steady_output_tok_s": p.steady_output_tok_s,
         "tok_s_per_gpu": p.tok_s_per_gpu,
         "total_output_tokens": p.total_output_tokens,
+        "trained_tokens": p.trained_tokens,
+        "gpu_s_per_m_trained": p.gpu_s_per_m_trained,
+        "usd_per_m_trained": p.usd_per_m_trained,
+        "capped_at_max_length": estimate.benchmark.lengths.max_length or None,
         "truncated_rate": p.truncated_rate,
         "tail_s": p.tail_s,
         "days": p.days,
@@ -290,6 +294,8 @@ def scenarios_table(estimate: Estimate) -> Table:
                 _interval(r.wall_time_s, r.wall_time_low_s, r.wall_time_high_s, duration) for r in results
             ],
             "gpu_hours": [r.gpu_hours for r in results],
+            "gpu_s_per_m_trained": [r.gpu_s_per_m_trained for r in results],
+            "usd_per_m_trained": [r.usd_per_m_trained for r in results],
             "cost": [
                 _interval(
                     r.cost_usd,
@@ -314,6 +320,8 @@ def scenarios_table(estimate: Estimate) -> Table:
             Column("wall_time", f"wall time ({estimate.config.interval:.0%} interval)", "text"),
             Column("gpu_hours", "GPU-hours", "number"),
             Column("cost", f"cost ({estimate.config.interval:.0%} interval)", "text"),
+            Column("gpu_s_per_m_trained", "GPU-s per M trained tokens", "number", digits=0),
+            Column("usd_per_m_trained", "$ per M trained tokens", "usd"),
             Column("source", "rate from", "text"),
         ),
         note=clock.note,
@@ -412,6 +420,17 @@ def headline(estimate: Estimate, out_dir: str | Path) -> Headline:
                 format_value(p.aggregate_output_tok_s, "tok_s"),
                 "tok/s",
                 f"{format_value(p.tok_s_per_gpu, 'tok_s')} tok/s per GPU",
+            ),
+            Stat(
+                "per million trained tokens",
+                f"{p.gpu_s_per_m_trained:,.0f}",
+                "GPU-s",
+                f"{format_value(p.usd_per_m_trained, 'usd', 2)}; {p.trained_tokens:,.0f} trained tokens"
+                + (
+                    f", capped at max_length {estimate.benchmark.lengths.max_length}"
+                    if estimate.benchmark.lengths.max_length
+                    else ""
+                ),
             ),
             Stat("requests", f"{p.num_prompts:,}", "", estimate.num_prompts_source),
             Stat(

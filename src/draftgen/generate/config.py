@@ -41,10 +41,11 @@ FINGERPRINT_FIELDS = (
     "enable_thinking",
     "turns",
     "sampling_plan",
+    "length_cap",
 )
 # Fingerprint fields added after runs were made, with the value those runs used: left out of the hash when
 # equal to it, so an older run resumes with that value (and only that value) without force.
-FINGERPRINT_SINCE: dict[str, Any] = {"turns": "last", "sampling_plan": []}
+FINGERPRINT_SINCE: dict[str, Any] = {"turns": "last", "sampling_plan": [], "length_cap": 0}
 
 
 def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
@@ -88,13 +89,13 @@ class GenerateConfig(FleetParams, SamplingParams):
         ),
         (
             "checks and reporting",
-            "canary estimate train_max_length force acceptance_interval_s hedge_slow_ratio progress_interval_s "
+            "canary estimate train_max_length tokenizer force acceptance_interval_s hedge_slow_ratio progress_interval_s "
             "status_interval_s",
         ),
         help={
             "request_timeout_s": "one request's hard time limit (s); see hang_factor for hangs",
-            "train_max_length": "the trainer's max_length: preflight warns when max_tokens + the prompts reach "
-            "past it (0: not checked)",
+            "train_max_length": "the trainer's max_length: with a tokenizer, each turn's max_tokens is capped at "
+            "max_length − its prompt tokens (0: no cap, not checked)",
         },
         doc={
             "servers": 'base URLs, one per server, or one SMG (gateway) URL ("Beyond one node" below)',
@@ -193,6 +194,15 @@ class GenerateConfig(FleetParams, SamplingParams):
         True, "preflight sends one full request per server (reasoning and answer must be non-empty)"
     )
     train_max_length: TrainMaxLength
+    tokenizer: ProjectPath = param(
+        "",
+        "the target model's folder (tokenizer.json + chat template): counts each turn's prompt to cap its "
+        'max_tokens at train_max_length ("": no cap; preflight only warns)',
+        doc="the target model's folder (tokenizer.json + chat template), local files only: each turn's prompt is "
+        "counted with it, rendered as the server renders it, and the turn is sent with max_tokens = min(max_tokens, "
+        'train_max_length − prompt tokens) ("Nothing generated past max_length" below); "": no cap, preflight only '
+        "warns when max_tokens + the prompts reach past train_max_length",
+    )
     estimate: ProjectPath = param(
         "", "path to estimate.json from estimate.ipynb: planned vs actual at the end"
     )
@@ -262,6 +272,11 @@ class GenerateConfig(FleetParams, SamplingParams):
     @property
     def prompt_path(self) -> Path:
         return prompt_source_path(self.prompts)
+
+    @property
+    def length_cap(self) -> int:
+        """The max_length every turn is capped at (0: none): train_max_length, when a tokenizer counts prompts."""
+        return self.train_max_length if self.tokenizer else 0
 
     @property
     def shard_spec(self) -> tuple[int, int] | None:

@@ -20,7 +20,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Container, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from draftgen.client.errors import RequestError
@@ -32,6 +32,7 @@ from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
 from draftgen.generate.fleet_health import ChatClient, FleetHealth, Server, ServerStats
 from draftgen.generate.hedge import HedgePolicy, TailHedger
+from draftgen.generate.length_cap import LengthCap, TurnLimit
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot
 from draftgen.generate.work import Flight, FlightState, Intake, TurnState, Work, WorkQueue
 from draftgen.prompts.rows import PromptRow, RejectedRow
@@ -75,6 +76,11 @@ class DispatchOutcome:
     turns: int = 0  # turn requests answered (a conversation of k answers is k turns)
     hedged: int = 0  # requests copied to an idle server at the tail
     hedge_wins: int = 0  # turns whose kept answer came from the copy
+    set_aside: int = 0  # turns not sent: their prompt alone reached the trainer's max_length
+    first_sent_at: float | None = None  # wall clock: the first request sent ...
+    last_answer_at: float | None = (
+        None  # ... and the last answer (or failure) received: the generation's span
+    )
 
     @property
     def wall_s(self) -> float:
@@ -94,8 +100,10 @@ class Dispatcher:
         clients: ClientFactory,
         skip: Container[str] = frozenset(),
         rng: random.Random | None = None,
+        length_cap: LengthCap | None = None,
     ):
         self.config = config
+        self.length_cap = length_cap  # None: every turn is sent with its arm's max_tokens
         self.events = events
         self.policy = RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_max_s)
         self.rng = rng or random.Random()
@@ -112,7 +120,11 @@ class Dispatcher:
         self.health = FleetHealth(config, self.servers, events.note)
         self.hedger = TailHedger(HedgePolicy(config.hedge_slow_ratio), config.concurrency_per_server)
         self.halt: BaseException | None = None
-        self.completed = self.turns = self.failed = self.hedged = self.hedge_wins = 0
+        self.completed = self.turns = self.failed = self.hedged = self.hedge_wins = self.set_aside = 0
+        self.trained_tokens = 0  # completion tokens the trainer keeps: each turn's up to train_max_length
+        self.first_sent_at: float | None = None
+        self.last_answer_at: float | None = None
+        self._count_differs_noted = False
         self._queue = WorkQueue()
         window = max(64, 2 * config.concurrency_per_server * len(servers))
         self._intake = Intake(self._queue, turns=config.turns, window=window, skip=skip)
@@ -157,6 +169,9 @@ class Dispatcher:
             turns=self.turns,
             hedged=self.hedged,
             hedge_wins=self.hedge_wins,
+            set_aside=self.set_aside,
+            first_sent_at=self.first_sent_at,
+            last_answer_at=self.last_answer_at,
         )
 
     def _jobs(self, prompts: Iterator[PromptRow | RejectedRow]) -> Iterator[Coroutine[Any, Any, None]]:
@@ -205,6 +220,8 @@ class Dispatcher:
             if not server.up:  # went down while this worker waited for work
                 self._requeue(work)
                 continue
+            if not self._limit(work):  # the turn could train nothing: set aside, not sent
+                continue
             await self._send(server, work.launch(server.url, self._now()))
 
     async def _send(self, server: Server, flight: Flight) -> None:
@@ -214,6 +231,8 @@ class Dispatcher:
             server.last_answer = self._now()  # an idle spell is not silence
         key = next(self._keys)
         server.in_flight[key] = flight
+        if self.first_sent_at is None:
+            self.first_sent_at = time.time()
         result: ChatResult | None = None
         error: RequestError | None = None
         timeout_s = server.deadline.timeout_s(work.presumed_hung)
@@ -227,6 +246,7 @@ class Dispatcher:
                     config.model,
                     stream=config.stream,
                     timeout_s=config.request_timeout_s + 30.0,
+                    max_tokens=work.limit.max_tokens if work.limit is not None else None,
                     seed=sample_seed(prompt.id) if prompt.arm is not None else None,
                 )
         except TimeoutError:
@@ -239,6 +259,7 @@ class Dispatcher:
         finally:
             del server.in_flight[key]
             work.land(flight)
+            self.last_answer_at = time.time()
         if result is not None or (error is not None and error.kind in ("http", "protocol")):
             server.last_answer = self._now()  # it answered, if only with an error
         if flight.state is FlightState.LOST:  # the other copy of its turn answered first
@@ -249,6 +270,51 @@ class Dispatcher:
                 self._requeue(work)
             return
         self._settle(server, flight, result, error)
+
+    # ----- the trainer's max_length ------------------------------------------------------------------------
+    def _limit(self, work: Work) -> bool:
+        """Give the turn its max_tokens, min(max_tokens, max_length − prompt tokens), once per turn (retries and
+        hedged copies send the same); False when nothing it generated could train: then it is set aside."""
+        if self.length_cap is None or work.limit is not None:
+            return True
+        conversation = work.conversation
+        sampling = self._sampling[conversation.prompt.arm]
+        limit = self.length_cap.limit(conversation.request(), sampling.max_tokens, sampling.enable_thinking)
+        if limit.trains_nothing:
+            self._set_aside(work, limit)
+            return False
+        work.limit = limit
+        return True
+
+    def _set_aside(self, work: Work, limit: TurnLimit) -> None:
+        assert self.length_cap is not None
+        conversation = work.conversation
+        label, first = conversation.label(), conversation.turn == 0
+        reason = limit.reason(self.length_cap.max_length)
+        conversation.set_aside_rest()
+        work.state = TurnState.SET_ASIDE
+        self.set_aside += 1
+        row = None if first else conversation.output_row()
+        self.completed += not first
+        rejected = conversation.rejected_row(reason) if first else None
+        self._tell(self.events.set_aside, label, reason, row, rejected)
+        self._intake.ended()
+
+    def _check_count(self, server: Server, work: Work, result: ChatResult) -> None:
+        """The first turn whose prompt the server counted otherwise than the tokenizer did is noted (once)."""
+        limit = work.limit
+        if limit is None or limit.prompt_tokens is None or result.prompt_tokens is None:
+            return
+        if self._count_differs_noted:
+            return
+        if result.prompt_tokens != limit.prompt_tokens:
+            self._count_differs_noted = True
+            self.events.note(
+                server.url,
+                f"{work.conversation.label()}: the server counted {result.prompt_tokens:,} prompt tokens, the "
+                f"tokenizer {limit.prompt_tokens:,}: is tokenizer the served model's? (max_tokens is capped on "
+                "the tokenizer's count)",
+            )
 
     # ----- what an answer or a failure decides ---------------------------------------------------------------
     def _settle(
@@ -267,7 +333,7 @@ class Dispatcher:
             self._fail(server, work, error)
 
     def _keep(self, server: Server, flight: Flight, result: ChatResult) -> None:
-        work, stats = flight.work, server.stats
+        config, work, stats = self.config, flight.work, server.stats
         work.answered(self._now())  # any other copy of this turn is cut short: its server aborts it
         if flight.hedge:
             self.hedge_wins += 1
@@ -277,10 +343,13 @@ class Dispatcher:
             self.events.note(server.url, server.deadline.learned_note())
         self.health.answered(server)
         stats.count_answer(result.completion_tokens, result.spec_accept_length)
+        self._check_count(server, work, result)
         conversation = work.conversation
         label = conversation.label()
-        conversation.record(result, work.attempts)
+        sent = work.limit.max_tokens if work.limit else self._sampling[conversation.prompt.arm].max_tokens
+        conversation.record(result, work.attempts, sent)
         self.turns += 1
+        self.trained_tokens += trained_part(result, config.train_max_length)
         row = None
         if conversation.finished:
             work.state = TurnState.STORED
@@ -323,7 +392,16 @@ class Dispatcher:
     # ----- what the session shows ----------------------------------------------------------------------------
     def snapshot(self) -> FleetSnapshot:
         """The session's counters now, for progress.json and the progress bar."""
-        return fleet_snapshot(self.servers, self.completed, self.failed, len(self._timers), self.turns)
+        snapshot = fleet_snapshot(self.servers, self.completed, self.failed, len(self._timers), self.turns)
+        return replace(snapshot, trained_tokens=self.trained_tokens)
+
+
+def trained_part(result: ChatResult, max_length: int) -> int:
+    """The tokens of an answer the trainer keeps: at most max_length − its prompt (all of a capped turn's)."""
+    made = result.completion_tokens or 0
+    if not max_length or result.prompt_tokens is None:
+        return made
+    return min(made, max(0, max_length - result.prompt_tokens))
 
 
 def fleet_snapshot(

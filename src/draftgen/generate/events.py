@@ -32,5 +32,12 @@ class DispatchEvents(Protocol):
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:
         """A turn failed its last attempt: ``row`` goes to failed.parquet."""
 
+    def set_aside(
+        self, label: str, reason: str, row: dict[str, Any] | None, rejected: dict[str, Any] | None
+    ) -> None:
+        """A turn could train nothing (its prompt alone reached the trainer's max_length) and was not sent: ``row``
+        is its conversation's stored row up to the turn before, or, when it was the first turn, ``rejected`` is
+        the prompt's rejected.parquet row."""
+
     def note(self, server: str, what: str) -> None:
         """Something a person watching the run should read (a server benched, a deadline learned)."""

@@ -56,7 +56,15 @@ class ChatClient(Protocol):
     url: str
 
     async def chat(
-        self, messages, sampling, model, *, stream: bool, timeout_s: float | None, seed: int | None = None
+        self,
+        messages,
+        sampling,
+        model,
+        *,
+        stream: bool,
+        timeout_s: float | None,
+        max_tokens: int | None = None,
+        seed: int | None = None,
     ): ...
 
     async def get(self, path: str, timeout_s: float = 30.0) -> tuple[int | None, str]: ...

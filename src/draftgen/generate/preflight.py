@@ -36,6 +36,7 @@ from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
 from draftgen.generate.dispatch import ServerPlan
 from draftgen.generate.guard import classify
+from draftgen.generate.length_cap import LengthCap, tokenizer_counter
 from draftgen.generate.source import prompt_source
 from draftgen.generate.store import (
     FingerprintMismatch,
@@ -112,6 +113,9 @@ class Plan:
     fingerprint: str
     clock: HardwareClock = WALL  # the servers' clock (draftgen sim: the simulated GPU's), for reports
     store: RunStore | None = field(default=None, repr=False, compare=False)
+    length_cap: LengthCap | None = field(
+        default=None, repr=False, compare=False
+    )  # train_max_length + tokenizer
 
     @property
     def todo(self) -> int:
@@ -254,6 +258,14 @@ def max_length_check(config: GenerateConfig, scan: PromptScan) -> Check | None:
     trainer keeps: say so before the GPUs spend the tokens, with the share the estimate measured where there is one.
     Without an estimate, prompt tokens are guessed from characters (÷ 4, English-like text)."""
     limit = config.train_max_length
+    if config.length_cap:
+        return Check(
+            "max_length",
+            str(limit),
+            "ok",
+            f"each turn is sent with max_tokens = min({config.max_tokens}, {limit} − its prompt tokens), the prompt "
+            f"counted with {config.tokenizer}; a turn whose prompt alone reaches {limit} is set aside, not sent",
+        )
     if not limit or not scan.prompt_chars:
         return None
     median = float(np.median(scan.prompt_chars)) / CHARS_PER_TOKEN
@@ -278,7 +290,7 @@ def max_length_check(config: GenerateConfig, scan: PromptScan) -> Check | None:
         f"max_tokens {config.max_tokens} + prompts of ~{median:,.0f} tokens (median, from characters ÷ "
         f"{CHARS_PER_TOKEN:g}) reach past the trainer's max_length {limit} (train_max_length): an answer longer "
         f"than ~{max(room, 0):,.0f} tokens is cut there in training{measured or ' (run the estimate for the share)'}; "
-        "raise the trainer's max_length or lower max_tokens",
+        "raise the trainer's max_length or lower max_tokens, or give tokenizer to cap each turn there",
     )
 
 
@@ -517,6 +529,7 @@ async def preflight(config: GenerateConfig) -> Plan:
     try:
         server_task = asyncio.gather(*(check_server(config, url, api_key) for url in config.servers))
         scan_task = asyncio.to_thread(scan_prompts, config, store.done_ids if store else set())
+        cap_task = asyncio.ensure_future(load_length_cap(config))
         try:
             scanned, servers = await asyncio.gather(scan_task, server_task)
         except PromptFileError as exc:
@@ -531,6 +544,9 @@ async def preflight(config: GenerateConfig) -> Plan:
             checks.extend(prompt_checks(config, scan, rejected_path))
             if scan.todo > 0:
                 checks.append(disk_check(config, scan))
+        length_cap, cap_check = await cap_task
+        if cap_check is not None:
+            checks.append(cap_check)
         plans = []
         for url, server_checks, caps in servers:
             checks.extend(server_checks)
@@ -547,8 +563,25 @@ async def preflight(config: GenerateConfig) -> Plan:
         raise
     # The run folder stays leased: generate's session writes through this store (the lock is never let go between).
     return Plan(
-        servers=plans, checks=checks, scan=scan, fingerprint=config.fingerprint(), clock=clock, store=store
+        servers=plans,
+        checks=checks,
+        scan=scan,
+        fingerprint=config.fingerprint(),
+        clock=clock,
+        store=store,
+        length_cap=length_cap,
     )
+
+
+async def load_length_cap(config: GenerateConfig) -> tuple[LengthCap | None, Check | None]:
+    """The trainer's max_length as a cap on each turn, with the tokenizer that counts prompts (None: no cap)."""
+    if not config.length_cap:
+        return None, None
+    try:
+        counter = await asyncio.to_thread(tokenizer_counter, config.tokenizer)
+    except ValueError as exc:
+        return None, Check("tokenizer", config.tokenizer, "fail", str(exc))
+    return LengthCap(config.length_cap, counter, config.tokenizer), None
 
 
 async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:

@@ -53,6 +53,10 @@ class Progress:
     def fail(self) -> None:
         self.failed += 1
 
+    def skip(self) -> None:
+        """A conversation ended without a request (set aside at the trainer's max_length)."""
+        self.done += 1
+
     def tok_per_s(self, now: float | None = None) -> float:
         """Completion tokens per second over the last ``RATE_WINDOW_S`` seconds of refreshes."""
         now = time.monotonic() if now is None else now

@@ -31,6 +31,7 @@ from draftgen.display.plots import Plot, completion_length_histogram, save
 from draftgen.display.table import Column, Table, format_value, with_specs
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
+from draftgen.generate.gpu_time import gpu_seconds, kept_share_of
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.store import read_manifest, scan_shards
 from draftgen.rundir.layout import FAILED, PLOTS, REJECTED, SHARDS, shard_paths
@@ -114,6 +115,52 @@ def run_clock(out_dir: RunDirs) -> HardwareClock:
     return fleet_clock(clocks)[0]
 
 
+def generating_seconds(sessions: list[dict[str, Any]], clock: HardwareClock) -> float | None:
+    """The generation's own time, on the hardware's clock: from each session's first request sent to its last
+    answer (what the estimate models), without the session's start-up and end (opening the folder, building
+    clients, writing the last shard). None for sessions recorded before the span was."""
+    spans = [(s.get("first_sent_at"), s.get("last_answer_at")) for s in sessions]
+    if not spans or any(a is None or b is None for a, b in spans):
+        return None
+    return clock.seconds(busy_seconds(spans)) * kept_share_of(sessions)  # type: ignore[arg-type]
+
+
+def start_wave_seconds(sessions: list[dict[str, Any]], clock: HardwareClock) -> float:
+    """The fleet's capacity idle while each session's first wave was sent and admitted (generate.ramp), on the
+    hardware's clock: the one part of a run the estimate does not model."""
+    return sum(
+        clock.seconds(s.get("start_wave_idle_s") or 0.0) * (s.get("clock_kept") or 1.0) for s in sessions
+    )
+
+
+def trained_tokens(out_dir: RunDirs) -> int:
+    """Generated tokens the trainer keeps: per turn, at most its ``train_max_length`` − its prompt tokens (a capped
+    run generates nothing past that; an uncapped one has the rest cut in training). Validate's own count, after
+    its checks and held-out prompts, is the dataset card's."""
+    total = 0
+    for folder in run_dirs(out_dir):
+        paths = shard_paths(folder)
+        if not paths:
+            continue
+        limit = int(((read_manifest(folder) or {}).get("parameters") or {}).get("train_max_length") or 0)
+        turns = (
+            scan_shards(paths)
+            .select(
+                pl.coalesce("turn_prompt_tokens", pl.concat_list("prompt_tokens")).alias("prompt"),
+                pl.coalesce("turn_completion_tokens", pl.concat_list("completion_tokens")).alias("made"),
+            )
+            .explode("prompt", "made")
+        )
+        made = pl.col("made").fill_null(0)
+        kept = (
+            pl.min_horizontal(made, pl.max_horizontal(limit - pl.col("prompt").fill_null(0), 0))
+            if limit
+            else made
+        )
+        total += int(turns.select(kept.sum()).collect().item() or 0)
+    return total
+
+
 def summary(out_dir: RunDirs) -> pl.DataFrame:
     """One row of run-level figures (several folders: one row for them together, wall time their union), times
     and rates on the servers' clock (``clock`` and the raw ``wall_clock_s`` columns when simulated)."""
@@ -122,8 +169,12 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
     rows = scan_results(folders)
     sessions = [s for folder in folders for s in (read_manifest(folder) or {}).get("sessions", [])]
     wall_clock = busy_seconds([(s["started_at"], s["ended_at"]) for s in sessions])
-    wall = clock.seconds(wall_clock)
+    wall = clock.seconds(wall_clock) * kept_share_of(sessions)
     session_tokens = sum(s["completion_tokens"] for s in sessions)
+    trained, gpu_s = trained_tokens(folders), gpu_seconds(sessions)
+    generating = generating_seconds(sessions, clock) if sessions else None
+    wave = start_wave_seconds(sessions, clock)
+    warm = generating - wave if generating and generating > wave else None
     frame = rows.select(
         pl.len().alias("rows"),
         pl.col("id").n_unique().alias("unique_ids"),
@@ -147,13 +198,20 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(sum(_count(folder / REJECTED) for folder in folders)).alias("rejected"),
         pl.lit(round(wall, 1)).alias("wall_s"),
         pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
+        pl.lit(round(generating, 1) if generating else None).alias("generating_s"),
+        pl.lit(round(wave, 1)).alias("start_wave_idle_s"),
+        pl.lit(round(session_tokens / warm, 1) if warm else None).alias("generating_tok_s"),
+        pl.lit(trained).alias("trained_tokens"),
+        pl.lit(round(gpu_s / trained * 1e6, 1) if trained else None).alias("gpu_s_per_m_trained"),
         pl.lit(len(sessions)).alias("sessions"),
         pl.lit(sum(s.get("hedged", 0) for s in sessions)).alias("hedged"),
         pl.lit(sum(s.get("hedge_wins", 0) for s in sessions)).alias("hedge_wins"),
     )
     if clock.simulated:
         frame = frame.with_columns(
-            pl.lit(round(wall_clock, 1)).alias("wall_clock_s"), pl.lit(clock.short).alias("clock")
+            pl.lit(round(wall_clock, 1)).alias("wall_clock_s"),
+            pl.lit(round(kept_share_of(sessions), 4)).alias("clock_kept"),
+            pl.lit(clock.short).alias("clock"),
         )
     return frame.with_columns(pl.lit(len(folders)).alias("folders")) if len(folders) > 1 else frame
 
@@ -469,7 +527,9 @@ def compare_estimate(
     prompts = int(total_prompts or estimate["num_prompts"])
     planned_tok_s = float(estimate["aggregate_output_tok_s"])
     planned_wall = float(estimate["wall_time_s"]) * prompts / max(1, int(estimate["num_prompts"]))
-    actual_tok_s = run["output_tok_s"]
+    # The generation's own span (first request to last answer), which is what the estimate models; the session's
+    # start-up and end are reported beside it.
+    actual_tok_s = run.get("generating_tok_s") or run["output_tok_s"]
     turns = run["turns"]
     mean_tokens = round(run["completion_tokens"] / turns, 1) if turns and run["completion_tokens"] else None
     actual_wall = prompts * mean_tokens / actual_tok_s if actual_tok_s and mean_tokens else None
@@ -484,14 +544,47 @@ def compare_estimate(
             actual_wall / unit_s if actual_wall else None,
         ),
     ]
+    generating, servers = run.get("generating_s"), _servers(out_dir)
+    if generating and run["wall_s"]:
+        records.append(
+            ("session start-up and end outside the generation (s)", 0.0, run["wall_s"] - generating)
+        )
+        wave = run.get("start_wave_idle_s") or 0.0
+        records.append(("capacity idle while the first wave went out (s, not in the wall time)", 0.0, wave))
+        generating -= wave
+    # estimates made before trained tokens were priced lack it
+    if estimate.get("gpu_s_per_m_trained") is not None:
+        usd = float(estimate.get("gpu_hour_usd") or 0.0) / 3600.0
+        trained = run.get("trained_tokens")
+        span = generating or run["wall_s"]
+        actual_gpu_s = span * servers / trained * 1e6 if trained and servers else None
+        records += [
+            ("GPU-seconds per million trained tokens", float(estimate["gpu_s_per_m_trained"]), actual_gpu_s),
+            (
+                "dollars per million trained tokens",
+                float(estimate["gpu_s_per_m_trained"]) * usd,
+                actual_gpu_s * usd if actual_gpu_s else None,
+            ),
+        ]
     return pl.DataFrame(
         {
             "figure": [r[0] for r in records],
-            "planned": [round(r[1], 2) for r in records],
-            "actual": [round(r[2], 2) if r[2] is not None else None for r in records],
-            "actual / planned": [round(r[2] / r[1], 3) if r[2] and r[1] else None for r in records],
+            "planned": [round(r[1], 3) for r in records],
+            "actual": [round(r[2], 3) if r[2] is not None else None for r in records],
+            "actual / planned": [
+                round(r[2] / r[1], 3) if r[2] is not None and r[1] else None for r in records
+            ],
         }
     )
+
+
+def _servers(out_dir: RunDirs) -> int:
+    """Servers of the run's last session (summed over the folders)."""
+    count = 0
+    for folder in run_dirs(out_dir):
+        sessions = (read_manifest(folder) or {}).get("sessions") or []
+        count += len(sessions[-1].get("servers") or ()) if sessions else 0
+    return count
 
 
 def estimate_assumptions(estimate_path: str | Path, config_values: dict[str, Any]) -> list[str]:
@@ -544,10 +637,16 @@ SUMMARY_SPECS = (
     Column("rejected", "rejected prompt rows", "int"),
     Column("wall_s", "wall time", "duration"),
     Column("output_tok_s", "fleet output tok/s", "tok_s"),
+    Column("generating_s", "the generation (first request sent to last answer)", "duration"),
+    Column("start_wave_idle_s", "capacity idle while the first wave went out", "duration"),
+    Column("generating_tok_s", "fleet output tok/s over the generation less that", "tok_s"),
+    Column("trained_tokens", "trained tokens (each turn's up to train_max_length)", "int"),
+    Column("gpu_s_per_m_trained", "GPU-seconds per million trained tokens", "number", 0),
     Column("sessions", "sessions", "int"),
     Column("hedged", "requests hedged at the tail", "int"),
     Column("hedge_wins", "hedges that won", "int"),
     Column("wall_clock_s", "wall time on the wall clock", "duration"),
+    Column("clock_kept", "share of its clock the simulator kept", "percent"),
     Column("folders", "run folders", "int"),
 )
 PER_SERVER_SPECS = (
@@ -662,6 +761,12 @@ def headline(out_dir: RunDirs, estimate_path: str | Path | None = None) -> Headl
         ),
         Stat("wall time", format_value(run["wall_s"], "duration"), "", f"{run['sessions']} session(s)"),
         Stat(
+            "per million trained tokens",
+            format_value(run["gpu_s_per_m_trained"], "number", 0),
+            "GPU-s",
+            f"{run['trained_tokens']:,} trained tokens (each turn's up to the trainer's max_length)",
+        ),
+        Stat(
             "acceptance length", format_value(run["mean_accept_length"], "number", 2), "", "mean per request"
         ),
         Stat(
@@ -673,7 +778,8 @@ def headline(out_dir: RunDirs, estimate_path: str | Path | None = None) -> Headl
     ]
     if estimate_path:
         planned = load_estimate(estimate_path)
-        ratio = run["output_tok_s"] / planned["aggregate_output_tok_s"] if run["output_tok_s"] else None
+        actual = run.get("generating_tok_s") or run["output_tok_s"]  # as compare_estimate compares it
+        ratio = actual / planned["aggregate_output_tok_s"] if actual else None
         if ratio:
             stats.append(
                 Stat("against the estimate", f"{ratio:.2f}×", "its tok/s", "planned vs actual below")

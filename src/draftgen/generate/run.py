@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from draftgen.client.clock import kept_share, read_clock_kept
+from draftgen.client.server import ServerClient
 from draftgen.generate.acceptance import AcceptanceSampler, metrics_targets, write_samples
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome, server_clients
 from draftgen.generate.preflight import Plan
+from draftgen.generate.ramp import measure_ramp
 from draftgen.generate.session import DiskFullStop, RunInterrupted, RunSession, guard_settings
 from draftgen.generate.source import prompt_source
 from draftgen.rundir import DiskFull
@@ -127,6 +130,22 @@ async def _beside(work: Awaitable[T], *companions: Awaitable[object]) -> T:
                 await task
 
 
+async def _clock_readings(config: GenerateConfig, plan: Plan) -> list[tuple[float, float] | None] | None:
+    """Each simulated server's clock_kept counters now (None: the servers are real, on the wall clock)."""
+    if not plan.clock.simulated:
+        return None
+
+    async def one(url: str) -> tuple[float, float] | None:
+        async with ServerClient(url, api_key=_api_key(config)) as client:
+            return await read_clock_kept(client)
+
+    return list(await asyncio.gather(*(one(s.url) for s in plan.servers)))
+
+
+async def _none() -> None:
+    return None
+
+
 async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng: random.Random | None):
     """Dispatch every prompt still to do, with the progress display and the /metrics sampler beside it."""
     dispatcher = Dispatcher(
@@ -136,15 +155,26 @@ async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng
         clients=server_clients(config, _api_key(config)),
         skip=session.store.done_ids,
         rng=rng,
+        length_cap=plan.length_cap,
     )
     stop = asyncio.Event()
     received: list[str] = []
     sampler = _acceptance_sampler(config, plan)
     companions = [session.watch(dispatcher)] + ([sampler.run()] if sampler else [])
+    clock_before = await _clock_readings(config, plan)
+    gauges = [s.url for s in plan.servers if s.capabilities.metrics and not s.capabilities.workers]
+    ramp = asyncio.ensure_future(
+        measure_ramp(gauges, config.concurrency_per_server, api_key=_api_key(config)) if gauges else _none()
+    )
     try:
         with _stop_on_signals(stop, received):
             outcome = await _beside(dispatcher.run(prompt_source(config), stop), *companions)
+        if clock_before is not None:
+            session.clock_kept = kept_share(clock_before, await _clock_readings(config, plan) or [])
     finally:
+        ramp.cancel()  # long done on a run of more than one wave; a shorter one never filled its servers
+        with contextlib.suppress(asyncio.CancelledError):
+            session.start_wave_idle_s = await ramp
         session.show(dispatcher, force=True)
         if sampler is not None:
             write_samples(config.out_dir, sampler.samples)

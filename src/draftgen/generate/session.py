@@ -31,6 +31,7 @@ from draftgen.watch.progress_file import set_state
 
 EVENT_LOG_LIMIT = 1000
 RECENT_EVENTS = 20  # the last events, for progress.json
+SET_ASIDE_NOTES = 5  # turns set aside at the trainer's max_length that are noted one by one
 
 # How a session ended, in the manifest → in progress.json (with its detail).
 ENDINGS = {
@@ -121,8 +122,14 @@ class RunSession:
             done_at_start=plan.scan.stored,
             max_rates=self.guard.settings.max_rates,
             note=self.bar.note,
+            servers_clock=plan.clock.as_dict(),
         )
         self.ending: str | None = None
+        self.set_aside_count = 0
+        self.clock_kept: float | None = (
+            None  # draftgen sim: the share of its clock the fleet kept this session
+        )
+        self.start_wave_idle_s: float | None = None  # wall seconds of capacity idle in the start-up wave
         try:
             self.store.flush()
         except BaseException:
@@ -154,6 +161,19 @@ class RunSession:
         self.store.add_failure(row)
         self.bar.fail()
         self.guard.observe(id=label, server=server, error=str(error))
+
+    def set_aside(
+        self, label: str, reason: str, row: dict[str, Any] | None, rejected: dict[str, Any] | None
+    ) -> None:
+        if row is not None:
+            self.store.add(row)
+        if rejected is not None:
+            self.store.add_rejected(rejected)
+        self.bar.skip()
+        self.set_aside_count += 1
+        if self.set_aside_count <= SET_ASIDE_NOTES:
+            more = " (further ones are counted, not shown)" if self.set_aside_count == SET_ASIDE_NOTES else ""
+            self.note("", f"{label}, not sent: {reason}{more}")
 
     def note(self, server: str, what: str) -> None:
         self.log.add(server, what)
@@ -191,7 +211,15 @@ class RunSession:
         state = ENDINGS[ending]
         self.status.finish(state, detail or ending.replace("_", " "))
         hedges = {"hedged": outcome.hedged, "hedge_wins": outcome.hedge_wins} if outcome else {}
-        self.store.close(ending, detail, **hedges)
+        span = (outcome.first_sent_at, outcome.last_answer_at) if outcome else (None, None)
+        self.store.close(
+            ending,
+            detail,
+            clock_kept=self.clock_kept,
+            generating=span,
+            start_wave_idle_s=self.start_wave_idle_s,
+            **hedges,
+        )
 
     def end_disk_full(self, error: DiskFull) -> DiskFullStop:
         """The disk filled: record it as far as space allows and say what is kept and what to do."""

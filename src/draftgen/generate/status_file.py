@@ -62,6 +62,7 @@ class FleetSnapshot:
     guard_seen: int = 0
     events: tuple[tuple[float, str, str], ...] = ()  # (time, server, what), the most recent last
     turns_completed: int | None = None  # multi-turn runs: assistant turns finished this session
+    trained_tokens: int | None = None  # completion tokens the trainer keeps (each turn's up to max_length)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ class StatusWriter:
         turns_done_at_start: int | None = None,
         note: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
+        servers_clock: Mapping[str, Any] | None = None,
     ):
+        self.servers_clock = dict(servers_clock or {})  # HardwareClock.as_dict(): readers state rates on it
         self.out_dir = Path(out_dir)
         self.interval_s = interval_s
         self.total = total
@@ -200,6 +203,8 @@ class StatusWriter:
                 "failed": snapshot.failed,
             },
             "completion_tokens": snapshot.completion_tokens,
+            "trained_tokens": snapshot.trained_tokens,
+            "clock": self.servers_clock,
             "rate": {"window_s": span, "conversations_per_s": conversations_per_s, "tok_s": tok_s},
             "eta_s": eta_s,
             "eta_at": now + eta_s if eta_s is not None else None,

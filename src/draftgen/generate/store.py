@@ -111,6 +111,12 @@ OUTPUT_SCHEMA = pl.Schema(
         # Per generated turn: the repetition loop that ended it (finish reason "repetition_loop"), null element
         # where none did (draftgen.client.records.LoopEnd; docs/generate.md, "Repetition loops").
         "turn_loop": pl.List(LOOP),
+        # The max_tokens each turn was sent with: the run's, or less where the trainer's max_length capped it
+        # (draftgen.generate.length_cap); null in shards written before the cap existed.
+        "turn_max_tokens": pl.List(pl.Int64),
+        # Answer points after the last stored one that were not generated: their prompt alone reached the
+        # trainer's max_length (``messages`` then ends at the last answered point); 0 otherwise.
+        "turns_set_aside": pl.Int64,
     }
 )
 FAILED_SCHEMA = pl.Schema(
@@ -194,6 +200,13 @@ class SessionCounts:
     failed: int = 0
     hedged: int = 0  # requests copied to an idle server at the tail (dispatch's hedge)
     hedge_wins: int = 0  # prompts whose stored answer came from the copy
+    # prompts set aside before their first turn (their prompt alone reached train_max_length), and later turns
+    # not generated for that reason (their conversation stored up to them)
+    set_aside: int = 0
+    turns_set_aside: int = 0
+    clock_kept: float | None = None  # draftgen sim: the share of its clock the fleet kept (None: real)
+    generating: tuple[float | None, float | None] = (None, None)  # first request sent, last answer (wall)
+    start_wave_idle_s: float | None = None  # wall seconds of capacity idle while the first wave went out
     servers: list[dict[str, Any]] = field(
         default_factory=list
     )  # server_entry() of each server preflight approved
@@ -221,6 +234,7 @@ class RunStore:
         self._buffer: list[dict[str, Any]] = []
         self._failures: dict[str, dict[str, Any]] = {}
         self._failures_dirty = False
+        self._set_aside: list[dict[str, Any]] = []  # rejected.parquet rows found by dispatch, not yet written
         self._next_seq = self._last_seq() + 1
         self._lease: RunFolderLease | None = None
         self.session = SessionCounts()
@@ -328,6 +342,7 @@ class RunStore:
         self._buffer.append(row)
         self.session.completed += 1
         self.session.turns += len(row.get("turn_after") or (None,))
+        self.session.turns_set_aside += row.get("turns_set_aside") or 0
         self.session.completion_tokens += row.get("completion_tokens") or 0
         if self._failures.pop(row["id"], None) is not None:
             self._failures_dirty = True
@@ -341,6 +356,13 @@ class RunStore:
         self._failures_dirty = True
         self.session.failed += 1
 
+    def add_rejected(self, row: dict[str, Any]) -> None:
+        """A prompt set aside by dispatch (its first turn could train nothing): appended to rejected.parquet at
+        the next flush. A resume's preflight rewrites that file from its scan, and dispatch finds these again."""
+        self._set_aside.append(row)
+        self.rejected_count += 1
+        self.session.set_aside += 1
+
     def write_rejected(self, rows: Iterable[dict[str, Any]], prompt_stats: dict[str, Any]) -> Path:
         """Rewrite rejected.parquet with this scan's malformed rows (the prompt file may have been fixed)."""
         frame = pl.DataFrame(list(rows), schema=REJECTED_SCHEMA)
@@ -352,7 +374,7 @@ class RunStore:
 
     def flush(self) -> Path | None:
         """Write buffered rows as one shard, failures, and the manifest. Safe to call at any time."""
-        written = None
+        written, wrote_rejected = None, False
         if self._buffer:
             frame = pl.DataFrame(self._buffer, schema=OUTPUT_SCHEMA)
             written = self.shard_dir / shard_name(self._next_seq)
@@ -373,14 +395,36 @@ class RunStore:
             frame = pl.DataFrame(list(self._failures.values()), schema=FAILED_SCHEMA)
             atomic_write_parquet(frame, self.out_dir / FAILED)
             self._failures_dirty = False
-        if written is not None or not (self.out_dir / MANIFEST).exists():
+        if self._set_aside:
+            path = self.out_dir / REJECTED
+            frame = pl.DataFrame(self._set_aside, schema=REJECTED_SCHEMA)
+            if path.exists():
+                frame = pl.concat([pl.read_parquet(path).cast(REJECTED_SCHEMA), frame])  # type: ignore[arg-type]
+            atomic_write_parquet(frame, path)
+            self._set_aside = []
+            wrote_rejected = True
+        if wrote_rejected or written is not None or not (self.out_dir / MANIFEST).exists():
             self._write_manifest("running")
         return written
 
-    def close(self, status: str, detail: str = "", *, hedged: int = 0, hedge_wins: int = 0) -> None:
+    def close(
+        self,
+        status: str,
+        detail: str = "",
+        *,
+        hedged: int = 0,
+        hedge_wins: int = 0,
+        clock_kept: float | None = None,
+        generating: tuple[float | None, float | None] = (None, None),
+        start_wave_idle_s: float | None = None,
+    ) -> None:
         """Flush everything and record how this session ended (complete, interrupted, halted, failed), with the
-        tail copies dispatch sent and how many of them answered first."""
+        tail copies dispatch sent and how many of them answered first, and (draftgen sim) the share of its clock
+        the fleet kept."""
         self.session.hedged, self.session.hedge_wins = hedged, hedge_wins
+        self.session.clock_kept = clock_kept
+        self.session.generating = generating
+        self.session.start_wave_idle_s = start_wave_idle_s
         self.flush()
         self._end_session(status, detail)
 
@@ -425,7 +469,15 @@ class RunStore:
                 "failed": self.session.failed,
                 "hedged": self.session.hedged,
                 "hedge_wins": self.session.hedge_wins,
+                "set_aside": self.session.set_aside,
+                "turns_set_aside": self.session.turns_set_aside,
                 "clock_factor": self.clock.factor,  # started_at/ended_at are wall clock; × this = hardware seconds
+                "clock_kept": self.session.clock_kept,  # draftgen sim: × this too (the share of its clock it kept)
+                # the generation's own span inside the session: the first request sent to the last answer
+                "first_sent_at": self.session.generating[0],
+                "last_answer_at": self.session.generating[1],
+                # capacity idle while the first wave was sent and admitted (generate.ramp; null: no /metrics)
+                "start_wave_idle_s": self.session.start_wave_idle_s,
                 "servers": self.session.servers,
                 "status": status,
                 "detail": detail[:2000],

@@ -9,6 +9,7 @@ stop or a crash is simply generated again on resume.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from draftgen.training.token_ids import compact
 class FinishedTurn:
     result: ChatResult
     attempts: int
+    max_tokens: int | None = None  # what the request was sent with (the run's, or the trainer's cap)
 
 
 def _sum(values: list[int | None]) -> int | None:
@@ -39,6 +41,7 @@ class Conversation:
     mode: str
     points: tuple[int, ...] = ()
     finished_turns: list[FinishedTurn] = field(default_factory=list)
+    set_aside: int = 0  # answer points not generated: their prompt alone reached the trainer's max_length
 
     def __post_init__(self) -> None:
         self.points = answer_points(self.prompt.messages, self.mode)
@@ -58,7 +61,7 @@ class Conversation:
 
     @property
     def finished(self) -> bool:
-        return self.turn >= self.turns
+        return self.turn + self.set_aside >= self.turns
 
     def label(self) -> str:
         """The prompt id, with the turn when there is more than one (guard examples, events)."""
@@ -72,16 +75,29 @@ class Conversation:
         ]
         return request_messages(self.prompt.messages, self.points[self.turn], earlier, self.mode)
 
-    def record(self, result: ChatResult, attempts: int) -> None:
+    def record(self, result: ChatResult, attempts: int, max_tokens: int | None = None) -> None:
         if self.finished:
             raise RuntimeError(f"conversation {self.id} got a result after its last turn: a draftgen bug")
-        self.finished_turns.append(FinishedTurn(result, attempts))
+        self.finished_turns.append(FinishedTurn(result, attempts, max_tokens))
+
+    def set_aside_rest(self) -> None:
+        """The next turn's prompt leaves nothing to train: it and every later turn (whose prompts hold it) are not
+        generated. With earlier turns done, the conversation is stored up to its last answer; else nothing is."""
+        self.set_aside = self.turns - self.turn
+
+    def rejected_row(self, reason: str) -> dict[str, Any]:
+        """rejected.parquet's row for a conversation set aside before its first turn."""
+        raw = json.dumps(list(self.prompt.messages), ensure_ascii=False)
+        return {"row": self.prompt.row, "id": self.prompt.id, "reason": reason, "raw": raw[:300]}
 
     def output_row(self) -> dict[str, Any]:
         """The stored row (docs/design.md#generation-output-the-run-folder, per-turn columns included)."""
-        if not self.finished:
+        if not self.finished or not self.finished_turns:
             raise RuntimeError(f"conversation {self.id} stored before its last turn: a draftgen bug")
         results = [t.result for t in self.finished_turns]
+        points = list(self.points[: len(results)])
+        # Turns set aside: the row is the conversation up to its last answer (validate's assemble wants that).
+        messages = list(self.prompt.messages)[: points[-1] + 1]
         last = results[-1]
         completion = [r.completion_tokens for r in results]
         accept = [
@@ -98,7 +114,7 @@ class Conversation:
             accept_length = sum(length for length, _ in accept) / len(accept)
         return {
             "id": self.prompt.id,
-            "messages": list(self.prompt.messages),
+            "messages": messages,
             "reasoning_content": last.reasoning_content,
             "content": last.content,
             "finish_reason": last.finish_reason,
@@ -118,7 +134,7 @@ class Conversation:
             "prompt_id": self.prompt.prompt_id,
             "arm": self.prompt.arm,
             "sample": self.prompt.sample,
-            "turn_after": list(self.points),
+            "turn_after": points,
             "turn_reasoning": [r.reasoning_content for r in results],
             "turn_content": [r.content for r in results],
             "turn_finish_reason": [r.finish_reason for r in results],
@@ -132,6 +148,8 @@ class Conversation:
             "turn_loop": [r.loop.as_row() if r.loop is not None else None for r in results],
             "turn_prompt_ids": prompt_suffixes,
             "turn_prompt_shared": prompt_shared,
+            "turn_max_tokens": [t.max_tokens for t in self.finished_turns],
+            "turns_set_aside": self.set_aside,
         }
 
     def failure_row(self, error: RequestError, attempts: int, server: str | None) -> dict[str, Any]:

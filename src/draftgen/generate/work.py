@@ -3,7 +3,8 @@
 A conversation is ``FRESH`` when the reader puts it in the queue (it holds one of the reader's slots until a
 worker first takes it), ``QUEUED`` when it waits again (its next turn, a retry that came due, or handed back by a
 benched server), ``SENT`` with one request in flight, ``HEDGED`` with two (a copy on an idle server at the tail),
-``BACKING_OFF`` between a failure and its retry, and finally ``STORED`` or ``FAILED``.
+``BACKING_OFF`` between a failure and its retry, and finally ``STORED``, ``FAILED`` or ``SET_ASIDE`` (a turn whose
+prompt alone reached the trainer's max_length; earlier turns, if any, are stored).
 
 Each request (``Flight``) is ``RUNNING`` until it returns, or ends early as ``EVICTED`` (its server was marked
 down under it: not the prompt's fault, the attempt is not counted) or ``LOST`` (the other copy of its turn
@@ -19,6 +20,7 @@ from collections import deque
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
+from draftgen.generate.length_cap import TurnLimit
 from draftgen.generate.turns import Conversation
 from draftgen.prompts.rows import PromptRow, RejectedRow
 
@@ -33,6 +35,7 @@ class TurnState(enum.Enum):
     BACKING_OFF = "backing off"
     STORED = "stored"
     FAILED = "failed"
+    SET_ASIDE = "set aside"  # its next turn could train nothing (draftgen.generate.length_cap): not sent
 
 
 class FlightState(enum.Enum):
@@ -77,6 +80,9 @@ class Work:
     state: TurnState = TurnState.FRESH
     attempts: int = 0
     presumed_hung: int = 0  # times a learned deadline cut this turn's request short
+    limit: TurnLimit | None = (
+        None  # this turn's prompt length and the max_tokens it is sent with (set once a turn)
+    )
     last_server: str | None = None
     flights: set[Flight] = field(default_factory=set)  # requests not yet returned (stale ones included)
 
@@ -110,6 +116,7 @@ class Work:
         self.state = TurnState.QUEUED
         self.attempts = 0
         self.presumed_hung = 0
+        self.limit = None
 
 
 class WorkQueue(asyncio.Queue):  # type: ignore[type-arg]

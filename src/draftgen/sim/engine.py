@@ -40,6 +40,7 @@ class SimRequest:
         None  # as the request gave it (None: the model's default), which moves acceptance
     )
     accept_expected: float | None = None  # its expected acceptance length (None: adaptive, instant, MTP off)
+    max_tokens: int | None = None  # the request's max_tokens (as the server took it), for the ground truth
     proposed_drafts: int = 0  # drafts proposed over its verifies (adaptive: the steps in force each time)
     arrival: float = field(default_factory=time.time)
     admitted: float | None = None

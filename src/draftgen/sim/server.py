@@ -115,6 +115,7 @@ class SimServer:
                 "first_token": request.first_token,
                 "finished": request.finished,
                 "prompt_tokens": request.prompt_tokens,
+                "max_tokens": request.max_tokens,
                 "completion_tokens": request.emitted,
                 "verify_steps": request.verify_steps,
                 "seed": request.seed,
@@ -248,6 +249,7 @@ class SimServer:
             category=category,
             temperature=sampling_temperature,
             accept_expected=expected,
+            max_tokens=max_tokens,
         )
 
     def max_tokens(self, value: object, prompt_tokens: int, name: str) -> int:

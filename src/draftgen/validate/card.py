@@ -9,11 +9,13 @@ them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from draftgen.generate.gpu_time import gpu_seconds, per_million
 from draftgen.rundir import write_json, write_text
 from draftgen.rundir.layout import EXPORT_CARD as CARD_FILE
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_HOLDOUT, EXPORT_PROMPTS, EXPORT_TOKENS
@@ -105,6 +107,48 @@ def per_arm(result: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _gpu_hour_usd(manifests: list[dict[str, Any]]) -> float | None:
+    """The GPU-hour price of the estimate a generation run was compared with (None: no estimate, no price)."""
+    for manifest in manifests:
+        path = (manifest.get("parameters") or {}).get("estimate")
+        if path:
+            try:
+                price = json.loads(Path(path).read_text()).get("gpu_hour_usd")
+            except (OSError, ValueError):
+                continue
+            if isinstance(price, (int, float)):
+                return float(price)
+    return None
+
+
+def generation_cost(manifests: list[dict[str, Any]], trained: int) -> dict[str, Any]:
+    """GPU-seconds the generation held its servers (on the hardware's clock), and per million trained tokens (and
+    dollars, at the price of the estimate the run was compared with)."""
+    sessions = [s for m in manifests for s in m.get("sessions", [])]
+    gpu_s = gpu_seconds(sessions)
+    price = _gpu_hour_usd(manifests)
+    clock = (manifests[0].get("clock") or {}) if manifests else {}
+    hardware, factor = clock.get("hardware"), clock.get("factor") or 1.0
+    return {
+        "gpu_seconds": gpu_s,
+        "trained_tokens": trained,
+        **per_million(gpu_s, trained, price),
+        "gpu_hour_usd": price,
+        "clock": f"simulated {hardware} clock, sim ×{factor:g}, as the simulator kept it"
+        if hardware
+        else "wall clock",
+    }
+
+
+def _cost_line(cost: dict[str, Any]) -> str:
+    per_m = cost.get("gpu_s_per_m_trained")
+    if per_m is None:
+        return "not recorded"
+    usd = cost.get("usd_per_m_trained")
+    dollars = f" (${usd:,.2f} at ${cost['gpu_hour_usd']:g} per GPU-hour)" if usd is not None else ""
+    return f"**{per_m:,.0f}**{dollars}; {cost['gpu_seconds'] / 3600:,.2f} GPU-hours in all ({cost['clock']})"
+
+
 def dataset_info(result: Any) -> dict[str, Any]:
     """Everything the card says, as one JSON-able mapping (``result``: a validate ``ValidationResult``)."""
     config = result.config
@@ -162,6 +206,7 @@ def dataset_info(result: Any) -> dict[str, Any]:
         "trainer": trainer,
         "token_source": counts["token_source"],
         "yield": counts["yield"],
+        "cost": generation_cost(manifests, counts["yield"]["trained_tokens"]),
         "files": files,
         "contents": file_contents(config, counts),
     }
@@ -278,6 +323,7 @@ Sampling: {sampling or "not recorded"}.
 | rows | {rows_note} |
 | tokens | {tokens} |
 | **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
+| GPU-seconds per million trained tokens | {_cost_line(info.get("cost") or {})} |
 
 Train with {training}.
 

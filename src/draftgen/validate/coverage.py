@@ -15,7 +15,8 @@ from pathlib import Path
 
 import polars as pl
 
-from draftgen.generate.store import FAILED
+from draftgen.generate.length_cap import SET_ASIDE
+from draftgen.generate.store import FAILED, REJECTED
 from draftgen.prompts.rows import PromptFileError, PromptRow, iter_prompts, shard_of
 from draftgen.sampling_plan import Arm, samples
 from draftgen.validate.folders import FolderInfo, GenerationSet
@@ -37,6 +38,7 @@ class Coverage:
     expected: int = 0  # ids the folders should hold together
     missing: int = 0
     missing_failed: int = 0  # of the missing ids, those in some folder's failed.parquet
+    set_aside: int = 0  # selected ids generate set aside (prompt past the trainer's max_length): not expected
     missing_by_shard: dict[str, int] = field(default_factory=dict)
     missing_examples: tuple[str, ...] = ()
     unexpected: int = 0  # stored ids the prompt file's selection does not hold
@@ -57,6 +59,11 @@ class Coverage:
                 f"{self.expected - self.missing:,} of {self.expected:,} prompt ids present"
                 + (f", {self.missing:,} missing" if self.missing else ", none missing")
             )
+            if self.set_aside:
+                parts.append(
+                    f"{self.set_aside:,} more set aside by generate, their prompt alone past the trainer's "
+                    "max_length (rejected.parquet)"
+                )
             if self.missing_failed:
                 parts.append(
                     f"{self.missing_failed:,} of the missing failed every attempt (resume retries them)"
@@ -82,6 +89,7 @@ class Coverage:
             "expected": self.expected,
             "missing": self.missing,
             "missing_failed": self.missing_failed,
+            "set_aside": self.set_aside,
             "missing_by_shard": self.missing_by_shard,
             "missing_examples": list(self.missing_examples),
             "missing_shards": list(self.missing_shards),
@@ -134,6 +142,20 @@ def _failed_ids(generation: GenerationSet) -> pl.Series:
                 parts.append(pl.read_parquet(path, columns=["id"])["id"].cast(pl.String))
             except Exception:  # a damaged failed.parquet only costs the "resume retries them" count
                 continue
+    return pl.concat(parts) if parts else pl.Series("id", [], dtype=pl.String)
+
+
+def _set_aside_ids(generation: GenerationSet) -> pl.Series:
+    """Ids generate set aside, not sent: their prompt alone reached the trainer's max_length (rejected.parquet)."""
+    parts = []
+    for directory in generation.directories:
+        path = directory / REJECTED
+        if path.exists():
+            try:
+                frame = pl.read_parquet(path, columns=["id", "reason"])
+            except Exception:  # a damaged rejected.parquet: those prompts count as missing
+                continue
+            parts.append(frame.filter(pl.col("reason").str.starts_with(SET_ASIDE))["id"].cast(pl.String))
     return pl.concat(parts) if parts else pl.Series("id", [], dtype=pl.String)
 
 
@@ -206,6 +228,9 @@ def check_coverage(generation: GenerationSet) -> Coverage:
         note = f"{exc}; pass prompt_file=PATH where the file is on this machine"
         return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)
     expected = pl.concat(chunks) if chunks else pl.DataFrame(schema={"id": pl.String, "index": pl.UInt32})
+    aside = _set_aside_ids(generation)
+    set_aside = expected.filter(pl.col("id").is_in(aside.implode()))["id"].n_unique()
+    expected = expected.filter(~pl.col("id").is_in(aside.implode()))
     stored = stored_ids(generation)  # the strings, only here: whether an id is present must be exact
     missing = expected.filter(~pl.col("id").is_in(stored.implode()))  # in file order
     failed = _failed_ids(generation)
@@ -222,6 +247,7 @@ def check_coverage(generation: GenerationSet) -> Coverage:
         expected=expected["id"].n_unique(),
         missing=missing.height,
         missing_failed=int(missing["id"].is_in(failed.implode()).sum()),
+        set_aside=set_aside,
         missing_by_shard=dict(sorted(by_shard.items())),
         missing_examples=tuple(missing["id"].head(MISSING_EXAMPLES).to_list()),
         unexpected=stored.filter(~stored.is_in(expected["id"].implode())).n_unique(),

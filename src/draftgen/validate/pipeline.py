@@ -116,7 +116,9 @@ def _by_thinking(
     for mode in (True, False):
         part = frame.filter(thinking == mode)
         if part.height:
-            parts.append((part, spec if mode == spec.enable_thinking else replace(spec, enable_thinking=mode)))
+            parts.append(
+                (part, spec if mode == spec.enable_thinking else replace(spec, enable_thinking=mode))
+            )
     return parts
 
 
@@ -204,7 +206,9 @@ def validate_generation(
     try:
         for batch in iter_batches(output.outputs, config.batch_size):
             for part, part_spec in _by_thinking(batch.frame, spec, arms):
-                samples.write(_validate_batch(part, tokenizer, part_spec, layout, config, index, writer, arms))
+                samples.write(
+                    _validate_batch(part, tokenizer, part_spec, layout, config, index, writer, arms)
+                )
             if bar is not None:
                 bar.update(batch.frame.height)
     finally:

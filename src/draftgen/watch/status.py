@@ -109,8 +109,36 @@ def _fmt(value: float | None, spec: str = ",.0f", empty: str = "—") -> str:
     return empty if value is None else format(value, spec)
 
 
-def _clock(epoch: float) -> str:
+def _at(epoch: float) -> str:
     return time.strftime("%a %H:%M %Z", time.localtime(epoch))
+
+
+def _clock(progress: dict[str, Any], run_dir: Path) -> tuple[float, str | None]:
+    """(factor, label) of the servers' clock, as every report states it: progress.json's, else the manifest's
+    (runs written before progress.json carried it), times the share of it the simulator kept once a session has
+    recorded it; (1.0, None) on real servers."""
+    clock = progress.get("clock")
+    manifest: dict[str, Any] = {}
+    if not isinstance(clock, dict) or not clock or progress.get("ended_at"):
+        try:
+            manifest = json.loads((run_dir / MANIFEST).read_text())
+        except (OSError, ValueError):
+            manifest = {}
+        if not isinstance(clock, dict) or not clock:
+            clock = manifest.get("clock")
+    if not isinstance(clock, dict):
+        return 1.0, None
+    factor = clock.get("factor")
+    if not isinstance(factor, (int, float)) or factor <= 0:
+        return 1.0, None
+    # A finished session recorded the share of its clock the simulator kept: the reports state its time with it.
+    sessions = manifest.get("sessions") or []
+    kept = sessions[-1].get("clock_kept") if sessions and isinstance(sessions[-1], dict) else None
+    label = f"simulated {clock.get('hardware')} clock, sim ×{factor:g}" if clock.get("hardware") else None
+    if isinstance(kept, (int, float)) and 0 < kept <= 1:
+        factor *= kept
+        label = f"{label}, {kept:.0%} of it kept" if label else None
+    return float(factor), label
 
 
 def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, now: float) -> str:
@@ -133,16 +161,30 @@ def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *
             )
         lines.append(f"turns     {text}")
     rate = progress.get("rate", {})
-    window = rate.get("window_s") or 0.0
+    factor, hardware = _clock(progress, run_dir)
+    on = f" ({hardware})" if hardware else ""
+    window = (rate.get("window_s") or 0.0) * factor
+    per_s, tok_s = rate.get("conversations_per_s"), rate.get("tok_s")
     lines.append(
-        f"rate      {_fmt(rate.get('conversations_per_s'), ',.2f')} conversations/s, "
-        f"{_fmt(rate.get('tok_s'))} completion tok/s over the last {duration(window)}"
+        f"rate      {_fmt(per_s / factor if per_s is not None else None, ',.2f')} conversations/s, "
+        f"{_fmt(tok_s / factor if tok_s is not None else None)} completion tok/s over the last "
+        f"{duration(window)}{on}"
     )
+    trained = progress.get("trained_tokens")
+    if trained is not None:
+        servers_n = max(1, len(progress.get("servers", [])))
+        until = progress.get("ended_at") or progress.get("heartbeat_at") or now
+        gpu_s = max(0.0, until - float(progress.get("session_started_at") or until)) * factor * servers_n
+        per_m = f"{gpu_s / trained * 1e6:,.0f}" if trained else "—"
+        lines.append(
+            f"trained   {trained:,} trained tokens this session (each turn's up to the trainer's max_length); "
+            f"{per_m} GPU-seconds per million trained tokens{on}"
+        )
     if verdict.code == RUNNING:
         eta = progress.get("eta_s")
         eta_text = "unknown (no completions in the window yet)"
         if eta is not None:
-            eta_text = f"{duration(eta)} (at {_clock(now + eta)}) at the current rate"
+            eta_text = f"{duration(eta)} (at {_at(now + eta)}) at the current rate (wall clock)"
         lines.append(f"ETA       {eta_text}")
     guard = progress.get("guard", {})
     rates, limits = guard.get("window_rates", {}), guard.get("max_rates", {})
@@ -175,7 +217,7 @@ def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *
                     "up" if server.get("up") else "DOWN",
                     f"{server.get('in_flight', 0):,}",
                     f"{server.get('completed', 0):,}",
-                    _fmt(server.get("tok_s")),
+                    _fmt(server["tok_s"] / factor if server.get("tok_s") is not None else None),
                     _fmt(server.get("mean_accept_window"), ".2f"),
                     _fmt(server.get("mean_accept"), ".2f"),
                     f"{server.get('errors', 0):,}",
