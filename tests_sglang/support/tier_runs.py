@@ -37,13 +37,14 @@ STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 
 # validate's duplicate_answer flag (the same answer to >= 10 prompts) stays quiet for the designed model.
 RESUME_PROMPTS = 8
 # The hedged run's slow server is STANDALONE made HEDGE_SLOWDOWN + 1 times slower than itself (ServeRun.slowed): slow
-# by construction, whatever the machine's speed (unslowed it takes about 2.4x NGRAM's time a request, and on a
-# quiet machine that was once too little to be hedged). The hedger needs 10 of its answers before the tail: at
-# about 7x NGRAM's time a request it gets 1 prompt in 8, so 120 prompts leave it ~15 with 3 more in flight.
+# by construction, whatever the machine's speed (unslowed it takes 1-7x NGRAM's time a request, by the load; on a
+# quiet machine that was once too little to be hedged). The hedger needs 10 of its answers before the tail: slowed,
+# it takes 2-14x NGRAM's time a request, one prompt in 3 to 15, so 240 prompts leave it 16 or more answers (with 120
+# and a 3x slowdown a quiet machine once left it 8, and nothing was hedged).
 # Answers of HEDGE_TOKENS: a loser still has most of its answer to go when the copy lands, so SGLang aborts it.
-HEDGE_PROMPTS = 120
+HEDGE_PROMPTS = 240
 HEDGE_TOKENS = 16
-HEDGE_SLOWDOWN = 2.0
+HEDGE_SLOWDOWN = 1.0
 FAILOVER_PROMPTS = 24  # ngram answers ~4 a second: enough left for it after plain's first shard
 # The kill tests' other server runs KILL_SLOWDOWN + 1 times slower than itself until the kill (ServeRun.slowed), so
 # the run is mid-way when the kill lands, by construction rather than by the day's relative speeds.
