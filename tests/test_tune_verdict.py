@@ -28,8 +28,10 @@ LEVELS = [1, 64]
 # A block drafter better than MTP alone and worse at 64 by its own numbers: DFlash's acceptance, a draft forward
 # that costs 0.2 ms per request and block token (the verify of 8 tokens per request on top).
 COSTLY_BLOCK = {"profile": "dflash", "draft_per_token_s": 0.0002}
-# An EAGLE-3 head that accepts more than MTP at the same 3/1/4 and costs about the same: better everywhere.
-STRONG_HEAD = {"profile": "eagle3", "accept_p": [0.99, 0.99, 0.99]}
+# An EAGLE-3 head that accepts more than MTP at the same 3/1/4 and drafts for less per request: better everywhere,
+# and by ~17% at 64 in flight, far beyond the intervals of a loaded machine (at MTP's cost it was 7%, and a CI run on
+# a busy machine measured that as a tie).
+STRONG_HEAD = {"profile": "eagle3", "accept_p": [0.99, 0.99, 0.99], "draft_per_token_s": 0.00001}
 
 
 def truth(settings: ServerSettings, level: int) -> float:
@@ -101,7 +103,7 @@ def test_the_profiles_numbers_make_the_block_drafter_win_alone_and_lose_at_64(ju
     mtp, block, head = (c.settings for c in config.verdict_candidates())
     # the premise, from the profiles alone: the test would mean nothing if it did not hold
     assert truth(block, 1) > 1.2 * truth(mtp, 1) and truth(block, 64) < 0.8 * truth(mtp, 64)
-    assert truth(head, 64) > 1.05 * truth(mtp, 64) and truth(head, 1) < truth(block, 1)
+    assert truth(head, 64) > 1.15 * truth(mtp, 64) and truth(head, 1) < truth(block, 1)
 
 
 @pytest.mark.timing
