@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +94,65 @@ def turnaround_share(fleet, since: float, until: float, concurrency: int) -> flo
         ]
         durations += [r["finished"] - r["arrival"] for r in records]
     return float(np.mean(gaps)) / float(np.mean(durations)) if gaps and durations else 0.0
+
+
+@dataclass(frozen=True)
+class PredictedRun:
+    """benchmark → estimate → generate on one fleet, with what each side's load did to the simulator's clock."""
+
+    bench: Path
+    est: Path
+    estimate: dict
+    gen: Path
+    kept_bench: float  # the share of its clock the fleet kept during the benchmark
+    kept_gen: float  # ... and during the generate run
+    bench_turnaround: float  # the client's turnaround share during each (turnaround_share)
+    gen_turnaround: float
+
+
+def bench_estimate_generate(  # type: ignore[no-untyped-def]
+    fleet, out_root: Path, common: dict, num_prompts: int, concurrency: int, generate: dict
+) -> PredictedRun:
+    """The three notebooks as a user runs them: the benchmark samples ``num_prompts`` of ``common``'s prompt file,
+    the estimate prices the whole file from it, and generate (with ``generate``'s extra parameters) runs it."""
+    bench_from, before_bench = time.time(), sim_clocks(fleet)
+    bench = run_notebook(
+        "benchmark",
+        out_root,
+        "bench",
+        {
+            **common,
+            "servers": fleet.urls,
+            "num_prompts": num_prompts,
+            "concurrencies": [concurrency],
+            "warmup_requests": 1,
+        },
+    )
+    kept_bench = clock_kept(before_bench, sim_clocks(fleet))
+    bench_turnaround = turnaround_share(fleet, bench_from, time.time(), concurrency)
+    est = run_notebook(
+        "estimate",
+        out_root,
+        "est",
+        {**common, "benchmark_dir": str(bench), "concurrency_per_server": concurrency, "bootstrap": 50},
+    )
+    gen_from, before_gen = time.time(), sim_clocks(fleet)
+    gen = run_notebook(
+        "generate",
+        out_root,
+        "gen",
+        {
+            **common,
+            "servers": fleet.urls,
+            "concurrency_per_server": concurrency,
+            "estimate": str(est / "estimate.json"),
+            **generate,
+        },
+    )
+    kept_gen = clock_kept(before_gen, sim_clocks(fleet))
+    gen_turnaround = turnaround_share(fleet, gen_from, time.time(), concurrency)
+    estimate = json.loads((est / "estimate.json").read_text())
+    return PredictedRun(bench, est, estimate, gen, kept_bench, kept_gen, bench_turnaround, gen_turnaround)
 
 
 def lag_share(row: dict) -> float:

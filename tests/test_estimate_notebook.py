@@ -14,11 +14,10 @@ and per-request client work, which are a larger share of a 10-second run than of
 from __future__ import annotations
 
 import json
-import time
 
 import polars as pl
 import pytest
-from bench_helpers import clock_kept, run_notebook, sim_clocks, turnaround_share
+from bench_helpers import bench_estimate_generate
 
 from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 
@@ -36,43 +35,17 @@ def test_estimate_from_a_benchmark_predicts_the_generate_run(sim_fleet, tmp_path
     # One request per prompt on both sides: on a run this small the drain is a large share of the wall, and the
     # estimate's conversations (turns: all) are drawn at random, so it lands 2-6% short (docs/benchmark.md).
     common = {"prompts": str(prompts), "max_tokens": MAX_TOKENS, "turns": "last"}
-    bench_from, before_bench = time.time(), sim_clocks(fleet)
-    bench = run_notebook(
-        "benchmark",
+    run = bench_estimate_generate(
+        fleet,
         tmp_path,
-        "bench",
-        {
-            **common,
-            "servers": fleet.urls,
-            "num_prompts": 24,
-            "concurrencies": [CONCURRENCY],
-            "warmup_requests": 1,
-        },
+        common,
+        24,
+        CONCURRENCY,
+        {"max_truncated_rate": 1.0},  # max_tokens 768 cuts most thinking
     )
-    kept_bench = clock_kept(before_bench, sim_clocks(fleet))
-    bench_turnaround = turnaround_share(fleet, bench_from, time.time(), CONCURRENCY)
-    est = run_notebook(
-        "estimate",
-        tmp_path,
-        "est",
-        {**common, "benchmark_dir": str(bench), "concurrency_per_server": CONCURRENCY, "bootstrap": 50},
-    )
-    estimate = json.loads((est / "estimate.json").read_text())
-    gen_from, before_gen = time.time(), sim_clocks(fleet)
-    gen = run_notebook(
-        "generate",
-        tmp_path,
-        "gen",
-        {
-            **common,
-            "servers": fleet.urls,
-            "concurrency_per_server": CONCURRENCY,
-            "max_truncated_rate": 1.0,  # max_tokens 768 cuts most thinking short, on purpose
-            "estimate": str(est / "estimate.json"),
-        },
-    )
-    kept_gen = clock_kept(before_gen, sim_clocks(fleet))
-    gen_turnaround = turnaround_share(fleet, gen_from, time.time(), CONCURRENCY)
+    estimate, est, gen = run.estimate, run.est, run.gen
+    kept_bench, kept_gen = run.kept_bench, run.kept_gen
+    bench_turnaround, gen_turnaround = run.bench_turnaround, run.gen_turnaround
     manifest = json.loads((gen / "manifest.json").read_text())
     # Both sides on the simulated B200's clock, each converted once from its own wall-clock measurements.
     assert estimate["clock"]["factor"] == manifest["clock"]["factor"] == 3.0

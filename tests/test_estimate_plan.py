@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import numpy as np
 import polars as pl
 import pytest
-from bench_helpers import clock_kept, run_notebook, sim_clocks, turnaround_share
+from bench_helpers import bench_estimate_generate
 
 from draftgen.estimate.arms import price_plan
 from draftgen.estimate.config import ArmAssumption, EstimateConfig
@@ -179,43 +178,10 @@ def test_the_estimate_of_a_two_arm_plan_predicts_the_generate_run(sim_fleet, tmp
     with open(BUNDLED_PROMPTS) as source:
         prompts.write_text("".join(line for _, line in zip(range(PROMPTS), source, strict=False)))
     common = {"prompts": str(prompts), "max_tokens": MAX_TOKENS, "turns": "last", "sampling_plan": PLAN}
-    bench_from, before_bench = time.time(), sim_clocks(fleet)
-    bench = run_notebook(
-        "benchmark",
-        tmp_path,
-        "bench",
-        {
-            **common,
-            "servers": fleet.urls,
-            "num_prompts": 40,
-            "concurrencies": [CONCURRENCY],
-            "warmup_requests": 1,
-        },
-    )
-    kept_bench = clock_kept(before_bench, sim_clocks(fleet))
-    bench_turnaround = turnaround_share(fleet, bench_from, time.time(), CONCURRENCY)
-    est = run_notebook(
-        "estimate",
-        tmp_path,
-        "est",
-        {**common, "benchmark_dir": str(bench), "concurrency_per_server": CONCURRENCY, "bootstrap": 50},
-    )
-    estimate = json.loads((est / "estimate.json").read_text())
-    gen_from, before_gen = time.time(), sim_clocks(fleet)
-    gen = run_notebook(
-        "generate",
-        tmp_path,
-        "gen",
-        {
-            **common,
-            "servers": fleet.urls,
-            "concurrency_per_server": CONCURRENCY,
-            "max_truncated_rate": 1.0,
-            "estimate": str(est / "estimate.json"),
-        },
-    )
-    kept_gen = clock_kept(before_gen, sim_clocks(fleet))
-    gen_turnaround = turnaround_share(fleet, gen_from, time.time(), CONCURRENCY)
+    run = bench_estimate_generate(fleet, tmp_path, common, 40, CONCURRENCY, {"max_truncated_rate": 1.0})
+    estimate, gen = run.estimate, run.gen
+    kept_bench, kept_gen = run.kept_bench, run.kept_gen
+    bench_turnaround, gen_turnaround = run.bench_turnaround, run.gen_turnaround
     manifest = json.loads((gen / "manifest.json").read_text())
     rows = pl.read_parquet(gen / "shards" / "*.parquet")
 
