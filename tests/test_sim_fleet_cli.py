@@ -235,6 +235,8 @@ def test_a_fleet_whose_picked_port_is_taken_before_its_server_binds_picks_again(
             assert fleet.base_port != busy and http_status(f"{fleet.urls[0]}/health") == 200
         finally:
             fleet.cleanup()
-        named = fleet_module.SimFleet(servers=1, profile="instant", base_port=busy, work_dir=tmp_path / "named")
+        named = fleet_module.SimFleet(
+            servers=1, profile="instant", base_port=busy, work_dir=tmp_path / "named"
+        )
         with pytest.raises(fleet_module.PortInUse, match=f"port {busy} already in use"):
             named.start()

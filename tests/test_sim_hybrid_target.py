@@ -17,7 +17,11 @@ def test_a_nextn_server_reports_eagle_and_the_hybrids_cache(sim_fleet):
     url = sim_fleet(profile="b200-mtp", speed=50).urls[0]
     info = get_json(f"{url}/server_info")
     assert info["speculative_algorithm"] == "EAGLE"
-    assert (info["speculative_num_steps"], info["speculative_eagle_topk"], info["speculative_num_draft_tokens"]) == (
+    assert (
+        info["speculative_num_steps"],
+        info["speculative_eagle_topk"],
+        info["speculative_num_draft_tokens"],
+    ) == (
         3,
         1,
         4,

@@ -383,7 +383,9 @@ def notebook_runs(
         jobs["validate"] = lambda: validate_stream(
             draftgen, runs.result("stream"), models.designed, runs_root
         )
-        jobs["mtp_validate"] = lambda: mtp_validate(draftgen, runs.result("mtp_generate"), models.hybrid, runs_root)
+        jobs["mtp_validate"] = lambda: mtp_validate(
+            draftgen, runs.result("mtp_generate"), models.hybrid, runs_root
+        )
         jobs["mtp_estimate"] = lambda: mtp_estimate(
             draftgen, runs.result("mtp_benchmark"), runs.result("mtp_generate").prompts, runs_root
         )
@@ -412,7 +414,9 @@ def fleet_runs(request: pytest.FixtureRequest, fleet: Fleet, notebook_runs: Note
 
 
 @pytest.fixture(scope="session")
-def mtp_runs(request: pytest.FixtureRequest, mtp_server: ServeRun, notebook_runs: NotebookRuns) -> NotebookRuns:
+def mtp_runs(
+    request: pytest.FixtureRequest, mtp_server: ServeRun, notebook_runs: NotebookRuns
+) -> NotebookRuns:
     """Every needed run on the hybrid started (its server is ready): the first test reading one needs this."""
     need = wanted(request)
     notebook_runs.mtp = mtp_server

@@ -31,7 +31,11 @@ print(json.dumps({
 def probe(**env: str) -> dict:
     environment = {k: v for k, v in os.environ.items() if k != "DRAFTGEN_SGLANG_LAUNCHED"}
     done = subprocess.run(
-        [str(SGLANG_PYTHON), "-c", PROBE], capture_output=True, text=True, timeout=300, env={**environment, **env}
+        [str(SGLANG_PYTHON), "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environment, **env},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -154,6 +154,7 @@ def draftgens_defaults(draftgen: str) -> dict:
 def test_the_gpu_node_resolves_serves_commands_as_draftgen_says(node_commands, draftgen):
     ours = draftgens_defaults(draftgen)
     assert len(node_commands) == 7
+
     # the seven differ in their port only (and CUDA_VISIBLE_DEVICES, set before the command): resolve each kind once
     def without_port(args: list[str]) -> tuple[str, ...]:
         at = args.index("--port")
@@ -186,5 +187,7 @@ def test_on_this_cpu_sglang_refuses_its_own_default_and_resolves_no_buffer_witho
     with pytest.raises(AssertionError, match="extra_buffer requires platform support"):
         resolve([*command, "--mamba-radix-cache-strategy", "extra_buffer"])
     resolved = resolve([*command, "--disable-overlap-schedule"])
-    assert resolved["mamba_radix_cache_strategy"] == "no_buffer" and resolved["disable_overlap_schedule"] is True
+    assert (
+        resolved["mamba_radix_cache_strategy"] == "no_buffer" and resolved["disable_overlap_schedule"] is True
+    )
     assert resolved["speculative_algorithm"] == "EAGLE" and resolved["max_running_requests"] == 48

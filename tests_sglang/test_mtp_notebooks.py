@@ -58,19 +58,25 @@ def test_the_batch_cap_draftgen_reads_is_the_one_sglang_resolved(mtp_benchmark_r
     assert json.loads(info.response_body)["max_running_requests"] == 48
 
 
-def test_the_estimate_prices_the_hybrids_measured_acceptance_and_cap(mtp_estimate_run, mtp_benchmark_run, models):
+def test_the_estimate_prices_the_hybrids_measured_acceptance_and_cap(
+    mtp_estimate_run, mtp_benchmark_run, models
+):
     estimate = json.loads((mtp_estimate_run / "estimate.json").read_text())
     assert estimate["benchmark_dir"] == str(mtp_benchmark_run.run_dir)
     assert estimate["rate_model"]["max_running_requests"] == MAMBA_CAPPED_RUNNING, estimate["rate_model"]
     assert estimate["accept_length_source"] == "sglext"
-    assert estimate["accept_length"] == pytest.approx(designed(str(models.hybrid), True).accept_length, rel=1e-9)
+    assert estimate["accept_length"] == pytest.approx(
+        designed(str(models.hybrid), True).accept_length, rel=1e-9
+    )
     assert estimate["mean_completion_tokens"] == MTP_ANSWER_TOKENS and estimate["servers"] == 7
 
 
 def test_generate_stores_sglangs_ids_for_every_turn_of_the_hybrid(mtp_generate_run, models):
     rows = assert_exactly_once(mtp_generate_run.run_dir, ids_of(mtp_generate_run.prompts))
     tok = hybrid_tokenizer(str(models.hybrid))
-    answer = tok.encode(DESIGNED_REASONING + THINK_CLOSE + "\n\n" + DESIGNED_ANSWER + IM_END, add_special_tokens=False)
+    answer = tok.encode(
+        DESIGNED_REASONING + THINK_CLOSE + "\n\n" + DESIGNED_ANSWER + IM_END, add_special_tokens=False
+    )
     want = designed(str(models.hybrid), thinking=True)
     for row in rows.iter_rows(named=True):
         turns = len(row["turn_after"])
@@ -91,7 +97,9 @@ def test_validate_rows_are_sglangs_output_ids_token_for_token(mtp_validate_run, 
         for row in stored.iter_rows(named=True)
         for turn, ids in enumerate(row["turn_output_ids"])
     }
-    tokens = pl.concat([pl.read_parquet(p) for p in sorted((mtp_validate_run / "export" / "tokens").glob("*.parquet"))])
+    tokens = pl.concat(
+        [pl.read_parquet(p) for p in sorted((mtp_validate_run / "export" / "tokens").glob("*.parquet"))]
+    )
     assert sorted(tokens["id"].to_list()) == sorted(outputs)
     for row in tokens.iter_rows(named=True):
         ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
@@ -121,5 +129,8 @@ def test_tune_raced_two_mtp_settings_on_the_hybrid(mtp_tune_run, models):
     assert len(logs) == len(MTP_RACE)
     for log in logs:
         text = log.read_text(errors="replace")
-        assert "'speculative_algorithm': 'EAGLE'," in text and "'mamba_radix_cache_strategy': 'no_buffer'," in text
+        assert (
+            "'speculative_algorithm': 'EAGLE'," in text
+            and "'mamba_radix_cache_strategy': 'no_buffer'," in text
+        )
         assert "type=Qwen3_5ForCausalLMMTP" in text

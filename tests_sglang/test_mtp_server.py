@@ -72,7 +72,12 @@ def test_serve_started_nextn_and_sglang_resolved_the_hybrid_settings(mtp_server)
 @pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
 def test_the_designed_answer_with_the_designed_acceptance(mtp_server, models, thinking):
     reply = chat(
-        mtp_server.url, MTP_SERVED_MODEL, PROMPT, thinking=thinking, max_tokens=64, return_spec_tokens_details=True
+        mtp_server.url,
+        MTP_SERVED_MODEL,
+        PROMPT,
+        thinking=thinking,
+        max_tokens=64,
+        return_spec_tokens_details=True,
     )
     message = reply["choices"][0]["message"]
     if thinking:
@@ -126,7 +131,9 @@ def test_every_output_token_has_transformers_log_probability(mtp_server, models)
         logprobs = model(torch.tensor([ids])).logits[0].log_softmax(-1)
     theirs = [logprobs[len(prompt_ids) + i - 1, token].item() for i, (_, token) in enumerate(output)]
     ours = [logprob for logprob, _ in output]
-    assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-5, list(zip(ours, theirs, strict=True))
+    assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-5, list(
+        zip(ours, theirs, strict=True)
+    )
     assert max(theirs) - min(theirs) > 0.01  # the mixers do shape them (a bigram alone gives one value)
     # the prompt's log-probabilities go through another of SGLang's paths, good to ~3e-4 here
     prompt_theirs = [logprobs[i - 1, ids[i]].item() for i in range(1, len(prompt_ids))]
@@ -136,7 +143,9 @@ def test_every_output_token_has_transformers_log_probability(mtp_server, models)
 
 def test_the_hybrids_metrics_count_the_mamba_state_pool(mtp_server):
     text = requests.get(f"{mtp_server.url}/metrics", timeout=30).text
-    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    names = {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")
+    }
     for name in (
         "sglang:generation_tokens_total",
         "sglang:spec_verify_calls_total",

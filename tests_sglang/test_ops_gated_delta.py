@@ -111,8 +111,9 @@ def test_prefill_over_several_requests_matches_the_reference_and_writes_each_fin
     )
     assert out.shape == (1, tokens, VALUE_HEADS, V) and h is None
     for i, (slot, begin, end) in enumerate(zip(slots, cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
-        want, after = reference_sequence(q[begin:end], k[begin:end], v[begin:end], g[begin:end],
-                                         beta[begin:end], before[slot], K**-0.5)
+        want, after = reference_sequence(
+            q[begin:end], k[begin:end], v[begin:end], g[begin:end], beta[begin:end], before[slot], K**-0.5
+        )
         torch.testing.assert_close(out[0, begin:end].double(), want, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(states[slot].double(), after[-1], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(final[i].double(), after[-1], rtol=1e-4, atol=1e-5)
@@ -129,8 +130,14 @@ def test_prefill_agrees_with_transformers_chunked_gated_delta_rule():
     states = pool(2, seed=6)
     start = states[1].clone()
     out, _, _ = chunk_gated_delta_rule_cpu(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
-        initial_state=states, cu_seqlens=torch.tensor([0, tokens]), use_qk_l2norm_in_kernel=True,
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        g.unsqueeze(0),
+        beta.unsqueeze(0),
+        initial_state=states,
+        cu_seqlens=torch.tensor([0, tokens]),
+        use_qk_l2norm_in_kernel=True,
         initial_state_indices=torch.tensor([1]),
     )
     group = VALUE_HEADS // KEY_HEADS
@@ -154,8 +161,14 @@ def test_a_padding_row_starts_from_zero_and_writes_nothing():
     states = pool(2, seed=8)
     before = states.clone()
     out, _, _ = chunk_gated_delta_rule_cpu(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
-        initial_state=states, cu_seqlens=torch.tensor([0, 3]), use_qk_l2norm_in_kernel=True,
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        g.unsqueeze(0),
+        beta.unsqueeze(0),
+        initial_state=states,
+        cu_seqlens=torch.tensor([0, 3]),
+        use_qk_l2norm_in_kernel=True,
         initial_state_indices=torch.tensor([-1]),
     )
     want, _ = reference_sequence(q, k, v, g, beta, torch.zeros(VALUE_HEADS, V, K), K**-0.5)
@@ -170,21 +183,42 @@ def test_decode_continues_prefill_exactly():
     whole, stepped = pool(3, seed=10), None
     stepped = whole.clone()
     out_whole, _, _ = chunk_gated_delta_rule_cpu(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
-        initial_state=whole, cu_seqlens=torch.tensor([0, 7]), use_qk_l2norm_in_kernel=True,
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        g.unsqueeze(0),
+        beta.unsqueeze(0),
+        initial_state=whole,
+        cu_seqlens=torch.tensor([0, 7]),
+        use_qk_l2norm_in_kernel=True,
         initial_state_indices=torch.tensor([2]),
     )
     chunk_gated_delta_rule_cpu(
-        q[:4].unsqueeze(0), k[:4].unsqueeze(0), v[:4].unsqueeze(0), g[:4].unsqueeze(0), beta[:4].unsqueeze(0),
-        initial_state=stepped, cu_seqlens=torch.tensor([0, 4]), use_qk_l2norm_in_kernel=True,
+        q[:4].unsqueeze(0),
+        k[:4].unsqueeze(0),
+        v[:4].unsqueeze(0),
+        g[:4].unsqueeze(0),
+        beta[:4].unsqueeze(0),
+        initial_state=stepped,
+        cu_seqlens=torch.tensor([0, 4]),
+        use_qk_l2norm_in_kernel=True,
         initial_state_indices=torch.tensor([2]),
     )
     for t in range(4, 7):
         out = GDN_UPDATE(
-            A_log=A_log, dt_bias=dt_bias, q=q[t : t + 1].unsqueeze(0), k=k[t : t + 1].unsqueeze(0),
-            v=v[t : t + 1].unsqueeze(0), a=a[t : t + 1], b=b[t : t + 1], initial_state_source=stepped,
-            initial_state_indices=torch.tensor([2]), cu_seqlens=torch.tensor([0, 1]),
-            use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0,
+            A_log=A_log,
+            dt_bias=dt_bias,
+            q=q[t : t + 1].unsqueeze(0),
+            k=k[t : t + 1].unsqueeze(0),
+            v=v[t : t + 1].unsqueeze(0),
+            a=a[t : t + 1],
+            b=b[t : t + 1],
+            initial_state_source=stepped,
+            initial_state_indices=torch.tensor([2]),
+            cu_seqlens=torch.tensor([0, 1]),
+            use_qk_l2norm_in_kernel=True,
+            softplus_beta=1.0,
+            softplus_threshold=20.0,
         )
         assert out.shape == (1, 1, VALUE_HEADS, V)
         torch.testing.assert_close(out[0, 0], out_whole[0, t], rtol=1e-5, atol=1e-6)
@@ -198,13 +232,22 @@ def test_batched_decode_updates_each_requests_own_slot():
     before = states.clone()
     slots = [4, 1, 2]
     out = GDN_UPDATE(
-        A_log=A_log, dt_bias=dt_bias, q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), a=a, b=b,
-        initial_state_source=states, initial_state_indices=torch.tensor(slots),
-        cu_seqlens=torch.tensor([0, 1, 2, 3]), use_qk_l2norm_in_kernel=True,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        q=q.unsqueeze(0),
+        k=k.unsqueeze(0),
+        v=v.unsqueeze(0),
+        a=a,
+        b=b,
+        initial_state_source=states,
+        initial_state_indices=torch.tensor(slots),
+        cu_seqlens=torch.tensor([0, 1, 2, 3]),
+        use_qk_l2norm_in_kernel=True,
     )
     for i, slot in enumerate(slots):
-        want, after = reference_sequence(q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1],
-                                         beta[i : i + 1], before[slot], K**-0.5)
+        want, after = reference_sequence(
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], g[i : i + 1], beta[i : i + 1], before[slot], K**-0.5
+        )
         torch.testing.assert_close(out[0, i].double(), want[0], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(states[slot].double(), after[0], rtol=1e-4, atol=1e-5)
     assert torch.equal(states[[0, 3]], before[[0, 3]])
@@ -225,16 +268,30 @@ def test_verify_keeps_the_pool_and_stores_the_state_after_every_draft_token():
     before = states.clone()
     slots, rows = [3, 0], [2, 0]
     out = GDN_UPDATE(
-        A_log=A_log, dt_bias=dt_bias, q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), a=a, b=b,
-        initial_state_source=states, initial_state_indices=torch.tensor(slots),
-        cu_seqlens=torch.tensor([0, drafts, 2 * drafts]), use_qk_l2norm_in_kernel=True, is_kda=False,
-        disable_state_update=True, intermediate_states_buffer=buffer,
-        intermediate_state_indices=torch.tensor(rows), cache_steps=drafts, retrieve_parent_token=None,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        q=q.unsqueeze(0),
+        k=k.unsqueeze(0),
+        v=v.unsqueeze(0),
+        a=a,
+        b=b,
+        initial_state_source=states,
+        initial_state_indices=torch.tensor(slots),
+        cu_seqlens=torch.tensor([0, drafts, 2 * drafts]),
+        use_qk_l2norm_in_kernel=True,
+        is_kda=False,
+        disable_state_update=True,
+        intermediate_states_buffer=buffer,
+        intermediate_state_indices=torch.tensor(rows),
+        cache_steps=drafts,
+        retrieve_parent_token=None,
     )
     assert torch.equal(states, before)
     for i, (slot, row) in enumerate(zip(slots, rows, strict=True)):
         span = slice(i * drafts, (i + 1) * drafts)
-        want, after = reference_sequence(q[span], k[span], v[span], g[span], beta[span], before[slot], K**-0.5)
+        want, after = reference_sequence(
+            q[span], k[span], v[span], g[span], beta[span], before[slot], K**-0.5
+        )
         torch.testing.assert_close(out[0, span].double(), want, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(buffer[row].double(), after, rtol=1e-4, atol=1e-5)
     assert bool((buffer[[1, 3]] == 7.0).all())  # rows of no request untouched
@@ -249,10 +306,21 @@ def test_a_draft_tree_token_continues_from_its_parents_state():
     before = states.clone()
     parents = torch.tensor([[-1, 0, 0, 1]])
     out = GDN_UPDATE(
-        A_log=A_log, dt_bias=dt_bias, q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), a=a, b=b,
-        initial_state_source=states, initial_state_indices=torch.tensor([0]),
-        cu_seqlens=torch.tensor([0, drafts]), use_qk_l2norm_in_kernel=True, disable_state_update=True,
-        intermediate_states_buffer=buffer, intermediate_state_indices=torch.tensor([0]), cache_steps=drafts,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        q=q.unsqueeze(0),
+        k=k.unsqueeze(0),
+        v=v.unsqueeze(0),
+        a=a,
+        b=b,
+        initial_state_source=states,
+        initial_state_indices=torch.tensor([0]),
+        cu_seqlens=torch.tensor([0, drafts]),
+        use_qk_l2norm_in_kernel=True,
+        disable_state_update=True,
+        intermediate_states_buffer=buffer,
+        intermediate_state_indices=torch.tensor([0]),
+        cache_steps=drafts,
         retrieve_parent_token=parents,
     )
     for token, path in {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3]}.items():
@@ -265,8 +333,16 @@ def test_kda_gates_and_head_first_inputs_are_refused_by_name():
     q, k, v, a, b, A_log, dt_bias = random_inputs(1, seed=17)
     with pytest.raises(NotImplementedError, match="KDA"):
         GDN_UPDATE(
-            A_log=A_log, dt_bias=dt_bias, q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), a=a, b=b,
-            initial_state_source=pool(1, 0), initial_state_indices=torch.tensor([0]), is_kda=True,
+            A_log=A_log,
+            dt_bias=dt_bias,
+            q=q.unsqueeze(0),
+            k=k.unsqueeze(0),
+            v=v.unsqueeze(0),
+            a=a,
+            b=b,
+            initial_state_source=pool(1, 0),
+            initial_state_indices=torch.tensor([0]),
+            is_kda=True,
         )
     with pytest.raises(NotImplementedError, match="head_first"):
         chunk_gated_delta_rule_cpu(q, k, v, a, b, None, None, head_first=True)

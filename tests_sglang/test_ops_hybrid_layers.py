@@ -30,7 +30,10 @@ def test_qk_gemma_norm_with_gate_deinterleaves_per_head_and_normalises_each_head
     k = torch.randn(tokens, KV_HEADS * HEAD_DIM, generator=rng(2))
     qw, kw = torch.randn(HEAD_DIM, generator=rng(3)) * 0.1, torch.randn(HEAD_DIM, generator=rng(4)) * 0.1
     q_out, k_out, gate = OPS.fused_qk_gemma_rmsnorm_with_gate_cpu(q_gate, k, qw, kw, EPS, HEAD_DIM, HEADS)
-    assert q_out.shape == gate.shape == (tokens * HEADS, HEAD_DIM) and k_out.shape == (tokens * KV_HEADS, HEAD_DIM)
+    assert q_out.shape == gate.shape == (tokens * HEADS, HEAD_DIM) and k_out.shape == (
+        tokens * KV_HEADS,
+        HEAD_DIM,
+    )
     for t in range(tokens):
         for h in range(HEADS):
             block = q_gate[t, h * 2 * HEAD_DIM : (h + 1) * 2 * HEAD_DIM]  # this head's query, then its gate
@@ -71,7 +74,9 @@ def test_qkvzba_split_is_sglangs_plain_split():
     key, value = k_heads * head_k, v_heads * head_v
     qkvz = torch.randn(tokens, 2 * key + 2 * value, generator=rng(11))
     ba = torch.randn(tokens, 2 * v_heads, generator=rng(12))
-    mixed, z, b, a = OPS.fused_qkvzba_split_reshape_cat_contiguous_cpu(qkvz, ba, k_heads, v_heads, head_k, head_v)
+    mixed, z, b, a = OPS.fused_qkvzba_split_reshape_cat_contiguous_cpu(
+        qkvz, ba, k_heads, v_heads, head_k, head_v
+    )
     q_, k_, v_, z_ = qkvz.split([key, key, value, value], dim=-1)
     assert torch.equal(mixed, torch.cat([q_, k_, v_], dim=-1))
     assert torch.equal(z, z_.reshape(tokens, v_heads, head_v))
@@ -100,7 +105,9 @@ def test_the_state_commit_copies_each_accepted_step_into_its_slot():
     assert not dst[:, [0, 2, 3]].any()
     # explicit source rows, and out-of-range entries skipped as the kernels' bounds checks skip them
     again = torch.zeros_like(dst)
-    scatter_accepted_steps(again, src, torch.tensor([0, 9, 2]), torch.tensor([1, 1, 7]), torch.tensor([2, 0, 1]))
+    scatter_accepted_steps(
+        again, src, torch.tensor([0, 9, 2]), torch.tensor([1, 1, 7]), torch.tensor([2, 0, 1])
+    )
     assert torch.equal(again[:, 0], src[:, 2, 1]) and not again[:, 1:].any()
 
 
@@ -112,7 +119,8 @@ def test_the_window_commit_reads_through_an_overlapping_view_and_both_index_sets
     s = shared.stride()
     view = shared.as_strided((layers, rows, steps, dim, window), (s[0], s[1], s[3], s[2], s[3]))
     conv = torch.zeros(layers, slots, dim, window)
-    scatter_accepted_windows([(conv, view)], torch.tensor([3, 0]), torch.tensor([1, 2]),
-                             torch.tensor([2]), torch.tensor([0]))
+    scatter_accepted_windows(
+        [(conv, view)], torch.tensor([3, 0]), torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([0])
+    )
     assert torch.equal(conv[0, 3], shared[0, 0, :, 1:3]) and torch.equal(conv[0, 0], shared[0, 1, :, 2:4])
     assert torch.equal(conv[0, 2], shared[0, 0, :, 0:2])  # the second set (track slots): its row 0, step 0

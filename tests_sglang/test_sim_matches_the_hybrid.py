@@ -51,14 +51,23 @@ def sim_url(draftgen, models, tmp_path_factory):
 
 
 def kind(value: object) -> str:
-    return "number" if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
+    return (
+        "number" if isinstance(value, int | float) and not isinstance(value, bool) else type(value).__name__
+    )
 
 
 def test_spec_details_have_the_same_fields_and_shape(mtp_server, sim_url):
-    real = chat(mtp_server.url, MTP_SERVED_MODEL, "Hello?", thinking=True, max_tokens=32,
-                return_spec_tokens_details=True)["sglext"]["spec_tokens_details"]
-    sim = chat(sim_url, "m", "Hello?", thinking=True, max_tokens=32,
-               return_spec_tokens_details=True)["sglext"]["spec_tokens_details"]
+    real = chat(
+        mtp_server.url,
+        MTP_SERVED_MODEL,
+        "Hello?",
+        thinking=True,
+        max_tokens=32,
+        return_spec_tokens_details=True,
+    )["sglext"]["spec_tokens_details"]
+    sim = chat(sim_url, "m", "Hello?", thinking=True, max_tokens=32, return_spec_tokens_details=True)[
+        "sglext"
+    ]["spec_tokens_details"]
     assert {k: kind(v) for k, v in sim.items()} == {k: kind(v) for k, v in real.items()}
     assert len(sim["spec_correct_drafts_histogram"]) == len(real["spec_correct_drafts_histogram"]) == 3 + 1
 
@@ -69,13 +78,21 @@ def test_server_info_fields_and_the_resolved_speculation_agree(mtp_server, sim_u
     unlike = {
         key: (kind(real.get(key, "absent")), kind(value))
         for key, value in sim.items()
-        if key != "internal_states" and value is not None and real.get(key) is not None
+        if key != "internal_states"
+        and value is not None
+        and real.get(key) is not None
         and kind(real[key]) != kind(value)
     }
     assert not (set(sim) - set(real)) and not unlike, (set(sim) - set(real), unlike)
     assert not set(sim["internal_states"][0]) - set(real["internal_states"][0])
-    for key in ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-                "speculative_num_draft_tokens", "uses_mamba_radix_cache", "reasoning_parser"):
+    for key in (
+        "speculative_algorithm",
+        "speculative_num_steps",
+        "speculative_eagle_topk",
+        "speculative_num_draft_tokens",
+        "uses_mamba_radix_cache",
+        "reasoning_parser",
+    ):
         assert sim[key] == real[key], key
     # the GPU node resolves extra_buffer with the overlap schedule on; this CPU only no_buffer without it
     assert (sim["mamba_radix_cache_strategy"], sim["disable_overlap_schedule"]) == ("extra_buffer", False)

@@ -47,7 +47,8 @@ def mtp_benchmark(draftgen: str, mtp: ServeRun, root: Path) -> MtpBenchmark:
     proxy = RecordingProxy(mtp.url)
     proxy.start()
     prompts = write_rows(
-        root / "prompts" / "mtp-bench.jsonl", single_turn("mtp-bench", 2 * len(MTP_BENCH_LEVELS) * MTP_BENCH_PER_LEVEL)
+        root / "prompts" / "mtp-bench.jsonl",
+        single_turn("mtp-bench", 2 * len(MTP_BENCH_LEVELS) * MTP_BENCH_PER_LEVEL),
     )
     params = {
         **MTP_GREEDY,

@@ -43,7 +43,12 @@ def scatter_accepted_steps(
     if not len(targets) == len(rows) == len(steps):
         raise ValueError(f"index lengths differ: {len(targets)}, {len(rows)}, {len(steps)}")
     for target, row, step in zip(targets, rows, steps, strict=True):
-        if step < 0 or not (0 <= target < dst.shape[1]) or not (0 <= row < src.shape[1]) or step >= src.shape[2]:
+        if (
+            step < 0
+            or not (0 <= target < dst.shape[1])
+            or not (0 <= row < src.shape[1])
+            or step >= src.shape[2]
+        ):
             continue
         dst[:, target] = src[:, row, step].to(dst.dtype)
 

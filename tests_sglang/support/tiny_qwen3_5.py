@@ -43,7 +43,9 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 MROPE_SECTION = [2, 1, 1]  # halves of the 8 rotary dims (head_dim 32 x 0.25), as the real [11, 11, 10] of 64
 MIXER_SCALE = 0.15  # the GDN and attention layers' input projections and conv: q, k, v, gates of order 1
-MIXER_OUT_SCALE = 0.01  # their output projections: each adds a residual term of norm ~0.2 (the embedding's is 1)
+MIXER_OUT_SCALE = (
+    0.01  # their output projections: each adds a residual term of norm ~0.2 (the embedding's is 1)
+)
 # GDN decay exp(g), g = -exp(A_log) softplus(a + dt_bias): A in [0.02, 0.2] and dt_bias -2 keep it near 0.99, so
 # each layer's state remembers the whole prompt (the real model's initialisation forgets within a few tokens)
 A_RANGE, DT_BIAS = (0.02, 0.2), -2.0
@@ -119,7 +121,9 @@ class DesignedRun:
         return sum(accepted * count for accepted, count in enumerate(self.histogram))
 
 
-def designed_verify_steps(chain: list[int], start: int, max_tokens: int, steps: int = SPEC_STEPS) -> DesignedRun:
+def designed_verify_steps(
+    chain: list[int], start: int, max_tokens: int, steps: int = SPEC_STEPS
+) -> DesignedRun:
     """What NEXTN with ``steps`` draft steps (topk 1) does with the designed model after a prompt ending at chain
     position ``start``: prefill answers chain[start + 1]; then each verify step accepts the drafts up to the first
     miss, plus the target's own next token, until ``<|im_end|>`` or ``max_tokens``. Past ``<|im_end|>`` both the
@@ -222,7 +226,9 @@ def build_hybrid(tokenizer_dir: Path, out: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     chain = designed_chain(tokenizer)
     settings = config_dict(tokenizer)
-    config = Qwen3_5TextConfig(**{k: v for k, v in settings.items() if k not in ("architectures", "model_type")})
+    config = Qwen3_5TextConfig(
+        **{k: v for k, v in settings.items() if k not in ("architectures", "model_type")}
+    )
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(config)
     _designed_main(model, chain)

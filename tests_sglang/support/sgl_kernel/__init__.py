@@ -49,8 +49,14 @@ __all__ = [
     "fill_bonus_tokens_cpu",
     "verify_tree_greedy_cpu",
 ]
-PROVIDED = tuple(__all__)  # the module-level functions; sgl_kernel.speculative and sgl_kernel.mamba add theirs
-TORCH_OPS = (*_attention.TORCH_OPS, *_hybrid_layers.TORCH_OPS, *_gated_delta.TORCH_OPS)  # on torch.ops.sgl_kernel
+PROVIDED = tuple(
+    __all__
+)  # the module-level functions; sgl_kernel.speculative and sgl_kernel.mamba add theirs
+TORCH_OPS = (
+    *_attention.TORCH_OPS,
+    *_hybrid_layers.TORCH_OPS,
+    *_gated_delta.TORCH_OPS,
+)  # on torch.ops.sgl_kernel
 
 
 def __getattr__(name: str):

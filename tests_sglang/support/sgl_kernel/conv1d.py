@@ -40,7 +40,9 @@ def _activate(values: torch.Tensor, activation: bool | str | None) -> torch.Tens
 def _convolve(window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``window`` [channels, T + W - 1] (W - 1 history columns first) -> [channels, T] float32, before activation."""
     width = weight.shape[1]
-    out = F.conv1d(window.float().unsqueeze(0), weight.float().unsqueeze(1), groups=weight.shape[0]).squeeze(0)
+    out = F.conv1d(window.float().unsqueeze(0), weight.float().unsqueeze(1), groups=weight.shape[0]).squeeze(
+        0
+    )
     if out.shape[1] != window.shape[1] - width + 1:
         raise AssertionError("conv1d produced an unexpected length")
     if bias is not None:
@@ -82,9 +84,7 @@ def causal_conv1d_fn_cpu(
     return out
 
 
-def _ancestors(
-    count: int, next_token: torch.Tensor | None, next_sibling: torch.Tensor | None
-) -> list[int]:
+def _ancestors(count: int, next_token: torch.Tensor | None, next_sibling: torch.Tensor | None) -> list[int]:
     """Each draft token's parent within the draft (-1: the token before the draft), from EAGLE's first-child /
     next-sibling links; a chain (no links) is token t - 1."""
     if next_token is None:
@@ -132,18 +132,24 @@ def causal_conv1d_update_cpu(
         before = state[:, :history].to(x.dtype)
         tokens = x[i]
         links = (
-            (retrieve_next_token[i], retrieve_next_sibling[i]) if retrieve_next_token is not None else (None, None)
+            (retrieve_next_token[i], retrieve_next_sibling[i])
+            if retrieve_next_token is not None
+            else (None, None)
         )
         parent = _ancestors(count, *links)
         if retrieve_parent_token is not None:
             retrieve_parent_token[i, :count] = torch.tensor(parent, dtype=retrieve_parent_token.dtype)
         for t in range(count):
             column, lineage = t, []
-            while len(lineage) < width and column >= 0:  # the token, its parent, grandparent, ... in the draft
+            while (
+                len(lineage) < width and column >= 0
+            ):  # the token, its parent, grandparent, ... in the draft
                 lineage.append(tokens[:, column])
                 column = parent[column]
             lineage.reverse()
-            window = torch.cat([before[:, len(lineage) - 1 :], torch.stack(lineage, dim=1)], dim=1)  # [channels, W]
+            window = torch.cat(
+                [before[:, len(lineage) - 1 :], torch.stack(lineage, dim=1)], dim=1
+            )  # [channels, W]
             out[i, :, t] = _activate(_convolve(window, conv_weights, bias), activation)[:, 0].to(x.dtype)
             if intermediate_conv_window is not None and windows_at[i] >= 0:
                 intermediate_conv_window[windows_at[i], t, :, :history] = window[:, 1:].to(

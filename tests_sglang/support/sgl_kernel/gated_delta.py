@@ -59,7 +59,12 @@ def _keys_per_value_head(q: torch.Tensor, k: torch.Tensor, value_heads: int, l2n
 
 
 def delta_rule_step(
-    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token for every head: state ``[HV, V, K]``, q/k ``[HV, K]``, v ``[HV, V]``, g/beta ``[HV]`` (float32).
     Returns ``(output [HV, V], new state)``."""
@@ -99,7 +104,9 @@ def chunk_gated_delta_rule_cpu(
     """Prefill: q/k ``[1, T, H, K]``, v ``[1, T, HV, V]``, g/beta ``[1, T, HV]`` (already gated). Returns
     ``(output [1, T, HV, V], final states [N, HV, V, K], None)`` and writes each request's final state back."""
     if head_first:
-        raise NotImplementedError("chunk_gated_delta_rule_cpu: head_first inputs (SGLang passes head_first=False)")
+        raise NotImplementedError(
+            "chunk_gated_delta_rule_cpu: head_first inputs (SGLang passes head_first=False)"
+        )
     batch, length, value_heads, head_v = v.shape
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     segments = _segments(cu_seqlens, batch, length)
@@ -107,7 +114,9 @@ def chunk_gated_delta_rule_cpu(
     g, beta = g.reshape(-1, value_heads).float(), beta.reshape(-1, value_heads).float()
     qh, kh = _keys_per_value_head(q, k, value_heads, use_qk_l2norm_in_kernel, scale)
     out = torch.zeros(v.shape, dtype=torch.float32)
-    indices = initial_state_indices.tolist() if initial_state_indices is not None else list(range(len(segments)))
+    indices = (
+        initial_state_indices.tolist() if initial_state_indices is not None else list(range(len(segments)))
+    )
     finals = []
     for (begin, end), index in zip(segments, indices, strict=True):
         state = _start_state(initial_state, index, (value_heads, head_v, k.shape[-1]))
@@ -176,7 +185,12 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
     segments = _segments(cu_seqlens, batch, length)
     q, k, v = q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, value_heads, head_v)
     g, beta = gates(
-        A_log, a.reshape(-1, value_heads), b.reshape(-1, value_heads), dt_bias, softplus_beta, softplus_threshold
+        A_log,
+        a.reshape(-1, value_heads),
+        b.reshape(-1, value_heads),
+        dt_bias,
+        softplus_beta,
+        softplus_threshold,
     )
     qh, kh = _keys_per_value_head(q, k, value_heads, use_qk_l2norm_in_kernel, scale)
     out = torch.zeros(v.shape, dtype=torch.float32)
@@ -195,4 +209,3 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
         if after and not disable_state_update and initial_state_source is not None and index >= 0:
             initial_state_source[index] = after[-1].to(initial_state_source.dtype)
     return out.to(q.dtype).view(batch, length, value_heads, head_v)
-

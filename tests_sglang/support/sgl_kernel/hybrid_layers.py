@@ -42,7 +42,12 @@ def gemma_rms_norm(rows: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 
 @torch.library.custom_op("sgl_kernel::fused_qk_gemma_rmsnorm_cpu", mutates_args=(), device_types="cpu")
 def fused_qk_gemma_rmsnorm_cpu(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, head_dim: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    head_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return (
         gemma_rms_norm(q.reshape(-1, head_dim), q_weight, eps),
@@ -50,7 +55,9 @@ def fused_qk_gemma_rmsnorm_cpu(
     )
 
 
-@torch.library.custom_op("sgl_kernel::fused_qk_gemma_rmsnorm_with_gate_cpu", mutates_args=(), device_types="cpu")
+@torch.library.custom_op(
+    "sgl_kernel::fused_qk_gemma_rmsnorm_with_gate_cpu", mutates_args=(), device_types="cpu"
+)
 def fused_qk_gemma_rmsnorm_with_gate_cpu(
     q_gate: torch.Tensor,
     k: torch.Tensor,
@@ -96,7 +103,9 @@ def fused_qkvzba_split_reshape_cat_contiguous_cpu(
 
 
 @torch.library.custom_op("sgl_kernel::fused_rmsnorm_gated_cpu", mutates_args=(), device_types="cpu")
-def fused_rmsnorm_gated_cpu(x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor, eps: float) -> torch.Tensor:
+def fused_rmsnorm_gated_cpu(
+    x: torch.Tensor, weight: torch.Tensor, z: torch.Tensor, eps: float
+) -> torch.Tensor:
     rows = x.float()
     normed = rows * torch.rsqrt((rows * rows).mean(-1, keepdim=True) + eps) * weight.float()
     return (normed * torch.nn.functional.silu(z.float())).to(x.dtype)
