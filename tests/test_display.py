@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 from draftgen.breakdown import breakdown, ratio_interval
+from draftgen.display.checks import checks_html as grouped_html
 from draftgen.display.checks import checks_text as grouped_text
 from draftgen.display.checks import group_checks
 from draftgen.display.headline import MARKER, Headline, Stat
@@ -230,6 +231,29 @@ def test_a_server_that_failed_keeps_its_own_row():
     text = grouped_text(preflight_checks(failing))  # type: ignore[arg-type]
     assert "FAIL  model      2/7 servers: :30003, :30005  serves other" in text
     assert len(text.splitlines()) == 8
+
+
+def test_servers_that_passed_saying_different_things_are_each_shown():
+    """Two engines in one fleet (vLLM and transformers serve): both engine rows stay, each naming its server; a
+    figure that differs on every server (seven canaries) is one row with the first as example."""
+    vllm, hf, third = "http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002"
+    checks = [
+        Check("engine", vllm, "ok", "engine vllm 0.32.0"),
+        Check("engine", hf, "ok", "engine openai-compatible; top_k/min_p not accepted: not sent"),
+        Check("engine", third, "ok", "engine vllm 0.32.0"),
+    ]
+    rows = group_checks(checks)
+    assert [(r.where, r.detail) for r in rows] == [
+        ("2/3 servers", "engine vllm 0.32.0"),
+        (":8001", "engine openai-compatible; top_k/min_p not accepted: not sent"),
+    ]
+    text = grouped_text(checks)
+    assert "2/3 servers: :8000, :8002  engine vllm 0.32.0" in text
+    assert "engine openai-compatible" in text and "engine openai-compatible" in grouped_html(checks)
+    canaries = [Check("canary", url, "ok", f"reasoning {100 + i} chars") for i, url in enumerate(SERVERS)]
+    assert [(r.where, r.detail) for r in group_checks(canaries)] == [
+        ("7/7 servers", "e.g. :30000: reasoning 100 chars")
+    ]
 
 
 def test_preflight_shows_its_checks_grouped():

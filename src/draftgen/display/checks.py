@@ -17,6 +17,7 @@ from typing import Protocol
 from draftgen.display.humanize import short_label
 
 ORDER = {"fail": 0, "warn": 1, "info": 2, "ok": 3}
+FEW_DETAILS = 3  # passed servers that said at most this many different things get a row per thing said
 COLOURS = {"ok": "#2e7d32", "info": "#1565c0", "warn": "#ef6c00", "fail": "#c62828"}
 
 
@@ -36,6 +37,7 @@ class GroupedCheck:
     targets: tuple[str, ...]
     of: int  # how many targets the check was made on
     detail: str
+    split: bool = False  # one of several rows of targets that passed, each saying something else: named
 
     @property
     def where(self) -> str:
@@ -48,9 +50,9 @@ class GroupedCheck:
 
 
 def group_checks(checks: Iterable[CheckLike]) -> list[GroupedCheck]:
-    """Rows in first-seen check order: per check, the targets that passed as one row (its detail when they all
-    said the same, else the first one's with "e.g."), then each other (status, detail) as one row naming its
-    targets. A check made on one target stays one row."""
+    """Rows in first-seen check order: per check, the targets that passed as one row per thing they said (as one
+    row with the first one's detail and "e.g." when they said more than ``FEW_DETAILS`` different things), then
+    each other (status, detail) as one row naming its targets. A check made on one target stays one row."""
     by_check: dict[str, list[CheckLike]] = {}
     for check in checks:
         by_check.setdefault(check.check, []).append(check)
@@ -61,11 +63,17 @@ def group_checks(checks: Iterable[CheckLike]) -> list[GroupedCheck]:
             rows += [GroupedCheck(name, c.status, (c.target,), 1, c.detail) for c in items]
             continue
         passed = [c for c in items if c.status == "ok"]
-        if passed:
-            details = list(dict.fromkeys(c.detail for c in passed))
-            detail = (
-                details[0] if len(details) == 1 else f"e.g. {short_label(passed[0].target)}: {details[0]}"
-            )
+        by_detail: dict[str, list[str]] = {}
+        for c in passed:
+            by_detail.setdefault(c.detail, []).append(c.target)
+        if len(by_detail) <= FEW_DETAILS:  # e.g. two engines in one fleet: each named, none hidden
+            split = len(by_detail) > 1
+            rows += [
+                GroupedCheck(name, "ok", tuple(where), len(targets), d, split)
+                for d, where in by_detail.items()
+            ]
+        else:  # a measurement that differs on every server (a canary's latency): the first stands for them
+            detail = f"e.g. {short_label(passed[0].target)}: {passed[0].detail}"
             rows.append(GroupedCheck(name, "ok", tuple(c.target for c in passed), len(targets), detail))
         others: dict[tuple[str, str], list[str]] = {}
         for c in items:
@@ -77,7 +85,7 @@ def group_checks(checks: Iterable[CheckLike]) -> list[GroupedCheck]:
 
 
 def _targets_text(row: GroupedCheck) -> str:
-    if len(row.targets) > 1 and row.status != "ok" and len(row.targets) < row.of:
+    if 1 < len(row.targets) < row.of and (row.status != "ok" or row.split):
         return f"{row.where}: " + ", ".join(short_label(t) for t in row.targets)
     return row.where
 
