@@ -182,6 +182,16 @@ def check_environment(config: GenerateConfig) -> list[Check]:
             checks.append(
                 Check("api key", config.api_key_env, "fail", f"{exc.problems[0][1]}: export it first")
             )
+    if config.loop_check and not config.stream:
+        checks.append(
+            Check(
+                "loop check",
+                "stream: false",
+                "info",
+                "a looping answer is found only once it ends at max_tokens (kept up to its first repetition, "
+                "no GPU time saved); stream: true ends it live",
+            )
+        )
     if config.estimate:
         try:
             estimate = load_estimate(config.estimate)
