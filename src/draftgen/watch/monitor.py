@@ -10,7 +10,6 @@ columns the plots need, so a million-row run reads in seconds.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,8 @@ from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
 from draftgen.rundir.layout import MANIFEST, shard_paths
 from draftgen.watch.progress_file import read_history, read_progress
-from draftgen.watch.status import RUNNING, Verdict, judge, run_status
+from draftgen.watch.status import RUNNING, judge, status_report
+from draftgen.watch.status_tables import StatusTables
 
 # The columns the plots need, and their types. Multi-turn rows carry one element per generated turn in the
 # turn_* lists; shards written before those columns existed lack them (read as null: the scalar columns count).
@@ -55,26 +55,9 @@ class MonitorConfig(Params):
 
 
 # ----- status -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StatusView:
-    """``draftgen status``'s verdict and table, shown as text in a notebook."""
-
-    verdict: Verdict
-    table: str
-
-    def __repr__(self) -> str:
-        return self.table
-
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        return f"<pre>{escape(self.table)}</pre>"
-
-
-def status(run_dir: str | Path) -> StatusView:
-    folder = _folder(run_dir)
-    verdict, table = run_status(folder)
-    return StatusView(verdict, table)
+def status(run_dir: str | Path) -> StatusTables:
+    """``draftgen status``'s reading as formatted tables: the verdict, the run's figures, the servers, last events."""
+    return StatusTables(status_report(_folder(run_dir)))
 
 
 def _folder(run_dir: str | Path) -> Path:
