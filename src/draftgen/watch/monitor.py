@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.breakdown import Breakdowns, breakdowns
+from draftgen.breakdown import Breakdowns, breakdowns, ratio_interval
 from draftgen.display.breakdown_plots import acceptance_by_category
 from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import short_label
@@ -209,7 +209,8 @@ def _time_axis(span_s: float) -> tuple[float, str]:
 
 
 def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot:
-    """Completion tok/s and mean acceptance length per server over time (from progress-history.jsonl)."""
+    """Completion tok/s and mean acceptance length per server over time (from progress-history.jsonl), acceptance
+    against the run's mean so far and its 95% interval, on an axis from 1 (no draft token accepted)."""
     history = history_frame(run_dir)
     figure = Figure(figsize=(9, 6))
     top, bottom = figure.subplots(2, 1, sharex=True)
@@ -229,12 +230,23 @@ def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot
     top.set_ylim(bottom=0)
     top.legend(fontsize=7, ncols=2)
     accepted = history.drop_nulls("d_accept_n").filter(pl.col("d_accept_n") > 0)
-    if not accepted.is_empty():  # the run's mean so far: a wobble around it reads as one, not as a collapse
-        mean = float(accepted["d_accept_sum"].sum() / accepted["d_accept_n"].sum())
-        bottom.axhline(mean, color="black", linestyle="--", linewidth=1, label=f"run mean {mean:.2f}")
-        bottom.legend(fontsize=7, loc="lower right")
+    band = ratio_interval(accepted["d_accept_sum"].to_numpy(), accepted["d_accept_n"].to_numpy())
     values = frame["accept"].drop_nulls()
-    bottom.set_ylim(1.0, max(float(values.max()) if values.len() else 1.0, 1.5) * 1.08)
+    ceiling = max(float(values.max()) if values.len() else 1.0, 1.5)
+    # the run's mean so far and its interval: a wobble around it reads as one, not as a collapse
+    if band is not None:
+        mean, low, high = band
+        bottom.axhspan(low, high, color="#888888", alpha=0.25, lw=0)
+        bottom.axhline(
+            mean,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"run mean {mean:.2f} (95% interval {low:.2f}–{high:.2f})",
+        )
+        bottom.legend(fontsize=7, loc="lower right")
+        ceiling = max(ceiling, high)
+    bottom.set_ylim(1.0, ceiling * 1.08)
     bottom.set_ylabel("mean acceptance length\n(tokens per verify; 1 = none accepted)")
     bottom.set_xlabel(f"time since the history began ({unit})")
     for axes in (top, bottom):
@@ -295,8 +307,9 @@ def plot_finish_reasons(rows: pl.DataFrame) -> Plot:
     axes.bar(labels, counts["rows"].to_list(), color="#4c72b0")
     for index, value in enumerate(counts["rows"].to_list()):
         axes.annotate(f"{value / total:.1%}", (index, value), ha="center", va="bottom", fontsize=8)
-    axes.set_title("How did the completions so far end (stop = finished, length = hit max_tokens)?")
-    axes.set_ylabel("completions")
+    axes.set_title("How did the generated turns so far end (stop = finished, length = hit max_tokens)?")
+    axes.set_xlabel("finish_reason, per generated turn")
+    axes.set_ylabel("generated turns")
     return Plot(figure)
 
 
