@@ -3,13 +3,14 @@ candidates, one failing, are one grouped row and one row naming the failure."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 from draftgen.display.checks import Checks, group_checks
 from draftgen.serve.summary import ServerStart, startup_checks, startup_text
 from draftgen.server_settings import ServerSettings
-from draftgen.tune.checks import job_checks
+from draftgen.tune.checks import baseline_check, job_checks
 from draftgen.tune.config import Candidate
 from draftgen.tune.measure import JobResult
 
@@ -115,6 +116,27 @@ def test_a_candidate_is_checked_over_every_one_of_its_jobs():
         ("measured", "ok", "6/7 candidates"),
         ("measured", "fail", candidate(2).label),
     ]
+
+
+def seeds(concurrency: int, **values: object) -> JobResult:
+    return dataclasses.replace(job(0, **values), candidate=Candidate(-1, ServerSettings(), concurrency))  # type: ignore[arg-type]
+
+
+def test_the_seeds_baseline_is_one_row_beside_the_candidates_not_one_of_them():
+    (row,) = baseline_check([seeds(8), seeds(64)])
+    assert (row.check, row.status, row.detail) == (
+        "baseline",
+        "ok",
+        "started and measured at 8, 64 in flight",
+    )
+    assert row.target == f"seeds' {ServerSettings().label}"
+    oom = "failed to start: exited with code 1 during start-up (log x.log)"
+    (row,) = baseline_check([seeds(8), seeds(64, ok=False, failure=oom)])
+    assert (row.status, row.detail) == (
+        "fail",
+        "did not start: exited with code 1 during start-up (log x.log)",
+    )
+    assert baseline_check([]) == []
 
 
 def test_no_checks_say_so():

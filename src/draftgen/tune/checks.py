@@ -48,15 +48,27 @@ def job_checks(
     return started + measured
 
 
-def _race_target(job: JobResult) -> str:
-    if job.candidate.index < 0:  # the seeds' 3/1/4 beside the final round, one job per concurrency
-        return f"seeds' {job.candidate.label} (baseline at {job.candidate.concurrency} in flight)"
-    return job.candidate.label
+def baseline_check(seeds_jobs: Sequence[JobResult]) -> list[CheckRow]:
+    """The seeds' 3/1/4, measured beside the final round at each finalist concurrency: one row, not a candidate
+    (it is what the chosen one's gain is measured against)."""
+    if not seeds_jobs:
+        return []
+    target = f"seeds' {seeds_jobs[0].candidate.label}"
+    failed_start = next((j for j in seeds_jobs if j.start_failed), None)
+    failed = next((j for j in seeds_jobs if not j.ok), None)
+    if failed_start is not None:
+        why = (failed_start.failure or "").removeprefix(FAILED_TO_START)
+        return [CheckRow("baseline", target, "fail", f"did not start: {why}")]
+    if failed is not None:
+        at = f"at {failed.candidate.concurrency} in flight"
+        return [CheckRow("baseline", target, "fail", f"not measured {at}: {failed.failure or 'failed'}")]
+    levels = ", ".join(str(c) for c in sorted({j.candidate.concurrency for j in seeds_jobs}))
+    return [CheckRow("baseline", target, "ok", f"started and measured at {levels} in flight")]
 
 
 def run_checks(run: TuneRun) -> list[CheckRow]:
-    """The race's jobs (the seeds' beside them), then the verdict's candidates (each started once)."""
-    rows = job_checks([*run.jobs, *run.seeds_jobs], _race_target)
+    """The race's candidates, the seeds' baseline beside them, then the verdict's candidates (each started once)."""
+    rows = job_checks(run.jobs, lambda job: job.candidate.label) + baseline_check(run.seeds_jobs)
     if run.verdict is not None:
         verdict_jobs = [job for results in run.verdict.results.values() for job in results]
         rows += job_checks(verdict_jobs, lambda job: job.candidate.label, prefix="verdict ")
