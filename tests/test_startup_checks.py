@@ -141,3 +141,13 @@ def test_the_seeds_baseline_is_one_row_beside_the_candidates_not_one_of_them():
 
 def test_no_checks_say_so():
     assert str(Checks((), title="Start-up", empty="the race was off")) == "Start-up\n  the race was off"
+
+
+def test_a_row_naming_several_candidates_may_break_between_them_in_html():
+    oom = "failed to start: exited with code 1 during start-up"
+    jobs = [job(i, ok=i not in (2, 4), failure=oom if i in (2, 4) else None) for i in range(7)]
+    page = Checks(job_checks(jobs, label), noun="candidates")._repr_html_()
+    keep = "<span style='white-space:nowrap'>{}</span>"
+    names = ", ".join(keep.format(candidate(i).label) for i in (2, 4))
+    assert f"{keep.format('2/7 candidates')}: {names}</td>" in page
+    assert "<td style='text-align:left;white-space:nowrap'>" not in page  # the cell itself may wrap

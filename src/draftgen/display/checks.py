@@ -88,10 +88,24 @@ def group_checks(checks: Iterable[CheckLike], noun: str = "") -> list[GroupedChe
     return rows
 
 
-def _targets_text(row: GroupedCheck) -> str:
+def _named(row: GroupedCheck) -> list[str]:
+    """The targets a row names beside its count: those of a group that did not pass (a passing group is counted)."""
     if len(row.targets) > 1 and row.status != "ok" and len(row.targets) < row.of:
-        return f"{row.where}: " + ", ".join(short_label(t) for t in row.targets)
-    return row.where
+        return [short_label(t) for t in row.targets]
+    return []
+
+
+def _targets_text(row: GroupedCheck) -> str:
+    named = _named(row)
+    return f"{row.where}: " + ", ".join(named) if named else row.where
+
+
+def _targets_html(row: GroupedCheck) -> str:
+    """The count and each name kept whole, the line free to break between names (candidates' names are long)."""
+    cells = [
+        f"<span style='white-space:nowrap'>{html.escape(part)}</span>" for part in (row.where, *_named(row))
+    ]
+    return cells[0] + (": " + ", ".join(cells[1:]) if len(cells) > 1 else "")
 
 
 def checks_text(checks: Sequence[CheckLike], noun: str = "") -> str:
@@ -113,7 +127,7 @@ def checks_html(checks: Sequence[CheckLike], noun: str = "") -> str:
     body = "".join(
         f"<tr><td style='color:{COLOURS.get(r.status, '')};font-weight:bold;text-align:left'>{esc(r.status)}</td>"
         f"<td style='text-align:left'>{esc(r.check)}</td>"
-        f"<td style='text-align:left;white-space:nowrap'>{esc(_targets_text(r))}</td>"
+        f"<td style='text-align:left'>{_targets_html(r)}</td>"
         f"<td style='text-align:left;white-space:normal;overflow-wrap:anywhere'>{esc(r.detail)}</td></tr>"
         for r in group_checks(checks, noun)
     )
