@@ -151,3 +151,20 @@ def test_a_row_naming_several_candidates_may_break_between_them_in_html():
     names = ", ".join(keep.format(candidate(i).label) for i in (2, 4))
     assert f"{keep.format('2/7 candidates')}: {names}</td>" in page
     assert "<td style='text-align:left;white-space:nowrap'>" not in page  # the cell itself may wrap
+
+
+def test_the_verdicts_candidates_are_checked_once_each_over_their_levels():
+    levels = [
+        dataclasses.replace(job(i), candidate=Candidate(1000 + i, candidate(i).settings, level))
+        for i in range(3)
+        for level in (1, 8, 64)
+    ]
+    timeout = "measurement failed: the server stopped answering"
+    levels[5] = dataclasses.replace(levels[5], ok=False, failure=timeout)  # candidate 1 at 64 in flight
+    rows = group_checks(job_checks(levels, label, prefix="verdict "), "candidates")
+    assert [(r.check, r.status, r.where) for r in rows] == [
+        ("verdict started", "ok", "3/3 candidates"),
+        ("verdict measured", "ok", "2/3 candidates"),
+        ("verdict measured", "fail", candidate(1).label),
+    ]
+    assert rows[-1].detail == f"at 64 in flight: {timeout}"
