@@ -100,7 +100,7 @@ def test_the_status_is_tables_with_units_and_no_dtype_row(tmp_path):
         [":30000", "up", "64", "1,600", "1,200", "3.51", "3.55", "0"],
         [":30001", "DOWN", "0", "900", "–", "–", "3.40", "3"],
     ]
-    assert "connection refused: marked down" in page
+    assert "<b>Last events</b>" in page and "connection refused: marked down" in page
 
 
 def test_the_status_reads_the_same_as_draftgen_status(tmp_path):

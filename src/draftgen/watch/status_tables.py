@@ -166,4 +166,12 @@ class StatusTables:
             f"{html.escape(verdict.sentence)}<br><span style='color:#555'>run folder "
             f"<code>{html.escape(str(self.report.run_dir))}</code></span></p>"
         )
-        return head + "".join(block._repr_html_() for block in self.blocks())
+        return head + "".join(
+            (
+                f"<p class='dg-caption'><b>{html.escape(block.title.capitalize())}</b></p>"
+                if isinstance(block, Log)
+                else ""
+            )
+            + block._repr_html_()
+            for block in self.blocks()
+        )
