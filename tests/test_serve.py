@@ -482,6 +482,8 @@ def test_readiness_stages_servers_yaml_and_sigint_stops_everything(serve, tmp_pa
         *("--python", str(launcher(tmp_path))),
     )
     run.wait_for(r"2 of 2 servers ready")
+    # the start's outcome under it, grouped: one row for both servers
+    run.wait_for(r"^  ok +ready +2/2 servers +/health_generate answered 200, [\d.–]+ s after start$")
     run.wait_for(r"wrote .*servers\.yaml")
     for port in run.ports:
         # the port opens only after "loading", and /health_generate says 503 until warm-up ran
@@ -568,6 +570,10 @@ def test_startup_timeout_names_the_stuck_stage(serve) -> None:  # type: ignore[n
     run = serve(1, "--sim-fault", "load_delay=30", "--timeout", "1", "--grace", "1")
     (port,) = run.ports
     run.wait_for(rf"server :{port} .*not ready after 1s \(stuck at refused: connection refused")
+    run.wait_for(r"every server has failed")
+    run.wait_for(
+        rf"^  FAIL +ready +{run.urls[0]} +not ready after 1s \(stuck at refused: .*; log .*server-{port}\.log$"
+    )
     assert run.finish() == 1
     assert not (run.run_dir / "servers.yaml").exists()
     assert run.survivors() == []

@@ -377,6 +377,15 @@ def test_tune_notebook_runs_under_papermill_with_the_params_file(tmp_path):
     assert info["chosen_label"] == "MTP 3/1/4, 4 running"  # 1.5x the tok/s of 1/1/2 at batch 4
     assert load_settings(run_dir / "settings.yaml").speculative_num_steps == 3
     assert (run_dir / "tok_s_per_gpu.png").exists() and (run_dir / "acceptance.png").exists()
+    # Whether every candidate started, grouped: one row per check over the two candidates, none failed.
+    shown = [
+        "".join(output.get("data", {}).get("text/plain", ""))
+        for cell in json.loads((run_dir / "tune.ipynb").read_text())["cells"]
+        for output in cell.get("outputs", [])
+    ]
+    (startup,) = [text for text in shown if text.startswith("Start-up and measurement, per candidate")]
+    assert re.search(r"ok +started +2/2 candidates +/health_generate answered 200", startup), startup
+    assert re.search(r"ok +measured +2/2 candidates", startup) and "FAIL" not in startup, startup
 
 
 def test_ngram_and_standalone_candidates_expand_to_sglangs_own_flags(tmp_path):

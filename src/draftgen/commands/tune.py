@@ -2,8 +2,8 @@
 
 The same run as ``draftgen run tune`` (the notebook) without a kernel, through the same function
 (``draftgen.tune.pipeline.run_and_report``): parameters are validated first (a candidate SGLang would refuse stops
-everything before a server starts), progress is printed per job, and the table, plots, tune.json and the settings
-file go to the run folder.
+everything before a server starts), progress is printed per job, then whether every candidate started (grouped
+checks, as the notebook shows them), and the table, plots, tune.json and the settings file go to the run folder.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config = build_config(TuneConfig, values)
     tuned = asyncio.run(run_and_report(config))
+    print(report.startup_view(tuned.run))
     if tuned.verdict is not None:
         print(verdict_report.format_table(tuned.verdict))
         print(verdict_report.headline(tuned.verdict))

@@ -3,6 +3,8 @@ the shortest name that tells them apart."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 UNITS = (("days", 86_400.0), ("h", 3_600.0), ("min", 60.0), ("s", 1.0))
 
 
@@ -18,6 +20,15 @@ def duration(seconds: float, *, digits: int = 1) -> str:
     """``duration(1_425_600) == "16.5 days"``, ``duration(150) == "2.5 min"``, ``duration(95) == "95.0 s"``."""
     name, size = duration_unit(abs(seconds))
     return f"{seconds / size:,.{digits}f} {name}"
+
+
+def seconds_range(values: Sequence[float]) -> str:
+    """The spread of a few durations in one figure: ``12–14 s``, ``0.1–0.8 s``, or ``13 s`` when they round alike
+    (how long servers took to start)."""
+    low, high = min(values), max(values)
+    digits = 1 if high < 10 else 0
+    first, last = f"{low:.{digits}f}", f"{high:.{digits}f}"
+    return f"{last} s" if first == last else f"{first}–{last} s"
 
 
 def human_bytes(count: float) -> str:

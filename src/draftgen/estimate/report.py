@@ -227,7 +227,7 @@ def plot_sweep_max_tokens(estimate: Estimate) -> Figure:
             label="above the benchmark's max_tokens (lower bound)",
         )
     ax.axvline(estimate.production.max_tokens, color="green", ls="--", lw=1, label="production max_tokens")
-    ax.set_xlabel("max_tokens")
+    ax.set_xlabel("max_tokens (the cap on each request's completion tokens)")
     ax.set_ylabel("days")
     ax.set_ylim(bottom=0)
     ax.set_title("How many days does the set take at each max_tokens?")

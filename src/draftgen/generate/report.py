@@ -324,12 +324,25 @@ def plot_acceptance_by_length(out_dir: RunDirs, save_to: str | Path | None = Non
 
 
 def finish_reasons(out_dir: RunDirs) -> pl.DataFrame:
+    """How each generated turn ended, every turn of a conversation (a row's own ``finish_reason`` is its last
+    turn's): max_tokens cuts turns, so a conversation cut in its middle turn counts that cut."""
+    frames = []
+    for folder in run_dirs(out_dir):
+        paths = shard_paths(folder)
+        if not paths:
+            raise FileNotFoundError(f"no shards in {folder / SHARDS}: the run stored nothing yet")
+        frames.append(
+            scan_shards(paths).select(
+                _turn_list("turn_finish_reason", "finish_reason").alias("finish_reason")
+            )
+        )
     return (
-        scan_results(out_dir)
+        pl.concat(frames)
+        .explode("finish_reason")
         .group_by("finish_reason")
-        .agg(pl.len().alias("rows"))
-        .with_columns((pl.col("rows") / pl.col("rows").sum()).round(4).alias("share"))
-        .sort("rows", descending=True)
+        .agg(pl.len().alias("turns"))
+        .with_columns((pl.col("turns") / pl.col("turns").sum()).round(4).alias("share"))
+        .sort("turns", descending=True)
         .collect()
     )
 
@@ -469,11 +482,12 @@ def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> 
     figure = Figure(figsize=(6, 3.2))
     axes = figure.subplots()
     labels = [str(r) for r in frame["finish_reason"].to_list()]
-    axes.bar(labels, frame["rows"].to_list(), color="#4c72b0")
+    axes.bar(labels, frame["turns"].to_list(), color="#4c72b0")
     for index, share in enumerate(frame["share"].to_list()):
-        axes.annotate(f"{share:.1%}", (index, frame["rows"][index]), ha="center", va="bottom", fontsize=8)
-    axes.set_title("How did the completions end (stop = finished, length = hit max_tokens)?")
-    axes.set_ylabel("rows")
+        axes.annotate(f"{share:.1%}", (index, frame["turns"][index]), ha="center", va="bottom", fontsize=8)
+    axes.set_title("How did the generated turns end (stop = finished, length = hit max_tokens)?")
+    axes.set_xlabel("finish_reason, per generated turn")
+    axes.set_ylabel("generated turns")
     return _save(figure, home, "finish_reasons")
 
 

@@ -4,7 +4,8 @@ Each process gets its own task: start it, probe its health endpoint until 200 (o
 ``startup.wait_until_ready``, the loop tune's launcher runs too), then wait for it to exit. An exit or a timeout is reported with the tail of the process's log; with
 ``restart`` the process comes back after a growing back-off, up to ``max_restarts`` failures in a row.
 A coordinator task writes ``servers.yaml`` once every server has settled (ready or failed for good), starts
-the router if there is one, and rewrites the file when the set of ready servers changes. SIGINT, SIGTERM or SIGHUP
+the router if there is one, and rewrites the file when the set of ready servers changes; then it prints the start's
+outcome as grouped checks ("ready: 7/7 servers", a row per server that was not: ``serve.summary``). SIGINT, SIGTERM or SIGHUP
 stops every process group (SIGTERM, then SIGKILL after the grace period); a second signal kills at once.
 """
 
@@ -26,6 +27,7 @@ from draftgen.serve.process import log_tail, signal_group, spawn, stop_group
 from draftgen.serve.records import write_servers_yaml
 from draftgen.serve.stages import ProcessStage, Stage
 from draftgen.serve.startup import StartupWatch, wait_until_ready
+from draftgen.serve.summary import ServerStart, startup_text
 from draftgen.serve.view import LineView, StatusRow
 
 EXIT_OK = 0
@@ -51,6 +53,7 @@ class _Member:
     restarts: int = 0
     failures_in_row: int = 0
     history: list[str] = field(default_factory=list)  # stages seen in this attempt, for messages
+    failure: str = ""  # why the last failed attempt failed (the start's summary names it)
 
 
 def _clock_stamp() -> str:
@@ -167,6 +170,7 @@ class Supervisor:
             try:
                 await self._start(member)
             except OSError as exc:
+                member.failure = str(exc)
                 self._event(f"{member.spec.label}: {exc}")
                 self._set_stage(member, ProcessStage.FAILED, announce=False)
                 return
@@ -235,17 +239,20 @@ class Supervisor:
         after = time.monotonic() - member.started_at
         was = "was ready" if member.ready_at is not None else f"stages seen: {' → '.join(member.history)}"
         if reason == "timeout":
-            headline = (
-                f"{member.spec.label}: not ready after {self.config.startup_timeout_s:g}s "
-                f"(stuck at {member.stage.value}: {member.stage.meaning}); stopping it"
+            why = (
+                f"not ready after {self.config.startup_timeout_s:g}s "
+                f"(stuck at {member.stage.value}: {member.stage.meaning})"
             )
+            headline = f"{member.spec.label}: {why}; stopping it"
         else:
-            headline = (
-                f"{member.spec.label}: exited with code {process.returncode} after {after:.1f}s ({was})"
-            )
+            why = f"exited with code {process.returncode} after {after:.1f}s ({was})"
+            headline = f"{member.spec.label}: {why}"
         tail = log_tail(member.log_path, self.config.log_tail_lines, member.log_offset)
         if any("address already in use" in line.lower() for line in tail):
-            headline += f"; port {member.spec.port} is taken by another process"
+            taken = f"; port {member.spec.port} is taken by another process"
+            why += taken
+            headline += taken
+        member.failure = why
         lines = [headline, f"  last {len(tail)} lines of {member.log_path}:"]
         lines += [f"    | {line}" for line in tail]
         self._event("\n".join(lines))
@@ -278,7 +285,12 @@ class Supervisor:
             if all(stage == ProcessStage.FAILED for stage in stages):
                 if announced:
                     self._publish([], "servers")
-                self._event("every server has failed: nothing left to supervise; stopping")
+                    self._event("every server has failed: nothing left to supervise; stopping")
+                else:  # the start's outcome, as a started fleet's would be shown
+                    self._event(
+                        "every server has failed: nothing left to supervise; stopping\n"
+                        + startup_text(self._starts())
+                    )
                 self._result = EXIT_ALL_FAILED
                 self._stop.set()
                 return
@@ -303,7 +315,22 @@ class Supervisor:
         message = f"{ready} of {total} servers ready after {elapsed:.1f}s"
         if failed:
             message += f"; failed: {', '.join(failed)}"
-        self._event(message + ". Ctrl-C stops every server.")
+        self._event(message + ". Ctrl-C stops every server.\n" + startup_text(self._starts()))
+
+    def _starts(self) -> list[ServerStart]:
+        return [
+            ServerStart(
+                url=m.spec.url,
+                ready=m.stage == StartupStage.READY,
+                ready_s=m.ready_at - m.started_at
+                if m.stage == StartupStage.READY and m.ready_at is not None and m.started_at is not None
+                else None,
+                restarts=m.restarts,
+                failure=m.failure,
+                log_path=m.log_path,
+            )
+            for m in self._servers
+        ]
 
     def _publish(self, urls: list[str], what: str) -> None:
         if urls == self._last_written:

@@ -8,6 +8,7 @@ import polars as pl
 from matplotlib.figure import Figure
 
 from draftgen.bench.report import save_figure
+from draftgen.display.checks import Checks
 from draftgen.display.notes import Notes, Stack
 from draftgen.display.plots import Plot, new_figure
 from draftgen.display.table import Column, Table
@@ -17,6 +18,7 @@ from draftgen.rundir.layout import TUNE_JOBS as JOBS_FILE
 from draftgen.rundir.layout import TUNE_SUMMARY as SUMMARY_FILE
 from draftgen.server_settings import save_settings
 from draftgen.tune import verdict_report
+from draftgen.tune.checks import NOUN, run_checks
 from draftgen.tune.estimate import estimate
 from draftgen.tune.run import TuneRun
 
@@ -263,6 +265,17 @@ def _with_interval(frame: pl.DataFrame, value: str, low: str, high: str, digits:
         else:
             cells.append(f"{v:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})")
     return cells
+
+
+def startup_view(run: TuneRun) -> Checks:
+    """Did every candidate start and get measured? One row per check over the candidates, a row for each that
+    did not (its log is named in the row; its tail is under the candidate table)."""
+    return Checks(
+        run_checks(run),
+        title="Start-up and measurement, per candidate",
+        noun=NOUN,
+        empty="no candidate was started",
+    )
 
 
 def candidates_view(table: pl.DataFrame | None, interval: float) -> Table | Notes:

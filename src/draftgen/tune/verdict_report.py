@@ -528,7 +528,8 @@ def save_verdict(v: Verdict, out_dir: str | Path) -> dict:
 
 
 def plot_verdict(v: Verdict, value: str = "tok_s_per_gpu") -> Figure:
-    """tok/s per GPU (or acceptance) against concurrency per candidate, production concurrency marked."""
+    """tok/s per GPU (or acceptance) against concurrency per candidate, production concurrency marked; the axis
+    starts at 0 tok/s (or an acceptance length of 1), so a small gap is drawn small."""
     frame = table(v).filter(pl.col(value).is_not_null())
     fig, ax = new_figure((8, 4.5))
     for label in dict.fromkeys(frame["candidate"].to_list()):
@@ -544,15 +545,19 @@ def plot_verdict(v: Verdict, value: str = "tok_s_per_gpu") -> Figure:
         ax.errorbar(x, y, yerr=err, fmt=style + "o", capsize=3, label=label.split(",")[0])
     ax.axvline(v.production, color="grey", linestyle=":", label=f"production: {v.production} in flight")
     ax.set_xscale("log", base=2)
+    levels = sorted(set(frame["concurrency"].to_list()) | {v.production})
+    ax.set_xticks(levels, [str(level) for level in levels])
+    ax.minorticks_off()
     ax.set_xlabel("requests in flight per server")
-    ax.set_ylabel(
-        "output tok/s per GPU" if value == "tok_s_per_gpu" else "acceptance length (tokens per verify step)"
-    )
-    ax.set_title(
-        "The verdict: "
-        + ("throughput" if value == "tok_s_per_gpu" else "acceptance")
-        + f" per candidate ({v.run.config.interval:.0%} intervals)"
-    )
+    interval = f"({v.run.config.interval:.0%} intervals)"
+    if value == "tok_s_per_gpu":
+        ax.set_ylabel("output tok/s per GPU")
+        ax.set_ylim(bottom=0)  # from zero: a gap between candidates reads at its true size
+        ax.set_title(f"Which candidate makes the most output tok/s per GPU at each concurrency? {interval}")
+    else:
+        ax.set_ylabel("acceptance length\n(tokens per verify step; 1 = none accepted)")
+        ax.set_ylim(bottom=1.0)  # from one, no draft token accepted, as every acceptance plot
+        ax.set_title(f"What acceptance length does each candidate reach at each concurrency? {interval}")
     ax.legend(fontsize="small")
     return fig
 

@@ -155,8 +155,24 @@ def _preview(text: Any, width: int = 28) -> str:
     return repr(text if len(text) <= width else text[: width - 1] + "…")
 
 
+def max_tokens_caps(result: ValidationResult) -> list[int]:
+    """The max_tokens the turns were generated under, from the generation folders' manifests: each run's own,
+    unless every arm of its sampling plan sets its own, and each arm's."""
+    caps: set[int] = set()
+    for manifest in result.output.manifests:
+        parameters = (manifest or {}).get("parameters") or {}
+        arms = [a for a in parameters.get("sampling_plan") or [] if isinstance(a, dict)]
+        own = [a["max_tokens"] for a in arms if isinstance(a.get("max_tokens"), int)]
+        caps.update(own)
+        if isinstance(parameters.get("max_tokens"), int) and (not arms or len(own) < len(arms)):
+            caps.add(parameters["max_tokens"])
+    return sorted(caps)
+
+
 def plot_mask_sums(result: ValidationResult, ax: Any = None) -> Any:
-    """Histogram of supervised tokens per sample, log scale, with each spike annotated by an example."""
+    """Histogram of supervised tokens per sample, log scale, with each spike annotated by an example. With one row
+    per turn (``rows: per_turn``) max_tokens caps each sample's generated tokens: its line marks where the turns
+    it cut pile up; a conversation's row sums its turns, which no cap applies to."""
     import matplotlib.pyplot as plt
 
     # One row per distinct mask sum (at most max_length of them), not one per sample: the histogram of a 1M-row
@@ -170,8 +186,12 @@ def plot_mask_sums(result: ValidationResult, ax: Any = None) -> Any:
     total = int(counts.sum())
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 4.5))
+    per_turn = result.config.rows == "per_turn"
     ax.set_title("How many tokens does each sample's loss mask supervise?")
-    ax.set_xlabel("mask sum (supervised tokens per sample; linear to 32, log above)")
+    ax.set_xlabel(
+        f"mask sum (supervised tokens per sample, {'one generated turn' if per_turn else 'one conversation'} "
+        "each; linear to 32, log above)"
+    )
     ax.set_ylabel("samples (log)")
     if total == 0:
         ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center")
@@ -193,6 +213,19 @@ def plot_mask_sums(result: ValidationResult, ax: Any = None) -> Any:
         va="top",
         fontsize=8,
     )
+    for cap in max_tokens_caps(result) if per_turn else []:
+        ax.axvline(cap, color="#8172b2", linestyle="--", linewidth=1)
+        ax.text(
+            cap * 0.97,
+            0.97,
+            f"max_tokens {cap:,} (caps each turn)",
+            color="#8172b2",
+            transform=ax.get_xaxis_transform(),
+            ha="right",
+            va="top",
+            fontsize=8,
+        )
+        ax.set_xlim(right=max(ax.get_xlim()[1], cap * 1.15))
     for rank, (value, count) in enumerate(spikes_of_counts(values, counts)):
         example = (
             result.scan()
@@ -278,7 +311,8 @@ def plot_yield(result: ValidationResult, ax: Any = None) -> Any:
     ax.set_xlabel("% of the tokens the target generated")
     share = made["share"]
     ax.set_title(
-        f"How much of what the GPUs generated trains the drafter? {share:.1%}" if share is not None else ""
+        "How much of what the GPUs generated trains the drafter?"
+        + (f" {share:.1%}" if share is not None else " (no tokens generated)")
     )
     return ax
 

@@ -10,14 +10,13 @@ columns the plots need, so a million-row run reads in seconds.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.breakdown import Breakdowns, breakdowns
+from draftgen.breakdown import Breakdowns, breakdowns, ratio_interval
 from draftgen.display.breakdown_plots import acceptance_by_category
 from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import short_label
@@ -27,7 +26,8 @@ from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
 from draftgen.rundir.layout import MANIFEST, shard_paths
 from draftgen.watch.progress_file import read_history, read_progress
-from draftgen.watch.status import RUNNING, Verdict, judge, run_status
+from draftgen.watch.status import RUNNING, judge, status_report
+from draftgen.watch.status_tables import StatusTables
 
 # The columns the plots need, and their types. Multi-turn rows carry one element per generated turn in the
 # turn_* lists; shards written before those columns existed lack them (read as null: the scalar columns count).
@@ -55,26 +55,9 @@ class MonitorConfig(Params):
 
 
 # ----- status -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StatusView:
-    """``draftgen status``'s verdict and table, shown as text in a notebook."""
-
-    verdict: Verdict
-    table: str
-
-    def __repr__(self) -> str:
-        return self.table
-
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        return f"<pre>{escape(self.table)}</pre>"
-
-
-def status(run_dir: str | Path) -> StatusView:
-    folder = _folder(run_dir)
-    verdict, table = run_status(folder)
-    return StatusView(verdict, table)
+def status(run_dir: str | Path) -> StatusTables:
+    """``draftgen status``'s reading as formatted tables: the verdict, the run's figures, the servers, last events."""
+    return StatusTables(status_report(_folder(run_dir)))
 
 
 def _folder(run_dir: str | Path) -> Path:
@@ -226,7 +209,8 @@ def _time_axis(span_s: float) -> tuple[float, str]:
 
 
 def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot:
-    """Completion tok/s and mean acceptance length per server over time (from progress-history.jsonl)."""
+    """Completion tok/s and mean acceptance length per server over time (from progress-history.jsonl), acceptance
+    against the run's mean so far and its 95% interval, on an axis from 1 (no draft token accepted)."""
     history = history_frame(run_dir)
     figure = Figure(figsize=(9, 6))
     top, bottom = figure.subplots(2, 1, sharex=True)
@@ -246,12 +230,23 @@ def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot
     top.set_ylim(bottom=0)
     top.legend(fontsize=7, ncols=2)
     accepted = history.drop_nulls("d_accept_n").filter(pl.col("d_accept_n") > 0)
-    if not accepted.is_empty():  # the run's mean so far: a wobble around it reads as one, not as a collapse
-        mean = float(accepted["d_accept_sum"].sum() / accepted["d_accept_n"].sum())
-        bottom.axhline(mean, color="black", linestyle="--", linewidth=1, label=f"run mean {mean:.2f}")
-        bottom.legend(fontsize=7, loc="lower right")
+    band = ratio_interval(accepted["d_accept_sum"].to_numpy(), accepted["d_accept_n"].to_numpy())
     values = frame["accept"].drop_nulls()
-    bottom.set_ylim(1.0, max(float(values.max()) if values.len() else 1.0, 1.5) * 1.08)
+    ceiling = max(float(values.max()) if values.len() else 1.0, 1.5)
+    # the run's mean so far and its interval: a wobble around it reads as one, not as a collapse
+    if band is not None:
+        mean, low, high = band
+        bottom.axhspan(low, high, color="#888888", alpha=0.25, lw=0)
+        bottom.axhline(
+            mean,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"run mean {mean:.2f} (95% interval {low:.2f}–{high:.2f})",
+        )
+        bottom.legend(fontsize=7, loc="lower right")
+        ceiling = max(ceiling, high)
+    bottom.set_ylim(1.0, ceiling * 1.08)
     bottom.set_ylabel("mean acceptance length\n(tokens per verify; 1 = none accepted)")
     bottom.set_xlabel(f"time since the history began ({unit})")
     for axes in (top, bottom):
@@ -312,8 +307,9 @@ def plot_finish_reasons(rows: pl.DataFrame) -> Plot:
     axes.bar(labels, counts["rows"].to_list(), color="#4c72b0")
     for index, value in enumerate(counts["rows"].to_list()):
         axes.annotate(f"{value / total:.1%}", (index, value), ha="center", va="bottom", fontsize=8)
-    axes.set_title("How did the completions so far end (stop = finished, length = hit max_tokens)?")
-    axes.set_ylabel("completions")
+    axes.set_title("How did the generated turns so far end (stop = finished, length = hit max_tokens)?")
+    axes.set_xlabel("finish_reason, per generated turn")
+    axes.set_ylabel("generated turns")
     return Plot(figure)
 
 

@@ -2,8 +2,10 @@
 
 The verdict comes from progress.json: its ``state``, and for a run that says ``running`` the heartbeat's age
 and, on the writer's own host, whether its pid is still that process. A folder without progress.json (a run
-made before draftgen wrote one) is judged from manifest.json and the pid in its ``.lock`` file. Standard library
-only, so the command answers in a fraction of a second even beside a million-row run.
+made before draftgen wrote one) is judged from manifest.json and the pid in its ``.lock`` file. The figures are
+read once (``RunFigures``): the command prints them as text, monitor.ipynb shows the same as formatted tables
+(``watch.status_tables``). Standard library only, so the command answers in a fraction of a second even beside a
+million-row run.
 """
 
 from __future__ import annotations
@@ -141,86 +143,194 @@ def _clock(progress: dict[str, Any], run_dir: Path) -> tuple[float, str | None]:
     return float(factor), label
 
 
-def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, now: float) -> str:
-    """The table: counts, rates, ETA, guard, servers, last events."""
-    lines = [f"run       {run_dir}", f"state     {verdict.word} — {verdict.sentence}"]
+@dataclass(frozen=True)
+class ServerFigures:
+    """One server's line of progress.json, tok/s on the servers' clock."""
+
+    label: str
+    up: bool
+    in_flight: int
+    answered: int  # requests answered this session (a multi-turn conversation asks once per turn)
+    tok_s: float | None
+    accept_window: float | None  # mean acceptance length over the rate window
+    accept_session: float | None
+    errors: int
+
+
+@dataclass(frozen=True)
+class GuardRate:
+    name: str  # a defect, e.g. "truncated"
+    rate: float  # its share over the guard's window
+    limit: float | None  # the share above which the guard halts the run (None: not guarded)
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    server: str
+    what: str
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """progress.json's figures with rates and times on the servers' clock: what ``draftgen status`` prints as text
+    and monitor.ipynb shows as tables (one reading, so the two never disagree)."""
+
+    total: int
+    done: int
+    failed: int
+    session_done: int
+    turns_done: int | None  # None: not reported (turns_session None too: a run without a turn count)
+    turns_total: int | None
+    turns_session: int | None
+    conversations_per_s: float | None
+    tok_s: float | None  # completion tok/s over the rate window
+    window_s: float  # the rate window
+    clock: str | None  # "simulated B200 clock, sim ×5" (None: real servers)
+    trained_tokens: int | None
+    gpu_s_per_million: float | None  # GPU-seconds per million trained tokens (None: none trained yet)
+    eta_s: float | None  # None: not running, or no completions in the window yet
+    eta_at: float | None
+    running: bool
+    guard: tuple[GuardRate, ...]
+    guard_seen: int
+    retrying: int
+    servers: tuple[ServerFigures, ...]
+    events: tuple[Event, ...]  # the last EVENTS_SHOWN
+
+
+EVENTS_SHOWN = 10
+
+
+def run_figures(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, now: float) -> RunFigures:
     conv = progress.get("conversations", {})
-    total, done, failed = conv.get("total", 0), conv.get("done", 0), conv.get("failed", 0)
-    share = f" ({done / total:.1%})" if total else ""
-    lines.append(
-        f"done      {done:,} / {total:,} conversations{share}; this session {conv.get('session_done', 0):,}, "
-        f"failed {failed:,}"
-    )
-    turns = progress.get("turns")
-    if turns:
-        done_turns, total_turns = turns.get("done"), turns.get("total")
-        text = f"{turns.get('session_done', 0):,} assistant turns answered this session"
-        if done_turns is not None and total_turns:
-            text = f"{done_turns:,} / {total_turns:,} assistant turns; " + text.replace(
-                " assistant turns", ""
-            )
-        lines.append(f"turns     {text}")
+    turns = progress.get("turns") or {}
     rate = progress.get("rate", {})
     factor, hardware = _clock(progress, run_dir)
-    on = f" ({hardware})" if hardware else ""
-    window = (rate.get("window_s") or 0.0) * factor
     per_s, tok_s = rate.get("conversations_per_s"), rate.get("tok_s")
-    lines.append(
-        f"rate      {_fmt(per_s / factor if per_s is not None else None, ',.2f')} conversations/s, "
-        f"{_fmt(tok_s / factor if tok_s is not None else None)} completion tok/s over the last "
-        f"{duration(window)}{on}"
-    )
-    trained = progress.get("trained_tokens")
-    if trained is not None:
-        servers_n = max(1, len(progress.get("servers", [])))
-        until = progress.get("ended_at") or progress.get("heartbeat_at") or now
-        gpu_s = max(0.0, until - float(progress.get("session_started_at") or until)) * factor * servers_n
-        per_m = f"{gpu_s / trained * 1e6:,.0f}" if trained else "—"
-        lines.append(
-            f"trained   {trained:,} trained tokens this session (each turn's up to the trainer's max_length); "
-            f"{per_m} GPU-seconds per million trained tokens{on}"
-        )
-    if verdict.code == RUNNING:
-        eta = progress.get("eta_s")
-        eta_text = "unknown (no completions in the window yet)"
-        if eta is not None:
-            eta_text = f"{duration(eta)} (at {_at(now + eta)}) at the current rate (wall clock)"
-        lines.append(f"ETA       {eta_text}")
-    guard = progress.get("guard", {})
-    rates, limits = guard.get("window_rates", {}), guard.get("max_rates", {})
-    if rates:
-        parts = [
-            f"{name.replace('_', ' ')} {value:.1%}"
-            + (f" (halts > {limits[name]:.0%})" if name in limits else "")
-            for name, value in rates.items()
-        ]
-        lines.append("guard     " + " · ".join(parts) + f"  [{guard.get('seen', 0):,} results seen]")
-    if progress.get("retrying"):
-        lines.append(f"retrying  {progress['retrying']:,} requests waiting out a backoff")
     servers = progress.get("servers", [])
-    if servers:
+    trained = progress.get("trained_tokens")
+    gpu_s_per_million = None
+    if trained:
+        until = progress.get("ended_at") or progress.get("heartbeat_at") or now
+        gpu_s = (
+            max(0.0, until - float(progress.get("session_started_at") or until))
+            * factor
+            * max(1, len(servers))
+        )
+        gpu_s_per_million = gpu_s / trained * 1e6
+    running = verdict.code == RUNNING
+    eta = progress.get("eta_s") if running else None
+    guard = progress.get("guard", {})
+    limits = guard.get("max_rates", {})
+    return RunFigures(
+        total=conv.get("total", 0),
+        done=conv.get("done", 0),
+        failed=conv.get("failed", 0),
+        session_done=conv.get("session_done", 0),
+        turns_done=turns.get("done"),
+        turns_total=turns.get("total"),
+        turns_session=turns.get("session_done", 0) if turns else None,
+        conversations_per_s=per_s / factor if per_s is not None else None,
+        tok_s=tok_s / factor if tok_s is not None else None,
+        window_s=(rate.get("window_s") or 0.0) * factor,
+        clock=hardware,
+        trained_tokens=trained,
+        gpu_s_per_million=gpu_s_per_million,
+        eta_s=eta,
+        eta_at=now + eta if eta is not None else None,
+        running=running,
+        guard=tuple(
+            GuardRate(name, value, limits.get(name)) for name, value in guard.get("window_rates", {}).items()
+        ),
+        guard_seen=guard.get("seen", 0),
+        retrying=progress.get("retrying") or 0,
+        servers=tuple(
+            ServerFigures(
+                label=server.get("label", server.get("url", "?")),
+                up=bool(server.get("up")),
+                in_flight=server.get("in_flight", 0),
+                answered=server.get("completed", 0),
+                tok_s=server["tok_s"] / factor if server.get("tok_s") is not None else None,
+                accept_window=server.get("mean_accept_window"),
+                accept_session=server.get("mean_accept"),
+                errors=server.get("errors", 0),
+            )
+            for server in servers
+        ),
+        events=tuple(
+            Event(float(e.get("at", 0)), e.get("server", ""), e.get("what", ""))
+            for e in progress.get("events", [])[-EVENTS_SHOWN:]
+        ),
+    )
+
+
+def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, now: float) -> str:
+    """The table: counts, rates, ETA, guard, servers, last events."""
+    return figures_text(run_dir, verdict, run_figures(run_dir, progress, verdict, now=now))
+
+
+def figures_text(run_dir: Path, verdict: Verdict, f: RunFigures) -> str:
+    """``draftgen status``'s text table of one reading."""
+    lines = [f"run       {run_dir}", f"state     {verdict.word} — {verdict.sentence}"]
+    share = f" ({f.done / f.total:.1%})" if f.total else ""
+    lines.append(
+        f"done      {f.done:,} / {f.total:,} conversations{share}; this session {f.session_done:,}, "
+        f"failed {f.failed:,}"
+    )
+    if f.turns_session is not None:
+        text = f"{f.turns_session:,} assistant turns answered this session"
+        if f.turns_done is not None and f.turns_total:
+            text = f"{f.turns_done:,} / {f.turns_total:,} assistant turns; {f.turns_session:,} answered this session"
+        lines.append(f"turns     {text}")
+    on = f" ({f.clock})" if f.clock else ""
+    lines.append(
+        f"rate      {_fmt(f.conversations_per_s, ',.2f')} conversations/s, {_fmt(f.tok_s)} completion tok/s over "
+        f"the last {duration(f.window_s)}{on}"
+    )
+    if f.trained_tokens is not None:
+        per_m = _fmt(f.gpu_s_per_million)
+        lines.append(
+            f"trained   {f.trained_tokens:,} trained tokens this session (each turn's up to the trainer's "
+            f"max_length); {per_m} GPU-seconds per million trained tokens{on}"
+        )
+    if f.running:
+        eta_text = "unknown (no completions in the window yet)"
+        if f.eta_s is not None and f.eta_at is not None:
+            eta_text = f"{duration(f.eta_s)} (at {_at(f.eta_at)}) at the current rate (wall clock)"
+        lines.append(f"ETA       {eta_text}")
+    if f.guard:
+        parts = [
+            f"{g.name.replace('_', ' ')} {g.rate:.1%}"
+            + (f" (halts > {g.limit:.0%})" if g.limit is not None else "")
+            for g in f.guard
+        ]
+        lines.append("guard     " + " · ".join(parts) + f"  [{f.guard_seen:,} results seen]")
+    if f.retrying:
+        lines.append(f"retrying  {f.retrying:,} requests waiting out a backoff")
+    if f.servers:
         header = (
             "server",
             "state",
             "in flight",
-            "answered",  # requests answered this session (a multi-turn conversation asks once per turn)
+            "answered",
             "tok/s",
             "accept (window)",
             "accept (session)",
             "errors",
         )
         rows = [header]
-        for server in servers:
+        for s in f.servers:
             rows.append(
                 (
-                    server.get("label", server.get("url", "?")),
-                    "up" if server.get("up") else "DOWN",
-                    f"{server.get('in_flight', 0):,}",
-                    f"{server.get('completed', 0):,}",
-                    _fmt(server["tok_s"] / factor if server.get("tok_s") is not None else None),
-                    _fmt(server.get("mean_accept_window"), ".2f"),
-                    _fmt(server.get("mean_accept"), ".2f"),
-                    f"{server.get('errors', 0):,}",
+                    s.label,
+                    "up" if s.up else "DOWN",
+                    f"{s.in_flight:,}",
+                    f"{s.answered:,}",
+                    _fmt(s.tok_s),
+                    _fmt(s.accept_window, ".2f"),
+                    _fmt(s.accept_session, ".2f"),
+                    f"{s.errors:,}",
                 )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -229,14 +339,16 @@ def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *
             lines.append(
                 "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
             )
-    events = progress.get("events", [])
-    if events:
+    if f.events:
         lines.append("")
         lines.append("last events")
-        for event in events[-10:]:
-            stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(event.get("at", 0)))
-            lines.append(f"  {stamp}  {event.get('server', '')}: {event.get('what', '')}")
+        for event in f.events:
+            lines.append(f"  {event_stamp(event.at)}  {event.server}: {event.what}")
     return "\n".join(lines)
+
+
+def event_stamp(epoch: float) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(epoch))
 
 
 def _lock_pid(run_dir: Path) -> int | None:
@@ -248,8 +360,37 @@ def _lock_pid(run_dir: Path) -> int | None:
     return int(number) if word == "pid" and number.isdigit() else None
 
 
+@dataclass(frozen=True)
+class ManifestFigures:
+    """A run folder without progress.json: its manifest's counts."""
+
+    done: int
+    valid: int  # prompts
+    failed: int
+    rejected: int
+    shards: int
+
+
+MANIFEST_NOTE = "no progress.json (a run from before draftgen wrote one): figures from manifest.json, updated at each shard"
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """What ``draftgen status`` found: the verdict, its text table, and the figures behind it (for monitor)."""
+
+    run_dir: Path
+    verdict: Verdict
+    text: str
+    figures: RunFigures | ManifestFigures
+
+
 def manifest_status(run_dir: Path, *, now: float) -> tuple[Verdict, str]:
     """For a run folder without progress.json: the manifest's status and counts, and the lock file's pid."""
+    report = _manifest_report(run_dir, now=now)
+    return report.verdict, report.text
+
+
+def _manifest_report(run_dir: Path, *, now: float) -> StatusReport:
     path = run_dir / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -282,26 +423,39 @@ def manifest_status(run_dir: Path, *, now: float) -> tuple[Verdict, str]:
                 + (f"pid {pid} (from .lock) is gone" if pid else "no writer pid is recorded")
                 + ": presumed killed; --resume continues",
             )
+    figures = ManifestFigures(
+        done=counts.get("done", 0),
+        valid=prompts.get("valid", 0),
+        failed=counts.get("failed", 0),
+        rejected=counts.get("rejected", 0),
+        shards=len(manifest.get("shards", [])),
+    )
     lines = [
         f"run       {run_dir}",
         f"state     {verdict.word} — {verdict.sentence}",
-        "note      no progress.json (a run from before draftgen wrote one): figures from manifest.json, "
-        "updated at each shard",
-        f"done      {counts.get('done', 0):,} / {prompts.get('valid', 0):,} prompts; failed "
-        f"{counts.get('failed', 0):,}, rejected {counts.get('rejected', 0):,}",
-        f"shards    {len(manifest.get('shards', [])):,}",
+        f"note      {MANIFEST_NOTE}",
+        f"done      {figures.done:,} / {figures.valid:,} prompts; failed {figures.failed:,}, rejected "
+        f"{figures.rejected:,}",
+        f"shards    {figures.shards:,}",
     ]
-    return verdict, "\n".join(lines)
+    return StatusReport(run_dir, verdict, "\n".join(lines), figures)
 
 
 def run_status(run_dir: str | Path, *, now: float | None = None) -> tuple[Verdict, str]:
     """(verdict, table) for a generate run folder."""
+    report = status_report(run_dir, now=now)
+    return report.verdict, report.text
+
+
+def status_report(run_dir: str | Path, *, now: float | None = None) -> StatusReport:
+    """The verdict, the text table and the figures behind it, for a generate run folder."""
     run_dir = Path(run_dir)
     now = time.time() if now is None else now
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run folder at {run_dir}")
     progress = read_progress(run_dir)
     if progress is None:
-        return manifest_status(run_dir, now=now)
+        return _manifest_report(run_dir, now=now)
     verdict = judge(progress, now=now)
-    return verdict, format_progress(run_dir, progress, verdict, now=now)
+    figures = run_figures(run_dir, progress, verdict, now=now)
+    return StatusReport(run_dir, verdict, figures_text(run_dir, verdict, figures), figures)
