@@ -66,6 +66,7 @@ def test_the_command_runs_the_function_with_its_parameters_and_says_no_candidate
 
     monkeypatch.setattr(tune_command, "run_and_report", fake)
     monkeypatch.setattr(tune_command.report, "format_table", lambda table: "TABLE")
+    monkeypatch.setattr(tune_command.report, "startup_view", lambda run: "STARTUP")
     args = argparse.Namespace(
         parameters_file=[],
         parameter=[["engine", "sim"], ["model", "m"], ["max_tokens", "64"], ["servers", "[http://x:1]"]],
@@ -81,6 +82,7 @@ def test_the_command_runs_the_function_with_its_parameters_and_says_no_candidate
     )
     out = capsys.readouterr().out
     assert out.splitlines() == [
+        "STARTUP",
         "TABLE",
         "draftgen tune: no candidate could be measured; see the failures above",
     ]
