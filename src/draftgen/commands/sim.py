@@ -10,6 +10,7 @@ from pathlib import Path
 from draftgen.defaults import BASE_PORT, FLEET_SIZE, MODEL
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.fleet import FleetError, SimFleet
+from draftgen.sim.prefix_cache import add_cache_flags, cache_settings
 from draftgen.sim.profiles import PROFILES, get_profile
 from draftgen.sim.speculative import (
     StartupError,
@@ -43,6 +44,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default=MODEL, help="served model name (default %(default)s)")
     add_sglang_flags(parser)  # --speculative-*, --max-running-requests, --mem-fraction-static
+    add_cache_flags(parser)  # --disable-radix-cache, --enable-cache-report
     parser.add_argument("--work-dir", type=Path, default=None, help="where ground-truth JSONL and logs go")
     parser.add_argument("--seed", type=int, default=0, help="salts which requests get faults")
     parser.add_argument(
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             profile=args.profile,
             speed=args.speed,
             faults=args.fault,
-            server_args=settings_argv(flags),
+            server_args=[*settings_argv(flags), *cache_settings(args).argv()],
             work_dir=args.work_dir,
             seed=args.seed,
             tokenizer=args.tokenizer,

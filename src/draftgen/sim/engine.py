@@ -1,8 +1,9 @@
 """The simulated scheduler: continuous batching with a running-request cap, one verify step at a time.
 
-Each step admits waiting requests up to ``max_running_requests`` (their prefill lengthens that step), lasts
-``t0 + t1·batch`` simulated seconds (times the ``slow`` fault), and gives every running request its next
-acceptance-length draw of tokens. Steps are scheduled against a monotonic deadline so the aggregate rate
+Each step admits waiting requests up to ``max_running_requests`` (their prefill, less what the prefix cache
+holds, lengthens that step), lasts ``t0 + t1·batch`` simulated seconds (times the ``slow`` fault), and gives every
+running request its next acceptance-length draw of tokens. A prefill-only request (the first half of SGLang's
+``n``) finishes with the step that admits it. Steps are scheduled against a monotonic deadline so the aggregate rate
 stays exact even when individual sleeps overshoot; ``speed`` divides every wait.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from draftgen.sim.adaptive import AdaptiveRuntime, step_seconds
+from draftgen.sim.prefix_cache import PrefixCache
 from draftgen.sim.profiles import Profile
 from draftgen.sim.textgen import CompletionPlan
 
@@ -41,6 +43,9 @@ class SimRequest:
     )
     accept_expected: float | None = None  # its expected acceptance length (None: adaptive, instant, MTP off)
     max_tokens: int | None = None  # the request's max_tokens (as the server took it), for the ground truth
+    prompt_ids: tuple[int, ...] | None = None  # what the prefix cache matches and keeps (None: neither)
+    cached_tokens: int = 0  # prompt tokens the prefix cache held at admission (not prefilled)
+    prefill_only: bool = False  # SGLang's max_new_tokens=0 warm-up of n: prefilled, then finished, no tokens
     proposed_drafts: int = 0  # drafts proposed over its verifies (adaptive: the steps in force each time)
     arrival: float = field(default_factory=time.time)
     admitted: float | None = None
@@ -76,6 +81,7 @@ class EngineStats:
     """Counters a real server exposes, cumulative since start (warm-up included, like SGLang)."""
 
     prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0  # of those, the ones the prefix cache held (not prefilled)
     generation_tokens_total: int = 0
     verify_steps_total: int = 0
     requests_total: int = 0
@@ -98,9 +104,16 @@ class EngineStats:
 
 class Engine:
     def __init__(
-        self, profile: Profile, *, speed: float, slow: float, on_finish: Callable[[SimRequest], None]
+        self,
+        profile: Profile,
+        *,
+        speed: float,
+        slow: float,
+        on_finish: Callable[[SimRequest], None],
+        prefix_cache: PrefixCache | None = None,
     ):
         self.profile = profile
+        self.prefix_cache = prefix_cache
         self.speed = speed
         self.slow = slow
         self.on_finish = on_finish
@@ -181,25 +194,49 @@ class Engine:
             cycle_started = time.monotonic()
             admitted = self._admissible()
             now = time.time()
+            prefill_s = 0.0
             for request in admitted:
                 request.admitted = now
+                request.cached_tokens = self._cached_tokens(request)
                 self.stats.prompt_tokens_total += request.prompt_tokens  # prefilled in this step
+                self.stats.cached_tokens_total += request.cached_tokens
+                prefill_s += self.profile.prefill_seconds(request.prompt_tokens - request.cached_tokens)
             # Admitted requests are running from now on, so an abort during the step (client gone) removes
             # them for good: the step's results go only to requests still in ``running`` when it ends.
-            self.running.extend(admitted)
-            if self.adaptive is not None:  # the steps this batch size's slot is at now
+            self.running.extend(r for r in admitted if not r.prefill_only)
+            steps, sim_seconds = 0, 0.0
+            if not self.running:
+                pass  # a step of prefill-only requests: no decode
+            elif self.adaptive is not None:  # the steps this batch size's slot is at now
                 steps = self.adaptive.steps_for(len(self.running))
                 assert self.profile.spec_costs is not None
                 sim_seconds = step_seconds(self.profile.spec_costs, len(self.running), steps) * self.slow
             else:
                 steps = self.profile.spec_steps
                 sim_seconds = self.profile.step_seconds(len(self.running)) * self.slow
-            sim_seconds += sum(self.profile.prefill_seconds(r.prompt_tokens) for r in admitted)
+            sim_seconds += prefill_s
             await self._wait_step(sim_seconds / self.speed)
+            self._checkpoint(admitted)
             if self.running and not self.wedged:  # every request of the step may have been aborted meanwhile
                 self._apply_step(time.time(), steps)
             self.stats.step_planned_s += sim_seconds / self.speed
             self.stats.step_actual_s += time.monotonic() - cycle_started
+
+    def _cached_tokens(self, request: SimRequest) -> int:
+        if self.prefix_cache is None or request.prompt_ids is None:
+            return 0
+        return self.prefix_cache.match(request.prompt_ids)
+
+    def _checkpoint(self, admitted: list[SimRequest]) -> None:
+        """The step's prefills are done: their prompts go into the prefix cache (so two identical prompts
+        admitted together were both prefilled in full), and prefill-only requests are finished."""
+        if self.wedged:
+            return
+        for request in admitted:
+            if self.prefix_cache is not None and request.prompt_ids is not None:
+                self.prefix_cache.insert(request.prompt_ids)
+            if request.prefill_only and not request.done.is_set():
+                self._finish(request, "ok", time.time())
 
     def _has_admissible(self) -> bool:
         if self.ready.is_set():

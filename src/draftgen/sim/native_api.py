@@ -123,6 +123,8 @@ class NativeApi:
                 "mem_fraction_static": self.sim.profile.mem_fraction_static,
                 "speculative_adaptive": self.sim.profile.adaptive_steps is not None,
                 **RESOLVED_CACHE,
+                "disable_radix_cache": self.sim.config.cache.disable_radix_cache,
+                "enable_cache_report": self.sim.config.cache.enable_cache_report,
                 "version": self.sim.faults.sglang_version,
                 "internal_states": [state],
             }
@@ -201,6 +203,7 @@ class NativeApi:
         thinking = not text.rstrip(" ").endswith(THINK_END + "\n\n")
         return {
             "rid": str(body.get("rid") or uuid.uuid4().hex),
+            "prompt_ids": prompt_ids,
             "prompt_tokens": len(prompt_ids),
             "max_tokens": max_tokens,
             "thinking": thinking,
@@ -233,8 +236,11 @@ class NativeApi:
             "queue_time": max(0.0, (request.admitted or request.arrival) - request.arrival),
             "reasoning_tokens": 0,
             "completion_tokens": request.emitted,
-            "cached_tokens": 0,
-            "cached_tokens_details": None,  # SGLang's, with nothing cached (no prefix cache here)
+            "cached_tokens": request.cached_tokens,
+            # SGLang's breakdown (the output streamer's get_cached_tokens_details): null when nothing was cached
+            "cached_tokens_details": (
+                {"device": request.cached_tokens, "host": 0} if request.cached_tokens else None
+            ),
             "dp_rank": None,
         }
         if done:

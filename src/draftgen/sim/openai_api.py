@@ -1,9 +1,15 @@
-"""The simulated server's OpenAI surface: ``/v1/models`` and ``/v1/chat/completions`` (plain and SSE)."""
+"""The simulated server's OpenAI surface: ``/v1/models`` and ``/v1/chat/completions`` (plain and SSE).
+
+``n > 1`` (not streamed) is served as SGLang 0.5.23 serves it (``TokenizerManager._handle_batch_request``): the
+prompt is first sent alone with ``max_new_tokens=0`` to cache its prefix, and once that is done, ``n`` copies of
+the request, each a request of its own sampled apart, answer as choices ``0..n-1`` of one reply whose usage counts
+the prompt once and sums the completions (``UsageProcessor.calculate_response_usage``).
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -48,14 +54,29 @@ class OpenAIApi:
         )
 
     async def chat_completions(self, http: web.Request) -> web.StreamResponse:
-        accepted = await self.sim.accept(http, self._parse_chat, "chat")
-        if isinstance(accepted, web.Response):
-            return accepted
-        parsed, request = accepted
+        parsed = await self.sim.arrive(http, self._parse_chat, "chat")
+        if isinstance(parsed, web.Response):
+            return parsed
+        if parsed["n"] > 1:
+            return await self._parallel(parsed)
+        request = self.sim.queue(parsed, "chat")
         if parsed["stream"]:
             return await self._stream_chat(http, request, parsed)
         await self.sim.wait_for(request)
-        return web.json_response(self._chat_body(request, parsed))
+        return web.json_response(self._chat_body([request], parsed))
+
+    async def _parallel(self, parsed: dict) -> web.Response:
+        """``n > 1``: the prompt prefilled alone first (a prefill-only request, kind ``prefill``), then ``n``
+        copies queued together, each drawn from its own seed (SGLang uses a request's seed only with
+        ``--enable-deterministic-inference``, so its copies are independent draws)."""
+        warm_up = self.sim.queue(parsed, "prefill", rid=f"{parsed['rid']}-prefill", prefill_only=True)
+        await self.sim.wait_for(warm_up)
+        copies = [
+            self.sim.queue(parsed, "chat", rid=f"{parsed['rid']}-{i}", seed=request_seed(parsed["seed"], i))
+            for i in range(parsed["n"])
+        ]
+        await self.sim.wait_for(*copies)
+        return web.json_response(self._chat_body(copies, parsed))
 
     def _parse_chat(self, body: object, headers: Mapping[str, str]) -> dict:
         if not isinstance(body, dict):
@@ -66,9 +87,12 @@ class OpenAIApi:
         for index, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message:
                 raise BadRequest(f"messages[{index}] must be an object with a 'role'.")
-        n = body.get("n") or 1
-        if n != 1:
-            raise BadRequest("draftgen sim supports n=1 only.")
+        n = body.get("n")
+        n = 1 if n is None else n
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BadRequest(f"n must be a positive integer, got {n!r}")
+        if n > 1 and body.get("stream"):
+            raise BadRequest("draftgen sim supports n > 1 without streaming only.")
         kwargs = body.get("chat_template_kwargs") or {}
         thinking = bool(kwargs.get("enable_thinking", True)) if isinstance(kwargs, dict) else True
         tokenizer = self.sim.tokenizer
@@ -82,6 +106,7 @@ class OpenAIApi:
         seed_payload = {"messages": messages, "thinking": thinking}
         return {
             "rid": str(body.get("rid") or uuid.uuid4().hex),
+            "n": n,
             "model": body.get("model") or self.sim.config.model,
             "prompt_ids": prompt_ids,
             "prompt_tokens": len(prompt_ids),
@@ -111,15 +136,19 @@ class OpenAIApi:
             return None, answer
         return reasoning, answer
 
-    def _usage(self, request: SimRequest, parsed: dict) -> dict:
-        """SGLang 0.5.23's usage: reasoning tokens (up to ``</think>``) at the top and in the details, which are
-        null when there are none."""
-        reasoning = request.plan.reasoning_tokens(request.emitted) if parsed["separate"] else 0
+    def _usage(self, requests: Sequence[SimRequest], parsed: dict) -> dict:
+        """SGLang 0.5.23's usage: the prompt (and its cached tokens) once, the choices' completions summed;
+        reasoning tokens (up to ``</think>``) at the top and in the details, which are null when there are none;
+        cached tokens only with ``--enable-cache-report``."""
+        first = requests[0]
+        completion = sum(r.emitted for r in requests)
+        reasoning = sum(r.plan.reasoning_tokens(r.emitted) for r in requests) if parsed["separate"] else 0
+        report = self.sim.config.cache.enable_cache_report
         return {
-            "prompt_tokens": request.prompt_tokens,
-            "total_tokens": request.prompt_tokens + request.emitted,
-            "completion_tokens": request.emitted,
-            "prompt_tokens_details": None,
+            "prompt_tokens": first.prompt_tokens,
+            "total_tokens": first.prompt_tokens + completion,
+            "completion_tokens": completion,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens} if report else None,
             "reasoning_tokens": reasoning,
             "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
         }
@@ -131,18 +160,19 @@ class OpenAIApi:
             return "stop", request.plan.eos_id
         return "length", None
 
-    def _sglext(self, request: SimRequest, parsed: dict) -> dict | None:
-        """The response-level ``sglext`` of 0.5.23 (spec details and/or ids), or None when nothing was asked for
-        (or the request did not finish: SGLang omits the ids after an abort)."""
-        if self.sim.faults.sglang_version != "0.5.23" or request.outcome != "ok":
+    def _sglext(self, requests: Sequence[SimRequest], parsed: dict) -> dict | None:
+        """The response-level ``sglext`` of 0.5.23 (spec details, a list of them with ``n > 1``, and/or ids), or
+        None when nothing was asked for (or a request did not finish: SGLang omits the ids after an abort)."""
+        if self.sim.faults.sglang_version != "0.5.23" or any(r.outcome != "ok" for r in requests):
             return None
         sglext: dict[str, object] = {}
         if parsed["spec_details"] and self.sim.profile.speculative:
-            sglext["spec_tokens_details"] = self.sim.spec_tokens_details(request)
+            details = [self.sim.spec_tokens_details(r) for r in requests]
+            sglext["spec_tokens_details"] = details if len(details) > 1 else details[0]
         if parsed["input_ids"]:
             sglext["input_ids"] = parsed["prompt_ids"]
         if parsed["output_ids"]:
-            sglext["output_ids"] = [request.plan.output_ids(request.emitted)]
+            sglext["output_ids"] = [r.plan.output_ids(r.emitted) for r in requests]
         return sglext or None
 
     @staticmethod
@@ -152,31 +182,34 @@ class OpenAIApi:
             "weight_versions": [{"version": "default", "start": 0, "end": request.emitted}],
         }
 
-    def _chat_body(self, request: SimRequest, parsed: dict) -> dict:
+    def _choice(self, request: SimRequest, parsed: dict, index: int) -> dict:
         reasoning, content = self._texts(request, parsed, 0, request.shown_tokens)
         finish_reason, matched = self._finish_reason(request)
-        body: dict[str, object] = {
-            "id": request.rid,
-            "object": "chat.completion",
-            "created": int(request.arrival),
-            "model": parsed["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": content,
-                        "reasoning_content": reasoning if reasoning is not None else None,
-                    },
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                    "matched_stop": matched,
-                }
-            ],
-            "usage": None if self.sim.faults.omit_usage else self._usage(request, parsed),
-            "metadata": self._metadata(request),
+        return {
+            "index": index,
+            "message": {
+                "role": "assistant",
+                "content": content,
+                "reasoning_content": reasoning if reasoning is not None else None,
+            },
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "matched_stop": matched,
         }
-        sglext = self._sglext(request, parsed)
+
+    def _chat_body(self, requests: Sequence[SimRequest], parsed: dict) -> dict:
+        """The reply: one choice per request (``n`` of them), its id and times the first one's, as SGLang's."""
+        first = requests[0]
+        body: dict[str, object] = {
+            "id": first.rid,
+            "object": "chat.completion",
+            "created": int(first.arrival),
+            "model": parsed["model"],
+            "choices": [self._choice(r, parsed, i) for i, r in enumerate(requests)],
+            "usage": None if self.sim.faults.omit_usage else self._usage(requests, parsed),
+            "metadata": self._metadata(first),
+        }
+        sglext = self._sglext(requests, parsed)
         if sglext is not None:
             body["sglext"] = sglext
         return body
@@ -235,10 +268,10 @@ class OpenAIApi:
                     break
             finish = self._chunk(request, parsed, {"reasoning_content": None}, self._finish_reason(request))
             await response.write(sse(finish))
-            sglext = self._sglext(request, parsed)
+            sglext = self._sglext([request], parsed)
             if sglext is not None:
                 await response.write(sse(self._tail_chunk(request, parsed, usage=None, sglext=sglext)))
             if parsed["include_usage"] and not self.sim.faults.omit_usage:
-                usage = self._usage(request, parsed)
+                usage = self._usage([request], parsed)
                 await response.write(sse(self._tail_chunk(request, parsed, usage=usage)))
         return response

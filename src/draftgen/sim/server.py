@@ -40,6 +40,13 @@ from draftgen.sim.faults import Faults, parse_faults
 from draftgen.sim.metrics import ServerMetrics
 from draftgen.sim.native_api import NativeApi
 from draftgen.sim.openai_api import OpenAIApi
+from draftgen.sim.prefix_cache import (
+    CACHED_STATES_PER_RUNNING_REQUEST,
+    CacheSettings,
+    PrefixCache,
+    add_cache_flags,
+    cache_settings,
+)
 from draftgen.sim.profiles import Profile, get_profile
 from draftgen.sim.speculative import (
     StartupError,
@@ -71,6 +78,8 @@ class ServerConfig:
     tokenizer: Path | None = (
         None  # a Hugging Face tokenizer folder; None: the tiny Qwen3-format one, built here
     )
+    # --disable-radix-cache, --enable-cache-report
+    cache: CacheSettings = field(default_factory=CacheSettings)
 
 
 class SimServer:
@@ -81,7 +90,18 @@ class SimServer:
             profile = profile.with_overrides(max_running_requests=config.max_running_requests)
         self.profile = profile
         self.faults = config.faults
-        self.engine = Engine(profile, speed=config.speed, slow=config.faults.slow, on_finish=self._on_finish)
+        prefix_cache = (
+            None
+            if config.cache.disable_radix_cache
+            else PrefixCache(CACHED_STATES_PER_RUNNING_REQUEST * profile.max_running_requests)
+        )
+        self.engine = Engine(
+            profile,
+            speed=config.speed,
+            slow=config.faults.slow,
+            on_finish=self._on_finish,
+            prefix_cache=prefix_cache,
+        )
         self.metrics = ServerMetrics(self.engine, config.model)
         self.accept_probs = profile.position_probabilities()
         self.tokenizer = SimTokenizer(config.tokenizer or default_tokenizer())
@@ -115,6 +135,7 @@ class SimServer:
                 "first_token": request.first_token,
                 "finished": request.finished,
                 "prompt_tokens": request.prompt_tokens,
+                "cached_tokens": request.cached_tokens,
                 "max_tokens": request.max_tokens,
                 "completion_tokens": request.emitted,
                 "verify_steps": request.verify_steps,
@@ -207,6 +228,8 @@ class SimServer:
         noncanonical: bool = False,
         category: str | None = None,
         sampling_temperature: float | None = None,
+        prompt_ids: tuple[int, ...] | None = None,
+        prefill_only: bool = False,
     ) -> SimRequest:
         plan: CompletionPlan = plan_completion(
             seed,
@@ -250,6 +273,8 @@ class SimServer:
             temperature=sampling_temperature,
             accept_expected=expected,
             max_tokens=max_tokens,
+            prompt_ids=prompt_ids,
+            prefill_only=prefill_only,
         )
 
     def max_tokens(self, value: object, prompt_tokens: int, name: str) -> int:
@@ -298,6 +323,15 @@ class SimServer:
         ``seed``, ``max_tokens``,
         ``thinking``, ``ignore_eos``, ``stream``) or raises BadRequest, then the injected arrival faults, then it
         is queued. Returns the parsed fields and the queued request, or the response to send instead."""
+        parsed = await self.arrive(http, parse, kind)
+        if isinstance(parsed, web.Response):
+            return parsed
+        return parsed, self.queue(parsed, kind)
+
+    async def arrive(
+        self, http: web.Request, parse: Callable[[object, Mapping[str, str]], dict], kind: str
+    ) -> dict | web.Response:
+        """``accept`` up to the queue: the parsed fields, or the response to send instead."""
         try:
             body = await http.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -312,24 +346,40 @@ class SimServer:
             return refused
         if self.draw(self.faults.hang_rate):
             return await self.hang(rid, kind)
+        return parsed
+
+    def queue(
+        self,
+        parsed: dict,
+        kind: str,
+        *,
+        rid: str | None = None,
+        seed: int | None = None,
+        prefill_only: bool = False,
+    ) -> SimRequest:
+        """Plan the parsed request (under another ``rid`` or ``seed`` when given: one of ``n``'s copies) and
+        queue it; the injected per-request faults are drawn here (a prefill-only request gets none)."""
+        ids = parsed.get("prompt_ids")
         request = self.new_request(
-            rid,
+            rid or parsed["rid"],
             kind,
             prompt_tokens=parsed["prompt_tokens"],
-            seed=parsed["seed"],
-            max_tokens=parsed["max_tokens"],
+            seed=parsed["seed"] if seed is None else seed,
+            max_tokens=1 if prefill_only else parsed["max_tokens"],
             enable_thinking=parsed["thinking"],
-            ignore_eos=parsed["ignore_eos"],
+            ignore_eos=prefill_only or parsed["ignore_eos"],
             stream=parsed["stream"],
-            empty_answer=self.draw(self.faults.empty_answer_rate),
-            noncanonical=self.draw(self.faults.noncanonical_ids),
+            empty_answer=not prefill_only and self.draw(self.faults.empty_answer_rate),
+            noncanonical=not prefill_only and self.draw(self.faults.noncanonical_ids),
             category=parsed.get("category"),
             sampling_temperature=parsed.get("temperature"),
+            prompt_ids=None if ids is None else tuple(ids),
+            prefill_only=prefill_only,
         )
         self.engine.submit(request)
-        if self.draw(self.faults.abort_rate):
+        if not prefill_only and self.draw(self.faults.abort_rate):
             self.engine.abort(request, "aborted")
-        return parsed, request
+        return request
 
     def draw(self, rate: float) -> bool:
         return bool(rate) and self.fault_rng.random() < rate
@@ -358,11 +408,14 @@ class SimServer:
             self.engine.abort(request, "client_disconnected")
             raise
 
-    async def wait_for(self, request: SimRequest) -> None:
+    async def wait_for(self, *requests: SimRequest) -> None:
+        """Until every one of ``requests`` is done; a client that goes away aborts them all."""
         try:
-            await request.done.wait()
+            for request in requests:
+                await request.done.wait()
         except asyncio.CancelledError:
-            self.engine.abort(request, "client_disconnected")
+            for request in requests:
+                self.engine.abort(request, "client_disconnected")
             raise
 
     # ----- spec decoding details --------------------------------------------------------------------------
@@ -464,6 +517,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", type=Path, default=None)
     add_sglang_flags(parser)
+    add_cache_flags(parser)
     parser.add_argument("--die-with-parent", action="store_true")
     return parser.parse_args(argv)
 
@@ -507,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         truth_path=args.truth,
         seed=args.seed,
         tokenizer=args.tokenizer,
+        cache=cache_settings(args),
     )
     try:
         if args.tokenizer is not None:
