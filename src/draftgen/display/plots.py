@@ -92,3 +92,18 @@ def completion_length_histogram(
     axes.set_title(title)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
+
+
+def mean_band(axes: Any, band: tuple[float, float, float], linewidth: float = 1.2) -> float:
+    """The run's mean acceptance as a dashed line over its 95% interval, so a wobble around it reads as one and not
+    as a collapse; returns the interval's top for the caller's y limit."""
+    mean, low, high = band
+    axes.axhspan(low, high, color="#888888", alpha=0.25, lw=0)
+    axes.axhline(
+        mean,
+        color="black",
+        linestyle="--",
+        linewidth=linewidth,
+        label=f"run mean {mean:.2f} (95% interval {low:.2f}–{high:.2f})",
+    )
+    return high

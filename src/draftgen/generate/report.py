@@ -27,7 +27,7 @@ from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_
 from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import duration_unit, short_label
 from draftgen.display.notes import Notes, Stack
-from draftgen.display.plots import Plot, completion_length_histogram, save
+from draftgen.display.plots import Plot, completion_length_histogram, mean_band, save
 from draftgen.display.table import Column, Table, format_value, with_specs
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
@@ -457,16 +457,7 @@ def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot
     band = ratio_interval(tokens, tokens / samples["accept_length"].to_numpy())
     top = float(samples["accept_length"].max())
     if band is not None:
-        mean, low, high = band
-        axes.axhspan(low, high, color="#888888", alpha=0.25, lw=0)
-        axes.axhline(
-            mean,
-            color="black",
-            linestyle="--",
-            linewidth=1.2,
-            label=f"run mean {mean:.2f} (95% interval {low:.2f}–{high:.2f})",
-        )
-        top = max(top, high)
+        top = max(top, mean_band(axes, band))
     axes.set_ylim(1.0, top * 1.08)
     axes.set_title("Did MTP acceptance hold up on every worker over the run?")
     axes.set_xlabel(f"time since the first window ({unit}{', ' + clock.short if clock.simulated else ''})")

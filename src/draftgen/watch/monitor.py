@@ -20,7 +20,7 @@ from draftgen.breakdown import Breakdowns, breakdowns, ratio_interval
 from draftgen.display.breakdown_plots import acceptance_by_category
 from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import short_label
-from draftgen.display.plots import Plot, completion_length_histogram, message
+from draftgen.display.plots import Plot, completion_length_histogram, mean_band, message
 from draftgen.display.table import format_value
 from draftgen.params import NotebookCell, Params, param
 from draftgen.paths import ProjectPath, root_note
@@ -235,17 +235,8 @@ def plot_throughput_and_acceptance(run_dir: str | Path, bins: int = 120) -> Plot
     ceiling = max(float(values.max()) if values.len() else 1.0, 1.5)
     # the run's mean so far and its interval: a wobble around it reads as one, not as a collapse
     if band is not None:
-        mean, low, high = band
-        bottom.axhspan(low, high, color="#888888", alpha=0.25, lw=0)
-        bottom.axhline(
-            mean,
-            color="black",
-            linestyle="--",
-            linewidth=1,
-            label=f"run mean {mean:.2f} (95% interval {low:.2f}–{high:.2f})",
-        )
+        ceiling = max(ceiling, mean_band(bottom, band, linewidth=1))
         bottom.legend(fontsize=7, loc="lower right")
-        ceiling = max(ceiling, high)
     bottom.set_ylim(1.0, ceiling * 1.08)
     bottom.set_ylabel("mean acceptance length\n(tokens per verify; 1 = none accepted)")
     bottom.set_xlabel(f"time since the history began ({unit})")
