@@ -58,15 +58,23 @@ def run_dirs(out_dir: RunDirs) -> list[Path]:
     return folders
 
 
-def scan_results(out_dir: RunDirs) -> pl.LazyFrame:
-    """The stored rows (lazy), with emptiness flags computed in polars rather than loaded text, and ``folder``."""
-    frames = []
+def stored_shards(out_dir: RunDirs) -> list[tuple[Path, pl.LazyFrame]]:
+    """Each run folder with its stored shards (lazy); a folder that stored nothing yet is an error naming it."""
+    scans = []
     for folder in run_dirs(out_dir):
         paths = shard_paths(folder)
         if not paths:
             raise FileNotFoundError(f"no shards in {folder / SHARDS}: the run stored nothing yet")
+        scans.append((folder, scan_shards(paths)))
+    return scans
+
+
+def scan_results(out_dir: RunDirs) -> pl.LazyFrame:
+    """The stored rows (lazy), with emptiness flags computed in polars rather than loaded text, and ``folder``."""
+    frames = []
+    for folder, shards in stored_shards(out_dir):
         frames.append(
-            scan_shards(paths).select(
+            shards.select(
                 *REPORT_COLUMNS,
                 pl.col("turn_after").list.len().fill_null(1).cast(pl.Int64).alias("turns"),  # older shards: 1
                 (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
@@ -266,13 +274,10 @@ def request_table(out_dir: RunDirs) -> pl.DataFrame:
     """One row per generated turn (a request): its prompt's category, its sampling-plan arm, turn index, tokens,
     verify steps, acceptance and latency on the servers' clock — the input of ``draftgen.breakdown``."""
     frames = []
-    for folder in run_dirs(out_dir):
-        paths = shard_paths(folder)
-        if not paths:
-            raise FileNotFoundError(f"no shards in {folder / SHARDS}: the run stored nothing yet")
-        single = pl.col("turn_completion_tokens").list.len().fill_null(1) == 1
+    single = pl.col("turn_completion_tokens").list.len().fill_null(1) == 1
+    for _folder, shards in stored_shards(out_dir):
         frames.append(
-            scan_shards(paths).select(
+            shards.select(
                 "id",
                 "category",
                 "arm",
@@ -326,16 +331,10 @@ def plot_acceptance_by_length(out_dir: RunDirs, save_to: str | Path | None = Non
 def finish_reasons(out_dir: RunDirs) -> pl.DataFrame:
     """How each generated turn ended, every turn of a conversation (a row's own ``finish_reason`` is its last
     turn's): max_tokens cuts turns, so a conversation cut in its middle turn counts that cut."""
-    frames = []
-    for folder in run_dirs(out_dir):
-        paths = shard_paths(folder)
-        if not paths:
-            raise FileNotFoundError(f"no shards in {folder / SHARDS}: the run stored nothing yet")
-        frames.append(
-            scan_shards(paths).select(
-                _turn_list("turn_finish_reason", "finish_reason").alias("finish_reason")
-            )
-        )
+    frames = [
+        shards.select(_turn_list("turn_finish_reason", "finish_reason").alias("finish_reason"))
+        for _folder, shards in stored_shards(out_dir)
+    ]
     return (
         pl.concat(frames)
         .explode("finish_reason")
