@@ -38,13 +38,15 @@ STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 
 RESUME_PROMPTS = 8
 # The hedged run's slow server is STANDALONE made HEDGE_SLOWDOWN + 1 times slower than itself (ServeRun.slowed): slow
 # by construction, whatever the machine's speed (unslowed it takes 1-7x NGRAM's time a request, by the load; on a
-# quiet machine that was once too little to be hedged). The hedger needs 10 of its answers before the tail: slowed,
-# it takes 2-14x NGRAM's time a request, one prompt in 3 to 15, so 240 prompts leave it 16 or more answers (with 120
-# and a 3x slowdown a quiet machine once left it 8, and nothing was hedged).
+# quiet machine that was once too little to be hedged). A hedge needs the queue to run dry while a slow request
+# still has longer to go than a fast server takes to free a slot and the hedger to poll (0.5 s): at 2x (2.3 s a
+# request against NGRAM's 0.36) the slow server's last three were once all within 0.6 s of their end, and nothing
+# was hedged; at 4x they take ~4.6 s. The hedger also needs 10 of its answers before the tail: slowed 4x, it takes
+# 4-28x NGRAM's time a request, one prompt in 5 to 29, so 480 prompts leave it 16 or more answers.
 # Answers of HEDGE_TOKENS: a loser still has most of its answer to go when the copy lands, so SGLang aborts it.
-HEDGE_PROMPTS = 240
+HEDGE_PROMPTS = 480
 HEDGE_TOKENS = 16
-HEDGE_SLOWDOWN = 1.0
+HEDGE_SLOWDOWN = 3.0
 FAILOVER_PROMPTS = 24  # ngram answers ~4 a second: enough left for it after plain's first shard
 # The kill tests' other server runs KILL_SLOWDOWN + 1 times slower than itself until the kill (ServeRun.slowed), so
 # the run is mid-way when the kill lands, by construction rather than by the day's relative speeds.
