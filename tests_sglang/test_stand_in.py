@@ -93,7 +93,7 @@ def test_sitecustomize_forks_sglangs_children_only_in_the_launcher_and_only_when
 
 
 SLOWED_IMPORT = """
-import sys, time
+import os, sys, threading, time
 sys.path.insert(0, {folder!r})
 import sitecustomize
 sitecustomize._slow_on_demand({flags!r}, "7001", "fake_runner")
@@ -105,13 +105,19 @@ for _ in range(2):
     runner.forward(0.05)
     timings.append(time.perf_counter() - started)
     open({flag!r}, "w").write("3")
+open({flag!r}, "w").write("100000")  # held still until the flag goes
+threading.Timer(0.3, os.remove, [{flag!r}]).start()
+started = time.perf_counter()
+runner.forward(0.05)
+timings.append(time.perf_counter() - started)
 print(" ".join(f"{{t:.3f}}" for t in timings))
 """
 
 
 def test_a_slowed_server_runs_its_factor_plus_one_times_slower_while_the_flag_exists(tmp_path):
     """ServeRun.slowed's mechanism: the model runner's forward, patched when its module is first imported, is
-    followed by a pause of N times its own duration while the port's flag file holds N; none without the file."""
+    followed by a pause of N times its own duration while the port's flag file holds N; none without the file. The
+    flag is re-read during the pause: a huge N holds the forward until the file is removed, then it returns."""
     module = tmp_path / "modules"
     (module / "fake_runner").mkdir(parents=True)
     (module / "fake_runner" / "__init__.py").write_text(
@@ -124,9 +130,10 @@ def test_a_slowed_server_runs_its_factor_plus_one_times_slower_while_the_flag_ex
     )
     assert done.returncode == 0, done.stderr
     assert sitecustomize.SLOW_NOTE in done.stderr
-    plain, slowed = (float(t) for t in done.stdout.split())
+    plain, slowed, held = (float(t) for t in done.stdout.split())
     assert 0.05 <= plain < 0.1  # no flag file yet: the forward's own time
     assert slowed >= 4 * 0.05  # 3 x its own duration more
+    assert 0.3 <= held < 60  # 100000 x 0.05 s would be 83 min: it ended when the flag was removed
     assert sitecustomize.slow_factor(str(flags / "absent")) == 0.0
     (flags / "junk").write_text("fast please")
     assert sitecustomize.slow_factor(str(flags / "junk")) == 0.0

@@ -129,18 +129,29 @@ def wait_for_shards(run_dir: Path, count: int, proc: subprocess.Popen, timeout_s
 
 def wait_for_a_row_from(server: str, run_dir: Path, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
     """Until a stored shard holds a row ``server`` answered (the first shard alone may be another server's)."""
+    wait_for_rows_from(server, 1, run_dir, proc, timeout_s)
+
+
+def wait_for_rows_from(
+    server: str, count: int, run_dir: Path, proc: subprocess.Popen, timeout_s: float = 300.0
+) -> None:
+    """Until the stored shards hold ``count`` rows that ``server`` answered."""
     deadline = time.monotonic() + timeout_s
     read: set[Path] = set()
+    found = 0
     while True:
         for shard in shards(run_dir):
             if shard not in read:
                 read.add(shard)
-                if (pl.read_parquet(shard, columns=["server"])["server"] == server).any():
+                found += int((pl.read_parquet(shard, columns=["server"])["server"] == server).sum())
+                if found >= count:
                     return
         if proc.poll() is not None:
-            raise AssertionError(f"the run ended with no row from {server} stored:\n{proc.stdout.read()}")
+            raise AssertionError(
+                f"the run ended with {found} row(s) from {server} stored:\n{proc.stdout.read()}"
+            )
         if time.monotonic() > deadline:
-            raise AssertionError(f"no row from {server} in {run_dir} after {timeout_s:.0f} s")
+            raise AssertionError(f"{found} row(s) from {server} in {run_dir} after {timeout_s:.0f} s")
         time.sleep(0.05)
 
 

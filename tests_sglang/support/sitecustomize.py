@@ -33,8 +33,8 @@ untouched.
    server's ``--port``, each forward pass of SGLang's model runner is followed by a pause of N times its own
    duration (N: the file's content), so the server runs N + 1 times slower than it would, whatever the machine's
    speed or load. The hedging and kill tests make their slow server slow so, by construction, instead of hoping
-   one server is slower than another on the day. The file is read at every pass: removing it restores full speed
-   at the next step. Installed in the launcher (forked children inherit it); spawned children are untouched.
+   one server is slower than another on the day. The file is read at every pass and during each pause: removing
+   it restores full speed at once, and a huge N holds the server still until it is removed. Installed in the launcher (forked children inherit it); spawned children are untouched.
 """
 
 import importlib.abc
@@ -131,15 +131,22 @@ def slow_factor(path: str) -> float:
         return 0.0
 
 
+PAUSE_SLICE_S = (
+    0.05  # a pause re-reads the flag this often: removing it (or lowering it) ends a long pause at once
+)
+
+
 def slowed(forward, flag_path: str):  # type: ignore[no-untyped-def]
-    """``forward`` followed by a pause of ``slow_factor(flag_path)`` times its own duration."""
+    """``forward`` followed by a pause of ``slow_factor(flag_path)`` times its own duration, the factor re-read
+    during the pause: a huge factor holds the server still until the flag is removed."""
 
     def forward_then_pause(*args, **kwargs):  # type: ignore[no-untyped-def]
         started = time.perf_counter()
         out = forward(*args, **kwargs)
-        factor = slow_factor(flag_path)
-        if factor > 0:
-            time.sleep(factor * (time.perf_counter() - started))
+        took = time.perf_counter() - started
+        paused_from = time.perf_counter()
+        while (left := slow_factor(flag_path) * took - (time.perf_counter() - paused_from)) > 0:
+            time.sleep(min(left, PAUSE_SLICE_S))
         return out
 
     return forward_then_pause

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from notebook_runs import (
     start_run,
     stored_rows,
     wait_for_a_row_from,
+    wait_for_rows_from,
     wait_for_shards,
 )
 from prompt_files import single_turn, three_turns, too_long, write_rows
@@ -36,17 +38,17 @@ SERVED_MODEL = "tiny-qwen3"  # --served-model-name of the fleet's three servers
 STREAM_PROMPTS = 6  # single-turn rows beside three three-turn ones: 9 rows, 15 answers. Under 10 prompts, so
 # validate's duplicate_answer flag (the same answer to >= 10 prompts) stays quiet for the designed model.
 RESUME_PROMPTS = 8
-# The hedged run's slow server is STANDALONE made HEDGE_SLOWDOWN + 1 times slower than itself (ServeRun.slowed): slow
-# by construction, whatever the machine's speed (unslowed it takes 1-7x NGRAM's time a request, by the load; on a
-# quiet machine that was once too little to be hedged). A hedge needs the queue to run dry while a slow request
-# still has longer to go than a fast server takes to free a slot and the hedger to poll (0.5 s): at 2x (2.3 s a
-# request against NGRAM's 0.36) the slow server's last three were once all within 0.6 s of their end, and nothing
-# was hedged; at 4x they take ~4.6 s. The hedger also needs 10 of its answers before the tail: slowed 4x, it takes
-# 4-28x NGRAM's time a request, one prompt in 5 to 29, so 480 prompts leave it 16 or more answers.
-# Answers of HEDGE_TOKENS: a loser still has most of its answer to go when the copy lands, so SGLang aborts it.
-HEDGE_PROMPTS = 480
+# The hedged run's servers are set by construction, whatever the machine's speed or load (ServeRun.slowed): STANDALONE
+# runs HEDGE_SLOWDOWN + 1 times slower than itself throughout, so the hedger judges it slow; NGRAM is held still from
+# the run's first shard until STANDALONE has HEDGE_JUDGED answers stored (the hedger judges a server once it has 10),
+# then STANDALONE is held still to the end. So its last requests are still running when NGRAM empties the queue,
+# and each is hedged onto NGRAM. Answers of HEDGE_TOKENS: a held loser is mid-answer when its copy lands, so SGLang
+# aborts it once released.
+HEDGE_PROMPTS = 120
 HEDGE_TOKENS = 16
 HEDGE_SLOWDOWN = 3.0
+HEDGE_JUDGED = 11
+HELD = 1e9  # a pause of this many forward passes: the server is still until its flag goes
 FAILOVER_PROMPTS = 24  # ngram answers ~4 a second: enough left for it after plain's first shard
 # The kill tests' other server runs KILL_SLOWDOWN + 1 times slower than itself until the kill (ServeRun.slowed), so
 # the run is mid-way when the kill lands, by construction rather than by the day's relative speeds.
@@ -57,6 +59,7 @@ VERDICT_LEVELS = (1, 2)  # the verdict's concurrencies; the production one is th
 # What every generate and benchmark run of the tier sends: the one served name, greedy, a CPU-sized time limit.
 GREEDY = {"model": SERVED_MODEL, "temperature": 0.0, "top_p": 1.0, "request_timeout_s": 300.0}
 ABORTED = "sglang:num_aborted_requests_total"
+FINISHED = "sglang:num_requests_total"
 
 
 def metric(url: str, name: str) -> float:
@@ -193,10 +196,10 @@ class HedgedRun:
 def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: Path) -> HedgedRun:
     """generate.ipynb (streamed) on ngram and standalone, hedging forced, one prompt too long for the model.
 
-    ``hedge_slow_ratio`` 0.9, and STANDALONE slowed to three times its own time per step for the run: it answers
-    at a fraction of NGRAM's per-request rate, so it is hedged at the tail at any machine speed. Enough prompts
-    that the slow server has the 10 answers hedging needs before the queue runs dry. Thinking off and
-    ``max_truncated_rate`` 1.0: the random model never ends before max_tokens.
+    ``hedge_slow_ratio`` 0.9; STANDALONE four times slower than itself, NGRAM held while STANDALONE answers the 10
+    the hedger judges it by, then STANDALONE held to the end (HEDGE_JUDGED): it answers at a fraction of NGRAM's
+    per-request rate, and its last requests are still running when the queue runs dry, so they are hedged at any
+    machine speed. Thinking off and ``max_truncated_rate`` 1.0: the random model never ends before max_tokens.
     Streamed, because SGLang 0.5.23 notices a client gone from a streamed request at its next chunk, but from a
     non-streamed one only every SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s) or SGLANG_FORCE_STREAM_INTERVAL tokens:
     a non-streamed loser that ends sooner is finished, not aborted (seen here: two hedges, no abort)."""
@@ -211,16 +214,43 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
         "enable_thinking": False,
         "max_tokens": HEDGE_TOKENS,
         "concurrency_per_server": 3,
-        "batch_save_size": 8,
+        "batch_save_size": 4,
         "hedge_slow_ratio": 0.9,
         "max_truncated_rate": 1.0,
     }
     urls = {"ngram": ngram.url, "standalone": standalone.url}
     before = {name: metric(url, ABORTED) for name, url in urls.items()}
-    with standalone.slowed(HEDGE_SLOWDOWN):
-        run_dir = draftgen_run(draftgen, "generate", root, "hedge", params)
-    aborted = {name: metric(url, ABORTED) - before[name] for name, url in urls.items()}
+    run_dir = root / "generate" / "hedge"
+    proc = start_run(draftgen, "generate", root, "hedge", params)
+    try:
+        with standalone.slowed(HEDGE_SLOWDOWN), ngram.slowed(0.0):
+            wait_for_shards(run_dir, 1, proc)  # preflight is over: the run is sending prompts
+            ngram.slow_flag.write_text(
+                f"{HELD}\n"
+            )  # only STANDALONE answers now, until the hedger can judge it
+            wait_for_rows_from(standalone.url, HEDGE_JUDGED, run_dir, proc)
+            standalone.slow_flag.write_text(f"{HELD}\n")
+            ngram.slow_flag.write_text("0\n")
+            finish(proc, "generate", run_dir)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    aborted = _settled(lambda: {name: metric(url, ABORTED) - before[name] for name, url in urls.items()})
     return HedgedRun(run_dir, prompts, urls, aborted)
+
+
+def _settled(read: Callable[[], dict[str, float]], timeout_s: float = 60.0) -> dict[str, float]:
+    """The abort counts once a server released from a hold has noticed its cancelled streams (at its next chunk):
+    the first reading with an abort that a second one, a second later, repeats."""
+    deadline = time.monotonic() + timeout_s
+    last = read()
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = read()
+        if now == last and sum(now.values()) >= 1:
+            return now
+        last = now
+    return last
 
 
 @dataclass(frozen=True)
