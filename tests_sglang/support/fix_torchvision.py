@@ -62,7 +62,10 @@ def main() -> int:
     if fixed == text:
         print(f"fix_torchvision: {path} already fixed")
         return 0
-    path.write_text(fixed)
+    # a new file renamed over the old: uv installs files as hard links to its cache, which must stay as released
+    replacement = path.with_name(path.name + ".fixed")
+    replacement.write_text(fixed)
+    replacement.replace(path)
     print(f"fix_torchvision: guarded {text.count(DECORATOR)} fake registrations in {path}")
     return 0
 
