@@ -59,7 +59,7 @@ TEST_WORKERS ?= 4
 BEFORE_TIMING ?= true
 
 # Where PYTHONDONTWRITEBYTECODE is set (as on these machines) no process writes bytecode, so each simulated server,
-# kernel and CLI would compile draftgen's modules again: compiled once here instead.
+# kernel and CLI would compile draftgen's modules again: compiled once here instead (and in the other tiers).
 test: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
 	$(BIN)/python -m compileall -q src
@@ -79,6 +79,7 @@ $(REAL_STAMP): pyproject.toml $(STAMP)
 
 test-real: $(REAL_STAMP)
 	$(REAL_BIN)/ruff check tests_real
+	$(REAL_BIN)/python -m compileall -q src
 	$(REAL_BIN)/python -m pytest tests_real --durations=5 \
 		--basetemp=$(REAL_VENV)/pytest-tmp  # its own: it runs beside make test in .ci/run, and pytest prunes old /tmp/pytest-of-* folders
 
@@ -91,6 +92,7 @@ $(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py $(STAMP)
 
 test-sglang: $(STAMP) $(SGLANG_STAMP)
 	$(BIN)/ruff check tests_sglang
+	$(BIN)/python -m compileall -q src
 	DRAFTGEN_BIN=$(CURDIR)/$(BIN)/draftgen $(SGLANG_BIN)/python -m pytest tests_sglang --durations=8 \
 		--basetemp=$(SGLANG_VENV)/pytest-tmp  # its own: other pytest runs prune the shared /tmp/pytest-of-* folders
 
