@@ -40,6 +40,8 @@ from draftgen.serve.router import RouterProcess, healthy_workers
 from draftgen.sim.fleet import find_free_base_port
 
 ROOT = Path(__file__).resolve().parents[1]
+# Nothing is in flight when a test's gateway stops; with its default grace period SMG takes 5 s to exit even so.
+QUICK_STOP = ("--shutdown-grace-period-secs", "1")
 MODEL = "Qwen/Qwen3.6-27B"
 OPENAI_FIELDS = ("model", "messages", "temperature", "top_p", "max_tokens")
 EXTRAS = {
@@ -127,7 +129,10 @@ def _gateway(factory: pytest.TempPathFactory, worker_cls_name: str, faults: list
             proxy.start()
             proxies.append(proxy)
         router = RouterProcess(
-            [p.url for p in proxies], policy="round_robin", log_dir=factory.mktemp("router")
+            [p.url for p in proxies],
+            policy="round_robin",
+            log_dir=factory.mktemp("router"),
+            extra_args=QUICK_STOP,
         )
         router.start()
         yield Gateway(fleet, proxies, router)
@@ -155,7 +160,9 @@ def ids_routed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 def empty_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """SMG whose only worker URL has nothing listening: what it answers before any worker is registered."""
     base = find_free_base_port(3)
-    router = RouterProcess([f"http://127.0.0.1:{base + 2}"], log_dir=tmp_path_factory.mktemp("empty"))
+    router = RouterProcess(
+        [f"http://127.0.0.1:{base + 2}"], log_dir=tmp_path_factory.mktemp("empty"), extra_args=QUICK_STOP
+    )
     router.port, router.metrics_port = base, base + 1
     try:
         router.start(wait=False)
@@ -474,7 +481,9 @@ def _policies(ctx: Context) -> str:
     refused = []
     for policy in ROUTER_POLICIES:
         try:
-            with RouterProcess([p.url for p in ctx.routed.proxies], policy=policy) as router:
+            with RouterProcess(
+                [p.url for p in ctx.routed.proxies], policy=policy, extra_args=QUICK_STOP
+            ) as router:
                 status, raw = post(f"{router.url}/v1/chat/completions", {**BODY, "max_tokens": 4})
                 assert status == 200, (policy, raw)
         except Exception as exc:  # named in the verdict
