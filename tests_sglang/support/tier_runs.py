@@ -225,12 +225,10 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
     try:
         with standalone.slowed(HEDGE_SLOWDOWN), ngram.slowed(0.0):
             wait_for_shards(run_dir, 1, proc)  # preflight is over: the run is sending prompts
-            ngram.slow_flag.write_text(
-                f"{HELD}\n"
-            )  # only STANDALONE answers now, until the hedger can judge it
+            ngram.slow_to(HELD)  # only STANDALONE answers now, until the hedger can judge it
             wait_for_rows_from(standalone.url, HEDGE_JUDGED, run_dir, proc)
-            standalone.slow_flag.write_text(f"{HELD}\n")
-            ngram.slow_flag.write_text("0\n")
+            standalone.slow_to(HELD)
+            ngram.slow_to(0.0)
             finish(proc, "generate", run_dir)
     finally:
         if proc.poll() is None:
