@@ -116,7 +116,15 @@ def test_the_ranking_at_each_concurrency_is_the_measured_one_and_matches_the_pro
         expected = max(candidates, key=lambda c: truth(c.settings, level)).index
         assert max(measured, key=measured.get) == expected, (level, verdict_report.format_table(verdict))
     mtp, block, head = candidates
-    assert verdict.winner.index == head.index and verdict.winner_at_lowest.index == block.index
+    assert verdict.winner.index == head.index, verdict_report.format_table(verdict)  # ~17% apart at 64
+    # At 1 in flight (8 requests each) the block drafter measures fastest (above) and is named the winner exactly
+    # when its interval lies above the others': a loaded machine widens the intervals, and then the verdict must
+    # call it a tie rather than name a winner by noise.
+    low = verdict.ranking_at_lowest
+    assert low.best.candidate.index == block.index
+    close = {c.index for c in (mtp, head) if verdict_report.overlaps(low.best, verdict.point(c, 1))}
+    assert {p.candidate.index for p in low.tied} == close, verdict_report.format_table(verdict)
+    assert verdict.winner_at_lowest == (None if close else block), verdict_report.format_table(verdict)
     assert verdict.point(block, 1).tok_s_per_gpu > verdict.point(mtp, 1).tok_s_per_gpu
     assert verdict.point(block, 64).tok_s_per_gpu < verdict.point(mtp, 64).tok_s_per_gpu
     # acceptance as the profiles have it: the block drafter's 7 positions accept more than MTP's 3
@@ -136,7 +144,9 @@ def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
     assert "at 64 in flight its step takes" in why[0] and "verify of 8 tokens per request" in why[0]
     assert f"{prod.tok_s_per_gpu:,.0f} vs {verdict.point(mtp, 64).tok_s_per_gpu:,.0f} tok/s per GPU" in why[0]
     assert not any(r.startswith("EAGLE3") for r in verdict.reasons)  # better at both: nothing to explain
-    assert any("The ranking turns" in r for r in verdict.reasons)
+    # the ranking turns only between two winners (a tie at 1 in flight, on a loaded machine, names no turn)
+    turned = verdict.winner_at_lowest is not None and verdict.winner_at_lowest != verdict.winner
+    assert any("The ranking turns" in r for r in verdict.reasons) == turned, verdict_report.format_table(verdict)
     assert (
         "DFLASH block 8" in info["verdict"]["headline"] and "EAGLE3 3/1/4 wins" in info["verdict"]["headline"]
     )
