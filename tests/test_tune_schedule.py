@@ -165,9 +165,13 @@ def test_equal_time_stops_the_slow_candidate_at_the_fast_ones_time_and_a_replay_
     full_run = asyncio.run(run_tune(full, log=lambda line: None))
     full_off = next(j for j in full_run.jobs if j.candidate.label == off.candidate.label)
     assert not full_off.stopped_by_clock and full_off.requests == budget
-    timed_rate = run.estimates[off.candidate.index].tok_s_per_gpu
-    full_rate = full_run.estimates[off.candidate.index].tok_s_per_gpu
-    assert timed_rate == pytest.approx(full_rate, rel=0.1)
+    # Each run's MTP-off rate against the 3/1/4 rate measured beside it, on the same machine at the same moment:
+    # the two runs are a minute apart, and load beside the suite that changes in between moves both candidates.
+    def off_vs_mtp(tune_run) -> float:  # type: ignore[no-untyped-def]
+        rates = {index: e.tok_s_per_gpu for index, e in tune_run.estimates.items()}
+        return rates[off.candidate.index] / rates[mtp.candidate.index]
+
+    assert off_vs_mtp(run) == pytest.approx(off_vs_mtp(full_run), rel=0.1)
     # A replay with the job's own count sends exactly as many requests (what benchmarks/tune_speedup.py compares).
     sample = sample_prompts(timed.prompt_path, timed.sample_size, timed.seed)
     replay_config = timed.model_copy(update={"out_dir": str(tmp_path / "replay")})

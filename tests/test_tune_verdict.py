@@ -29,8 +29,8 @@ LEVELS = [1, 64]
 # that costs 0.2 ms per request and block token (the verify of 8 tokens per request on top).
 COSTLY_BLOCK = {"profile": "dflash", "draft_per_token_s": 0.0002}
 # An EAGLE-3 head that accepts more than MTP at the same 3/1/4 and drafts for less per request: better everywhere,
-# and by ~17% at 64 in flight, far beyond the intervals of a loaded machine (at MTP's cost it was 7%, and a CI run on
-# a busy machine measured that as a tie).
+# and by ~17% at 64 in flight by the profiles. A loaded machine squeezes that (a CI run with a second SGLang tier
+# beside it measured 3%, intervals overlapping): the tests check the verdict's contract (named_by_contract).
 STRONG_HEAD = {"profile": "eagle3", "accept_p": [0.99, 0.99, 0.99], "draft_per_token_s": 0.00001}
 
 
@@ -45,6 +45,26 @@ def truth(settings: ServerSettings, level: int) -> float:
         speculative_draft_model_path=settings.speculative_draft_model_path,
     )
     return apply_settings(get_profile("b200-mtp"), flags).tokens_per_second(level)
+
+
+def named_by_contract(verdict, level: int):  # type: ignore[no-untyped-def]
+    """The verdict's contract at one concurrency, whatever load the machine is under: a winner only when its
+    interval lies above every other's, else a tie of the best and those its interval overlaps; and the candidate the
+    profiles make fastest is the winner, or one of the tie. A loaded machine squeezes the simulated candidates'
+    rates together (the client and servers share two cores): then a tie is the right answer, not a failure.
+    Returns the winner (None: a tie)."""
+    candidates = verdict.run.candidates
+    ranking = verdict.ranking if level == verdict.production else verdict.ranking_at_lowest
+    points = {c.index: verdict.point(c, level) for c in candidates}
+    assert all(p.tok_s_per_gpu is not None for p in points.values()), verdict_report.format_table(verdict)
+    top = ranking.best
+    assert top.tok_s_per_gpu == max(p.tok_s_per_gpu for p in points.values())
+    close = {i for i, p in points.items() if i != top.candidate.index and verdict_report.overlaps(top, p)}
+    assert {p.candidate.index for p in ranking.tied} == close, verdict_report.format_table(verdict)
+    fastest = max(candidates, key=lambda c: truth(c.settings, level))
+    assert fastest.index in {top.candidate.index, *close}, (level, verdict_report.format_table(verdict))
+    assert ranking.winner == (None if close else top.candidate)
+    return ranking.winner
 
 
 def drafter_dir(root, name: str, profile: dict):  # type: ignore[no-untyped-def]
@@ -109,47 +129,49 @@ def test_the_profiles_numbers_make_the_block_drafter_win_alone_and_lose_at_64(ju
 @pytest.mark.timing
 def test_the_ranking_at_each_concurrency_is_the_measured_one_and_matches_the_profiles(judged):
     config, _run, verdict, info, _ = judged
-    candidates = config.verdict_candidates()
-    for level in LEVELS:
-        measured = {c.index: verdict.point(c, level).tok_s_per_gpu for c in candidates}
-        assert all(v is not None for v in measured.values()), verdict_report.format_table(verdict)
-        expected = max(candidates, key=lambda c: truth(c.settings, level)).index
-        assert max(measured, key=measured.get) == expected, (level, verdict_report.format_table(verdict))
-    mtp, block, head = candidates
-    assert verdict.winner.index == head.index, verdict_report.format_table(verdict)  # ~17% apart at 64
-    # At 1 in flight (8 requests each) the block drafter measures fastest (above) and is named the winner exactly
-    # when its interval lies above the others': a loaded machine widens the intervals, and then the verdict must
-    # call it a tie rather than name a winner by noise.
-    low = verdict.ranking_at_lowest
-    assert low.best.candidate.index == block.index
-    close = {c.index for c in (mtp, head) if verdict_report.overlaps(low.best, verdict.point(c, 1))}
-    assert {p.candidate.index for p in low.tied} == close, verdict_report.format_table(verdict)
-    assert verdict.winner_at_lowest == (None if close else block), verdict_report.format_table(verdict)
+    mtp, block, head = config.verdict_candidates()
+    # the head wins at 64 and the block drafter alone, or (their intervals overlapping others') ties there
+    assert named_by_contract(verdict, 64) in (head, None)
+    assert named_by_contract(verdict, 1) in (block, None)
+    assert verdict.winner == verdict.ranking.winner and verdict.winner_at_lowest == verdict.ranking_at_lowest.winner
+    # 27% and 39% apart by the profiles: the order holds on a loaded machine too
     assert verdict.point(block, 1).tok_s_per_gpu > verdict.point(mtp, 1).tok_s_per_gpu
     assert verdict.point(block, 64).tok_s_per_gpu < verdict.point(mtp, 64).tok_s_per_gpu
     # acceptance as the profiles have it: the block drafter's 7 positions accept more than MTP's 3
     assert verdict.point(block, 1).accept_length > verdict.point(mtp, 1).accept_length + 1
-    assert info["verdict"]["winner"] == head.label
-    assert (config.settings_path).is_file()  # race off: the verdict's winner is the settings file
+    assert info["verdict"]["winner"] == (verdict.winner.label if verdict.winner else None)
+    # race off: the verdict's winner is the settings file; a tie leaves the current settings alone
+    assert config.settings_path.is_file() == (verdict.winner is not None)
 
 
 @pytest.mark.timing
 def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
     config, _run, verdict, info, _ = judged
     mtp, block, _head = config.verdict_candidates()
-    why = [r for r in verdict.reasons if r.startswith("DFLASH block 8")]
-    assert len(why) == 1, verdict.reasons
-    low, prod = verdict.point(block, 1), verdict.point(block, 64)
-    assert f"accepts {low.accept_length:.1f} tokens per step" in why[0]
-    assert "at 64 in flight its step takes" in why[0] and "verify of 8 tokens per request" in why[0]
-    assert f"{prod.tok_s_per_gpu:,.0f} vs {verdict.point(mtp, 64).tok_s_per_gpu:,.0f} tok/s per GPU" in why[0]
-    assert not any(r.startswith("EAGLE3") for r in verdict.reasons)  # better at both: nothing to explain
+    at = {(c.index, level): verdict.point(c, level) for c in (mtp, block) for level in LEVELS}
+    # the sentence, from the run's own points with their intervals set apart (as an unloaded machine measures them)
+    apart = {
+        key: _with_interval(p, 0.97 * p.tok_s_per_gpu, 1.03 * p.tok_s_per_gpu) for key, p in at.items()
+    }
+    args = (apart[mtp.index, 1], apart[mtp.index, 64], apart[block.index, 1], apart[block.index, 64])
+    why = verdict_report.reason(*args)
+    low, prod = args[2], args[3]
+    assert f"accepts {low.accept_length:.1f} tokens per step" in why
+    assert "at 64 in flight its step takes" in why and "verify of 8 tokens per request" in why
+    assert f"{prod.tok_s_per_gpu:,.0f} vs {args[1].tok_s_per_gpu:,.0f} tok/s per GPU" in why
+    # the run's own reasons: the block drafter's turn is explained unless its ranking against MTP is within the
+    # noise at either end (a loaded machine widens the intervals); the head, better at both, needs none
+    within_noise = verdict_report.overlaps(at[block.index, 1], at[mtp.index, 1]) or verdict_report.overlaps(
+        at[block.index, 64], at[mtp.index, 64]
+    )
+    said_why = [r for r in verdict.reasons if r.startswith("DFLASH block 8")]
+    assert said_why == ([] if within_noise else [verdict_report.reason(*(at[k] for k in apart))]), verdict.reasons
+    assert not any(r.startswith("EAGLE3") for r in verdict.reasons)
     # the ranking turns only between two winners (a tie at 1 in flight, on a loaded machine, names no turn)
     turned = verdict.winner_at_lowest is not None and verdict.winner_at_lowest != verdict.winner
     assert any("The ranking turns" in r for r in verdict.reasons) == turned, verdict_report.format_table(verdict)
-    assert (
-        "DFLASH block 8" in info["verdict"]["headline"] and "EAGLE3 3/1/4 wins" in info["verdict"]["headline"]
-    )
+    said = info["verdict"]["headline"]
+    assert "DFLASH block 8" in said and ("EAGLE3 3/1/4 wins" if verdict.winner else "a tie") in said, said
 
 
 @pytest.mark.timing
@@ -173,13 +195,13 @@ def test_days_and_dollars_are_the_ranking_figure_priced(judged):
     by_days = sorted(verdict.money, key=lambda m: m.days)
     by_rate = sorted(verdict.money, key=lambda m: -verdict.point(m.candidate, 64).tok_s_per_gpu)
     assert [m.candidate.index for m in by_days] == [m.candidate.index for m in by_rate]
-    assert by_days[0].candidate.index == verdict.winner.index
+    assert by_days[0].candidate.index == verdict.ranking.best.candidate.index
+    mtp, _block, head = config.verdict_candidates()
     table = verdict_report.money_table(verdict)
-    head = table.filter(table["candidate"].str.starts_with("EAGLE3")).row(0, named=True)
-    assert head["days_saved_vs_baseline"] == pytest.approx(
-        base.days - verdict.money_of(verdict.winner).days, abs=1e-3
-    )
-    assert head["usd_saved_vs_baseline"] > 0
+    row = table.filter(table["candidate"] == head.label).row(0, named=True)
+    assert row["days_saved_vs_baseline"] == pytest.approx(base.days - verdict.money_of(head).days, abs=1e-3)
+    faster = verdict.point(head, 64).tok_s_per_gpu > verdict.point(mtp, 64).tok_s_per_gpu
+    assert (row["usd_saved_vs_baseline"] > 0) == faster
 
 
 def _with_interval(point, low: float, high: float):  # type: ignore[no-untyped-def]
@@ -214,10 +236,13 @@ def test_overlapping_intervals_are_a_tie_and_nobody_wins_by_noise(judged):
     assert info["winner"] is None and info["winner_settings"] is None
     assert [t["candidate"] for t in info["tie"]] == [head.label, mtp.label]
     assert info["tie"][1]["tok_s_per_gpu_low"] == 1000.0 and info["tie"][1]["tok_s_per_gpu_high"] == 1100.0
-    # the verdict's own run names a winner only with the intervals apart
-    assert verdict.winner.index == head.index
-    win, base = verdict.point(head, 64), verdict.point(mtp, 64)
-    assert win.tok_s_low > base.tok_s_high, verdict_report.format_table(verdict)
+    # the verdict's own run names a winner only with its interval above every other's
+    if verdict.winner is not None:
+        win = verdict.point(verdict.winner, 64)
+        others = [p for p in verdict.points if p.level == 64 and p.candidate != verdict.winner]
+        assert all(win.tok_s_low > p.tok_s_high for p in others), verdict_report.format_table(verdict)
+    else:
+        assert verdict.tie and all(verdict_report.overlaps(verdict.tie[0], p) for p in verdict.tie[1:])
 
 
 @pytest.mark.timing

@@ -63,15 +63,19 @@ class JobResult:
     # The round's measuring time when this job ended (None: not set yet, or no clock).
     clock_s: float | None = None
     steady_tokens: tuple[float, ...] = ()  # per request finished while every slot was busy
-    steady_seconds: tuple[float, ...] = ()  # those requests' send → last byte
+    steady_seconds: tuple[float, ...] = ()  # those requests' send → last byte (on the clock the simulator kept)
     steady_verify: tuple[int | None, ...] = ()  # their verify steps (sglext), None when not reported
     accept_length: float | None = None  # the level's acceptance, benchmark's first available source
     accept_source: str = ""
     clock_factor: float = 1.0  # hardware seconds per wall second (draftgen sim's --speed), from the server
+    # draftgen sim: the share of its clock the server kept over the level (None elsewhere). The job's seconds are
+    # put on that clock, as the benchmark's are: a loaded machine slows a simulator, not the hardware it simulates,
+    # and would otherwise squeeze every candidate towards the same CPU-bound rate.
+    clock_kept: float | None = None
     # every finished request's (prompt id, completion tokens, cut at max_tokens): the lengths the verdict prices
     completions: tuple[tuple[str, float, bool], ...] = ()
     # every finished request's (prompt category, completion tokens, verify steps, send → last byte in wall
-    # seconds): the verdict's acceptance by category (draftgen.breakdown)
+    # seconds on the kept clock): the verdict's acceptance by category (draftgen.breakdown)
     per_request: tuple[tuple[str | None, float, int | None, float], ...] = ()
 
     @property
@@ -232,6 +236,7 @@ async def _measure(
     accept, source = level_acceptance(level, tokens, facts)
     failed = sum(not r.ok for r in records)
     sent = len(records) + level.cancelled
+    kept = level.clock_kept or 1.0
     return JobResult(
         candidate=candidate,
         round=0,
@@ -248,18 +253,19 @@ async def _measure(
         stopped_by_clock=sent < len(rows) - 1,  # the last row only marks the end of a full job
         clock_s=clock.seconds if clock else None,
         steady_tokens=tuple(float(tokens[i].tokens or 0.0) for i in chosen),
-        steady_seconds=tuple(records[i].e2e_s for i in chosen),
+        steady_seconds=tuple(records[i].e2e_s * kept for i in chosen),
         steady_verify=tuple(records[i].spec_verify_ct for i in chosen),
         accept_length=accept,
         accept_source=source,
         clock_factor=facts.clock_factor,
+        clock_kept=level.clock_kept,
         completions=tuple(
             (r.prompt_id, float(t.tokens), r.finish_reason == "length")
             for r, t in zip(records, tokens, strict=True)
             if r.ok and t.tokens is not None
         ),
         per_request=tuple(
-            (r.category, float(t.tokens), r.spec_verify_ct, r.e2e_s)
+            (r.category, float(t.tokens), r.spec_verify_ct, r.e2e_s * kept)
             for r, t in zip(records, tokens, strict=True)
             if r.ok and t.tokens is not None
         ),

@@ -12,7 +12,7 @@ per-request speed (``tpot`` flat at the production batch). Wall time is then exa
 figure, so the cheapest candidate is the fastest and the days' interval is the figure's interval, priced.
 
 Rates are on the hardware's clock: a simulated server's (``draftgen sim --speed X``) are divided by X, as the
-estimate does.
+estimate does, and their seconds are on the clock the simulator kept (``JobResult.clock_kept``).
 """
 
 from __future__ import annotations
