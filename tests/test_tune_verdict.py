@@ -98,6 +98,10 @@ def judged(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("verdict")
     config = verdict_config(
         tmp_path,
+        # the simulated GPUs at their own speed, not twice it: the client and three servers of 64 streams each then
+        # leave room on two cores for load beside the suite (at 2x, a second SGLang tier beside it turned 17% into
+        # -8%: the faster candidate's requests waited longest on a starved client)
+        sim_speed=1.0,
         drafters=[
             {
                 "speculative_algorithm": "DFLASH",
