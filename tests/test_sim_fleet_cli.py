@@ -240,3 +240,24 @@ def test_a_fleet_whose_picked_port_is_taken_before_its_server_binds_picks_again(
         )
         with pytest.raises(fleet_module.PortInUse, match=f"port {busy} already in use"):
             named.start()
+
+
+def test_a_fleet_whose_port_another_simulated_server_answers_on_is_not_taken_for_ready(monkeypatch, tmp_path):
+    """Two fleets that picked the same free ports at once: the first binds them, the second's servers exit 'port in
+    use' — but until they do, the first's servers answer /health on those ports. The second fleet must not take
+    them for its own (its run would go to servers another test stops under it)."""
+    import draftgen.sim.fleet as fleet_module
+
+    first = fleet_module.SimFleet(servers=1, profile="instant", work_dir=tmp_path / "first").start()
+    try:
+        assert first.info(0)["pid"] == first._procs[0].pid
+        monkeypatch.setattr(fleet_module, "port_is_free", lambda port, host="127.0.0.1": True)  # the race
+        second = fleet_module.SimFleet(
+            servers=1, profile="instant", base_port=first.base_port, work_dir=tmp_path / "second"
+        )
+        with pytest.raises(fleet_module.PortInUse, match=f"port {first.base_port} already in use"):
+            second.start()
+        assert not second.alive(0) and first.alive(0)  # ours stopped; the other fleet's server untouched
+        assert http_status(f"{first.urls[0]}/health") == 200
+    finally:
+        first.cleanup()

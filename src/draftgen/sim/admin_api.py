@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -48,5 +49,6 @@ class AdminApi:
                     "actual_s": self.sim.engine.stats.step_actual_s,
                 },
                 "healthy": self.sim.healthy,
+                "pid": os.getpid(),  # which process answers: a fleet checks that the server on its port is its own
             }
         )

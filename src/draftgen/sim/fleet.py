@@ -89,6 +89,16 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
+def _json(url: str, timeout: float = 5.0) -> dict:
+    """A GET's JSON object ({} when there is none: refused, an error status, or not JSON)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 def _log_tail(path: Path, lines: int = 20) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -250,12 +260,21 @@ class SimFleet:
                 path = "/health" if until == "healthy" else "/v1/models"
                 status = http_status(f"{self.urls[index]}{path}", timeout=1.0)
                 if status == 200:
+                    self._check_own(index, proc)
                     pending.discard(index)
             if pending and time.monotonic() > deadline:
                 names = ", ".join(str(self.port(i)) for i in sorted(pending))
                 raise FleetError(f"simulated servers on port(s) {names} not {until} after {timeout:.0f}s")
             if pending:
                 time.sleep(0.05)
+
+    def _check_own(self, index: int, proc: subprocess.Popen) -> None:
+        """The server answering on our port is the process we started, not another fleet's that bound the port
+        first (two test workers picking the same free ports at once): ours then exits 'port in use', but until it
+        does the other one answers, and a run would go to servers another test stops under it."""
+        answering = _json(f"{self.urls[index]}/sim/info").get("pid")
+        if answering != proc.pid:
+            raise PortInUse(f"port {self.port(index)} already in use (another server, pid {answering}, answers)")
 
     def _raise_exited(self, index: int, code: int) -> None:
         port = self.port(index)
