@@ -89,8 +89,14 @@ def transformers_command(model: Path, port: int) -> list[str]:
     return [str(executable), "serve", str(model), "--host", "127.0.0.1", "--port", str(port)]
 
 
+# Above the kernel's ephemeral range (no client connection takes one) and away from the ports simulated fleets pick
+# (draftgen.sim.fleet.FLEET_PORTS): this tier runs beside make test, and vLLM binds its port only after loading the
+# model; a fleet that picked the same free port meanwhile answered /health in vLLM's place.
+REAL_PORTS = (61_000, 65_000)
+
+
 def start_server(engine: str, model: Path, log_dir: Path) -> RealServer:
-    port = find_free_base_port(1)
+    port = find_free_base_port(1, *REAL_PORTS)
     command = vllm_command(model, port) if engine == "vllm" else transformers_command(model, port)
     log = log_dir / f"{engine}-{port}.log"
     env = os.environ.copy()

@@ -58,7 +58,15 @@ def ephemeral_port_range() -> tuple[int, int]:
         return 32_768, 60_999
 
 
-def find_free_base_port(count: int, low: int = 20_000, high: int = 60_000, attempts: int = 200) -> int:
+# Where fleets pick ports by default: below SGLang's own internal ports (22000-29999) and the 30000 band where
+# `draftgen serve` (and the SGLang tier) listen, so a fleet never takes a port a slower-starting server picked
+# first and has not bound yet; the tiers that run beside the suite pick elsewhere (tests_real: REAL_PORTS).
+FLEET_PORTS = (10_000, 22_000)
+
+
+def find_free_base_port(
+    count: int, low: int = FLEET_PORTS[0], high: int = FLEET_PORTS[1], attempts: int = 200
+) -> int:
     """A base port P such that P..P+count-1 are all free now.
 
     Ports in the kernel's ephemeral range are avoided when the range leaves room: a health poll to a port there
