@@ -752,3 +752,64 @@ def test_a_start_whose_deadline_passed_before_the_first_probe_is_probed_once_and
     outcome = asyncio.run(go())
     assert outcome.result == "timeout" and outcome.last is not None
     assert outcome.last_stage == StartupStage.REFUSED.value
+
+
+def test_a_start_is_not_ready_while_another_simulated_server_answers_on_its_port(sim_fleet) -> None:
+    """Another process can bind the port between tune's free-port check and its own server's bind (the started one is
+    still importing). Its /health 200 is not this start's readiness: the watch names the answering process and keeps
+    asking until its own server exits, here the deadline passes first."""
+    from draftgen.serve.startup import StartupWatch, wait_until_ready
+
+    other = sim_fleet(profile="instant")
+
+    async def go(argv: list[str]):  # type: ignore[no-untyped-def]
+        process = await asyncio.create_subprocess_exec(*argv, start_new_session=True)
+        try:
+            watch = StartupWatch(timeout_s=1.5, probe_timeout_s=2.0, poll_interval_s=0.1)
+            return await wait_until_ready(
+                process, other.urls[0], "/health", watch, started_at=time.monotonic()
+            )
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+
+    stranger = asyncio.run(go(["sleep", "30"]))
+    assert stranger.result == "timeout" and stranger.last is not None
+    assert stranger.last.stage is StartupStage.ERROR
+    assert f"pid {other.info(0)['pid']}" in stranger.last.detail
+    assert asyncio.run(go(["sleep", "0.3"])).result == "exited"  # its own server gone: the start failed
+
+
+def test_a_start_is_ready_when_the_server_answering_is_the_one_it_started(sim_tokenizer_dir) -> None:
+    """The same check passes the watch's own simulated server, started the way serve and tune start it."""
+    from draftgen.serve.startup import StartupWatch, wait_until_ready
+
+    port = find_free_base_port(1)
+    argv = [
+        sys.executable,
+        "-m",
+        "draftgen.sim.server",
+        "--port",
+        str(port),
+        "--profile",
+        "instant",
+        "--tokenizer",
+        str(sim_tokenizer_dir),
+    ]
+
+    async def go():  # type: ignore[no-untyped-def]
+        process = await asyncio.create_subprocess_exec(
+            *argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            watch = StartupWatch(timeout_s=60.0, probe_timeout_s=5.0, poll_interval_s=0.1)
+            return await wait_until_ready(
+                process, f"http://127.0.0.1:{port}", "/health", watch, started_at=time.monotonic()
+            )
+        finally:
+            process.terminate()
+            await process.wait()
+
+    outcome = asyncio.run(go())
+    assert outcome.result == "ready", outcome

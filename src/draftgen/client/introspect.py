@@ -103,6 +103,16 @@ async def startup_stage(client: ServerClient, path: str, timeout_s: float) -> Re
     return Readiness(StartupStage.ERROR, f"HTTP {reply.status}")
 
 
+async def simulator_pid(client: ServerClient, timeout_s: float = 5.0) -> int | None:
+    """The process a simulated server runs in (``/sim/info`` ``pid``); None from any other engine.
+
+    A start-up watch needs it: a 200 on the port it waits on may come from another server that bound that port
+    first, while the one it started is still importing (and about to exit 'port in use')."""
+    data = await client.get_json("/sim/info", timeout_s=timeout_s)
+    pid = data.get("pid") if isinstance(data, dict) else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
 @dataclass(frozen=True)
 class ModelList:
     """``GET /v1/models``: the served names and the status that came with them (None: unreachable)."""

@@ -5,6 +5,7 @@ asked. Each probe's answer is told to ``on_reading`` as it comes (serve shows it
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,27 @@ async def _first_of(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _launched_by(process: asyncio.subprocess.Process, pid: int) -> bool:
+    """``pid`` is the spawned process or runs in its process group (spawn gives each server a session of its own)."""
+    if pid == process.pid:
+        return True
+    try:
+        return os.getpgid(pid) == process.pid
+    except OSError:  # gone, or not a process of this machine
+        return False
+
+
+async def _unless_another_answers(
+    client: ServerClient, process: asyncio.subprocess.Process, ready: Readiness, timeout_s: float
+) -> Readiness:
+    """A simulated server says which process it is; a 200 from another one is not this start's readiness (the watch
+    keeps asking, and the started process exits 'port in use'). SGLang does not say, so its 200 stands."""
+    pid = await introspect.simulator_pid(client, timeout_s)
+    if pid is None or _launched_by(process, pid):
+        return ready
+    return Readiness(StartupStage.ERROR, f"another process (pid {pid}) answers on this port")
+
+
 async def wait_until_ready(
     process: asyncio.subprocess.Process,
     url: str,
@@ -78,6 +100,8 @@ async def wait_until_ready(
             reading = await introspect.startup_stage(client, health_path, probe_timeout)
             if process.returncode is not None or (stop is not None and stop.is_set()):
                 continue  # an answer from a process that has gone says nothing
+            if reading.stage is StartupStage.READY:
+                reading = await _unless_another_answers(client, process, reading, probe_timeout)
             last = reading
             on_reading(reading)
             if reading.stage is StartupStage.READY:
