@@ -77,7 +77,10 @@ def test_a_slow_servers_tail_is_hedged_stored_once_and_the_losing_copy_aborted(
 ) -> None:  # type: ignore[no-untyped-def]
     prompts = tmp_path / "p.jsonl"
     write_synthetic(prompts, 160, seed=21)
-    fleet = sim_fleet(servers=3, profile="b200-mtp", speed=10.0, per_server_faults={1: ["slow=4"]})
+    # Decode 8x slower on server 1. The slowed server sleeps its steps; the others are the ones a loaded machine
+    # starves (at 4x behind their clock, a slow=4 server measured no slower than them and nothing was hedged):
+    # 8x keeps it below 0.7x the fleet's rate until the others fall more than 5.6x behind.
+    fleet = sim_fleet(servers=3, profile="b200-mtp", speed=10.0, per_server_faults={1: ["slow=8"]})
     config = run_config(fleet, prompts, tmp_path / "run", hedge_slow_ratio=slow_ratio)
 
     async def run():  # type: ignore[no-untyped-def]
