@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
+from sim_helpers import wait_for
 from test_tune import CONCURRENCY, sim_config, truth_tok_s
 
 from draftgen.bench.config import BenchmarkConfig
@@ -92,7 +92,7 @@ def test_a_level_cancels_what_is_in_flight_at_the_last_send_and_the_server_abort
     assert max(r.started_at for r in level.requests) <= level.sending_ended_at
     # The server saw every request end: each cancelled one by the client's disconnect, before its last token —
     # or, when its last token was already on the wire as the client let go, finished (the client never read it).
-    measured = asyncio.run(_measured_once_ended(fleet, 1 + 11))  # + the facts probe
+    measured = _measured_once_ended(fleet, 1 + 11)  # + the facts probe
     aborted = [r for r in measured if r["outcome"] == "client_disconnected"]
     ok = [r for r in measured if r["outcome"] == "ok"]
     assert 1 <= len(aborted) <= level.cancelled
@@ -100,15 +100,15 @@ def test_a_level_cancels_what_is_in_flight_at_the_last_send_and_the_server_abort
     assert len(ok) == 1 + len(level.requests) + (level.cancelled - len(aborted))
 
 
-async def _measured_once_ended(fleet, count: int, timeout_s: float = 60.0) -> list[dict]:  # type: ignore[no-untyped-def]
+def _measured_once_ended(fleet, count: int) -> list[dict]:  # type: ignore[no-untyped-def]
     """The server's records of every non-warm-up request, once ``count`` of them have ended (a disconnect is
     recorded when the server next writes to the stream)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        measured = [r for r in fleet.truth(0) if r["kind"] != "warmup"]
-        if len(measured) >= count or time.monotonic() > deadline:
-            return measured
-        await asyncio.sleep(0.1)
+
+    def measured() -> list[dict] | None:
+        records = [r for r in fleet.truth(0) if r["kind"] != "warmup"]
+        return records if len(records) >= count else None
+
+    return wait_for(measured, timeout=60.0, what=f"{count} requests to end on the server")  # type: ignore[return-value]
 
 
 def test_a_level_stops_sending_when_told_and_reports_the_last_send(sim_fleet):
@@ -137,7 +137,7 @@ def test_a_time_limit_ends_the_level_between_finishes(sim_fleet):
         SendLimit(stop_sending=lambda elapsed, finished: elapsed >= 0.3, cancel_in_flight=True),
     )
     assert level.requests == () and level.cancelled == 4
-    measured = asyncio.run(_measured_once_ended(fleet, 4 + 1))  # + the facts probe: nothing else was sent
+    measured = _measured_once_ended(fleet, 4 + 1)  # + the facts probe: nothing else was sent
     aborted = [r for r in measured if r["outcome"] == "client_disconnected"]
     assert len(aborted) == 4 and all(r["completion_tokens"] < 256 for r in aborted)
     assert len(measured) == 4 + 1
@@ -174,6 +174,7 @@ def test_equal_time_stops_the_slow_candidate_at_the_fast_ones_time_and_a_replay_
     full_run = asyncio.run(run_tune(full, log=lambda line: None))
     full_off = next(j for j in full_run.jobs if j.candidate.label == off.candidate.label)
     assert not full_off.stopped_by_clock and full_off.requests == budget
+
     # Each run's MTP-off rate against the 3/1/4 rate measured beside it, on the same machine at the same moment:
     # the two runs are a minute apart, and load beside the suite that changes in between moves both candidates.
     def off_vs_mtp(tune_run) -> float:  # type: ignore[no-untyped-def]
