@@ -48,6 +48,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "tests_real"))
 # draftgen runs from the project's venv and is not imported here
 sys.path.append(str(Path(__file__).resolve().parent.parent / "src"))
 
+from machine_lock import hold_machine_lock  # noqa: E402
 from mtp_runs import (  # noqa: E402
     EXACT_HYBRID_ENV,
     HYBRID_ARGS,
@@ -92,6 +93,14 @@ NAME_ARGS = ("--served-model-name", SERVED_MODEL)
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "stops_servers: SIGKILLs or stops a shared server; runs last")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before any server starts: wait for another SGLang tier on this machine to end (support/machine_lock.py).
+    Here, not in a fixture: the wait is not a test's, so no test's time limit counts it."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else lambda line: print(line, file=sys.stderr)
+    session.config.stash[MACHINE_LOCK_HELD] = hold_machine_lock(say=say)  # let go when this process exits
 
 
 def collection_rank(item: pytest.Item) -> int:
@@ -153,6 +162,7 @@ class Fleet:
 
 
 NEEDED = pytest.StashKey[set]()
+MACHINE_LOCK_HELD = pytest.StashKey[int]()  # the open descriptor of the machine's tier lock
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
