@@ -42,7 +42,8 @@ import pytest
 
 SUPPORT = Path(__file__).resolve().parent / "support"
 sys.path.insert(0, str(SUPPORT))  # our sgl_kernel stand-in and the tier's helpers, as the servers see them
-# tests_real's recording proxy (a pass-through that keeps every exchange), after this tier's own helpers
+# tests_real's recording proxy (a pass-through that keeps every exchange) and the machine's lock for real-server
+# tiers, after this tier's own helpers
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests_real"))
 # draftgen's SSE decoder (draftgen.client.sse, standard library only), which this tier's recorders use; the rest of
 # draftgen runs from the project's venv and is not imported here
@@ -96,7 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Before any server starts: wait for another SGLang tier on this machine to end (support/machine_lock.py).
+    """Before any server starts: wait for another real-server tier on this machine to end (tests_real/machine_lock.py).
     Here, not in a fixture: the wait is not a test's, so no test's time limit counts it."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter is not None else lambda line: print(line, file=sys.stderr)

@@ -1,11 +1,14 @@
-"""One SGLang tier at a time on a machine: a second one beside it waits instead of running out of memory.
+"""One real-server tier at a time on a machine: a second one beside it waits instead of running out of memory.
 
-The tier keeps up to six real SGLang servers up at once (each a tokenizer process, a scheduler and a detokenizer,
-~2.5 GiB together); measured alone it takes 11-16 GiB of the machine's memory for most of its run. Two tiers side
-by side on a 24 GiB machine (two clones' CI runs, or a session's check beside CI) need more than that, and the
-kernel's OOM killer then SIGKILLs schedulers of either one mid-start. So the tier takes an exclusive lock on a
-machine-wide file before it starts anything, and waits, saying for whom, while another tier holds it. The lock is
-the kernel's (``flock``): it goes with the process that holds it, however that process ends.
+The SGLang tier keeps up to six real SGLang servers up at once (each a tokenizer process, a scheduler and a
+detokenizer, ~2.5 GiB together); measured alone it takes 11-16 GiB of the machine's memory for most of its run. The
+vLLM tier's engine alone holds ~3.5 GiB, beside transformers serve and its own client. Two such tiers side by side on
+a 24 GiB machine (two clones' CI runs, or a session's check beside CI), with a main suite's first pass beside them,
+need more than that, and the kernel's OOM killer then SIGKILLs a server of either one mid-run. So each tier takes an
+exclusive lock on a machine-wide file before it starts anything, and waits, saying for whom, while another holds it.
+The lock is the kernel's (``flock``): it goes with the process that holds it, however that process ends. A waiter
+polls every 0.2 s: a tier run in a loop needs seconds (make, ruff, pytest's start) to ask again, so a waiting tier
+takes the lock before the looping one is back, and cannot be starved by it.
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-MACHINE_LOCK = Path("/tmp/draftgen-sglang-tier.lock")  # /tmp: every clone on this machine sees the same file
+MACHINE_LOCK = Path("/tmp/draftgen-real-server-tier.lock")  # /tmp: every clone on this machine sees the same file
 WAIT_LIMIT_S = 40 * 60.0  # a whole tier under load takes ~10 min: this is a hung holder, not a slow one
-POLL_S = 2.0
+POLL_S = 0.2  # well under the seconds a looping tier needs to ask again
 
 
 class TierLockTimeout(RuntimeError):
-    """Another tier held the machine's lock for longer than any tier runs."""
+    """Another real-server tier held the machine's lock for longer than any tier runs."""
 
 
 def _memory_gib() -> float:
@@ -60,19 +63,19 @@ def hold_machine_lock(
                 holder = _holder(path)
                 os.close(descriptor)
                 raise TierLockTimeout(
-                    f"another SGLang tier ({holder}) has held {path} for over {wait_limit_s / 60:.0f} min: "
+                    f"another real-server tier ({holder}) has held {path} for over {wait_limit_s / 60:.0f} min: "
                     "two tiers do not fit in this machine's memory: end that run, then start this one again"
                 ) from None
             if not waiting:
                 say(
-                    f"waiting for another SGLang tier on this machine ({_holder(path)}) to end: "
+                    f"waiting for another real-server tier (SGLang or vLLM) on this machine ({_holder(path)}) to end: "
                     f"two need more memory than this machine's {_memory_gib():.0f} GiB ({path})"
                 )
                 waiting = True
             time.sleep(poll_s)
     if waiting:
         say(
-            f"the other SGLang tier ended: this one starts after {time.monotonic() - started:.0f} s of waiting"
+            f"the other real-server tier ended: this one starts after {time.monotonic() - started:.0f} s of waiting"
         )
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, f"pid {os.getpid()}, cwd {os.getcwd()}".encode(), 0)

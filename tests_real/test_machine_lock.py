@@ -1,4 +1,4 @@
-"""The machine's tier lock (support/machine_lock.py): a second tier waits for the first, says for whom, and goes
+"""The machine's tier lock (machine_lock.py): a second tier waits for the first, says for whom, and goes
 on when the first ends however it ends; a hung holder ends the wait with an error naming it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from machine_lock import TierLockTimeout, hold_machine_lock
 
-SUPPORT = Path(__file__).resolve().parent / "support"
+HERE = Path(__file__).resolve().parent
 HOLDER = (
     "import sys; from pathlib import Path; from machine_lock import hold_machine_lock; "
     "hold_machine_lock(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()"
@@ -23,7 +23,7 @@ HOLDER = (
 
 def _holding(path: Path) -> subprocess.Popen[str]:
     """Another tier: a process that holds the lock on ``path`` until its stdin closes."""
-    env = {**os.environ, "PYTHONPATH": str(SUPPORT)}
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(path)],
         stdin=subprocess.PIPE,
@@ -54,7 +54,7 @@ def test_a_second_tier_waits_for_the_first_and_starts_once_it_ends(tmp_path: Pat
     waiter.start()
     try:
         _until(lambda: said)
-        assert f"pid {holder.pid}" in said[0] and "waiting for another SGLang tier" in said[0]
+        assert f"pid {holder.pid}" in said[0] and "waiting for another real-server tier" in said[0]
         assert waiter.is_alive() and not taken  # still waiting: the holder has not let go
         if ending == "exits":
             assert holder.stdin is not None
@@ -63,7 +63,7 @@ def test_a_second_tier_waits_for_the_first_and_starts_once_it_ends(tmp_path: Pat
             holder.send_signal(signal.SIGKILL)
         waiter.join(30)
         assert not waiter.is_alive() and len(taken) == 1
-        assert said[-1].startswith("the other SGLang tier ended")
+        assert said[-1].startswith("the other real-server tier ended")
         assert path.read_text().startswith(f"pid {os.getpid()},")  # the next waiter is told who holds it now
     finally:
         holder.kill()
