@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from machine_lock import hold_machine_lock
+from machine_lock import hold_for_test_session
 from notebook_runs import draftgen_run
 from real_servers import RealServer, ServerStartError, start_server, stop_server, wait_ready
 from recording_proxy import RecordingProxy
@@ -34,15 +34,10 @@ from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 # vLLM took 30-80 s to start here (loaded machine), transformers serve 7-12 s: generous limits, clear failures.
 READY_TIMEOUT_S = {"vllm": float(os.environ.get("REAL_VLLM_START_S", "600")), "transformers": 300.0}
 
-MACHINE_LOCK_HELD = pytest.StashKey[int]()  # the open descriptor of the machine's lock for real-server tiers
-
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Before any server starts: wait for another real-server tier on this machine (SGLang's or another clone's
-    vLLM) to end (machine_lock.py). Here, not in a fixture: the wait is not a test's, so no time limit counts it."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    say = reporter.write_line if reporter is not None else print
-    session.config.stash[MACHINE_LOCK_HELD] = hold_machine_lock(say=say)  # let go when this process exits
+    """Wait for another real-server tier on this machine (another clone's, or SGLang's) to end: machine_lock.py."""
+    hold_for_test_session(session)
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pytest
 
 MACHINE_LOCK = Path("/tmp/draftgen-real-server-tier.lock")  # /tmp: every clone on this machine sees the same file
 WAIT_LIMIT_S = 40 * 60.0  # a whole tier under load takes ~10 min: this is a hung holder, not a slow one
@@ -80,3 +85,11 @@ def hold_machine_lock(
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, f"pid {os.getpid()}, cwd {os.getcwd()}".encode(), 0)
     return descriptor
+
+
+def hold_for_test_session(session: pytest.Session) -> None:
+    """Both real-server tiers' ``pytest_sessionstart``: before any server starts, and outside any test's time limit
+    (the wait is not a test's). The descriptor is a bare int, never closed until the process exits."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else (lambda line: print(line, file=sys.stderr))
+    hold_machine_lock(say=say)

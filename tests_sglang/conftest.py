@@ -49,7 +49,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "tests_real"))
 # draftgen runs from the project's venv and is not imported here
 sys.path.append(str(Path(__file__).resolve().parent.parent / "src"))
 
-from machine_lock import hold_machine_lock  # noqa: E402
+from machine_lock import hold_for_test_session  # noqa: E402
 from mtp_runs import (  # noqa: E402
     EXACT_HYBRID_ENV,
     HYBRID_ARGS,
@@ -97,11 +97,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Before any server starts: wait for another real-server tier on this machine to end (tests_real/machine_lock.py).
-    Here, not in a fixture: the wait is not a test's, so no test's time limit counts it."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    say = reporter.write_line if reporter is not None else lambda line: print(line, file=sys.stderr)
-    session.config.stash[MACHINE_LOCK_HELD] = hold_machine_lock(say=say)  # let go when this process exits
+    """Wait for another real-server tier on this machine (another clone's, or vLLM's) to end:
+    tests_real/machine_lock.py."""
+    hold_for_test_session(session)
 
 
 def collection_rank(item: pytest.Item) -> int:
@@ -163,7 +161,6 @@ class Fleet:
 
 
 NEEDED = pytest.StashKey[set]()
-MACHINE_LOCK_HELD = pytest.StashKey[int]()  # the open descriptor of the machine's tier lock
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
