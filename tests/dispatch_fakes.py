@@ -154,6 +154,8 @@ class Recorder:
     failures: list[dict[str, Any]] = field(default_factory=list)
     notes: list[tuple[float, str, str]] = field(default_factory=list)
     aside: list[tuple[str, str, dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=list)
+    budgets: list[str] = field(default_factory=list)  # per kept turn: which limit set its max_tokens
+    aside_why: list[str] = field(default_factory=list)  # per set-aside conversation: why
 
     def kept(
         self,
@@ -162,8 +164,10 @@ class Recorder:
         result: ChatResult,
         row: dict[str, Any] | None,
         thinking: bool | None = None,
+        budget_by: str = "max_tokens",
     ) -> None:
         self.kept_turns.append((server, label, result))
+        self.budgets.append(budget_by)
         if row is not None:
             self.stored.append(row)
 
@@ -171,9 +175,15 @@ class Recorder:
         self.failures.append(row)
 
     def set_aside(
-        self, label: str, reason: str, row: dict[str, Any] | None, rejected: dict[str, Any] | None
+        self,
+        label: str,
+        reason: str,
+        row: dict[str, Any] | None,
+        rejected: dict[str, Any] | None,
+        why: str = "max_length",
     ) -> None:
         self.aside.append((label, reason, row, rejected))
+        self.aside_why.append(why)
         if row is not None:
             self.stored.append(row)
 

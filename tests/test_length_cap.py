@@ -165,6 +165,39 @@ def test_later_turns_see_the_history_as_generated_and_stop_where_nothing_could_t
     assert outcome.completed == 1 and outcome.set_aside == 1
 
 
+def test_a_turn_left_less_room_than_the_floor_is_set_aside_and_the_turns_before_it_are_stored():
+    # min_turn_budget 20: turn 1 (room 47) is sent, turn 2 (room 10 after turn 1's 30-word answer) is not.
+    cap = LengthCap(60, words, min_budget=20)
+    long_answer = Reply(content=" ".join(["x"] * 30), finish_reason="length", completion_tokens=47)
+    servers = [FakeServer("http://a", script=lambda server, request: long_answer)]
+    outcome, recorder, _ = dispatch(
+        fake_config(servers=["http://a"]), servers, [row("conv", "q one", "q two", "q three")], length_cap=cap
+    )
+    assert [(r.turn, r.max_tokens) for r in servers[0].requests] == [(0, 47)]
+    [stored] = recorder.stored
+    assert stored["turn_after"] == [0] and stored["turns_set_aside"] == 2
+    assert stored["turns_set_aside_by"] == "min_turn_budget"
+    # turn 1 was capped by the trainer's room (47 < max_tokens 100): its cut is the expected kind
+    assert stored["turn_budget_by"] == ["max_length"] and recorder.budgets == ["max_length"]
+    [(label, reason, _, rejected)] = recorder.aside
+    assert recorder.aside_why == ["min_turn_budget"] and rejected is None
+    assert "turn 2/3" in label and "fewer than min_turn_budget 20" in reason
+    assert outcome.set_aside == 1 and outcome.completed == 1
+
+
+def test_the_floor_never_exceeds_the_runs_max_tokens_and_spares_uncapped_turns():
+    # max_tokens 100 under a floor of 500: an uncapped turn is sent with its 100; a capped one (room 29) is not.
+    cap = LengthCap(120, words, min_budget=500)
+    servers = [FakeServer("http://a")]
+    rows = [row("short", "a b c"), row("long", " ".join(["w"] * 80))]
+    outcome, recorder, _ = dispatch(fake_config(servers=["http://a"]), servers, rows, length_cap=cap)
+    assert [(r.prompt_id, r.max_tokens) for r in servers[0].requests] == [("short", MAX_TOKENS)]
+    assert recorder.stored[0]["turn_budget_by"] == ["max_tokens"]
+    [(label, reason, _, rejected)] = recorder.aside
+    assert label == "long" and rejected["reason"] == reason and "fewer than min_turn_budget 100" in reason
+    assert outcome.set_aside == 1
+
+
 def test_a_server_that_counts_the_prompt_otherwise_is_noted_once():
     cap = LengthCap(500, words)  # the fake server says 10 prompt tokens; the counter says more
     servers = [FakeServer("http://a")]
@@ -212,6 +245,7 @@ def test_a_simulated_run_never_asks_past_max_length_and_records_each_turns_cap(
             "out_dir": str(tmp_path / "run"),
             "max_tokens": 512,
             "train_max_length": max_length,
+            "min_turn_budget": 0,  # the cap alone: every turn with room is sent
             "tokenizer": str(sim_tokenizer_dir),
             "concurrency_per_server": 8,
             "max_truncated_rate": 1.0,

@@ -296,7 +296,8 @@ def test_validates_gate_fails_a_run_where_most_answers_are_cut_though_they_train
         require_fit_to_train(most)
 
 
-def _observe(guard: Guard, count: int, *, cut: float, seed: int = 0) -> None:
+def _observe(guard: Guard, count: int, *, cut: float, seed: int = 0, budget_by: str = "max_tokens") -> None:
+    """``count`` results, a share ``cut`` of them cut at their limit (``budget_by``: which limit set it)."""
     rng = random.Random(seed)
     for i in range(count):
         length = rng.random() < cut
@@ -304,8 +305,9 @@ def _observe(guard: Guard, count: int, *, cut: float, seed: int = 0) -> None:
             id=f"p{i}",
             server="http://127.0.0.1:30000",
             content=None if length else "An answer.",
-            reasoning="Thinking it over.",
+            reasoning="Thinking it over." if length or rng.random() < 0.99 else "",
             finish_reason="length" if length else "stop",
+            budget_by=budget_by,
         )
 
 
@@ -314,6 +316,21 @@ def test_the_garbage_guard_lets_expected_truncation_pass_and_halts_when_most_ans
     with pytest.raises(GuardTripped) as caught:
         _observe(Guard(GuardSettings()), 600, cut=0.7)
     assert caught.value.report.defect == "truncated" and caught.value.report.rate > 0.5
+    text = caught.value.report.text()
+    assert "are cut by max_tokens" in text and "Raise max_tokens" in text
+
+
+def test_the_guard_never_halts_on_turns_cut_where_the_trainers_max_length_set_the_budget():
+    # A long multi-turn set: 90% of the turns end at the room max_length left them (their empty answers too).
+    guard = Guard(GuardSettings())
+    _observe(guard, 2000, cut=0.9, budget_by="max_length")
+    assert guard.cut_at_max_length > 1700 and guard.totals["truncated"] == 0
+    assert guard.totals["empty_answer"] == 0 and guard.seen == 2000
+    # ... and the window still judges the turns that were not cut that way: garbage among them halts.
+    with pytest.raises(GuardTripped) as caught:
+        for i in range(200):
+            guard.observe(id=f"e{i}", server="s", content="", reasoning="r", finish_reason="stop")
+    assert caught.value.report.defect == "empty_answer"
 
 
 # ----- the same against the simulator's own ids and records ----------------------------------------------------

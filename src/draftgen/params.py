@@ -54,6 +54,7 @@ SHARED_PARAMETERS = frozenset(
         "request_timeout_s",
         "turns",
         "train_max_length",
+        "min_turn_budget",
         "category_field",
         "sampling_plan",
     }
@@ -263,6 +264,18 @@ Turns = Annotated[
 TrainMaxLength = Annotated[
     int,
     param(4096, "the trainer's max_length: what is generated past it cannot train (0: not checked)", ge=0),
+]
+# The floor under a turn's budget (draftgen.generate.length_cap): 512 because a turn with less room costs far more
+# than it gives — its whole prompt (≥ 3,584 tokens at max_length 4096) is prefilled, and the trainer reads the whole
+# max_length row, to supervise at most 1/8 of it; on a long multi-turn set nearly every such turn ends at its limit
+# (docs/figures.md, "A floor under a turn's budget").
+MinTurnBudget = Annotated[
+    int,
+    param(
+        512,
+        "a turn the trainer's max_length leaves fewer tokens of room than this is set aside, not sent (0: send all)",
+        ge=0,
+    ),
 ]
 # Measurements: warm-up before them, intervals around them, and the price of what they measured.
 WarmupRequests = Annotated[int, param(4, "short requests per server before measuring (not measured)", ge=0)]

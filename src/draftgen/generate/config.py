@@ -15,6 +15,7 @@ from draftgen.params import (
     ConcurrencyPerServer,
     FleetParams,
     Limit,
+    MinTurnBudget,
     NonNegativeFloat,
     NotebookCell,
     PositiveFloat,
@@ -89,7 +90,7 @@ class GenerateConfig(FleetParams, SamplingParams):
         ),
         (
             "checks and reporting",
-            "canary estimate train_max_length tokenizer force acceptance_interval_s hedge_slow_ratio progress_interval_s "
+            "canary estimate train_max_length min_turn_budget tokenizer force acceptance_interval_s hedge_slow_ratio progress_interval_s "
             "status_interval_s",
         ),
         help={
@@ -194,6 +195,7 @@ class GenerateConfig(FleetParams, SamplingParams):
         True, "preflight sends one full request per server (reasoning and answer must be non-empty)"
     )
     train_max_length: TrainMaxLength
+    min_turn_budget: MinTurnBudget
     tokenizer: ProjectPath = param(
         "",
         "the target model's folder (tokenizer.json + chat template): counts each turn's prompt to cap its "

@@ -32,7 +32,7 @@ from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
 from draftgen.generate.fleet_health import ChatClient, FleetHealth, Server, ServerStats
 from draftgen.generate.hedge import HedgePolicy, TailHedger
-from draftgen.generate.length_cap import LengthCap, TurnLimit
+from draftgen.generate.length_cap import BY_MAX_TOKENS, LengthCap, TurnLimit
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot
 from draftgen.generate.work import Flight, FlightState, Intake, TurnState, Work, WorkQueue
 from draftgen.prompts.rows import PromptRow, RejectedRow
@@ -274,13 +274,14 @@ class Dispatcher:
     # ----- the trainer's max_length ------------------------------------------------------------------------
     def _limit(self, work: Work) -> bool:
         """Give the turn its max_tokens, min(max_tokens, max_length − prompt tokens), once per turn (retries and
-        hedged copies send the same); False when nothing it generated could train: then it is set aside."""
+        hedged copies send the same); False when it is set aside: nothing it generated could train, or less than
+        the run's floor (min_turn_budget)."""
         if self.length_cap is None or work.limit is not None:
             return True
         conversation = work.conversation
         sampling = self._sampling[conversation.prompt.arm]
         limit = self.length_cap.limit(conversation.request(), sampling.max_tokens, sampling.enable_thinking)
-        if limit.trains_nothing:
+        if limit.set_aside_by is not None:
             self._set_aside(work, limit)
             return False
         work.limit = limit
@@ -291,13 +292,13 @@ class Dispatcher:
         conversation = work.conversation
         label, first = conversation.label(), conversation.turn == 0
         reason = limit.reason(self.length_cap.max_length)
-        conversation.set_aside_rest()
+        conversation.set_aside_rest(limit.set_aside_by)
         work.state = TurnState.SET_ASIDE
         self.set_aside += 1
         row = None if first else conversation.output_row()
         self.completed += not first
         rejected = conversation.rejected_row(reason) if first else None
-        self._tell(self.events.set_aside, label, reason, row, rejected)
+        self._tell(self.events.set_aside, label, reason, row, rejected, limit.set_aside_by)
         self._intake.ended()
 
     def _check_count(self, server: Server, work: Work, result: ChatResult) -> None:
@@ -347,7 +348,8 @@ class Dispatcher:
         conversation = work.conversation
         label = conversation.label()
         sent = work.limit.max_tokens if work.limit else self._sampling[conversation.prompt.arm].max_tokens
-        conversation.record(result, work.attempts, sent)
+        budget_by = work.limit.budget_by if work.limit else BY_MAX_TOKENS
+        conversation.record(result, work.attempts, sent, budget_by)
         self.turns += 1
         self.trained_tokens += trained_part(result, config.train_max_length)
         row = None
@@ -359,7 +361,7 @@ class Dispatcher:
             work.next_turn()
             self._requeue(work)
         thinking = self._sampling[conversation.prompt.arm].enable_thinking
-        self._tell(self.events.kept, server.url, label, result, row, thinking)
+        self._tell(self.events.kept, server.url, label, result, row, thinking, budget_by)
         if row is not None:
             self._intake.ended()
 

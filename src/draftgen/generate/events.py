@@ -25,19 +25,26 @@ class DispatchEvents(Protocol):
         result: ChatResult,
         row: dict[str, Any] | None,
         thinking: bool | None = None,
+        budget_by: str = "max_tokens",
     ) -> None:
         """A turn's answer was kept (``label``: its prompt id, and turn when there are several); ``row`` is the
-        conversation's stored row when that was its last turn; ``thinking``: whether it was asked to think (None: as the run)."""
+        conversation's stored row when that was its last turn; ``thinking``: whether it was asked to think (None: as
+        the run); ``budget_by``: which limit set its max_tokens (draftgen.generate.length_cap)."""
 
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:
         """A turn failed its last attempt: ``row`` goes to failed.parquet."""
 
     def set_aside(
-        self, label: str, reason: str, row: dict[str, Any] | None, rejected: dict[str, Any] | None
+        self,
+        label: str,
+        reason: str,
+        row: dict[str, Any] | None,
+        rejected: dict[str, Any] | None,
+        why: str = "max_length",
     ) -> None:
-        """A turn could train nothing (its prompt alone reached the trainer's max_length) and was not sent: ``row``
-        is its conversation's stored row up to the turn before, or, when it was the first turn, ``rejected`` is
-        the prompt's rejected.parquet row."""
+        """A turn's prompt left it no room under the trainer's max_length, or less than min_turn_budget (``why``:
+        length_cap.NO_ROOM or BELOW_FLOOR), and it was not sent: ``row`` is its conversation's stored row up to the
+        turn before, or, when it was the first turn, ``rejected`` is the prompt's rejected.parquet row."""
 
     def note(self, server: str, what: str) -> None:
         """Something a person watching the run should read (a server benched, a deadline learned)."""

@@ -3,6 +3,12 @@
 The user's last run wrote 87% empty answers for days. Here every result is classified as it arrives (empty
 answer, empty reasoning when thinking is on, truncated, ended as a repetition loop, failed); when the share of one defect in the last
 ``window`` results passes its threshold, the run halts with a report naming example ids and texts.
+
+A cut is judged by its cause. "truncated" is a turn cut by ``max_tokens``: the budget the user chose ran out, and
+raising it would help. A turn cut where the trainer's ``max_length`` left it less room than ``max_tokens``
+(``draftgen.generate.length_cap``) is cut by design — it trains as generated, and a long conversation's later turns
+are mostly such cuts — so it is counted apart (``cut_at_max_length``) and never enters the window: it says nothing
+about whether the answers are garbage, and halting on it would tell the user to fix the wrong thing.
 """
 
 from __future__ import annotations
@@ -12,8 +18,10 @@ from dataclasses import dataclass, field
 
 from draftgen.client.loops import REPETITION_LOOP
 from draftgen.generate.events import StopRun
+from draftgen.generate.length_cap import BY_MAX_LENGTH, BY_MAX_TOKENS
 
 DEFECTS = ("empty_answer", "empty_reasoning", "truncated", "repetition_loop", "failed")
+CUT_AT_MAX_LENGTH = "cut_at_max_length"  # expected: counted, never a defect (module docstring)
 
 
 @dataclass(frozen=True)
@@ -48,11 +56,20 @@ def _snippet(text: str | None, limit: int = 160) -> str:
 
 
 def classify(
-    *, thinking: bool, content: str | None, reasoning: str | None, finish_reason: str | None, failed: bool
+    *,
+    thinking: bool,
+    content: str | None,
+    reasoning: str | None,
+    finish_reason: str | None,
+    failed: bool,
+    budget_by: str = BY_MAX_TOKENS,
 ) -> tuple[str, ...]:
-    """The defects of one result (an empty tuple for a good one)."""
+    """The defects of one result (an empty tuple for a good one); ``(CUT_AT_MAX_LENGTH,)`` for a turn cut where
+    the trainer's max_length set its budget (``budget_by``), which is expected, not a defect."""
     if failed:
         return ("failed",)
+    if finish_reason == "length" and budget_by == BY_MAX_LENGTH:
+        return (CUT_AT_MAX_LENGTH,)
     if (
         finish_reason == REPETITION_LOOP
     ):  # cut at its first repetition: an empty answer or reasoning is the loop's
@@ -87,8 +104,9 @@ class GuardReport:
     examples: list[Example]
 
     def text(self) -> str:
+        shown = "cut by max_tokens" if self.defect == "truncated" else self.defect.replace("_", " ")
         lines = [
-            f"garbage guard: {self.rate:.0%} of the last {self.window} results are {self.defect.replace('_', ' ')} "
+            f"garbage guard: {self.rate:.0%} of the last {self.window} results are {shown} "
             f"(threshold {self.threshold:.0%}, after {self.seen} results); the run was halted, finished work saved.",
             "rates in the window: "
             + ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in self.rates.items()),
@@ -111,8 +129,10 @@ _ADVICE = {
     "reaches it (chat_template_kwargs). Fix the server, then start a new run (new out_dir).",
     "empty_reasoning": "With enable_thinking=True every answer should carry reasoning_content: check that the "
     "server runs with --reasoning-parser qwen3 and the template honours enable_thinking.",
-    "truncated": "Most completions stop at max_tokens: raise max_tokens, or raise max_truncated_rate if that "
-    "is expected for this prompt set.",
+    "truncated": "These turns were cut by max_tokens with their whole budget (the trainer's max_length left them "
+    "more room): the answers are longer than max_tokens allows. Raise max_tokens (up to train_max_length), check the "
+    "sampling if the answers ramble, or raise max_truncated_rate if long answers are expected for this prompt set. "
+    "(Turns cut where train_max_length left less room are expected and never counted here.)",
     "repetition_loop": "Many answers fall into repetition loops: check the sampling (Qwen3 thinking wants "
     "temperature 0.6, top_p 0.95, top_k 20; greedy or low-temperature decoding loops) and that the server applies "
     "it; raise max_loop_rate if this prompt set is known to loop.",
@@ -131,6 +151,7 @@ class Guard:
         self._examples: dict[str, deque[Example]] = {d: deque(maxlen=examples) for d in DEFECTS}
         self.seen = 0
         self.totals = dict.fromkeys(DEFECTS, 0)
+        self.cut_at_max_length = 0  # expected cuts, outside the window (module docstring)
 
     def rates(self) -> dict[str, float]:
         size = len(self._window)
@@ -146,21 +167,26 @@ class Guard:
         finish_reason: str | None = None,
         error: str | None = None,
         thinking: bool | None = None,
+        budget_by: str = BY_MAX_TOKENS,
     ) -> tuple[str, ...]:
         """One result's defects, counted in the window; ``thinking``: whether that request was asked to think
-        (a sampling plan's arms differ; None: the run's setting)."""
+        (a sampling plan's arms differ; None: the run's setting); ``budget_by``: which limit set its max_tokens."""
         defects = classify(
             thinking=self.settings.thinking if thinking is None else thinking,
             content=content,
             reasoning=reasoning,
             finish_reason=finish_reason,
             failed=error is not None,
+            budget_by=budget_by,
         )
+        self.seen += 1
+        if defects == (CUT_AT_MAX_LENGTH,):
+            self.cut_at_max_length += 1
+            return defects
         if len(self._window) == self._window.maxlen:
             for old in self._window[0]:
                 self._counts[old] -= 1
         self._window.append(defects)
-        self.seen += 1
         for defect in defects:
             self._counts[defect] += 1
             self.totals[defect] += 1

@@ -591,7 +591,7 @@ async def load_length_cap(config: GenerateConfig) -> tuple[LengthCap | None, Che
         counter = await asyncio.to_thread(tokenizer_counter, config.tokenizer)
     except ValueError as exc:
         return None, Check("tokenizer", config.tokenizer, "fail", str(exc))
-    return LengthCap(config.length_cap, counter, config.tokenizer), None
+    return LengthCap(config.length_cap, counter, config.tokenizer, config.min_turn_budget), None
 
 
 async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:

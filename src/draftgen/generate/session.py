@@ -21,7 +21,8 @@ from draftgen.client.records import ChatResult
 from draftgen.display.humanize import human_bytes, short_label
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
-from draftgen.generate.guard import Guard, GuardSettings
+from draftgen.generate.guard import CUT_AT_MAX_LENGTH, Guard, GuardSettings
+from draftgen.generate.length_cap import BY_MAX_TOKENS, NO_ROOM
 from draftgen.generate.preflight import Plan
 from draftgen.generate.progress import Progress, ServerView
 from draftgen.generate.status_file import StatusWriter
@@ -144,6 +145,7 @@ class RunSession:
         result: ChatResult,
         row: dict[str, Any] | None,
         thinking: bool | None = None,
+        budget_by: str = BY_MAX_TOKENS,
     ) -> None:
         if row is not None:
             self.store.add(row)
@@ -155,6 +157,7 @@ class RunSession:
             reasoning=result.reasoning_content,
             finish_reason=result.finish_reason,
             thinking=thinking,
+            budget_by=budget_by,
         )
 
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:
@@ -163,12 +166,18 @@ class RunSession:
         self.guard.observe(id=label, server=server, error=str(error))
 
     def set_aside(
-        self, label: str, reason: str, row: dict[str, Any] | None, rejected: dict[str, Any] | None
+        self,
+        label: str,
+        reason: str,
+        row: dict[str, Any] | None,
+        rejected: dict[str, Any] | None,
+        why: str = NO_ROOM,
     ) -> None:
         if row is not None:
             self.store.add(row)
         if rejected is not None:
             self.store.add_rejected(rejected)
+        self.store.count_set_aside(why)
         self.bar.skip()
         self.set_aside_count += 1
         if self.set_aside_count <= SET_ASIDE_NOTES:
@@ -188,7 +197,7 @@ class RunSession:
         full = replace(
             snapshot,
             guard_rates=self.guard.rates(),
-            guard_totals=dict(self.guard.totals),
+            guard_totals=dict(self.guard.totals) | {CUT_AT_MAX_LENGTH: self.guard.cut_at_max_length},
             guard_seen=self.guard.seen,
             events=tuple(self.log.recent),
         )

@@ -114,9 +114,15 @@ OUTPUT_SCHEMA = pl.Schema(
         # The max_tokens each turn was sent with: the run's, or less where the trainer's max_length capped it
         # (draftgen.generate.length_cap); null in shards written before the cap existed.
         "turn_max_tokens": pl.List(pl.Int64),
-        # Answer points after the last stored one that were not generated: their prompt alone reached the
-        # trainer's max_length (``messages`` then ends at the last answered point); 0 otherwise.
+        # Which limit set each turn's max_tokens: "max_tokens" (the run's or its arm's) or "max_length" (the room
+        # the trainer's max_length left after its prompt). A turn cut at the latter is an expected cut; null in
+        # shards written before this column existed.
+        "turn_budget_by": pl.List(pl.String),
+        # Answer points after the last stored one that were not generated: their prompt left no room under the
+        # trainer's max_length, or less than min_turn_budget (``messages`` then ends at the last answered point);
+        # 0 otherwise; and why ("max_length" or "min_turn_budget"; null when none).
         "turns_set_aside": pl.Int64,
+        "turns_set_aside_by": pl.String,
     }
 )
 FAILED_SCHEMA = pl.Schema(
@@ -204,6 +210,7 @@ class SessionCounts:
     # not generated for that reason (their conversation stored up to them)
     set_aside: int = 0
     turns_set_aside: int = 0
+    set_aside_by: dict[str, int] = field(default_factory=dict)  # conversations cut short, by why (length_cap)
     clock_kept: float | None = None  # draftgen sim: the share of its clock the fleet kept (None: real)
     generating: tuple[float | None, float | None] = (None, None)  # first request sent, last answer (wall)
     start_wave_idle_s: float | None = None  # wall seconds of capacity idle while the first wave went out
@@ -356,6 +363,10 @@ class RunStore:
         self._failures_dirty = True
         self.session.failed += 1
 
+    def count_set_aside(self, why: str) -> None:
+        """A conversation's remaining turns were set aside (``why``: length_cap.NO_ROOM or BELOW_FLOOR)."""
+        self.session.set_aside_by[why] = self.session.set_aside_by.get(why, 0) + 1
+
     def add_rejected(self, row: dict[str, Any]) -> None:
         """A prompt set aside by dispatch (its first turn could train nothing): appended to rejected.parquet at
         the next flush. A resume's preflight rewrites that file from its scan, and dispatch finds these again."""
@@ -471,6 +482,7 @@ class RunStore:
                 "hedge_wins": self.session.hedge_wins,
                 "set_aside": self.session.set_aside,
                 "turns_set_aside": self.session.turns_set_aside,
+                "set_aside_by": dict(self.session.set_aside_by),
                 "clock_factor": self.clock.factor,  # started_at/ended_at are wall clock; × this = hardware seconds
                 "clock_kept": self.session.clock_kept,  # draftgen sim: × this too (the share of its clock it kept)
                 # the generation's own span inside the session: the first request sent to the last answer

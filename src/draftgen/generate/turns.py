@@ -16,6 +16,7 @@ from typing import Any
 
 from draftgen.client.errors import RequestError
 from draftgen.client.records import ChatResult
+from draftgen.generate.length_cap import BY_MAX_TOKENS, NO_ROOM
 from draftgen.prompts.rows import PromptRow
 from draftgen.training.conversation import answer_points, request_messages
 from draftgen.training.token_ids import compact
@@ -26,6 +27,7 @@ class FinishedTurn:
     result: ChatResult
     attempts: int
     max_tokens: int | None = None  # what the request was sent with (the run's, or the trainer's cap)
+    budget_by: str = BY_MAX_TOKENS  # which limit set max_tokens (length_cap.BY_MAX_TOKENS / BY_MAX_LENGTH)
 
 
 def _sum(values: list[int | None]) -> int | None:
@@ -41,7 +43,8 @@ class Conversation:
     mode: str
     points: tuple[int, ...] = ()
     finished_turns: list[FinishedTurn] = field(default_factory=list)
-    set_aside: int = 0  # answer points not generated: their prompt alone reached the trainer's max_length
+    set_aside: int = 0  # answer points not generated: their prompt left too little room under max_length
+    set_aside_by: str | None = None  # why (length_cap.NO_ROOM, BELOW_FLOOR)
 
     def __post_init__(self) -> None:
         self.points = answer_points(self.prompt.messages, self.mode)
@@ -75,15 +78,18 @@ class Conversation:
         ]
         return request_messages(self.prompt.messages, self.points[self.turn], earlier, self.mode)
 
-    def record(self, result: ChatResult, attempts: int, max_tokens: int | None = None) -> None:
+    def record(
+        self, result: ChatResult, attempts: int, max_tokens: int | None = None, budget_by: str = BY_MAX_TOKENS
+    ) -> None:
         if self.finished:
             raise RuntimeError(f"conversation {self.id} got a result after its last turn: a draftgen bug")
-        self.finished_turns.append(FinishedTurn(result, attempts, max_tokens))
+        self.finished_turns.append(FinishedTurn(result, attempts, max_tokens, budget_by))
 
-    def set_aside_rest(self) -> None:
-        """The next turn's prompt leaves nothing to train: it and every later turn (whose prompts hold it) are not
-        generated. With earlier turns done, the conversation is stored up to its last answer; else nothing is."""
+    def set_aside_rest(self, why: str | None = NO_ROOM) -> None:
+        """The next turn's prompt leaves too little to train: it and every later turn (whose prompts hold it) are
+        not generated. With earlier turns done, the conversation is stored up to its last answer; else nothing is."""
         self.set_aside = self.turns - self.turn
+        self.set_aside_by = why
 
     def rejected_row(self, reason: str) -> dict[str, Any]:
         """rejected.parquet's row for a conversation set aside before its first turn."""
@@ -149,7 +155,9 @@ class Conversation:
             "turn_prompt_ids": prompt_suffixes,
             "turn_prompt_shared": prompt_shared,
             "turn_max_tokens": [t.max_tokens for t in self.finished_turns],
+            "turn_budget_by": [t.budget_by for t in self.finished_turns],
             "turns_set_aside": self.set_aside,
+            "turns_set_aside_by": self.set_aside_by if self.set_aside else None,
         }
 
     def failure_row(self, error: RequestError, attempts: int, server: str | None) -> dict[str, Any]:
