@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -272,8 +273,8 @@ def test_validates_gate_fails_a_run_where_most_answers_are_cut_though_they_train
     sources = clean_rows(40, seed=3, prefix="c")
     single = [s for s in sources if s.get("turn_after") is None]  # 30 single-turn rows
 
-    def corpus(name: str, cut: int) -> tuple:
-        rows = [with_cut_turn(s, tokenizer, 0, 30)[0] for s in single[:cut]]
+    def corpus(name: str, cut: int, budget_by: str = "max_tokens") -> tuple:
+        rows = [with_cut_turn(s, tokenizer, 0, 30)[0] | {"turn_budget_by": [budget_by]} for s in single[:cut]]
         rows += [with_server_ids(s, tokenizer) for s in single[cut:]]
         write_generation(tmp_path / name, rows)
         return validate_generation(
@@ -290,10 +291,18 @@ def test_validates_gate_fails_a_run_where_most_answers_are_cut_though_they_train
     most = corpus("most", 20)  # 20 of 30 cut: kept for training, and still a failed run
     assert most.counts["cut_turns"]["trained"] == 20 and most.counts["degenerate"] == 0
     assert most.truncated_share == pytest.approx(20 / 30) and not most.passed
-    with pytest.raises(
-        ValidationGateError, match=r"20 cut by a length limit \(66\.7%; threshold max_truncated_share"
-    ):
+    with pytest.raises(ValidationGateError) as failed:
         require_fit_to_train(most)
+    message = str(failed.value)
+    assert re.search(r"20 cut by max_tokens \(66\.7%; threshold max_truncated_share", message)
+    assert "had their whole max_tokens budget" in message and "raise max_tokens" in message
+    # The same cuts where the trainer's max_length set each turn's budget: expected, counted apart, never gated.
+    by_design = corpus("by-design", 20, budget_by="max_length")
+    assert by_design.counts["cut_at_max_length"] == {"rows": 20, "trained": 20}
+    assert by_design.counts["length_limited"] == 0 and by_design.passed
+    line = require_fit_to_train(by_design)
+    assert line.startswith("PASS") and "0 cut by max_tokens" in line
+    assert "20 more cut at the trainer's max_length (expected, 20 trained as generated; not gated)" in line
 
 
 def _observe(guard: Guard, count: int, *, cut: float, seed: int = 0, budget_by: str = "max_tokens") -> None:

@@ -411,5 +411,8 @@ def test_the_gate_judges_truncation_and_garbage_against_their_own_thresholds(
     garbage = gate("garbage", clean + cut + empty)  # 4 of 47 = 8.5% empty answers, over 5%
     assert garbage.counts["degenerate"] == 4 and garbage.counts["length_limited"] == 6
     assert not garbage.passed
-    with pytest.raises(ValidationGateError, match="4 of 47 samples degenerate"):
+    with pytest.raises(ValidationGateError, match="4 of 47 samples degenerate") as failed:
         require_fit_to_train(garbage)
+    # the advice names the cause the flags show, not the truncation's
+    assert "Most degenerate samples are empty_answer" in str(failed.value)
+    assert "--reasoning-parser" in str(failed.value) and "raise max_tokens" not in str(failed.value)

@@ -27,7 +27,7 @@ SCHEMA = {
         *("completion_tokens", "spec_accept_length", "spec_verify_ct", "server", "latency_s", "attempts"),
         *("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode"),
         *("turn_prompt_tokens", "turn_completion_tokens"),
-        *("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids"),
+        *("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids", "turn_budget_by"),
     )
 }
 

@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from draftgen.defaults import MODEL, fleet_urls
 from draftgen.server_settings import SettingsFile
 from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
+from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -55,6 +56,7 @@ SHARED_PARAMETERS = frozenset(
         "turns",
         "train_max_length",
         "min_turn_budget",
+        "trainer",
         "category_field",
         "sampling_plan",
     }
@@ -275,6 +277,27 @@ MinTurnBudget = Annotated[
         512,
         "a turn the trainer's max_length leaves fewer tokens of room than this is set aside, not sent (0: send all)",
         ge=0,
+    ),
+]
+
+
+# Whose loss mask the data is for: validate reproduces it, and generate checks before sending anything that the
+# tokenizer's chat template renders what that trainer expects (draftgen.training.template_fit).
+def _known_trainer(name: object) -> object:
+    if isinstance(name, str) and name not in {t.value for t in Trainer}:
+        known = ", ".join(t.value for t in Trainer)
+        legacy = LEGACY_CONVENTIONS.get(name)
+        hint = f" ({name} is a mask_convention value: trainer {legacy.value})" if legacy else ""
+        raise ValueError(f"unknown trainer {name!r}: choose one of {known}{hint}")
+    return Trainer(name) if isinstance(name, str) else name
+
+
+TrainerName = Annotated[
+    Trainer,
+    BeforeValidator(_known_trainer),
+    param(
+        DEFAULT_TRAINER,
+        f"whose loss mask to reproduce, token for token: {', '.join(t.value for t in Trainer)} (docs/validate.md)",
     ),
 ]
 # Measurements: warm-up before them, intervals around them, and the price of what they measured.

@@ -21,6 +21,7 @@ from draftgen.params import (
     PositiveFloat,
     PositiveInt,
     SamplingParams,
+    TrainerName,
     TrainMaxLength,
     Turns,
     param,
@@ -90,7 +91,7 @@ class GenerateConfig(FleetParams, SamplingParams):
         ),
         (
             "checks and reporting",
-            "canary estimate train_max_length min_turn_budget tokenizer force acceptance_interval_s hedge_slow_ratio progress_interval_s "
+            "canary estimate train_max_length min_turn_budget tokenizer trainer force acceptance_interval_s hedge_slow_ratio progress_interval_s "
             "status_interval_s",
         ),
         help={
@@ -196,6 +197,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     )
     train_max_length: TrainMaxLength
     min_turn_budget: MinTurnBudget
+    trainer: TrainerName
     tokenizer: ProjectPath = param(
         "",
         "the target model's folder (tokenizer.json + chat template): counts each turn's prompt to cap its "

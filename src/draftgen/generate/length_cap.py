@@ -44,7 +44,9 @@ class TurnLimit:
     prompt_tokens: int | None  # None: the tokenizer could not render this prompt (sent uncapped)
     max_tokens: int
     capped: bool  # max_tokens is the trainer's limit, not the run's
-    floor: int = 0  # the fewest tokens a capped turn may be sent with (the run's min_turn_budget, ≤ its max_tokens)
+    floor: int = (
+        0  # the fewest tokens a capped turn may be sent with (the run's min_turn_budget, ≤ its max_tokens)
+    )
 
     @property
     def trains_nothing(self) -> bool:
@@ -105,19 +107,13 @@ class LengthCap:
 
 def tokenizer_counter(folder: str | Path) -> PromptCounter:
     """Counts a request's prompt with the tokenizer folder's chat template, as SGLang renders a chat request."""
-    from transformers import AutoTokenizer
+    from draftgen.training.masks import load_tokenizer  # transformers: only where a tokenizer is given
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"tokenizer {folder}: cannot load it ({exc}); give the target model's folder (tokenizer.json and its "
-            "chat template), or tokenizer: '' to send max_tokens uncapped"
-        ) from exc
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            f"tokenizer {folder} has no chat template: the prompt cannot be rendered as the server does"
-        )
+    return prompt_counter(load_tokenizer(folder))
+
+
+def prompt_counter(tokenizer: Any) -> PromptCounter:
+    """Counts a request's prompt with a loaded tokenizer's chat template, as SGLang renders a chat request."""
 
     def count(messages: Sequence[Mapping[str, Any]], enable_thinking: bool) -> int:
         text = tokenizer.apply_chat_template(

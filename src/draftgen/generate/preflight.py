@@ -16,6 +16,7 @@ import contextlib
 import json
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
 from draftgen.generate.dispatch import ServerPlan
 from draftgen.generate.guard import classify
-from draftgen.generate.length_cap import LengthCap, tokenizer_counter
+from draftgen.generate.length_cap import LengthCap, prompt_counter
 from draftgen.generate.source import prompt_source
 from draftgen.generate.store import (
     FingerprintMismatch,
@@ -46,6 +47,10 @@ from draftgen.generate.store import (
 )
 from draftgen.params import ParameterError
 from draftgen.prompts.rows import PromptFileError, PromptRow, RejectedRow
+from draftgen.sampling_plan import arm_sampling
+from draftgen.training.masks import load_tokenizer
+from draftgen.training.template_fit import template_problem
+from draftgen.training.trainers import trainer_spec
 
 ESTIMATE_KEYS = (
     "aggregate_output_tok_s",
@@ -350,16 +355,20 @@ async def _wait_healthy(client: ServerClient, wait_s: float) -> int | None:
         await asyncio.sleep(HEALTH_POLL_S)
 
 
+CapLoad = Awaitable[tuple[LengthCap | None, Check | None]]
+
+
 async def check_server(
-    config: GenerateConfig, url: str, api_key: str
+    config: GenerateConfig, url: str, api_key: str, cap_load: CapLoad | None = None
 ) -> tuple[str, list[Check], Capabilities | None]:
+    """``cap_load``: the length cap being loaded, whose tokenizer the canary's prompt count is compared with."""
     async with ServerClient(url, api_key=api_key, timeout_s=config.request_timeout_s) as client:
-        checks, caps = await _server_checks(config, client)
+        checks, caps = await _server_checks(config, client, cap_load)
         return client.url, checks, caps
 
 
 async def _server_checks(
-    config: GenerateConfig, client: ServerClient
+    config: GenerateConfig, client: ServerClient, cap_load: CapLoad | None = None
 ) -> tuple[list[Check], Capabilities | None]:
     checks: list[Check] = []
     url = client.url
@@ -452,7 +461,7 @@ async def _server_checks(
             )
         )
     if config.canary:
-        checks.append(await canary(client, config))
+        checks.extend(await canary(client, config, cap_load))
     return checks, caps
 
 
@@ -463,14 +472,59 @@ def describe_token_ids(caps: Capabilities) -> str:
     return f"no token ids from {caps.engine}: validate re-tokenizes"
 
 
-async def canary(client: ServerClient, config: GenerateConfig) -> Check:
-    """One real request: with thinking on, reasoning and answer must both be non-empty."""
+async def prompt_count_check(
+    url: str, messages: list[dict[str, str]], served: int | None, cap_load: CapLoad, thinking: bool
+) -> Check | None:
+    """The tokenizer that caps every turn counts a canary's prompt as the server did, or the cap is off by the
+    difference (a tokenizer folder that is not the served model's)."""
+    length_cap, _ = await cap_load
+    if length_cap is None or served is None:
+        return None
+    limit = length_cap.limit(
+        messages, 1, True
+    )  # the count only; thinking as the canary asked (on by default)
+    if limit.prompt_tokens is None:
+        return Check("prompt count", url, "warn", "the tokenizer's chat template could not render the canary")
+    if limit.prompt_tokens == served:
+        return Check(
+            "prompt count", url, "ok", f"the tokenizer counts the canary's prompt as the server: {served}"
+        )
+    return Check(
+        "prompt count",
+        url,
+        "warn",
+        f"the server counted {served} prompt tokens for the canary, the tokenizer ({length_cap.tokenizer}) "
+        f"{limit.prompt_tokens}: each turn's max_tokens is capped on the tokenizer's count, so a turn can run "
+        "past the trainer's max_length or stop short of it; give the served model's tokenizer folder",
+    )
+
+
+async def canary(
+    client: ServerClient, config: GenerateConfig, cap_load: CapLoad | None = None
+) -> list[Check]:
+    """One real request: with thinking on, reasoning and answer must both be non-empty; with a length cap, its
+    tokenizer's count of the prompt must be the server's."""
+    check, counted = await _canary(client, config)
+    checks = [check]
+    if cap_load is not None and counted is not None:
+        counts = await prompt_count_check(client.url, *counted, cap_load, config.enable_thinking)
+        if counts is not None:
+            checks.append(counts)
+    return checks
+
+
+async def _canary(
+    client: ServerClient, config: GenerateConfig
+) -> tuple[Check, tuple[list[dict[str, str]], int | None] | None]:
+    """The canary's verdict, and the messages of its first answered request with the server's prompt count."""
     truncated = 0
+    counted = None
     for prompt in CANARY_PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
         try:
             result = await retrying(
-                lambda prompt=prompt: client.chat(
-                    [{"role": "user", "content": prompt}],
+                lambda messages=messages: client.chat(
+                    messages,
                     config.sampling,
                     config.model,
                     stream=config.stream,
@@ -481,7 +535,9 @@ async def canary(client: ServerClient, config: GenerateConfig) -> Check:
         except RequestError as exc:
             return Check(
                 "canary", client.url, "fail", f"request failed {PROBE_RETRY.max_attempts} times: {exc}"
-            )
+            ), counted
+        if counted is None:
+            counted = (messages, result.prompt_tokens)
         defects = classify(
             thinking=config.enable_thinking,
             content=result.content,
@@ -501,21 +557,21 @@ async def canary(client: ServerClient, config: GenerateConfig) -> Check:
                 "fail",
                 f"{', '.join(d.replace('_', ' ') for d in defects)} (finish {result.finish_reason}, reasoning "
                 f"{reasoning!r}, answer {answer!r}): check --reasoning-parser and the chat template",
-            )
+            ), counted
         return Check(
             "canary",
             client.url,
             "ok",
             f"reasoning {len(result.reasoning_content or '')} chars, answer {len(result.content or '')} chars, "
             f"{result.completion_tokens} tokens in {result.latency_s:.1f} s",
-        )
+        ), counted
     return Check(
         "canary",
         client.url,
         "warn",
         f"all {truncated} canaries stopped at max_tokens={config.max_tokens} before answering: "
         "reasoning seen, answer not confirmed",
-    )
+    ), counted
 
 
 # ----- the whole preflight ---------------------------------------------------------------------------------
@@ -537,9 +593,11 @@ async def preflight(config: GenerateConfig) -> Plan:
     except StoreError as exc:
         checks.append(Check("out_dir", config.out_dir, "fail", str(exc)))
     try:
-        server_task = asyncio.gather(*(check_server(config, url, api_key) for url in config.servers))
-        scan_task = asyncio.to_thread(scan_prompts, config, store.done_ids if store else set())
         cap_task = asyncio.ensure_future(load_length_cap(config))
+        server_task = asyncio.gather(
+            *(check_server(config, url, api_key, asyncio.shield(cap_task)) for url in config.servers)
+        )
+        scan_task = asyncio.to_thread(scan_prompts, config, store.done_ids if store else set())
         try:
             scanned, servers = await asyncio.gather(scan_task, server_task)
         except PromptFileError as exc:
@@ -585,13 +643,36 @@ async def preflight(config: GenerateConfig) -> Plan:
 
 async def load_length_cap(config: GenerateConfig) -> tuple[LengthCap | None, Check | None]:
     """The trainer's max_length as a cap on each turn, with the tokenizer that counts prompts (None: no cap)."""
-    if not config.length_cap:
+    if not config.tokenizer:
         return None, None
     try:
-        counter = await asyncio.to_thread(tokenizer_counter, config.tokenizer)
+        tokenizer = await asyncio.to_thread(load_tokenizer, config.tokenizer)
     except ValueError as exc:
         return None, Check("tokenizer", config.tokenizer, "fail", str(exc))
-    return LengthCap(config.length_cap, counter, config.tokenizer, config.min_turn_budget), None
+    arms = [arm_sampling(config.sampling, arm) for arm in config.sampling_plan] or [config.sampling]
+    modes = sorted({arm.enable_thinking for arm in arms}, reverse=True)
+    problems = [
+        template_problem(tokenizer, trainer_spec(config.trainer), config.trainer.value, m) for m in modes
+    ]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        return None, Check(
+            "tokenizer",
+            config.tokenizer,
+            "fail",
+            f"does not fit the trainer {config.trainer.value}: {problem}",
+        )
+    fit = Check(
+        "tokenizer",
+        config.tokenizer,
+        "ok",
+        f"its chat template renders what the trainer ({config.trainer.value}) expects",
+    )
+    if not config.length_cap:
+        return None, fit
+    return LengthCap(
+        config.length_cap, prompt_counter(tokenizer), config.tokenizer, config.min_turn_budget
+    ), fit
 
 
 async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:

@@ -32,6 +32,7 @@ from draftgen.display.table import Column, Table, format_value, with_specs
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.gpu_time import gpu_seconds, kept_share_of
+from draftgen.generate.length_cap import BY_MAX_LENGTH, BY_MAX_TOKENS
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.store import read_manifest, scan_shards
 from draftgen.rundir.layout import FAILED, PLOTS, REJECTED, SHARDS, shard_paths
@@ -169,6 +170,34 @@ def trained_tokens(out_dir: RunDirs) -> int:
     return total
 
 
+def turn_cuts(out_dir: RunDirs) -> tuple[int, int, int]:
+    """(turns, turns cut by max_tokens, turns cut where the trainer's max_length set the budget): a cut judged by
+    its cause (generate.length_cap). A turn whose cause was not recorded (older shards) counts as cut by max_tokens."""
+    turns = by_tokens = at_length = 0
+    for _folder, shards in stored_shards(out_dir):
+        cuts = (
+            shards.select(
+                pl.coalesce("turn_finish_reason", pl.concat_list("finish_reason")).alias("finish"),
+                pl.coalesce(
+                    "turn_budget_by",
+                    pl.coalesce("turn_finish_reason", pl.concat_list("finish_reason")).list.eval(
+                        pl.lit(BY_MAX_TOKENS)
+                    ),
+                ).alias("by"),
+            )
+            .explode("finish", "by")
+            .select(
+                pl.len().alias("turns"),
+                ((pl.col("finish") == "length") & (pl.col("by") != BY_MAX_LENGTH)).sum().alias("by_tokens"),
+                ((pl.col("finish") == "length") & (pl.col("by") == BY_MAX_LENGTH)).sum().alias("at_length"),
+            )
+            .collect()
+            .row(0)
+        )
+        turns, by_tokens, at_length = turns + cuts[0], by_tokens + cuts[1], at_length + cuts[2]
+    return turns, by_tokens, at_length
+
+
 def summary(out_dir: RunDirs) -> pl.DataFrame:
     """One row of run-level figures (several folders: one row for them together, wall time their union), times
     and rates on the servers' clock (``clock`` and the raw ``wall_clock_s`` columns when simulated)."""
@@ -180,6 +209,7 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
     wall = clock.seconds(wall_clock) * kept_share_of(sessions)
     session_tokens = sum(s["completion_tokens"] for s in sessions)
     trained, gpu_s = trained_tokens(folders), gpu_seconds(sessions)
+    turns, cut_tokens, cut_length = turn_cuts(folders)
     generating = generating_seconds(sessions, clock) if sessions else None
     wave = start_wave_seconds(sessions, clock)
     warm = generating - wave if generating and generating > wave else None
@@ -192,7 +222,6 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.col("completion_tokens").quantile(0.99).alias("p99_completion_tokens"),
         pl.col("latency_s").median().round(2).alias("median_latency_s"),
         pl.col("latency_s").quantile(0.99).round(2).alias("p99_latency_s"),
-        (pl.col("finish_reason") == "length").mean().round(4).alias("truncated_rate"),
         pl.col("empty_answer").mean().round(4).alias("empty_answer_rate"),
         pl.col("empty_reasoning").mean().round(4).alias("empty_reasoning_rate"),
         pl.col("spec_accept_length").mean().round(3).alias("mean_accept_length"),
@@ -209,6 +238,8 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(round(generating, 1) if generating else None).alias("generating_s"),
         pl.lit(round(wave, 1)).alias("start_wave_idle_s"),
         pl.lit(round(session_tokens / warm, 1) if warm else None).alias("generating_tok_s"),
+        pl.lit(round(cut_tokens / turns, 4) if turns else None).alias("truncated_rate"),
+        pl.lit(round(cut_length / turns, 4) if turns else None).alias("cut_at_max_length_rate"),
         pl.lit(trained).alias("trained_tokens"),
         pl.lit(round(gpu_s / trained * 1e6, 1) if trained else None).alias("gpu_s_per_m_trained"),
         pl.lit(len(sessions)).alias("sessions"),
@@ -632,7 +663,8 @@ SUMMARY_SPECS = (
     Column("p99_completion_tokens", "p99 completion tokens per row", "int"),
     Column("median_latency_s", "median latency (s)", "number"),
     Column("p99_latency_s", "p99 latency (s)", "number"),
-    Column("truncated_rate", "cut by max_tokens", "percent"),
+    Column("truncated_rate", "turns cut by max_tokens", "percent"),
+    Column("cut_at_max_length_rate", "turns cut at the trainer's max_length (expected)", "percent"),
     Column("empty_answer_rate", "empty answers", "percent"),
     Column("empty_reasoning_rate", "empty reasoning", "percent"),
     Column("mean_accept_length", "mean acceptance length", "number", 2),
@@ -777,7 +809,8 @@ def headline(out_dir: RunDirs, estimate_path: str | Path | None = None) -> Headl
             "cut by max_tokens",
             format_value(run["truncated_rate"], "percent"),
             "",
-            f"empty answers {format_value(run['empty_answer_rate'], 'percent')}",
+            f"of turns; {format_value(run['cut_at_max_length_rate'], 'percent')} more cut at the trainer's "
+            f"max_length (expected); empty answers {format_value(run['empty_answer_rate'], 'percent')}",
         ),
     ]
     if estimate_path:

@@ -193,6 +193,8 @@ def dataset_info(result: Any) -> dict[str, Any]:
             "samples": counts["in"],
             "exported": counts["out"],
             "cut_turns": counts["cut_turns"],
+            "cut_by_max_tokens": counts["length_limited"],
+            "cut_at_max_length": counts.get("cut_at_max_length") or {"rows": 0, "trained": 0},
             "dropped": counts["dropped"],
             "dropped_by_flag": counts["dropped_by_flag"],
             "flagged_but_kept": counts["flagged_but_kept"],
@@ -227,7 +229,7 @@ def _yaml_header(files: dict[str, str]) -> str:
 
 def _contents_table(info: dict[str, Any]) -> str:
     """Which rows each training file holds, with counts."""
-    lines = ["| file | rows | trained tokens | cut turns (max_tokens) |", "|---|---|---|---|"]
+    lines = ["| file | rows | trained tokens | cut turns |", "|---|---|---|---|"]
     for path, held in info["contents"].items():
         lines.append(f"| `{path}` | {held['rows']:,} | {held['trained_tokens']:,} | {held['cut_turns']:,} |")
     cut = info["counts"]["cut_turns"]
@@ -240,8 +242,17 @@ def _contents_table(info: dict[str, Any]) -> str:
             f" (rendered so, {cut['closing_measured']:,} of them would carry {cut['closing_tokens']:,} such tokens, "
             f"{mean:.1f} a turn)"
         )
+    at_length = info["counts"].get("cut_at_max_length") or {"trained": 0}
+    expected, by_tokens = at_length["trained"], cut["trained"] - at_length["trained"]
+    room = "where the trainer's max_length left less room than max_tokens (expected: a long conversation's later turns)"
+    if not expected:
+        cause = "cut by max_tokens"
+    elif not by_tokens:
+        cause = f"cut {room}"
+    else:
+        cause = f"cut at their limit, {expected:,} {room} and {by_tokens:,} by max_tokens,"
     note = (
-        f"\n\n{cut['trained']:,} turns were cut by max_tokens and train **as generated**: the server's prompt and "
+        f"\n\n{cut['trained']:,} turns were {cause} and train **as generated**: the server's prompt and "
         "output ids, nothing appended, the mask over exactly the generated tokens. The files of ids carry them; "
         "`train.jsonl` leaves them out, because a trainer renders its conversations through the chat template, "
         "which would end each cut turn with tokens the model never wrote: `\\n</think>\\n\\n<|im_end|>\\n` after a "

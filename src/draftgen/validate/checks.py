@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from draftgen.client.loops import REPETITION_LOOP
+from draftgen.generate.length_cap import BY_MAX_LENGTH
 from draftgen.generate.store import OUTPUT_SCHEMA
 from draftgen.training.masks import MaskBatch
 from draftgen.training.trainers import SpanTrainer
@@ -252,6 +253,31 @@ def trains_as_generated(frame: pl.DataFrame, tokens: TokenRows | None, config: V
     return cut & np.array([source == SERVER for source in tokens.source], dtype=bool)
 
 
+def _last_turn(frame: pl.DataFrame, column: str, turn_column: str) -> pl.Expr:
+    """A sample's last turn's value: a per-turn row's own column, else the stored row's turn list's last."""
+    if column in frame.columns and turn_column not in frame.columns:
+        return pl.col(column)
+    if turn_column in frame.columns:
+        return pl.col(turn_column).list.last()
+    return pl.lit(None)
+
+
+def cut_at_max_length(frame: pl.DataFrame, max_length: int) -> np.ndarray:
+    """Per row: its (last) turn was cut where the trainer's max_length set its budget — an expected cut, never
+    judged against the run (generate.length_cap). Rows from shards that did not record the budget's cause count so
+    when their prompt and completion together reached max_length."""
+    if "finish_reason" not in frame.columns:
+        return np.zeros(frame.height, dtype=bool)
+    by = _last_turn(frame, "budget_by", "turn_budget_by")
+    reached = (
+        _last_turn(frame, "prompt_tokens", "turn_prompt_tokens")
+        + _last_turn(frame, "completion_tokens", "turn_completion_tokens")
+    ) >= max_length
+    capped = pl.when(by.is_null()).then(reached).otherwise(by == BY_MAX_LENGTH)
+    cut = frame.select(((pl.col("finish_reason") == "length") & capped).fill_null(False)).to_series()
+    return cut.to_numpy().astype(bool)
+
+
 def _drops(flag: str, config: ValidateConfig) -> pl.Expr:
     """Whether ``flag`` drops a row: any defect does, except what a cut by max_tokens explains in a turn that trains
     as generated (``cut_trained``), and, with train_loops, what a loop explains in a turn it ended."""
@@ -327,6 +353,7 @@ def flag_batch(
     ).with_columns(
         pl.concat_list([pl.when(pl.col(f)).then(pl.lit(f)) for f in FLAGS]).list.drop_nulls().alias("flags"),
         pl.Series("cut_trained", cut),
+        pl.Series("cut_at_max_length", cut_at_max_length(frame, config.max_length)),
     )
     dropped = pl.any_horizontal([_drops(f, config) for f in drop] or [pl.lit(False)])
     # cut_trained: exported as a cut turn (one with a defect is dropped, like any row)

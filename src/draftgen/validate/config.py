@@ -7,7 +7,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.params import EnableThinking, NotebookCell, Params, PositiveInt, _unset_if_empty, param
+from draftgen.params import (
+    EnableThinking,
+    NotebookCell,
+    Params,
+    PositiveInt,
+    TrainerName,
+    _unset_if_empty,
+    param,
+)
 from draftgen.paths import ProjectPath
 from draftgen.training.masks import MaskSpec
 from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
@@ -59,6 +67,29 @@ FlagName = Literal[
     "ids_unusable",
     "trainer_rejects",
 ]
+# What to fix when a flag drops most of the degenerate samples (the gate's advice names the cause it saw).
+FLAG_ADVICE: dict[str, str] = {
+    "empty_answer": "the server returned answers without content: check its --reasoning-parser and chat template, "
+    "and that enable_thinking reaches it.",
+    "empty_reasoning": "thinking was on but no reasoning came back: check the server's --reasoning-parser (qwen3).",
+    "repetition_loop": "answers looped: check the sampling (temperature 0.6, top_p 0.95, top_k 20 for Qwen3 "
+    "thinking) reaches the server, or set train_loops.",
+    "tiny_mask": "the trainer supervises almost nothing of these rows: see the mismatch column and the trainer's "
+    "convention.",
+    "template_mismatch": "the trainer's chat template does not see the samples as generated: give validate the served "
+    "model's tokenizer folder and the trainer whose convention matches its template (the mismatch column says why).",
+    "ids_unusable": "the server's token ids do not fit this tokenizer or the trainer's template (the ids_problem "
+    "column says which): give the served model's tokenizer folder, and a trainer whose assistant header its chat "
+    "template renders.",
+    "trainer_rejects": "the trainer's loader would drop these rows: see its minimum supervised tokens.",
+    "duplicate_answer": "many prompts got the same answer: look at duplicate_answer's examples (a server stuck on one "
+    "reply?).",
+    "invalid_text": "the answers hold broken characters: check the server's detokenizer and the shards' encoding.",
+    "think_markers_in_answer": "reasoning was not separated from the answer: start the server with "
+    "--reasoning-parser qwen3.",
+    "foreign_assistant_turn": "the histories hold answers another model wrote: generate with turns: all.",
+}
+FLAG_ADVICE_DEFAULT = "look at its examples above."
 # Flags that mean "the length budget ran out", not "the model produced garbage": a thinking model at
 # max_tokens 4096 truncates a predictable share of samples. They are dropped from the export like any flag, but
 # the gate judges them against their own threshold (max_truncated_share), so expected truncation does not
@@ -117,10 +148,7 @@ class ValidateConfig(Params):
         doc="report tables and export (draftgen run sets the run folder); must not be inside generation_dir",
         min_length=1,
     )
-    trainer: Trainer = param(
-        DEFAULT_TRAINER,
-        f"whose loss mask to reproduce, token for token: {', '.join(t.value for t in Trainer)} (docs/validate.md)",
-    )
+    trainer: TrainerName
     mask_convention: Literal["think_in_prompt", "think_in_target"] | None = param(
         None,
         "former name of the draftgen trainers (think_in_prompt, think_in_target), empty means use trainer",
@@ -213,16 +241,6 @@ class ValidateConfig(Params):
         return value
 
     _convention_unset = field_validator("mask_convention", mode="before")(_unset_if_empty)
-
-    @field_validator("trainer", mode="before")
-    @classmethod
-    def _known_trainer(cls, name: object) -> object:
-        if isinstance(name, str) and name not in {t.value for t in Trainer}:
-            known = ", ".join(t.value for t in Trainer)
-            legacy = LEGACY_CONVENTIONS.get(name)
-            hint = f" ({name} is a mask_convention value: trainer {legacy.value})" if legacy else ""
-            raise ValueError(f"unknown trainer {name!r}: choose one of {known}{hint}")
-        return Trainer(name) if isinstance(name, str) else name
 
     @model_validator(mode="after")
     def _legacy_convention(self) -> ValidateConfig:

@@ -60,6 +60,7 @@ def count_flags(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
             "dropped": 0,
             "degenerate": 0,
             "length_limited": 0,
+            "cut_at_max_length": {"rows": 0, "trained": 0},
             "cut_turns": _no_cut_turns(),
             "dropped_by_flag": dict.fromkeys(drop, 0),
             "flagged_but_kept": {f: 0 for f in FLAGS if f not in config.drop_flags},
@@ -73,6 +74,11 @@ def count_flags(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
     if "empty_answer" in drop:
         defect.append(pl.col("empty_answer") & ~pl.col("truncated"))
     degenerate = (pl.any_horizontal(defect) & pl.col("dropped")).sum() if defect else pl.lit(0)
+    # Ran out of length budget: dropped only for length flags, or cut and trained as generated. Judged by cause:
+    # a cut where the trainer's max_length set the budget is expected and never counts against the gate.
+    defective = pl.any_horizontal(defect) if defect else pl.lit(False)
+    out_of_budget = (pl.col("dropped") & ~defective) | cut
+    at_max_length = _column(columns, "cut_at_max_length")
     closing = pl.col("closing_tokens") if "closing_tokens" in columns else pl.lit(None, dtype=pl.Int64)
     totals = _totals(
         records,
@@ -84,11 +90,13 @@ def count_flags(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
             held.sum().alias("held_rows"),
             (held & ~pl.col("dropped")).sum().alias("held_kept"),
             pl.col(key).filter(held).n_unique().alias("held_prompts"),
-            cut.sum().alias("cut_rows"),
             trained_cut.sum().alias("cut_trained"),
             pl.col("supervised_generated").filter(trained_cut).sum().alias("cut_tokens"),
             closing.filter(trained_cut).sum().alias("closing"),
             closing.filter(trained_cut).count().alias("closing_measured"),
+            (out_of_budget & ~at_max_length).sum().alias("length_limited"),
+            (out_of_budget & at_max_length).sum().alias("at_max_length"),
+            (trained_cut & at_max_length).sum().alias("at_max_length_trained"),
         ],
     )
     dropped, degenerate_rows = int(totals["dropped"]), int(totals["degenerate"])
@@ -104,8 +112,13 @@ def count_flags(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
         "token_source": token_sources(records),
         "dropped": dropped,
         "degenerate": degenerate_rows,  # dropped for a defect (a sample with a defect and a length flag counts here)
-        # ran out of length budget: dropped only for length flags, or cut by max_tokens and trained as generated
-        "length_limited": dropped - degenerate_rows + int(totals["cut_rows"] or 0),
+        # ran out of the budget max_tokens set: dropped only for length flags, or cut and trained as generated
+        "length_limited": int(totals["length_limited"] or 0),
+        # the same where the trainer's max_length set the budget: expected, reported, never gated
+        "cut_at_max_length": {
+            "rows": int(totals["at_max_length"] or 0),
+            "trained": int(totals["at_max_length_trained"] or 0),
+        },
         "cut_turns": {
             "trained": trained,
             "trained_tokens": int(totals["cut_tokens"] or 0),

@@ -23,11 +23,12 @@ from draftgen.rundir.layout import VALIDATE_RECORDS as RECORDS_FILE
 from draftgen.rundir.layout import VALIDATE_SUMMARY as SUMMARY_FILE
 from draftgen.sampling_plan import arm_thinking, prompt_of
 from draftgen.training.id_rows import IdsLayout, ids_layout
-from draftgen.training.masks import MaskSpec, build_conversation_masks, load_tokenizer
+from draftgen.training.masks import MaskSpec, TokenizerLoadError, build_conversation_masks, load_tokenizer
+from draftgen.training.template_fit import template_problem
 from draftgen.training.trainers import SpanTrainer
 from draftgen.validate import card, export
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
-from draftgen.validate.config import ValidateConfig
+from draftgen.validate.config import FLAG_ADVICE, FLAG_ADVICE_DEFAULT, LENGTH_FLAGS, ValidateConfig
 from draftgen.validate.counts import count_flags
 from draftgen.validate.coverage import Coverage, check_coverage
 from draftgen.validate.folders import GenerationSet, open_generations
@@ -73,8 +74,9 @@ class ValidationResult:
 
     @property
     def truncated_share(self) -> float:
-        """Share of samples that ran out of length budget: dropped only for a length limit (max_tokens or
-        max_length), or cut by max_tokens and trained as generated (a run where most answers are cut still fails)."""
+        """Share of samples cut by max_tokens: dropped only for a length limit, or cut and trained as generated (a run
+        where most answers are cut still fails). Turns cut where the trainer's max_length set the budget are
+        expected and not counted here (``counts["cut_at_max_length"]``)."""
         return self.counts["length_limited"] / self.counts["in"] if self.counts["in"] else 1.0
 
     @property
@@ -184,6 +186,19 @@ def _validate_batch(
     return records
 
 
+def _check_template_fit(
+    tokenizer: Any, spec: MaskSpec, config: ValidateConfig, arms: dict[str, bool]
+) -> None:
+    """Refuse, before a shard is read, a tokenizer whose chat template does not render what the trainer expects:
+    every row would fail (ids_unusable, template_mismatch) for one cause that is better named once."""
+    for thinking in sorted({spec.enable_thinking, *arms.values()}, reverse=True):
+        problem = template_problem(tokenizer, spec.rules, spec.trainer.value, thinking)
+        if problem:
+            raise TokenizerLoadError(
+                f"tokenizer {config.tokenizer} does not fit the trainer {spec.trainer.value}: {problem}"
+            )
+
+
 def validate_generation(
     config: ValidateConfig, *, tokenizer: Any = None, progress: bool = True
 ) -> ValidationResult:
@@ -192,6 +207,8 @@ def validate_generation(
     output = open_generations(config.generation_dirs, config.prompt_file)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
     spec = config.mask_spec()
+    arms = arm_thinking((output.outputs[0].manifest or {}).get("parameters") or {}) if output.outputs else {}
+    _check_template_fit(tokenizer, spec, config, arms)
     index = index_corpus(output.outputs, config.duplicate_answer_min_prompts)
     coverage = check_coverage(output)
     out_dir = Path(config.out_dir)
@@ -200,7 +217,6 @@ def validate_generation(
         out_dir, jsonl=config.export_jsonl, tokens=config.export_tokens, prompts=config.export_prompts
     )
     layout = _ids_layout(tokenizer, spec, config)
-    arms = arm_thinking((output.outputs[0].manifest or {}).get("parameters") or {}) if output.outputs else {}
     samples = RecordsWriter(out_dir / RECORDS_FILE)  # each batch's records go to disk: memory stays bounded
     bar = _progress(output.rows) if progress else None
     try:
@@ -258,15 +274,49 @@ def gate_message(result: ValidationResult) -> str:
     cover = result.coverage
     shown = cover.checked or cover.missing_shards or cover.duplicated_ids or len(result.output.outputs) > 1
     coverage = cover.line() if shown else ""
-    trained = counts["cut_turns"]["trained"]
+    at_length = counts.get("cut_at_max_length") or {"rows": 0, "trained": 0}
+    trained = counts["cut_turns"]["trained"] - at_length["trained"]
     as_generated = f", {trained} of them trained as generated" if trained else ""
+    expected = (
+        f", {at_length['rows']} more cut at the trainer's max_length (expected, {at_length['trained']} trained as "
+        "generated; not gated)"
+        if at_length["rows"]
+        else ""
+    )
     return (
         f"{verdict}: {counts['degenerate']} of {counts['in']} samples degenerate "
         f"({result.degenerate_share:.1%}; threshold max_degenerate_share={result.config.max_degenerate_share:.1%}), "
-        f"{counts['length_limited']} cut by a length limit "
+        f"{counts['length_limited']} cut by max_tokens "
         f"({result.truncated_share:.1%}; threshold max_truncated_share={result.config.max_truncated_share:.1%}"
-        f"{as_generated}). "
+        f"{as_generated}){expected}. "
         f"Dropped by flag: {top}." + (f" {coverage}" if coverage else "")
+    )
+
+
+def gate_advice(result: ValidationResult) -> str:
+    """What to fix, from the causes the flags show: the largest dropping defect when the degenerate share is over,
+    max_tokens when the share cut by it is over."""
+    config, counts = result.config, result.counts
+    advice = []
+    if result.degenerate_share > config.max_degenerate_share:
+        worst = max(
+            (flag for flag in counts["dropped_by_flag"] if flag not in LENGTH_FLAGS),
+            key=lambda flag: counts["dropped_by_flag"][flag],
+            default=None,
+        )
+        if worst is not None and counts["dropped_by_flag"][worst]:
+            advice.append(
+                f"Most degenerate samples are {worst}: {FLAG_ADVICE.get(worst, FLAG_ADVICE_DEFAULT)}"
+            )
+    if result.truncated_share > config.max_truncated_share:
+        advice.append(
+            "The samples cut by max_tokens had their whole max_tokens budget (the trainer's max_length left them "
+            "more room): raise max_tokens up to the trainer's max_length, or max_truncated_share if answers this "
+            "long are expected."
+        )
+    return (
+        " ".join(advice)
+        or "Look at the flag examples above, or raise a threshold if these samples are acceptable."
     )
 
 
@@ -276,9 +326,7 @@ def require_fit_to_train(result: ValidationResult) -> str:
     if not result.passed:
         staged = result.out_dir / export.STAGING
         raise ValidationGateError(
-            f"{message} The export was not published (left in {staged}); look at the flag examples above, "
-            "fix generation (or raise max_tokens if truncation is the problem), or raise the threshold if these "
-            "samples are acceptable."
+            f"{message} The export was not published (left in {staged}). {gate_advice(result)}"
         )
     return message
 

@@ -36,6 +36,8 @@ TURN_COLUMNS = (
     "turn_prompt_shared",
     "turn_prompt_ids",
     "turn_output_ids",
+    # Which limit set each turn's max_tokens (draftgen.generate.length_cap): a cut judged by its cause.
+    "turn_budget_by",
     # The prompt row's category (draftgen.prompts.rows.row_category), kept with the held-out prompts, and a
     # sampling plan's arm (draftgen.sampling_plan: a sample's id names its prompt); null where absent.
     "category",

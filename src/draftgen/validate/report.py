@@ -14,7 +14,7 @@ from draftgen.display.table import Column, Table, format_value
 from draftgen.rundir.layout import EXPORT, EXPORT_STAGING, VALIDATE_RECORDS, VALIDATE_SUMMARY
 from draftgen.validate.config import FLAGS
 from draftgen.validate.counts import TRAINED
-from draftgen.validate.pipeline import ValidationResult
+from draftgen.validate.pipeline import ValidationResult, gate_advice
 
 EXAMPLE_COLUMNS = (
     "id",
@@ -59,7 +59,11 @@ def counts_table(result: ValidationResult) -> pl.DataFrame:
     cut = counts["cut_turns"]["trained"]
     rows = [("in", counts["in"]), ("out (exported)", counts["out"])]
     if cut:
-        rows.append(("  of them cut by max_tokens, trained as generated (not in train.jsonl)", cut))
+        rows.append(("  of them cut at their limit, trained as generated (not in train.jsonl)", cut))
+    at_length = counts.get("cut_at_max_length") or {"rows": 0}
+    rows.append(("cut by max_tokens (gated)", counts["length_limited"]))
+    if at_length["rows"]:
+        rows.append(("cut at the trainer's max_length (expected, not gated)", at_length["rows"]))
     rows.append(("dropped", counts["dropped"]))
     rows += [(f"  dropped with {flag}", n) for flag, n in counts["dropped_by_flag"].items() if n]
     rows += [(f"  kept with {flag}", n) for flag, n in counts["flagged_but_kept"].items() if n]
@@ -446,10 +450,11 @@ def headline(result: ValidationResult) -> Headline:
     top = ", ".join(f"{flag} {n:,}" for flag, n in worst[:3] if n) or "none"
     config = result.config
     passed = result.passed
+    at_length = counts.get("cut_at_max_length") or {"rows": 0, "trained": 0}
     if passed:
         reason = (
-            f"degenerate {result.degenerate_share:.1%} ≤ {config.max_degenerate_share:.1%} and cut by a length "
-            f"limit {result.truncated_share:.1%} ≤ {config.max_truncated_share:.1%}"
+            f"degenerate {result.degenerate_share:.1%} ≤ {config.max_degenerate_share:.1%} and cut by max_tokens "
+            f"{result.truncated_share:.1%} ≤ {config.max_truncated_share:.1%}"
         )
     else:
         over = []
@@ -459,11 +464,11 @@ def headline(result: ValidationResult) -> Headline:
             )
         if result.truncated_share > config.max_truncated_share:
             over.append(
-                f"cut by a length limit {result.truncated_share:.1%} > max_truncated_share {config.max_truncated_share:.1%}"
+                f"cut by max_tokens {result.truncated_share:.1%} > max_truncated_share {config.max_truncated_share:.1%}"
             )
         if not counts["in"]:
             over.append("no samples")
-        reason = "; ".join(over) + ": the export is not published"
+        reason = "; ".join(over) + ": the export is not published. " + gate_advice(result)
     out = result.out_dir
     return Headline(
         step="validate",
@@ -489,10 +494,16 @@ def headline(result: ValidationResult) -> Headline:
                 f"threshold {config.max_degenerate_share:.1%}",
             ),
             Stat(
-                "cut by a length limit",
+                "cut by max_tokens",
                 format_value(result.truncated_share, "percent"),
                 "",
                 f"threshold {config.max_truncated_share:.1%}",
+            ),
+            Stat(
+                "cut at max_length",
+                f"{at_length['rows']:,}",
+                "rows",
+                f"expected, not gated; {at_length['trained']:,} trained as generated",
             ),
             Stat("dropped", f"{counts['dropped']:,}", "rows", f"most: {top}"),
         ],

@@ -98,7 +98,7 @@ def assemble_batch(frame: pl.DataFrame) -> AssembledBatch:
 
 # ----- one training row per generated turn ------------------------------------------------------------------------
 ID_COLUMNS = ("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids")
-TURN_EXTRA = ("turn_finish_reason", "turn_prompt_tokens", "turn_completion_tokens")
+TURN_EXTRA = ("turn_finish_reason", "turn_prompt_tokens", "turn_completion_tokens", "turn_budget_by")
 TURN_ROW_SCHEMA = {
     "id": pl.String,  # the training row's id: the prompt id, with "#k" for turn k of a multi-turn conversation
     "prompt_id": pl.String,
@@ -113,6 +113,7 @@ TURN_ROW_SCHEMA = {
     "finish_reason": pl.String,
     "prompt_tokens": pl.Int64,
     "completion_tokens": pl.Int64,
+    "budget_by": pl.String,  # which limit set the turn's max_tokens (generate.length_cap); null in older shards
     "prompt_ids": pl.List(pl.UInt32),
     "output_ids": pl.List(pl.UInt32),
 }
@@ -159,6 +160,7 @@ def turn_rows(frame: pl.DataFrame) -> TurnRows:
         finish = _per_turn(row, "turn_finish_reason", "finish_reason", k)
         prompt_tokens = _per_turn(row, "turn_prompt_tokens", "prompt_tokens", k)
         completion = _per_turn(row, "turn_completion_tokens", "completion_tokens", k)
+        budget_by = row.get("turn_budget_by") or [None] * k
         outputs = row.get("turn_output_ids")
         problem = None
         try:
@@ -190,6 +192,7 @@ def turn_rows(frame: pl.DataFrame) -> TurnRows:
                 "finish_reason": finish[j],
                 "prompt_tokens": prompt_tokens[j],
                 "completion_tokens": completion[j],
+                "budget_by": budget_by[j],
                 "prompt_ids": prompts[j],
                 "output_ids": outputs[j],
             }

@@ -194,6 +194,9 @@ class RunFigures:
     running: bool
     guard: tuple[GuardRate, ...]
     guard_seen: int
+    cut_at_max_length: (
+        int  # turns cut where the trainer's max_length set the budget: expected, outside the guard
+    )
     retrying: int
     servers: tuple[ServerFigures, ...]
     events: tuple[Event, ...]  # the last EVENTS_SHOWN
@@ -244,6 +247,7 @@ def run_figures(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, no
             GuardRate(name, value, limits.get(name)) for name, value in guard.get("window_rates", {}).items()
         ),
         guard_seen=guard.get("seen", 0),
+        cut_at_max_length=(guard.get("totals") or {}).get("cut_at_max_length", 0),
         retrying=progress.get("retrying") or 0,
         servers=tuple(
             ServerFigures(
@@ -306,6 +310,8 @@ def figures_text(run_dir: Path, verdict: Verdict, f: RunFigures) -> str:
             for g in f.guard
         ]
         lines.append("guard     " + " · ".join(parts) + f"  [{f.guard_seen:,} results seen]")
+    if f.cut_at_max_length:
+        lines.append(f"expected  {f.cut_at_max_length:,} turns cut at the trainer's max_length (not guarded)")
     if f.retrying:
         lines.append(f"retrying  {f.retrying:,} requests waiting out a backoff")
     if f.servers:

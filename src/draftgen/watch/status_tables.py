@@ -73,6 +73,10 @@ def figures_view(f: RunFigures) -> Table:
         pairs.append((f"guard: {guard.name.replace('_', ' ')}", f"{guard.rate:.1%}{halts}"))
     if f.guard:
         pairs.append(("results the guard has seen", f.guard_seen, "int"))
+    if f.cut_at_max_length:
+        pairs.append(
+            ("turns cut at the trainer's max_length (expected, not guarded)", f.cut_at_max_length, "int")
+        )
     if f.retrying:
         pairs.append(("requests waiting out a backoff", f.retrying, "int"))
     note = f"tok/s, seconds and GPU-seconds on the servers' clock{clock}" if f.clock else ""
