@@ -174,9 +174,10 @@ class ValidateConfig(Params):
     )
     max_truncated_share: Share = param(
         0.25,
-        "the gate: fail when more than this share is cut by max_tokens / max_length",
-        doc="the gate: fail when a larger share ran out of length budget (dropped only for a length limit, or cut by "
-        "max_tokens and trained as generated)",
+        "the gate: fail when more than this share is cut by max_tokens (cuts at the trainer's max_length are expected)",
+        doc="the gate: fail when a larger share was cut by max_tokens (dropped only for a length limit, or cut and "
+        "trained as generated); a turn cut where the trainer's max_length left it less room is expected and not "
+        "counted",
     )
     train_truncated: bool = param(
         True,
