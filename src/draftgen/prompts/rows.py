@@ -9,6 +9,7 @@ reason. A missing id becomes a stable hash of the messages.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -66,9 +67,32 @@ class PromptFileError(ValueError):
     """The file itself is unusable (missing, wrong format, unreadable): nothing was read."""
 
 
+# PromptRow's fields that are bookkeeping: everything else is what the model sees, and decides a duplicate.
+_NOT_SEEN_BY_THE_MODEL = frozenset({"id", "row", "category", "prompt_id", "arm", "sample"})
+
+
+def conversation_digest(value: Any, size: int = 8) -> bytes:
+    """blake2b of a JSON value (keys sorted): the one hash of conversation content (ids, duplicates, the audit)."""
+    blob = json.dumps(value, sort_keys=True, ensure_ascii=False).encode()
+    return hashlib.blake2b(blob, digest_size=size).digest()
+
+
 def stable_id(messages: tuple[dict[str, str], ...]) -> str:
-    blob = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
-    return "h-" + hashlib.blake2b(blob, digest_size=10).hexdigest()
+    return "h-" + conversation_digest(messages, 10).hex()
+
+
+def duplicate_key(row: PromptRow) -> int:
+    """What makes two rows the same prompt: every field the model sees (the normalized messages, and any field
+    that later reaches the request), hashed; the id, row number, category and sample are not part of it."""
+    seen = {
+        f.name: getattr(row, f.name) for f in dataclasses.fields(row) if f.name not in _NOT_SEEN_BY_THE_MODEL
+    }
+    return int.from_bytes(conversation_digest(seen), "little")
+
+
+def folded(text: str) -> str:
+    """Text compared as a reader would: case folded, whitespace collapsed (the audit's shared first turns)."""
+    return " ".join(text.split()).casefold()
 
 
 def shard_of(prompt_id: str, count: int) -> int:

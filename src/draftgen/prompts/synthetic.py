@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from draftgen.rundir import replace_file
@@ -172,19 +172,24 @@ def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
         index += 1
 
 
-def write_synthetic(path: Path, n: int, seed: int = 0) -> int:
+def write_rows(path: Path, rows: Iterable[dict]) -> int:
+    """Write prompt rows as JSONL (one atomic write); returns how many."""
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
 
     def write(temporary: Path) -> None:
         nonlocal count
         with open(temporary, "w", encoding="utf-8") as handle:
-            for row in synthetic_rows(n, seed):
+            for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
                 count += 1
 
     replace_file(path, write)
     return count
+
+
+def write_synthetic(path: Path, n: int, seed: int = 0) -> int:
+    return write_rows(path, synthetic_rows(n, seed))
 
 
 BUNDLED_PROMPTS = Path(__file__).parent.parent / "data" / "synthetic_prompts.jsonl"
