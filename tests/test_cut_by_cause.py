@@ -1,0 +1,145 @@
+"""A real prompt set's shape under the production parameters: long multi-turn conversations with pasted context,
+where the trainer's max_length leaves a long conversation's later turns little room and most of them end at it.
+
+Those cuts are the trainer's own, by design: the garbage guard must not halt on them and validate must publish the
+export, counting them apart ("cut at max_length (expected)"). A run whose answers really are cut by max_tokens
+still halts, and its data still fails validate. ``params/b200x7.yaml``'s values, the generator's long-chat shape
+(draftgen.prompts.long_chat), the simulated fleet's own tokenizer as ``tokenizer``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from draftgen.generate import GenerateConfig, GuardTripped, generate, preflight
+from draftgen.generate.guard import Guard, GuardSettings
+from draftgen.params import build_config, load_params_files
+from draftgen.prompts.long_chat import long_chat_rows
+from draftgen.prompts.synthetic import write_rows
+from draftgen.runner import REPO_ROOT
+from draftgen.validate.config import ValidateConfig
+from draftgen.validate.pipeline import (
+    ValidationGateError,
+    finalize_export,
+    require_fit_to_train,
+    validate_generation,
+)
+
+pytestmark = pytest.mark.slow
+
+CONVERSATIONS = 48
+
+
+@pytest.fixture(scope="module")
+def long_chats(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("long-chat") / "prompts.jsonl"
+    write_rows(path, long_chat_rows(CONVERSATIONS, seed=5))
+    return path
+
+
+def _production(
+    fleet_urls: list[str], prompts: Path, out: Path, tokenizer: Path, **changes: object
+) -> GenerateConfig:
+    """params/b200x7.yaml as it is (max_tokens 4096, temperature 0.6, top_p 0.95, thinking on, turns all, 64 in flight
+    per server, shards of 500), on the simulated fleet, with the tokenizer that caps each turn."""
+    production = load_params_files([REPO_ROOT / "params" / "b200x7.yaml"])
+    values = {
+        **production,
+        "servers": fleet_urls,
+        "prompts": str(prompts),
+        "out_dir": str(out),
+        "tokenizer": str(tokenizer),
+        "canary": False,
+        **changes,
+    }
+    return build_config(GenerateConfig, values)
+
+
+def _run(config: GenerateConfig):  # type: ignore[no-untyped-def]
+    async def go():  # type: ignore[no-untyped-def]
+        plan = await preflight(config)
+        return await generate(config, plan, progress=False)
+
+    return asyncio.run(go())
+
+
+def _validate(generation: Path, tokenizer: Path, out: Path):  # type: ignore[no-untyped-def]
+    config = build_config(
+        ValidateConfig, {"generation_dir": str(generation), "tokenizer": str(tokenizer), "out_dir": str(out)}
+    )
+    return validate_generation(config, progress=False)
+
+
+def test_the_trainers_cut_on_long_conversations_neither_halts_the_run_nor_fails_validate(
+    sim_fleet, sim_tokenizer_dir, long_chats, tmp_path
+):
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=50.0)  # the B200 profile's answer lengths
+    config = _production(fleet.urls, long_chats, tmp_path / "run", sim_tokenizer_dir)
+    assert (config.max_tokens, config.train_max_length, config.concurrency_per_server) == (4096, 4096, 64)
+    result = _run(config)
+    assert result.status == "complete", result
+    rows = pl.read_parquet(tmp_path / "run" / "shards" / "*.parquet").sort("started_at")
+    turns = rows.select(
+        "id",
+        pl.col("turn_finish_reason").alias("finish"),
+        pl.col("turn_budget_by").alias("by"),
+        pl.col("turn_content").alias("content"),
+        pl.col("turn_reasoning").alias("reasoning"),
+    ).explode("finish", "by", "content", "reasoning")
+    cut_by_design = turns.filter((pl.col("finish") == "length") & (pl.col("by") == "max_length")).height
+    assert turns.height >= 200 and cut_by_design / turns.height > 0.3, (cut_by_design, turns.height)
+    assert turns.filter((pl.col("finish") == "length") & (pl.col("by") == "max_tokens")).height == 0
+    assert (rows["turns_set_aside"] > 0).any(), "no conversation reached the floor: the set is too short"
+    progress = json.loads((tmp_path / "run" / "progress.json").read_text())
+    assert progress["guard"]["totals"]["cut_at_max_length"] == cut_by_design
+    assert progress["guard"]["totals"]["truncated"] == 0
+
+    # The test tests something: the same turns, in the order their conversations started, halt a guard that
+    # counts every cut as a cut by max_tokens — and the guard as it is lets them through.
+    def replay(by: str | None) -> None:
+        guard = Guard(GuardSettings())
+        for turn in turns.iter_rows(named=True):
+            guard.observe(
+                id=turn["id"],
+                server="s",
+                content=turn["content"],
+                reasoning=turn["reasoning"],
+                finish_reason=turn["finish"],
+                budget_by=by or turn["by"],
+            )
+
+    with pytest.raises(GuardTripped, match="cut by max_tokens"):
+        replay("max_tokens")
+    replay(None)
+
+    checked = _validate(tmp_path / "run", sim_tokenizer_dir, tmp_path / "validate")
+    at_length = checked.counts["cut_at_max_length"]
+    assert checked.passed and checked.counts["length_limited"] == 0 and at_length["rows"] >= cut_by_design
+    line = require_fit_to_train(checked)
+    assert "cut at the trainer's max_length (expected" in line
+    assert (finalize_export(checked) / "prompts.jsonl").exists()
+
+
+def test_answers_cut_by_max_tokens_still_halt_the_run_and_fail_validate(
+    sim_fleet, sim_tokenizer_dir, long_chats, tmp_path
+):
+    # max_tokens 48: far below any turn's room, so every cut is by max_tokens (thinking runs past 48 tokens).
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=50.0)
+    config = _production(fleet.urls, long_chats, tmp_path / "run", sim_tokenizer_dir, max_tokens=48)
+    with pytest.raises(GuardTripped) as halted:
+        _run(config)
+    report = halted.value.report
+    assert report.defect == "truncated" and "cut by max_tokens" in report.text()
+    assert "Raise max_tokens" in report.text()
+    rows = pl.read_parquet(tmp_path / "run" / "shards" / "*.parquet")
+    assert set(rows["turn_budget_by"].explode().drop_nulls()) == {"max_tokens"}
+
+    checked = _validate(tmp_path / "run", sim_tokenizer_dir, tmp_path / "validate")
+    assert not checked.passed and checked.counts["cut_at_max_length"]["rows"] == 0
+    with pytest.raises(ValidationGateError, match="cut by max_tokens") as failed:
+        require_fit_to_train(checked)
+    assert "raise max_tokens" in str(failed.value)
