@@ -61,8 +61,8 @@ class Coverage:
             )
             if self.set_aside:
                 parts.append(
-                    f"{self.set_aside:,} more set aside by generate, their prompt alone past the trainer's "
-                    "max_length (rejected.parquet)"
+                    f"{self.set_aside:,} more set aside by generate, their first prompt leaving too little room "
+                    "under the trainer's max_length (rejected.parquet)"
                 )
             if self.missing_failed:
                 parts.append(
