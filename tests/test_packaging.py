@@ -17,7 +17,9 @@ from draftgen.cli import build_parser
 from draftgen.prompts.synthetic import BUNDLED_COUNT, BUNDLED_PROMPTS, BUNDLED_SEED, synthetic_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-PIP_EDITABLE = "-e .[dev]"
+PIP_EDITABLE = "-e ."
+# What environment.yml's editable install must include: the gateway `draftgen serve --router` runs, and the tests'.
+PIP_EXTRAS = {"router", "dev"}
 
 
 def _requirement(spec: str, where: str) -> Requirement:
@@ -64,8 +66,17 @@ def dependency_drift(pyproject: dict, environment: dict) -> list[str]:
         problems.append(
             f"python: pyproject.toml requires {requires_python}, environment.yml has {python_spec}"
         )
-    if not any(PIP_EDITABLE in section for section in pip_sections):
-        problems.append(f"environment.yml has no 'pip: [{PIP_EDITABLE}]' entry installing the package")
+    editable = [line.split("#")[0].strip() for section in pip_sections for line in section]
+    editable = [line for line in editable if line.startswith(PIP_EDITABLE)]
+    if not editable:
+        problems.append(f"environment.yml has no 'pip: [{PIP_EDITABLE}[...]]' entry installing the package")
+    else:
+        extras = set(editable[0].removeprefix(PIP_EDITABLE).strip("[]").split(",")) - {""}
+        declared = set(pyproject["project"].get("optional-dependencies", {}))
+        for extra in sorted(PIP_EXTRAS - extras):
+            problems.append(f"environment.yml's {editable[0]} leaves out the {extra!r} extra")
+        for extra in sorted(extras - declared):
+            problems.append(f"environment.yml installs the extra {extra!r}, which pyproject.toml does not declare")
     return problems
 
 
@@ -109,8 +120,15 @@ def _pip_line_dropped(env: dict) -> str:
     return PIP_EDITABLE
 
 
+def _router_extra_dropped(env: dict) -> str:
+    pip = next(d for d in env["dependencies"] if isinstance(d, dict))
+    pip["pip"] = ["-e .[dev]"]
+    return "'router' extra"
+
+
 @pytest.mark.parametrize(
-    "doctor", [_pin_changed, _package_dropped, _package_added, _python_changed, _pip_line_dropped]
+    "doctor",
+    [_pin_changed, _package_dropped, _package_added, _python_changed, _pip_line_dropped, _router_extra_dropped],
 )
 def test_drift_check_catches_a_doctored_environment_yml(doctor):
     pyproject, environment = _load()
@@ -202,3 +220,16 @@ def test_reading_a_run_does_not_import_the_openai_sdk():
     built += "print('openai' in sys.modules)\n"
     done = subprocess.run([sys.executable, "-c", built], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_the_gateway_is_the_router_extra_which_the_tests_and_environment_install():
+    """A user's install with the `router` extra (README, environment.yml) has SMG; the pin is serve's own."""
+    from draftgen.serve.config import ROUTER_PIN
+
+    pyproject, _ = _load()
+    extras = pyproject["project"]["optional-dependencies"]
+    assert extras["router"] == [ROUTER_PIN]
+    assert "draftgen[router]" in extras["dev"]
+    assert not any(canonicalize_name(Requirement(d).name) == "smg" for d in pyproject["project"]["dependencies"])
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install -e '.[router]'" in readme

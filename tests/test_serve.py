@@ -226,7 +226,7 @@ def test_served_model_name_follows_the_extra_args() -> None:
     assert served_model_name("/dev/shm/Q", ()) == "/dev/shm/Q"
     assert served_model_name("/dev/shm/Q", ("--served-model-name", "qwen")) == "qwen"
     assert served_model_name("/dev/shm/Q", ("--served-model-name=qwen2",)) == "qwen2"
-    config = ServeConfig(model="/m", gpus=(0,), extra_args=("--served-model-name", "q"))
+    config = ServeConfig(model="/m", gpus="0", extra_args=["--served-model-name", "q"], run_name="r")
     assert config.served_model == "q"
 
 

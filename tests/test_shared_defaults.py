@@ -110,7 +110,7 @@ def test_fleet_port_and_model_are_one_value_everywhere():
     assert NOTEBOOK_FLEET == defaults.fleet_urls() and len(NOTEBOOK_FLEET) == defaults.FLEET_SIZE
     assert NOTEBOOK_FLEET[0] == f"http://{defaults.HOST}:{defaults.BASE_PORT}"
     assert NOTEBOOK_MODEL == defaults.MODEL
-    assert ServeConfig(model="m", gpus=(0,)).base_port == defaults.BASE_PORT
+    assert ServeConfig(model="m", gpus="0", run_name="r").base_port == defaults.BASE_PORT
     assert TuneConfig.model_fields["base_port"].default == defaults.BASE_PORT
     sim_parser, serve_parser, demo_parser = _command(sim), _command(serve), _command(demo)
     assert _default(sim_parser, "base_port") == _default(serve_parser, "base_port") == defaults.BASE_PORT

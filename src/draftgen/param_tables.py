@@ -153,7 +153,7 @@ def command_parser(name: str) -> argparse.ArgumentParser:
 def _default_words(action: argparse.Action) -> list[str]:
     """The words a flag's default must show in its row ([] when it has none worth showing)."""
     default = action.default
-    if default is None or isinstance(default, bool) or default == [] or action.required:
+    if default is None or isinstance(default, bool) or default in ([], "") or action.required:
         return []
     if default == sys.executable:
         return ["this interpreter"]

@@ -16,6 +16,7 @@ import ast
 import difflib
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -349,27 +350,65 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def build_config(model: type[Config], values: Mapping[str, Any]) -> Config:
-    """Validate ``values`` into ``model``; raise ParameterError naming every unknown or ill-typed parameter."""
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config's values: the parameter, why, and the value given when one was (a check of
+    the whole config gives its reason as a sentence that names the parameters itself)."""
+
+    name: str
+    reason: str
+    given: Any = _NOT_GIVEN
+    missing: bool = False
+
+    @property
+    def has_value(self) -> bool:
+        """Whether a value was given (a missing parameter, or a check of the whole config, has none)."""
+        return self.given is not _NOT_GIVEN
+
+    @property
+    def detail(self) -> str:
+        """The reason, with the value given."""
+        return f"{self.reason} (got {_describe(self.given)})" if self.has_value else self.reason
+
+
+class Problems(ValueError):
+    """Raised by a config's check of several parameters together: every problem it found, each reported under
+    its own parameter (``find_problems``), all at once."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(problem.reason for problem in problems))
+
+
+def find_problems(model: type[Config], values: Mapping[str, Any]) -> tuple[Config | None, list[Problem]]:
+    """Validate ``values`` into ``model``: (the config, []) or (None, every unknown, missing or bad parameter)."""
     known = set(model.model_fields)
-    problems: list[tuple[str, str]] = []
+    problems: list[Problem] = []
     for name in values:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
-            problems.append((name, "unknown parameter" + (f"; did you mean {close[0]!r}?" if close else "")))
+            problems.append(Problem(name, "unknown parameter" + (f"; did you mean {close[0]!r}?" if close else "")))
     try:
         config = model.model_validate({k: v for k, v in values.items() if k in known})
     except ValidationError as exc:
         for error in exc.errors():
+            raised = (error.get("ctx") or {}).get("error")
+            if isinstance(raised, Problems):
+                problems += raised.problems
+                continue
             location = ".".join(str(part) for part in error["loc"]) or "(config)"
-            given = error.get("input")
-            detail = error["msg"].removeprefix("Value error, ")
-            if error["type"] != "missing":
-                detail += f" (got {_describe(given)})"
-            problems.append((location, detail))
+            reason = error["msg"].removeprefix("Value error, ")
+            missing = error["type"] == "missing"
+            problems.append(Problem(location, reason, _NOT_GIVEN if missing else error.get("input"), missing))
         config = None
+    return (None, problems) if problems else (config, [])
+
+
+def build_config(model: type[Config], values: Mapping[str, Any]) -> Config:
+    """Validate ``values`` into ``model``; raise ParameterError naming every unknown or ill-typed parameter."""
+    config, problems = find_problems(model, values)
     if problems:
-        raise ParameterError(problems)
+        raise ParameterError([(problem.name, problem.detail) for problem in problems])
     assert config is not None
     return config
 

@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from draftgen.params import SHARED_PARAMETERS, ParameterError, Params, build_config, load_params_files
-from draftgen.paths import project_root
-from draftgen.rundir import is_disk_full, write_text
+from draftgen.paths import project_root, resolve_path
+from draftgen.rundir import RunFolderLease, is_disk_full, write_text
 from draftgen.rundir.layout import COMPLETE_MARKER, PARAMETERS, REPORT_HTML
 from draftgen.steps import Step, get_step
 
@@ -224,20 +224,35 @@ def local_kernel_config(socket_dir: Path) -> Any:
     return Config({"KernelManager": {"transport": "ipc", "ip": str(socket_dir / "kernel")}})
 
 
+def open_run_folder(plan: RunPlan) -> None:
+    """Create the run folder (and the step's output folder, when a parameter puts it elsewhere) and clear what
+    interrupted writes left there, under the folder's lease for that moment (``rundir.lease``): every step's
+    folder is opened the same way. Another process writing there is refused (``RunFolderBusy``)."""
+    folders = {plan.run_dir}
+    if plan.step is not None:
+        folders.add(resolve_path(plan.step.output_folder(plan.parameters, plan.run_dir)))
+    for folder in sorted(folders):
+        RunFolderLease.acquire(folder, advice="pick another --name").release()
+
+
 def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_output: bool = True) -> RunPlan:
     """Execute the notebook with papermill; the executed notebook and HTML are written even when it fails.
 
-    The kernel starts in the project root, so it resolves relative path parameters as this process did.
+    The kernel starts in the project root, so it resolves relative path parameters as this process did. Papermill
+    saves the executed notebook through ``replace_file`` (``rundir.notebook_io``), so it is always whole.
     """
     import papermill
 
-    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    from draftgen.rundir import notebook_io
+
+    open_run_folder(plan)
+    notebook_io.register()
     write_text(plan.run_dir / PARAMETERS, yaml.safe_dump(plan.parameters, sort_keys=True))
     try:
         with tempfile.TemporaryDirectory(prefix="draftgen-kernel-") as sockets:
             papermill.execute_notebook(
                 str(plan.notebook),
-                str(plan.executed_path),
+                str(plan.executed_path.absolute()),
                 parameters=plan.parameters,
                 kernel_name=kernel,
                 log_output=log_output,

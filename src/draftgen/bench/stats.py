@@ -182,7 +182,7 @@ def missing_parts(level: LevelRun, facts: ServerFacts, tokens_source: str, accep
     elif not accept_source.startswith(TOKENS_SGLEXT) and facts.speculation is not False:
         missing.append(f"per-request acceptance (sglext); acceptance per level from {accept_source}")
     if level.metrics_window is None:
-        missing.append(level.metrics_note or "/metrics")
+        missing.append(level.metrics_note or "the /metrics window")
     return missing
 
 

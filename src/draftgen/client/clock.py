@@ -107,8 +107,8 @@ def clock_from_sim_info(info: Any) -> HardwareClock:
 async def read_clock_kept(client: ServerClient) -> tuple[float, float] | None:
     """The simulator's ``clock_kept`` counters now: wall seconds its steps should have taken, and took (None: not
     the simulator). On a starved machine a simulator falls behind its clock (the second grows faster)."""
-    info = await client.get_json("/sim/info", timeout_s=10.0)
-    kept = info.get("clock_kept") if isinstance(info, dict) else None
+    info = await client.sim_info()
+    kept = info.get("clock_kept") if info is not None else None
     if not isinstance(kept, dict):
         return None
     planned, actual = kept.get("planned_s"), kept.get("actual_s")
@@ -138,7 +138,7 @@ def kept_share(
 
 async def read_clock(client: ServerClient) -> HardwareClock:
     """One server's clock: ``GET /sim/info`` answers only on ``draftgen sim`` (404 elsewhere: the wall clock)."""
-    return clock_from_sim_info(await client.get_json("/sim/info", timeout_s=10.0))
+    return clock_from_sim_info(await client.sim_info())
 
 
 def fleet_clock(clocks: Sequence[HardwareClock]) -> tuple[HardwareClock, str]:

@@ -108,8 +108,8 @@ async def simulator_pid(client: ServerClient, timeout_s: float = 5.0) -> int | N
 
     A start-up watch needs it: a 200 on the port it waits on may come from another server that bound that port
     first, while the one it started is still importing (and about to exit 'port in use')."""
-    data = await client.get_json("/sim/info", timeout_s=timeout_s)
-    pid = data.get("pid") if isinstance(data, dict) else None
+    data = await client.sim_info(timeout_s)
+    pid = data.get("pid") if data is not None else None
     return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
@@ -225,17 +225,10 @@ async def server_info(client: ServerClient) -> ServerInfo:
 GATEWAY = "smg"  # SMG, SGLang's gateway (the retired sglang-router spoke the same /workers list)
 
 
-def parse_workers(data: Any) -> tuple[str, ...] | None:
-    """A gateway's ``GET /workers`` body → worker URLs; None when it is not a gateway's answer."""
-    workers = data.get("workers") if isinstance(data, dict) else None
-    if not isinstance(workers, list):
-        return None
-    return tuple(str(w["url"]) for w in workers if isinstance(w, dict) and w.get("url"))
-
-
 async def router_workers(client: ServerClient) -> tuple[str, ...] | None:
     """SMG: the worker URLs of ``GET /workers``; None when this is no gateway."""
-    return parse_workers(await client.get_json("/workers"))
+    workers = await client.gateway_workers()
+    return None if workers is None else tuple(workers)
 
 
 async def gateway_version(client: ServerClient) -> str | None:

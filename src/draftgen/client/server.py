@@ -26,7 +26,11 @@ from draftgen.client.transport import Reply, Transport, http_client
 from draftgen.params import SamplingParams
 
 CHAT_PATH = "/v1/chat/completions"
+METRICS_PATH = "/metrics"  # Prometheus text: SGLang with --enable-metrics, vLLM, draftgen sim
+SIM_INFO_PATH = "/sim/info"  # draftgen sim only: its profile, clock speed, clock kept and pid
+WORKERS_PATH = "/workers"  # SMG, SGLang's gateway, only: the workers it routes to
 RAW_TIMEOUT_S = 30.0  # GETs of the server's own endpoints (health, models, info, metrics)
+SIM_INFO_TIMEOUT_S = 10.0
 
 # The body fields that ask each engine for the prompt and output token ids (Capabilities.token_ids). SGLang's also
 # work streaming (the ids arrive in the ``choices: []`` sglext chunk); vLLM's too (prompt ids on the first chunk,
@@ -98,9 +102,25 @@ class ServerClient:
         except json.JSONDecodeError:
             return None
 
-    async def metrics_text(self) -> str | None:
-        status, text = await self.get("/metrics")
+    async def metrics_text(self, timeout_s: float = RAW_TIMEOUT_S) -> str | None:
+        """``GET /metrics``: the Prometheus text (None: no answer, or not 200; ``client.metrics`` parses it)."""
+        status, text = await self.get(METRICS_PATH, timeout_s)
         return text if status == 200 else None
+
+    async def sim_info(self, timeout_s: float = SIM_INFO_TIMEOUT_S) -> dict[str, Any] | None:
+        """``GET /sim/info``: what a ``draftgen sim`` server says of itself (None: another engine, or no answer)."""
+        data = await self.get_json(SIM_INFO_PATH, timeout_s)
+        return data if isinstance(data, dict) else None
+
+    async def gateway_workers(self, timeout_s: float = RAW_TIMEOUT_S) -> dict[str, bool] | None:
+        """SMG's ``GET /workers``: each worker's URL → whether SMG finds it healthy (None: this is no gateway)."""
+        data = await self.get_json(WORKERS_PATH, timeout_s)
+        workers = data.get("workers") if isinstance(data, dict) else None
+        if not isinstance(workers, list):
+            return None
+        return {
+            str(w["url"]): bool(w.get("is_healthy", True)) for w in workers if isinstance(w, dict) and w.get("url")
+        }
 
     # ----- chat ---------------------------------------------------------------------------------------
     def request_kwargs(

@@ -9,9 +9,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from draftgen.cli import CommandError
 from draftgen.display.humanize import human_bytes
 from draftgen.paths import resolve_path
-from draftgen.rundir import free_bytes, is_disk_full
+from draftgen.rundir import DiskFull, RunFolderError, free_bytes, is_disk_full
 from draftgen.runner import (
     RunPlan,
     add_parameter_options,
@@ -63,7 +64,8 @@ def _record_disk_full(plan: RunPlan, exc: Exception) -> None:
     recorder = step.disk_full_recorder() if step is not None else None
     if step is not None and recorder is not None:
         folder = step.output_folder(plan.parameters, plan.run_dir)
-        recorder(folder, plan.executed_path, f"{type(exc).__name__}: {exc}")
+        said = exc.reason if isinstance(exc, DiskFull) else exc  # DiskFull's own text names the notebook again
+        recorder(folder, plan.executed_path, f"{type(exc).__name__}: {said}")
 
 
 def _disk_full_line(plan: RunPlan, exc: Exception) -> str:
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"draftgen run: {notebook} → {plan.run_dir}", flush=True)
     try:
         execute(plan, kernel=args.kernel, html=not args.no_html)
+    except RunFolderError as exc:  # another process writes there, or the folder cannot be made: nothing ran
+        raise CommandError(str(exc)) from None
     except Exception as exc:  # papermill's PapermillExecutionError carries the cell's error
         if is_disk_full(exc):
             _record_disk_full(plan, exc)

@@ -13,7 +13,9 @@ import asyncio
 import time
 from pathlib import Path
 
+from draftgen.cli import CommandError
 from draftgen.params import SHARED_PARAMETERS, build_config
+from draftgen.rundir import RunFolderError, RunFolderLease
 from draftgen.runner import add_parameter_options, cli_parameters
 from draftgen.sglang_rules.speculation import AUTO_NUMBERS
 from draftgen.tune import report, verdict_report
@@ -43,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         args.out or values.get("out_dir") or Path("outputs/tune") / time.strftime("%Y%m%d-%H%M%S")
     )
     config = build_config(TuneConfig, values)
+    try:  # the run folder opened as draftgen run opens it: what interrupted writes left there is cleared
+        RunFolderLease.acquire(config.out_dir, advice="choose another --out").release()
+    except RunFolderError as exc:
+        raise CommandError(str(exc)) from None
     tuned = asyncio.run(run_and_report(config))
     print(report.startup_view(tuned.run))
     if tuned.verdict is not None:

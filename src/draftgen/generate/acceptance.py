@@ -106,8 +106,8 @@ class AcceptanceSampler:
 
     async def _scrape(self, target: MetricsTarget) -> None:
         client = self._clients[target.worker]
-        status, text = await client.get("/metrics", timeout_s=SCRAPE_TIMEOUT_S)
-        if status != 200:
+        text = await client.metrics_text(SCRAPE_TIMEOUT_S)
+        if text is None:
             return  # a worker down right now: its next window spans the gap
         try:
             snapshot = parse_metrics(text)

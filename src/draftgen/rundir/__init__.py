@@ -3,14 +3,19 @@
 - ``layout``: every file and folder name draftgen writes in a run folder, and the globs readers find them by;
 - ``write``: ``replace_file`` and its helpers, the only way a whole file is written (temporary name, fsync,
   rename, fsync of the folder), the in-place fallback for a full disk, and the clean-up of leftovers;
-- ``lease``: ``RunFolderLease``, the exclusive hold on a folder that generate's preflight takes and its run keeps;
+- ``publish``: ``publish_folder``, the only way a whole folder is published (staged, fsynced, swapped in so that
+  the old or the new one is always whole);
+- ``notebook_io``: papermill's notebook writes through ``replace_file`` (the executed notebook ``draftgen run`` keeps);
+- ``lease``: ``RunFolderLease``, the exclusive hold on a folder that generate's preflight takes and its run keeps,
+  and that ``draftgen run`` takes to clear every step's folder of interrupted writes when it opens it;
 - ``disk``: ``DiskFull`` (what the write raises on ENOSPC/EDQUOT), ``is_disk_full``, ``free_bytes``.
 
 docs/design.md, "Data contracts", describes the files.
 """
 
 from draftgen.rundir.disk import DiskFull, free_bytes, is_disk_full
-from draftgen.rundir.lease import RunFolderBusy, RunFolderError, RunFolderLease
+from draftgen.rundir.lease import RunFolderBusy, RunFolderError, RunFolderLease, clear_leftovers
+from draftgen.rundir.publish import publish_folder
 from draftgen.rundir.write import (
     overwrite_in_place,
     remove_leftovers,
@@ -27,9 +32,11 @@ __all__ = [
     "RunFolderBusy",
     "RunFolderError",
     "RunFolderLease",
+    "clear_leftovers",
     "free_bytes",
     "is_disk_full",
     "overwrite_in_place",
+    "publish_folder",
     "remove_leftovers",
     "replace_file",
     "temporary_path",

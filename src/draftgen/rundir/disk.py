@@ -29,6 +29,7 @@ class DiskFull(OSError):
         text = str(cause).strip()
         reason = text.splitlines()[0][:200] if text else type(cause).__name__
         self.path = Path(path)
+        self.reason = reason  # the system's own words, without the file
         self.message = f"no space left on the filesystem holding {self.path.parent} while writing {self.path.name} ({reason})"
         super().__init__(errno.ENOSPC, self.message, str(self.path))
 

@@ -1,21 +1,23 @@
 """The lease on a run folder: the one process allowed to write it, from the moment it opens the folder to the end.
 
 A lease is an exclusive ``flock`` on ``FOLDER/.lock`` (which records the holder's pid), held from ``acquire`` to
-``release``; taking it also creates the folder and clears the leftovers of interrupted writes (``remove_leftovers``:
-safe only because no one else is writing). generate's preflight takes it and hands it to the run, so nothing can
-slip in between the checks and the writing. A second lease on the same folder is refused, by another process or by
-this one, with the holder's pid.
+``release``; taking it also creates the folder and clears what interrupted writes left anywhere under it
+(``clear_leftovers``: safe only because no one else is writing). generate's preflight takes it and hands it to the
+run, so nothing can slip in between the checks and the writing; ``draftgen run`` takes it for a moment before every
+step's kernel starts, so every step's folder is cleared when it is opened. A second lease on the same folder is
+refused, by another process or by this one, with the holder's pid.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 from draftgen.rundir.layout import LOCK
+from draftgen.rundir.publish import recover_publishes_in
 from draftgen.rundir.write import remove_leftovers
 
 
@@ -43,7 +45,8 @@ class RunFolderLease:
         advice: str = "choose another folder",
         held_here: str = "",
     ) -> RunFolderLease:
-        """Create ``folder`` (and ``subfolders`` in it), lock it, and clear leftover temporary files in each.
+        """Create ``folder`` (and ``subfolders`` in it), lock it, and clear what interrupted writes left under it
+        (``clear_leftovers``).
 
         Raises ``RunFolderBusy`` when another lease holds it: its message names the holder's pid (with
         ``held_here``, what in this process may hold a lease, when the holder is this very process) and ends with
@@ -71,7 +74,7 @@ class RunFolderLease:
             handle.truncate()
             handle.write(f"pid {os.getpid()}")
             handle.flush()
-            remove_leftovers((folder, *inner))
+            clear_leftovers(folder)
         except BaseException:
             handle.close()
             raise
@@ -107,3 +110,23 @@ class RunFolderLease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def own_folders(folder: Path) -> Iterator[Path]:
+    """``folder`` and every folder under it, except another run folder (one holding its own lock file) and what is
+    under that: its writes are its own lease's to clear."""
+    yield folder
+    for parent, folders, _ in os.walk(folder):
+        kept = [name for name in folders if not (Path(parent) / name / LOCK).exists()]
+        folders[:] = kept
+        yield from (Path(parent) / name for name in kept)
+
+
+def clear_leftovers(folder: Path) -> list[Path]:
+    """What interrupted writes left under ``folder``, cleared: temporary files (``write.remove_leftovers``) and a
+    folder publish cut short (``publish.recover_published``: the old folder put back, or its remains removed).
+    Only under a lease on ``folder``. Returns the temporary files removed and the folders recovered."""
+    cleared = []
+    for directory in own_folders(Path(folder)):
+        cleared += remove_leftovers([directory]) + recover_publishes_in(directory)
+    return cleared

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ def replace_file(path: str | Path, write: Callable[[Path], Any]) -> Path:
     temporary = temporary_path(path)
     try:
         write(temporary)
-        _fsync(temporary)
+        fsync_path(temporary)
         os.replace(temporary, path)
     except BaseException as exc:
         if not is_disk_full(exc):
@@ -60,7 +61,7 @@ def replace_file(path: str | Path, write: Callable[[Path], Any]) -> Path:
         if isinstance(exc, DiskFull):
             raise
         raise DiskFull(path, exc) from None
-    _fsync(path.parent)
+    fsync_path(path.parent)
     return path
 
 
@@ -113,16 +114,20 @@ def remove_leftovers(folders: Iterable[Path]) -> list[Path]:
     """
     removed = []
     for folder in folders:
-        for pattern in LEFTOVER_GLOBS:
-            for leftover in Path(folder).glob(pattern):
-                if leftover.is_file():
-                    leftover.unlink(missing_ok=True)
-                    removed.append(leftover)
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False) and any(fnmatch(entry.name, p) for p in LEFTOVER_GLOBS):
+                leftover = Path(entry.path)
+                leftover.unlink(missing_ok=True)
+                removed.append(leftover)
     return removed
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file (its data) or a folder (the rename in it)."""
+def fsync_path(path: Path) -> None:
+    """fsync a file (its data) or a folder (the renames in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -1,25 +1,49 @@
-"""The validated, frozen settings of one ``draftgen serve`` run, and the GPU-list parser they need."""
+"""The settings of SGLang servers, declared once: where and how they start (``ServerParams``, shared by
+``draftgen serve`` and tune's candidates), and the rest of one ``draftgen serve`` run (``ServeConfig``, whose
+command line, ``SERVE_FLAGS``, is built from it by ``draftgen.flags``).
+
+Both are ``Params``: frozen, strict, and every problem reported at once (a check of several parameters together
+raises ``Problems``, each under its own parameter). A face names its parameters its own way in those messages:
+the serve command by its flags (``--tp``), tune's notebook by the parameter names (``tp``).
+"""
 
 from __future__ import annotations
 
 import re
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
 
-from draftgen.defaults import BASE_PORT
-from draftgen.server_settings import MTP_DEFAULT, ServerSettings
-from draftgen.sim.faults import parse_faults
-from draftgen.sim.profiles import get_profile
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from draftgen.defaults import BASE_PORT, FLEET_SIZE, MODEL
+from draftgen.flags import EXTRA, Flag, spelling
+from draftgen.params import (
+    NOTEBOOK_MODEL,
+    Params,
+    PositiveFloat,
+    PositiveInt,
+    Problem,
+    Problems,
+    _unset_if_empty,
+    param,
+)
+from draftgen.server_settings import MTP_DEFAULT, ServerSettings, load_settings
+from draftgen.sim.faults import FAULT_KEYS, parse_faults
+from draftgen.sim.profiles import PROFILES, get_profile
 
 ENGINES = ("sglang", "sim")
 DEFAULT_ROUTER_PORT = 30100
 ROUTER_MODULE = "smg"  # SMG, SGLang's gateway: `python -m smg launch` (PyPI smg, a Rust binary in the wheel)
-ROUTER_PIN = "smg==1.13.0"  # the release docs/engines.md measured (pyproject's dev extra pins the same)
+ROUTER_PIN = "smg==1.13.0"  # the release docs/engines.md measured: pyproject's `router` extra pins the same
 # SMG's names (`smg launch --help`, --policy) for the policies that spread one model over equal workers.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load", "power_of_two", "random")
 LOCAL_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "")
+# What serve and tune wait for and how they stop a server (tune polls its candidates more often).
+PROBE_TIMEOUT_S = 30.0
+STOP_GRACE_S = 20.0
 
 # MTP on (without --no-mtp or --settings): NEXTN 3/1/4, the setting that reaches an acceptance length of
 # ~3.1-3.8 on Qwen3.5-class models (docs/engines.md#the-sglang-surface-draftgen-relies-on).
@@ -27,42 +51,32 @@ MTP_ARGS = tuple(MTP_DEFAULT.sglang_args())
 
 _RANGE = re.compile(r"^(\d+)-(\d+)$")
 
+Port = Annotated[int, Field(ge=1, le=65535)]
+
 
 def parse_gpus(text: str) -> tuple[int, ...]:
     """``"0-6"`` → (0..6); ``"0,2,4"`` → (0, 2, 4); ``"0-3,6"`` → (0, 1, 2, 3, 6). Order is kept."""
     gpus: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
-            raise ValueError(f"--gpus {text!r}: empty item; write a list like 0-6 or 0,2,4")
+            raise ValueError("empty item; write a list like 0-6 or 0,2,4")
         match = _RANGE.match(part)
         if match:
             low, high = int(match.group(1)), int(match.group(2))
             if low > high:
-                raise ValueError(f"--gpus {text!r}: range {part} runs backwards; write {high}-{low}")
+                raise ValueError(f"range {part} runs backwards; write {high}-{low}")
             gpus.extend(range(low, high + 1))
         elif part.isdigit():
             gpus.append(int(part))
         else:
-            raise ValueError(f"--gpus {text!r}: {part!r} is not a GPU index or a range like 0-6")
+            raise ValueError(f"{part!r} is not a GPU index or a range like 0-6")
     duplicates = sorted(g for g, n in Counter(gpus).items() if n > 1)
     if duplicates:
-        raise ValueError(f"--gpus {text!r}: GPU {', '.join(map(str, duplicates))} listed twice")
+        raise ValueError(f"GPU {', '.join(map(str, duplicates))} listed twice")
     return tuple(gpus)
 
 
-def group_gpus(gpus: tuple[int, ...], tp: int) -> tuple[tuple[int, ...], ...]:
-    """Consecutive groups of ``tp`` GPUs, one server each."""
-    if tp < 1:
-        raise ValueError(f"--tp must be >= 1, got {tp}")
-    if len(gpus) % tp:
-        raise ValueError(
-            f"--tp {tp} does not divide the {len(gpus)} GPUs of --gpus into whole servers; "
-            f"list a multiple of {tp} GPUs or change --tp"
-        )
-    return tuple(gpus[i : i + tp] for i in range(0, len(gpus), tp))
-
-
-def served_model_name(model: str, extra_args: tuple[str, ...]) -> str:
+def served_model_name(model: str, extra_args: list[str] | tuple[str, ...]) -> str:
     """The name requests must use: ``--served-model-name`` from the extra args if given, else the model path."""
     name = None
     for i, arg in enumerate(extra_args):
@@ -73,128 +87,120 @@ def served_model_name(model: str, extra_args: tuple[str, ...]) -> str:
     return name or model
 
 
-def _check_port(value: int, name: str) -> None:
-    if not 1 <= value <= 65535:
-        raise ValueError(f"{name} {value} is not a port number (1-65535)")
+def _settings_file(value: Any) -> Any:
+    """A settings file's path (the command line's --settings) → the settings it holds."""
+    if isinstance(value, (str, Path)):
+        try:
+            return load_settings(value)
+        except FileNotFoundError as exc:
+            raise ValueError(str(exc)) from None
+    return value
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """Everything that decides which processes ``draftgen serve`` starts and how it watches them."""
+class ServerParams(Params):
+    """Where and how SGLang servers start: what ``draftgen serve`` and tune's candidates both take."""
 
-    model: str
-    gpus: tuple[int, ...]
-    base_port: int = BASE_PORT
-    tp: int = 1
-    mtp: bool = True
-    mem_fraction: float | None = None
-    max_running_requests: int | None = None
-    engine: str = "sglang"
-    extra_args: tuple[str, ...] = ()
-    settings: ServerSettings | None = (
-        None  # --settings FILE (draftgen tune): replaces mtp, mem_fraction, the cap
+    # How this face writes a parameter in its messages (the serve command: its flags); the name itself otherwise.
+    spelled: ClassVar[Mapping[str, str]] = {}
+
+    engine: Literal[ENGINES] = param(
+        "sglang", '"sglang" on the GPU node, "sim" for simulated servers (rehearsals, tests)'
     )
-    host: str = "127.0.0.1"
-    python: str = sys.executable
-    # --engine sim only
-    sim_profile: str | None = None
-    sim_speed: float = 1.0
-    sim_faults: tuple[str, ...] = ()
-    # router
-    router: bool = False
-    router_port: int = DEFAULT_ROUTER_PORT
-    router_workers: tuple[str, ...] = ()  # extra worker URLs on other nodes
-    router_policy: str = "cache_aware"
-    router_metrics_port: int | None = None  # the router's own Prometheus port; None: router_port + 1
-    # supervision
-    out_dir: Path = Path("outputs/serve")
-    run_name: str = "run"
-    startup_timeout_s: float = 1800.0
-    poll_interval_s: float = 1.0
-    probe_timeout_s: float = 30.0
-    restart: bool = False
-    max_restarts: int = 3
-    restart_backoff_s: float = 10.0
-    stop_grace_s: float = 20.0
-    log_tail_lines: int = 20
-    groups: tuple[tuple[int, ...], ...] = field(init=False)
+    model: str = param(
+        ...,
+        "--model-path for SGLang; also the served model name",
+        notebook=NOTEBOOK_MODEL,
+        min_length=1,
+    )
+    gpus: str = param(f"0-{FLEET_SIZE - 1}", "GPU indices: 0-6, 0,2,4 or 0-3,6; one server per group of tp")
+    tp: PositiveInt = param(1, "GPUs per server, taken in order from the GPU list")
+    base_port: Port = param(BASE_PORT, "GPU group i's server listens on the base port + i")
+    host: str = param("127.0.0.1", "bind address of the servers (0.0.0.0 for other nodes)")
+    python: str = param("", 'interpreter that runs the servers ("": this one)')
+    extra_args: list[str] = param(default_factory=list, help="appended to every SGLang server's command line")
+    sim_profile: str | None = param(
+        None,
+        f'engine sim: simulated hardware, one of {", ".join(PROFILES)} ("": b200-mtp, or rtx-pro-6000 with '
+        "speculation off)",
+    )
+    sim_speed: PositiveFloat = param(
+        1.0, "engine sim: simulated clock speed-up (tok/s come out this many times higher)"
+    )
+    startup_timeout_s: PositiveFloat = param(
+        1800.0, "a server not generating by then has failed to start (per attempt)"
+    )
 
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
-        if not self.model:
-            raise ValueError("--model is required: the model path or Hugging Face id SGLang should load")
-        if not self.gpus:
-            raise ValueError("--gpus is empty: list the GPUs to serve on, e.g. 0-6")
-        object.__setattr__(self, "groups", group_gpus(self.gpus, self.tp))
-        _check_port(self.base_port, "--base-port")
-        _check_port(self.base_port + len(self.groups) - 1, "--base-port + servers - 1")
-        if self.router:
-            _check_port(self.router_port, "--router-port")
-            if self.router_port in self.ports:
-                raise ValueError(
-                    f"--router-port {self.router_port} is also a server port "
-                    f"({self.ports[0]}-{self.ports[-1]}); pick another"
+    _profile_unset = field_validator("sim_profile", mode="before")(_unset_if_empty)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _simulator_model(cls, data: Any) -> Any:
+        """The simulator serves draftgen's model name unless told another."""
+        if isinstance(data, dict) and data.get("engine") == "sim" and not data.get("model"):
+            return {**data, "model": MODEL}
+        return data
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, text: str) -> str:
+        parse_gpus(text)
+        return text
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, path: str) -> str:
+        return path or sys.executable
+
+    @field_validator("sim_profile")
+    @classmethod
+    def _profile(cls, name: str | None) -> str | None:
+        if name is not None:
+            get_profile(name)  # raises naming the profiles
+        return name
+
+    @model_validator(mode="after")
+    def _check_together(self) -> ServerParams:
+        problems = self.problems()
+        if problems:
+            raise Problems(problems)
+        return self
+
+    @classmethod
+    def spell(cls, field: str) -> str:
+        """How this face writes ``field`` (serve: its flag)."""
+        return cls.spelled.get(field, field)
+
+    def problems(self) -> list[Problem]:
+        """What no single parameter shows: the GPUs split into servers, the ports they take."""
+        problems = []
+        tp, gpus = self.spell("tp"), self.spell("gpus")
+        count = len(self.gpu_list)
+        if count % self.tp:
+            problems.append(
+                Problem(
+                    "tp",
+                    f"{tp} {self.tp} does not divide the {count} GPUs of {gpus} into whole servers; list a "
+                    f"multiple of {self.tp} GPUs or change {tp}",
                 )
-            metrics_port = self.metrics_port
-            _check_port(metrics_port, "--router-metrics-port")
-            if metrics_port in (*self.ports, self.router_port):
-                raise ValueError(
-                    f"--router-metrics-port {metrics_port} is also a server or the router's port; pick another"
-                )
-        if self.router_policy not in ROUTER_POLICIES:
-            raise ValueError(
-                f"--router-policy {self.router_policy!r}: choose one of {', '.join(ROUTER_POLICIES)}"
             )
-        for url in self.router_workers:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"--router-worker {url!r} must be a URL like http://node2:{BASE_PORT}")
-        if self.router_workers and not self.router:
-            raise ValueError("--router-worker needs --router")
-        if self.settings is not None:
-            given = [
-                name
-                for name, value in (
-                    ("--no-mtp", not self.mtp),
-                    ("--mem-fraction", self.mem_fraction is not None),
-                    ("--max-running-requests", self.max_running_requests is not None),
+        elif self.ports[-1] > 65535:
+            problems.append(
+                Problem(
+                    "base_port",
+                    f"{self.spell('base_port')} {self.base_port} + {len(self.ports)} servers runs past port 65535",
                 )
-                if value
-            ]
-            if given:
-                raise ValueError(f"--settings already sets what {', '.join(given)} would; drop one of them")
-            if self.engine == "sim" and not self.settings.simulated:
-                raise ValueError(
-                    f"--settings {self.settings.label}: --engine sim models MTP (NEXTN, EAGLE), drafters "
-                    "(EAGLE3, STANDALONE, DFLASH: docs/simulator.md) or speculation off, not NGRAM; serve these "
-                    "settings with --engine sglang"
-                )
-        if self.mem_fraction is not None and not 0.0 < self.mem_fraction < 1.0:
-            raise ValueError(f"--mem-fraction {self.mem_fraction} must be between 0 and 1 (e.g. 0.85)")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise ValueError(f"--max-running-requests {self.max_running_requests} must be >= 1")
-        if self.engine == "sim":
-            get_profile(self.effective_sim_profile)  # raises with the valid names
-            parse_faults(list(self.sim_faults))  # raises naming the bad fault
-            if self.sim_speed <= 0:
-                raise ValueError(f"--sim-speed {self.sim_speed} must be > 0")
-        elif self.sim_faults or self.sim_profile:
-            raise ValueError("--sim-profile and --sim-fault only apply with --engine sim")
-        if not self.run_name or "/" in self.run_name or self.run_name in (".", ".."):
-            raise ValueError(f"--run {self.run_name!r} must be a plain folder name")
-        positive = {
-            "--timeout": self.startup_timeout_s,
-            "--poll-interval": self.poll_interval_s,
-            "--probe-timeout": self.probe_timeout_s,
-            "--grace": self.stop_grace_s,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"{name} {value:g} must be > 0 seconds")
-        if self.max_restarts < 0:
-            raise ValueError(f"--max-restarts {self.max_restarts} must be >= 0")
-        if self.restart_backoff_s < 0:
-            raise ValueError(f"--restart-backoff {self.restart_backoff_s:g} must be >= 0 seconds")
+            )
+        return problems
+
+    @property
+    def gpu_list(self) -> tuple[int, ...]:
+        return parse_gpus(self.gpus)
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Consecutive groups of ``tp`` GPUs, one server each."""
+        gpus = self.gpu_list
+        return tuple(gpus[i : i + self.tp] for i in range(0, len(gpus), self.tp))
 
     @property
     def ports(self) -> tuple[int, ...]:
@@ -210,6 +216,158 @@ class ServeConfig:
         return tuple(f"http://{self.url_host}:{port}" for port in self.ports)
 
     @property
+    def served_model(self) -> str:
+        return served_model_name(self.model, self.extra_args)
+
+
+WHAT, WATCH = "what to run", "supervision"
+ROUTING, SIM = "router: SMG, SGLang's gateway (multi-node)", "--engine sim (tests and rehearsals)"
+# draftgen serve's command line: one flag per field of ServeConfig (the names users' scripts already use).
+SERVE_FLAGS = (
+    Flag("model", "--model", WHAT, "PATH", note=f"required with --engine sglang; --engine sim: {MODEL}"),
+    Flag("gpus", "--gpus", WHAT, "LIST", required=True),  # serve starts nothing on GPUs it was not given
+    Flag("tp", "--tp", WHAT, "N"),
+    Flag("base_port", "--base-port", WHAT, "P"),
+    Flag("host", "--host", WHAT, "H"),
+    Flag("mtp", "--no-mtp", WHAT, negates=True, note="leave speculative decoding (MTP, NEXTN 3/1/4) off"),
+    Flag("mem_fraction", "--mem-fraction", WHAT, "F"),
+    Flag("max_running_requests", "--max-running-requests", WHAT, "N"),
+    Flag("settings", "--settings", WHAT, "FILE", parse=Path),
+    Flag("engine", "--engine", WHAT),
+    Flag("python", "--python", WHAT, "PATH"),
+    Flag("extra_args", EXTRA, WHAT),
+    Flag("restart", "--restart", WATCH),
+    Flag("max_restarts", "--max-restarts", WATCH, "N"),
+    Flag("restart_backoff_s", "--restart-backoff", WATCH, "S"),
+    Flag("startup_timeout_s", "--timeout", WATCH, "S"),
+    Flag("poll_interval_s", "--poll-interval", WATCH, "S"),
+    Flag("probe_timeout_s", "--probe-timeout", WATCH, "S"),
+    Flag("stop_grace_s", "--grace", WATCH, "S"),
+    Flag("out_dir", "--out", WATCH, "DIR"),
+    Flag("run_name", "--run", WATCH, "NAME", note="default: a timestamp"),
+    Flag("router", "--router", ROUTING),
+    Flag("router_port", "--router-port", ROUTING, "P"),
+    Flag("router_policy", "--router-policy", ROUTING),
+    Flag("router_metrics_port", "--router-metrics-port", ROUTING, "P"),
+    Flag("router_workers", "--router-worker", ROUTING, "URL"),
+    Flag("sim_profile", "--sim-profile", SIM, "NAME"),
+    Flag("sim_speed", "--sim-speed", SIM, "X"),
+    Flag("sim_faults", "--sim-fault", SIM, "KEY=VALUE"),
+)
+
+
+class ServeConfig(ServerParams):
+    """Everything that decides which processes ``draftgen serve`` starts and how it watches them."""
+
+    spelled: ClassVar[Mapping[str, str]] = spelling(SERVE_FLAGS)
+
+    mtp: bool = param(True, "speculative decoding: MTP, NEXTN 3/1/4")
+    mem_fraction: float | None = param(None, "--mem-fraction-static (e.g. 0.85)", gt=0, lt=1)
+    max_running_requests: PositiveInt | None = param(None, "batch cap per server (SGLang's: 48 with MTP)")
+    settings: Annotated[ServerSettings | None, BeforeValidator(_settings_file)] = param(
+        None,
+        "speculative settings and batch cap chosen by draftgen tune (replaces --no-mtp, --mem-fraction, "
+        "--max-running-requests)",
+    )
+    sim_faults: list[str] = param(
+        default_factory=list, help=f"engine sim: a fault KEY=VALUE, repeatable; keys: {', '.join(FAULT_KEYS)}"
+    )
+    router: bool = param(False, "put SMG, SGLang's gateway, in front of the servers")
+    router_port: Port = param(DEFAULT_ROUTER_PORT, "router port")
+    router_workers: list[str] = param(default_factory=list, help="a worker on another node, repeatable")
+    router_policy: Literal[ROUTER_POLICIES] = param("cache_aware", "how SMG picks a worker, by SMG's names")
+    router_metrics_port: Port | None = param(
+        None, "the router's own Prometheus /metrics port (default: the router port + 1)"
+    )
+    out_dir: Path = param(Path("outputs/serve"), "runs folder")
+    run_name: str = param(..., "run folder name")
+    poll_interval_s: PositiveFloat = param(1.0, "seconds between health probes")
+    probe_timeout_s: PositiveFloat = param(PROBE_TIMEOUT_S, "seconds one probe may take")
+    restart: bool = param(False, "bring crashed or stuck servers back")
+    max_restarts: Annotated[int, Field(ge=0)] = param(3, "failures in a row before giving up")
+    restart_backoff_s: Annotated[float, Field(ge=0)] = param(10.0, "first restart delay in seconds, doubling")
+    stop_grace_s: PositiveFloat = param(STOP_GRACE_S, "SIGTERM → SIGKILL grace on stop, seconds")
+    log_tail_lines: PositiveInt = param(20, "lines of a failed server's log shown")
+
+    @field_validator("sim_faults")
+    @classmethod
+    def _faults(cls, specs: list[str]) -> list[str]:
+        parse_faults(specs)  # raises naming the bad fault
+        return specs
+
+    @field_validator("router_workers")
+    @classmethod
+    def _worker_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} must be a URL like http://node2:{BASE_PORT}")
+        return urls
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, name: str) -> str:
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError("must be a plain folder name")
+        return name
+
+    def problems(self) -> list[Problem]:
+        name = self.spell
+        problems = super().problems()
+        if self.router and not problems:
+            if self.router_port in self.ports:
+                problems.append(
+                    Problem(
+                        "router_port",
+                        f"{name('router_port')} {self.router_port} is also a server port "
+                        f"({self.ports[0]}-{self.ports[-1]}); pick another",
+                    )
+                )
+            elif self.metrics_port in (*self.ports, self.router_port) or self.metrics_port > 65535:
+                problems.append(
+                    Problem(
+                        "router_metrics_port",
+                        f"{name('router_metrics_port')} {self.metrics_port} is also a server or the router's "
+                        "port, or past 65535; pick another",
+                    )
+                )
+        if self.router_workers and not self.router:
+            problems.append(Problem("router_workers", f"{name('router_workers')} needs {name('router')}"))
+        if self.settings is not None:
+            given = [
+                name(field)
+                for field, value in (
+                    ("mtp", not self.mtp),
+                    ("mem_fraction", self.mem_fraction is not None),
+                    ("max_running_requests", self.max_running_requests is not None),
+                )
+                if value
+            ]
+            if given:
+                problems.append(
+                    Problem(
+                        "settings",
+                        f"{name('settings')} already sets what {', '.join(given)} would; drop one of them",
+                    )
+                )
+            if self.engine == "sim" and not self.settings.simulated:
+                problems.append(
+                    Problem(
+                        "settings",
+                        f"{name('settings')} {self.settings.label}: {name('engine')} sim models MTP (NEXTN, EAGLE), "
+                        "drafters (EAGLE3, STANDALONE, DFLASH: docs/simulator.md) or speculation off, not NGRAM; "
+                        "serve these settings with engine sglang",
+                    )
+                )
+        if self.engine != "sim" and (self.sim_faults or self.sim_profile):
+            problems.append(
+                Problem(
+                    "sim_profile",
+                    f"{name('sim_profile')} and {name('sim_faults')} only apply with {name('engine')} sim",
+                )
+            )
+        return problems
+
+    @property
     def router_url(self) -> str:
         return f"http://{self.url_host}:{self.router_port}"
 
@@ -223,10 +381,6 @@ class ServeConfig:
         if self.sim_profile:
             return self.sim_profile
         return "b200-mtp" if self.mtp or self.settings is not None else "rtx-pro-6000"
-
-    @property
-    def served_model(self) -> str:
-        return served_model_name(self.model, self.extra_args)
 
     @property
     def run_dir(self) -> Path:

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from draftgen.serve.config import ServeConfig
+from draftgen.serve.config import ROUTER_MODULE, ROUTER_PIN, ServeConfig
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -55,6 +55,16 @@ def check_engine(config: ServeConfig) -> None:
     looks_local = config.model.startswith(("/", "./", "../", "~"))
     if looks_local and not Path(config.model).expanduser().exists():
         raise ValueError(f"--model {config.model}: no such file or folder (a RAM disk not mounted yet?)")
+
+
+def check_router(config: ServeConfig) -> None:
+    """With --router: SMG importable by the interpreter that will run it, else the command that installs it."""
+    if config.router and not importable(config.python, ROUTER_MODULE):
+        raise ValueError(
+            f"--router: SMG ({ROUTER_MODULE}) is not importable by {config.python}; install it there with "
+            f"`{config.python} -m pip install '{ROUTER_PIN}'` (in draftgen's own environment: "
+            "pip install -e '.[router]'), or leave out --router"
+        )
 
 
 def default_run_name(out_dir: Path) -> str:

@@ -7,18 +7,17 @@ in its own process group, waits until every worker is registered and healthy, an
 
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftgen.client.server import METRICS_PATH, ServerClient
 from draftgen.serve.launch import router_argv
 from draftgen.sim.fleet import find_free_base_port
 
@@ -29,23 +28,15 @@ class RouterError(RuntimeError):
     """The gateway did not come up; the message quotes its log."""
 
 
-def _get_json(url: str, timeout_s: float = 5.0) -> object | None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
-            return json.loads(reply.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+async def _gateway_workers(router_url: str, timeout_s: float) -> dict[str, bool]:
+    async with ServerClient(router_url) as client:
+        return await client.gateway_workers(timeout_s) or {}
 
 
-def healthy_workers(router_url: str) -> dict[str, bool]:
-    """``GET /workers`` of a running gateway: worker URL → healthy (empty when it does not answer)."""
-    data = _get_json(f"{router_url}/workers")
-    workers = data.get("workers") if isinstance(data, dict) else None
-    if not isinstance(workers, list):
-        return {}
-    return {
-        str(w["url"]): bool(w.get("is_healthy", True)) for w in workers if isinstance(w, dict) and "url" in w
-    }
+def healthy_workers(router_url: str, timeout_s: float = 5.0) -> dict[str, bool]:
+    """``GET /workers`` of a running gateway (the client's ``gateway_workers``): worker URL → healthy, empty when
+    it does not answer. For synchronous callers (``RouterProcess``, tests, benchmarks), not from a running loop."""
+    return asyncio.run(_gateway_workers(router_url, timeout_s))
 
 
 @dataclass
@@ -66,7 +57,7 @@ class RouterProcess:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://127.0.0.1:{self.metrics_port}{METRICS_PATH}"
 
     def start(self, timeout_s: float = START_TIMEOUT_S, *, wait: bool = True) -> str:
         """Start SMG; with ``wait``, return once every worker is registered and healthy."""

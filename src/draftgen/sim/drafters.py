@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
+from draftgen.sglang_rules import speculation
 from draftgen.sglang_rules.speculation import MTP_ALGORITHMS
 from draftgen.sim.textgen import acceptance_probability
 
@@ -77,7 +78,7 @@ MTP = DrafterProfile(
 EAGLE3 = DrafterProfile(
     name="eagle3",
     description="an EAGLE-3 head trained on the target's answers: ~MTP at 3 steps, better at 5-7",
-    algorithms=("EAGLE3",),
+    algorithms=(speculation.EAGLE3,),
     drafting="chain",
     draft_step_s=0.0007,
     draft_per_token_s=0.00006,
@@ -91,7 +92,7 @@ EAGLE3 = DrafterProfile(
 DFLASH = DrafterProfile(
     name="dflash",
     description="a DFlash block drafter: 5.3 tokens per step at block 8, verify of the whole block per request",
-    algorithms=("DFLASH",),
+    algorithms=(speculation.DFLASH,),
     drafting="block",
     draft_step_s=0.0010,
     draft_per_token_s=0.00002,
@@ -103,7 +104,7 @@ DFLASH = DrafterProfile(
 STANDALONE = DrafterProfile(
     name="standalone",
     description="a 0.6B model of the family drafting token by token: cheap to train, dear per step",
-    algorithms=("STANDALONE",),
+    algorithms=(speculation.STANDALONE,),
     drafting="chain",
     draft_step_s=0.0015,
     draft_per_token_s=0.0001,

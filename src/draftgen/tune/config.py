@@ -20,9 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftgen.defaults import BASE_PORT
 from draftgen.params import (
-    NOTEBOOK_MODEL,
     ApiKeyEnv,
     Bootstrap,
     GpuHourUsd,
@@ -40,7 +38,7 @@ from draftgen.params import (
 from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.rundir.layout import SETTINGS
-from draftgen.serve.config import parse_gpus
+from draftgen.serve.config import ServerParams
 from draftgen.server_settings import (
     MTP_DEFAULT,
     SPECULATION_OFF,
@@ -51,9 +49,12 @@ from draftgen.server_settings import (
 from draftgen.sglang_rules.speculation import (
     AUTO_NUMBERS,
     DFLASH,
+    DRAFT_MODEL_ALGORITHMS,
     MTP_ALGORITHMS,
+    NEXTN,
     NGRAM,
     SPEC_DEFAULT_MAX_RUNNING,
+    STANDALONE,
 )
 
 MIN_JOB_REQUESTS = 8
@@ -62,7 +63,7 @@ MIN_JOB_REQUESTS = 8
 class DrafterSpace(Params):
     """One trained (or separate) draft model and the settings to try it with."""
 
-    speculative_algorithm: Literal["EAGLE3", "STANDALONE", "DFLASH"]
+    speculative_algorithm: Literal[DRAFT_MODEL_ALGORITHMS]
     speculative_draft_model_path: str = Field(
         min_length=1
     )  # the drafter's folder (sim: sim:NAME or sim_drafter.json)
@@ -141,7 +142,7 @@ class Candidate:
         return f"c{self.index:02d}-{spec}-mrr{s.max_running_requests or 'default'}"
 
 
-class TuneConfig(SamplingParams):
+class TuneConfig(ServerParams, SamplingParams):
     parameters_cell = NotebookCell(
         (
             "where candidates run",
@@ -167,35 +168,19 @@ class TuneConfig(SamplingParams):
             "rounds_per_job equal_time eta max_rounds warmup_requests baseline interval bootstrap seed out_dir "
             "settings_file",
         ),
-        help={"warmup_requests": "short requests per server before each job's measurement (not measured)"},
+        help={
+            "warmup_requests": "short requests per server before each job's measurement (not measured)",
+            "gpus": "GPU indices; one candidate per group of tp GPUs at a time",
+        },
     )
 
-    engine: Literal["sglang", "sim"] = param(
-        "sglang", '"sglang" on the GPU node, "sim" for simulated servers (rehearsals, tests)'
-    )
-    model: str = param(
-        ..., "--model-path for SGLang; also the served model name", notebook=NOTEBOOK_MODEL, min_length=1
-    )
-    gpus: str = param("0-6", "GPU indices; one candidate per group of tp GPUs at a time")
-    tp: PositiveInt = param(1, "GPUs per server")
-    base_port: Annotated[int, Field(ge=1, le=65535)] = param(
-        BASE_PORT, "GPU group i's candidate listens on base_port + i"
-    )
-    host: str = param("127.0.0.1", "bind address of the candidate servers")
-    python: str = param("", 'interpreter that runs SGLang ("": this one)')
-    extra_args: list[str] = param(default_factory=list, help="appended to every SGLang server's command line")
-    sim_profile: str = param("b200-mtp", "engine sim only: simulated hardware")
-    sim_speed: PositiveFloat = param(
-        1.0, "engine sim only: simulated clock speed-up (tok/s come out this many times higher)"
-    )
-    startup_timeout_s: PositiveFloat = param(1800.0, "a candidate not generating by then is marked failed")
     attention_backend: str = param(
         "", 'as you launch SGLang ("": its default); trtllm_mha allows top-k 1 only'
     )
     spec_v2: bool = param(False, "SGLANG_ENABLE_SPEC_V2 set: top-k 1 only")
     mtp_off: bool = param(True, "include speculative decoding off")
-    speculative_algorithm: Literal["NEXTN", "EAGLE", "STANDALONE"] = param(
-        "NEXTN", "of spec_candidates: NEXTN (MTP), EAGLE, or STANDALONE (a smaller model as the draft)"
+    speculative_algorithm: Literal[(*MTP_ALGORITHMS, STANDALONE)] = param(
+        NEXTN, "of spec_candidates: NEXTN (MTP), EAGLE, or STANDALONE (a smaller model as the draft)"
     )
     spec_candidates: list[list[int]] = param(
         default_factory=lambda: [[1, 1, 2], [2, 1, 3], [3, 1, 4], [4, 1, 5], [5, 1, 6]],
@@ -284,12 +269,6 @@ class TuneConfig(SamplingParams):
 
     _unset = field_validator("mem_fraction_static", mode="before")(_unset_if_empty)
 
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, text: str) -> str:
-        parse_gpus(text)
-        return text
-
     @field_validator("prompts")
     @classmethod
     def _prompt_file(cls, path: str) -> str:
@@ -331,8 +310,6 @@ class TuneConfig(SamplingParams):
                 f"verdict_concurrency {self.verdict_concurrency} is not one of verdict_levels "
                 f"{self.verdict_levels}: the verdict measures the production concurrency, it does not extrapolate"
             )
-        if len(parse_gpus(self.gpus)) % self.tp:
-            raise ValueError(f"gpus {self.gpus!r} do not split into groups of tp={self.tp}")
         refused = []
         if self.engine == "sim":
             if (
@@ -380,11 +357,6 @@ class TuneConfig(SamplingParams):
     @property
     def prompt_path(self) -> Path:
         return prompt_source_path(self.prompts)
-
-    @property
-    def groups(self) -> tuple[tuple[int, ...], ...]:
-        gpus = parse_gpus(self.gpus)
-        return tuple(gpus[i : i + self.tp] for i in range(0, len(gpus), self.tp))
 
     @property
     def settings_path(self) -> Path:

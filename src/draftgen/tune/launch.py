@@ -8,22 +8,20 @@ deadline is reported with the tail of its log (an out-of-memory start shows SGLa
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from draftgen.serve.config import ServeConfig
+from draftgen.params import build_config
+from draftgen.serve.config import PROBE_TIMEOUT_S, STOP_GRACE_S, ServeConfig, ServerParams
 from draftgen.serve.launch import LaunchSpec, server_specs
 from draftgen.serve.preflight import check_engine, check_ports, port_in_use
 from draftgen.serve.process import log_tail, spawn, stop_group
 from draftgen.serve.startup import StartupWatch, wait_until_ready
 from draftgen.tune.config import Candidate, TuneConfig
 
-POLL_INTERVAL_S = 0.25
-PROBE_TIMEOUT_S = 30.0
-STOP_GRACE_S = 20.0
+POLL_INTERVAL_S = 0.25  # a candidate is probed more often than serve probes its servers
 LOG_TAIL_LINES = 15
 
 
@@ -43,20 +41,22 @@ class FailedStart:
 
 
 def _serve_config(config: TuneConfig, candidate: Candidate, group_index: int, run_name: str) -> ServeConfig:
-    return ServeConfig(
-        model=config.model,
-        gpus=config.groups[group_index],
-        tp=config.tp,
-        base_port=config.base_port + group_index,
-        host=config.host,
-        python=config.python or sys.executable,
-        engine=config.engine,
-        extra_args=tuple(config.extra_args) if config.engine == "sglang" else (),
-        settings=candidate.settings,
-        sim_profile=config.sim_profile if config.engine == "sim" else None,
-        sim_speed=config.sim_speed,
-        out_dir=Path(config.out_dir) / "servers",
-        run_name=run_name,
+    """Serve's config for one candidate on one GPU group: tune's server parameters (the same declarations,
+    ``ServerParams``) with that group, its port, the candidate's settings and tune's own polling."""
+    shared = {name: getattr(config, name) for name in ServerParams.model_fields}
+    return build_config(
+        ServeConfig,
+        {
+            **shared,
+            "gpus": ",".join(map(str, config.groups[group_index])),
+            "base_port": config.base_port + group_index,
+            "extra_args": config.extra_args if config.engine == "sglang" else [],
+            "sim_profile": config.sim_profile if config.engine == "sim" else None,
+            "settings": candidate.settings,
+            "out_dir": Path(config.out_dir) / "servers",
+            "run_name": run_name,
+            "poll_interval_s": POLL_INTERVAL_S,
+        },
     )
 
 

@@ -1,7 +1,9 @@
 """The training export: clean samples as JSONL (the shape SpecForge's trainers read), optionally token parquet.
 
-Written while validating, into ``out_dir/export.partial/``; ``finalize`` renames it to ``out_dir/export/`` once
-the gate has passed, so a corpus that failed the gate never leaves an export that looks finished.
+Written while validating, into ``out_dir/export.partial/``; ``finalize`` publishes it as ``out_dir/export/`` once
+the gate has passed (``rundir.publish_folder``: every file and folder fsynced, then swapped in so that ``export/``
+is always a whole export, the older one or this one), so a corpus that failed the gate never leaves an export that
+looks finished. A full disk while writing or publishing raises ``DiskFull``; an older export stays whole.
 
   export/train.jsonl           {"id", "conversations": [...turns...]}: system / user / tool turns as given, every
                                  assistant turn the target model's own answer {"role": "assistant", "content",
@@ -30,12 +32,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from draftgen.rundir import write_json, write_parquet
+from draftgen.rundir import publish_folder, write_json, write_parquet
 from draftgen.rundir.layout import EXPORT as FINAL
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_COUNTS, EXPORT_TOKENS, export_tokens_part_name
 from draftgen.rundir.layout import EXPORT_HOLDOUT as HOLDOUT
 from draftgen.rundir.layout import EXPORT_PROMPTS as PROMPTS
 from draftgen.rundir.layout import EXPORT_STAGING as STAGING
+from draftgen.rundir.publish import StreamedFile
 from draftgen.sampling_plan import prompt_of
 from draftgen.training.masks import MaskBatch
 
@@ -52,8 +55,8 @@ class ExportWriter:
             shutil.rmtree(self.staging)
         self.staging.mkdir(parents=True)
         self._parts = 0
-        self._handle = (self.staging / EXPORT_CONVERSATIONS).open("w", encoding="utf-8") if jsonl else None
-        self._prompts = (self.staging / PROMPTS).open("w", encoding="utf-8") if prompts else None
+        self._handle = StreamedFile(self.staging / EXPORT_CONVERSATIONS) if jsonl else None
+        self._prompts = StreamedFile(self.staging / PROMPTS) if prompts else None
         self._holdout: Any = None
         self._held: set[str] = set()  # prompt ids written (an id stored twice is held out once)
 
@@ -132,7 +135,7 @@ class ExportWriter:
             return
         if self._holdout is None:
             (self.staging / HOLDOUT).mkdir()
-            self._holdout = (self.staging / HOLDOUT / PROMPTS).open("w", encoding="utf-8")
+            self._holdout = StreamedFile(self.staging / HOLDOUT / PROMPTS)
         lines = [
             json.dumps(
                 {
@@ -155,12 +158,10 @@ class ExportWriter:
 
 
 def finalize(out_dir: Path) -> Path:
-    """Move ``export.partial`` to ``export`` (replacing an older export in the same folder)."""
+    """Publish ``export.partial`` as ``export`` (replacing an older export in the same folder, which stays whole
+    until the new one is in place)."""
     out_dir = Path(out_dir)
-    staging, final = out_dir / STAGING, out_dir / FINAL
+    staging = out_dir / STAGING
     if not staging.is_dir():
         raise FileNotFoundError(f"no staged export at {staging}: run validation first")
-    if final.exists():
-        shutil.rmtree(final)
-    staging.rename(final)
-    return final
+    return publish_folder(staging, out_dir / FINAL)
