@@ -15,6 +15,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from draftgen.rundir import replace_file
+from draftgen.rundir.layout import plot_file
 
 DPI = 110
 
@@ -47,7 +48,7 @@ def new_figure(figsize: tuple[float, float], ncols: int = 1) -> tuple[Figure, An
 
 def save(figure: Figure, folder: str | Path, name: str) -> Plot:
     """Write ``folder/name.png`` and return it for inline display."""
-    path = Path(folder) / f"{name}.png"
+    path = Path(folder) / plot_file(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_file(
         path, lambda temporary: figure.savefig(temporary, format="png", dpi=DPI, bbox_inches="tight")
