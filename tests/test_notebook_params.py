@@ -161,5 +161,7 @@ PIPELINE = ("benchmark", "estimate", "generate", "validate")
 )
 def test_params_files_pass_draftgen_runs_checks_over_the_rendered_defaults(params_file, notebook):
     path = next(p for p in NOTEBOOKS if p.stem == notebook)
-    given, _ignored = applicable_parameters(path, load_params_files([PARAMS / f"{params_file}.yaml"]))
+    given, _ignored = applicable_parameters(
+        declared_parameters(path), load_params_files([PARAMS / f"{params_file}.yaml"])
+    )
     check_parameters(path, given)

@@ -49,12 +49,12 @@ def test_the_parameters_a_step_sets_are_parameters_of_its_config():
 
 
 def test_run_parameters_come_from_the_step_and_given_values_win(tmp_path):
-    fake = Step("fake", "draftgen.bench.config:BenchmarkConfig", writes="x", output_parameter="folder")
+    fake = Step("fake", "draftgen.bench.config:BenchmarkConfig", "m:run", (), output_parameter="folder")
     assert fake.run_parameters(tmp_path, resume=True) == {"folder": str(tmp_path)}
-    resuming = Step("fake", "m:C", writes="x", resume="continues", resume_parameter="again")
+    resuming = Step("fake", "m:C", "m:run", (), resume="continues", resume_parameter="again")
     assert resuming.run_parameters(tmp_path, resume=True) == {"out_dir": str(tmp_path), "again": True}
     assert resuming.run_parameters(tmp_path, resume=False) == {"out_dir": str(tmp_path)}
-    assert Step("fake", "m:C", writes="x", output_parameter=None).run_parameters(tmp_path, resume=True) == {}
+    assert Step("fake", "m:C", "m:run", (), output_parameter=None).run_parameters(tmp_path, resume=True) == {}
 
     bench = plan_run(
         _notebook(tmp_path, "benchmark"), {"out_dir": "/elsewhere"}, name="r", out_root=tmp_path, resume=True
@@ -78,7 +78,12 @@ def test_a_notebook_of_no_step_gets_nothing_set_and_an_unknown_step_is_named(tmp
 
 def test_a_full_disk_is_recorded_by_the_steps_own_recorder_in_its_output_folder(tmp_path):
     fake = Step(
-        "fake", "m:C", writes="x", on_disk_full=f"{__name__}:record", kept_on_disk_full="the parts are kept"
+        "fake",
+        "m:C",
+        "m:run",
+        (),
+        on_disk_full=f"{__name__}:record",
+        kept_on_disk_full="the parts are kept",
     )
     plan = RunPlan(tmp_path / "fake.ipynb", tmp_path / "run", {"out_dir": str(tmp_path / "out")}, "run", fake)
     RECORDED.clear()
@@ -90,7 +95,7 @@ def test_a_full_disk_is_recorded_by_the_steps_own_recorder_in_its_output_folder(
         plan, OSError(28, "full")
     )
     RECORDED.clear()
-    silent = RunPlan(tmp_path / "x.ipynb", tmp_path / "run", {}, "run", Step("x", "m:C", writes="x"))
+    silent = RunPlan(tmp_path / "x.ipynb", tmp_path / "run", {}, "run", Step("x", "m:C", "m:run", ()))
     run_command._record_disk_full(silent, OSError(28, "full"))
     assert RECORDED == [] and get_step("generate").disk_full_recorder() is not None
 

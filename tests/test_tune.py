@@ -283,8 +283,8 @@ def test_draftgen_tune_command_refuses_a_bad_space(tmp_path):
             "-p",
             "spec_candidates",
             "[[2, 1, 5]]",
-            "--out",
-            str(tmp_path / "t"),
+            "--out-root",
+            str(tmp_path),
         ],
         capture_output=True,
         text=True,
@@ -292,6 +292,7 @@ def test_draftgen_tune_command_refuses_a_bad_space(tmp_path):
     )
     assert done.returncode == 2
     assert "num_draft_tokens 5 to num_steps + 1 = 3" in done.stderr
+    assert not (tmp_path / "tune").exists()  # refused before a run folder was made
 
 
 def test_benchmark_and_estimate_record_the_settings_file(tmp_path):

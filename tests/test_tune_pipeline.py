@@ -1,4 +1,4 @@
-"""``draftgen tune`` and tune.ipynb run one function (draftgen.tune.pipeline.run_and_report), not two copies.
+"""``draftgen tune`` and tune.ipynb run one function (draftgen.tune.step.run), not two copies.
 
 The end-to-end runs of both are in test_tune.py (the notebook under papermill) and test_tune_verdict.py (the
 command, its race saved before its verdict); here: that both reach the function, and what the command does with
@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from draftgen.commands import tune as tune_command
-from draftgen.tune.pipeline import TuneReport
+from draftgen.tune import step as tune_step
+from draftgen.tune.step import TuneReport
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_notebook_calls_the_function_and_repeats_none_of_it():
     notebook = json.loads((ROOT / "notebooks" / "tune.ipynb").read_text())
     code = "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
-    assert "await run_and_report(config)" in code
-    for repeated in ("run_tune(", "save_report(", "save_figure(", "candidate_table(", "verdict_of("):
-        assert repeated not in code, f"tune.ipynb does {repeated} itself: it belongs in run_and_report"
+    assert "await run(config)" in code and "from draftgen.tune.step import headline, run" in code
+    for repeated in ("run_tune(", "save_report(", "save(", "candidate_table(", "verdict_of("):
+        assert repeated not in code, f"tune.ipynb does {repeated} itself: it belongs in draftgen.tune.step.run"
 
 
 def _fake_report(*, race: bool, chosen: bool, tie: bool = False) -> TuneReport:
@@ -64,13 +65,15 @@ def test_the_command_runs_the_function_with_its_parameters_and_says_no_candidate
         seen.append(config)
         return _fake_report(race=True, chosen=False)
 
-    monkeypatch.setattr(tune_command, "run_and_report", fake)
+    monkeypatch.setattr(tune_step, "run", fake)
     monkeypatch.setattr(tune_command.report, "format_table", lambda table: "TABLE")
     monkeypatch.setattr(tune_command.report, "startup_view", lambda run: "STARTUP")
     args = argparse.Namespace(
         parameters_file=[],
         parameter=[["engine", "sim"], ["model", "m"], ["max_tokens", "64"], ["servers", "[http://x:1]"]],
-        out=tmp_path / "t",
+        name="t",
+        out_root=tmp_path,
+        resume=False,
     )
     assert tune_command.run(args) == 1
     [config] = seen
@@ -78,10 +81,12 @@ def test_the_command_runs_the_function_with_its_parameters_and_says_no_candidate
         "sim",
         "m",
         64,
-        str(tmp_path / "t"),
+        str(tmp_path / "tune" / "t"),  # the runner's run folder, as draftgen run tune names it
     )
     out = capsys.readouterr().out
     assert out.splitlines() == [
+        "draftgen tune: tune does not use shared parameter(s) servers: ignored",
+        f"draftgen tune: → {tmp_path / 'tune' / 't'}",
         "STARTUP",
         "TABLE",
         "draftgen tune: no candidate could be measured; see the failures above",

@@ -137,7 +137,10 @@ def test_the_ranking_at_each_concurrency_is_the_measured_one_and_matches_the_pro
     # the head wins at 64 and the block drafter alone, or (their intervals overlapping others') ties there
     assert named_by_contract(verdict, 64) in (head, None)
     assert named_by_contract(verdict, 1) in (block, None)
-    assert verdict.winner == verdict.ranking.winner and verdict.winner_at_lowest == verdict.ranking_at_lowest.winner
+    assert (
+        verdict.winner == verdict.ranking.winner
+        and verdict.winner_at_lowest == verdict.ranking_at_lowest.winner
+    )
     # 27% and 39% apart by the profiles: the order holds on a loaded machine too
     assert verdict.point(block, 1).tok_s_per_gpu > verdict.point(mtp, 1).tok_s_per_gpu
     assert verdict.point(block, 64).tok_s_per_gpu < verdict.point(mtp, 64).tok_s_per_gpu
@@ -154,9 +157,7 @@ def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
     mtp, block, _head = config.verdict_candidates()
     at = {(c.index, level): verdict.point(c, level) for c in (mtp, block) for level in LEVELS}
     # the sentence, from the run's own points with their intervals set apart (as an unloaded machine measures them)
-    apart = {
-        key: _with_interval(p, 0.97 * p.tok_s_per_gpu, 1.03 * p.tok_s_per_gpu) for key, p in at.items()
-    }
+    apart = {key: _with_interval(p, 0.97 * p.tok_s_per_gpu, 1.03 * p.tok_s_per_gpu) for key, p in at.items()}
     args = (apart[mtp.index, 1], apart[mtp.index, 64], apart[block.index, 1], apart[block.index, 64])
     why = verdict_report.reason(*args)
     low, prod = args[2], args[3]
@@ -169,11 +170,15 @@ def test_the_report_says_why_the_block_drafter_loses_at_64(judged):
         at[block.index, 64], at[mtp.index, 64]
     )
     said_why = [r for r in verdict.reasons if r.startswith("DFLASH block 8")]
-    assert said_why == ([] if within_noise else [verdict_report.reason(*(at[k] for k in apart))]), verdict.reasons
+    assert said_why == ([] if within_noise else [verdict_report.reason(*(at[k] for k in apart))]), (
+        verdict.reasons
+    )
     assert not any(r.startswith("EAGLE3") for r in verdict.reasons)
     # the ranking turns only between two winners (a tie at 1 in flight, on a loaded machine, names no turn)
     turned = verdict.winner_at_lowest is not None and verdict.winner_at_lowest != verdict.winner
-    assert any("The ranking turns" in r for r in verdict.reasons) == turned, verdict_report.format_table(verdict)
+    assert any("The ranking turns" in r for r in verdict.reasons) == turned, verdict_report.format_table(
+        verdict
+    )
     said = info["verdict"]["headline"]
     assert "DFLASH block 8" in said and ("EAGLE3 3/1/4 wins" if verdict.winner else "a tie") in said, said
 
@@ -418,8 +423,19 @@ def test_draftgen_tune_saves_the_race_before_its_verdict(tmp_path):
     }
     params = tmp_path / "tune.yaml"
     params.write_text(json.dumps(values))
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "draftgen", "tune", "-f", str(params), "--out", str(out)]
+    out = tmp_path / "tune" / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "draftgen",
+        "tune",
+        "-f",
+        str(params),
+        "--name",
+        "run",
+        "--out-root",
+        str(tmp_path),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()

@@ -1,19 +1,26 @@
-"""Run a parameterized notebook into its own run folder: ``outputs/<notebook>/<run>/``.
+"""Run a step into its own run folder, ``outputs/<step>/<run>/``: its notebook under papermill (``draftgen run``, the
+demo), or its ``run(config)`` in this process (``draftgen tune``). One runner, so the folder's name, its
+``parameters.yaml``, its ``.complete`` marker and the never-overwrite rule are the same whichever face runs it.
 
 Parameters are checked against the notebook's declared parameters and its config class before a kernel starts,
-so a typo or a wrong type costs a second, not a GPU-hour. A finished run is never overwritten.
+so a typo or a wrong type costs a second, not a GPU-hour. A finished run is never overwritten. The step's
+``run(config)`` opens its folder and marks it finished itself (``draftgen.rundir.run_folder``), in the kernel as
+in JupyterLab; the runner does so only for a run folder the step does not write (monitor's, or one whose
+``out_dir`` points elsewhere), and adds the executed notebook and report.html.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import asyncio
 import difflib
+import inspect
 import json
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +29,9 @@ import yaml
 
 from draftgen.params import SHARED_PARAMETERS, ParameterError, Params, build_config, load_params_files
 from draftgen.paths import project_root, resolve_path
-from draftgen.rundir import RunFolderLease, is_disk_full, write_text
-from draftgen.rundir.layout import COMPLETE_MARKER, PARAMETERS, REPORT_HTML
+from draftgen.rundir import RunFolderLease, finish_run, is_disk_full
+from draftgen.rundir.layout import REPORT_HTML
+from draftgen.rundir.run_folder import is_finished, record_parameters
 from draftgen.steps import Step, get_step
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class RunPlan:
-    notebook: Path
+    notebook: Path | None  # None: the step's run(config) in this process (a command), no kernel
     run_dir: Path
     parameters: dict[str, Any]
     name: str
@@ -39,7 +47,17 @@ class RunPlan:
 
     @property
     def executed_path(self) -> Path:
+        assert self.notebook is not None, "a command's run has no notebook"
         return self.run_dir / self.notebook.name
+
+    @property
+    def step_owns_folder(self) -> bool:
+        """Whether the step's ``run(config)`` opens and finishes the run folder itself: its output parameter is the
+        run folder. Otherwise (monitor, an ``out_dir`` elsewhere, a notebook of no step) the runner does."""
+        if self.step is None or self.step.output_parameter is None:
+            return False
+        output = resolve_path(self.step.output_folder(self.parameters, self.run_dir))
+        return output.resolve() == resolve_path(self.run_dir).resolve()
 
     @property
     def html_path(self) -> Path:
@@ -107,11 +125,23 @@ def config_class(notebook: Path) -> type[Params] | None:
     return step.config_class() if step is not None else None
 
 
-def applicable_parameters(notebook: Path, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """(parameters this notebook takes, shared names it ignores). Unknown non-shared names stay in, to be rejected."""
-    declared = declared_parameters(notebook)
+def applicable_parameters(
+    declared: Collection[str], given: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """(the given parameters a step takes, the shared names it ignores), for a step that ``declared`` these names
+    (its notebook's parameters cell, or its config's fields). Unknown non-shared names stay in, to be rejected."""
     kept = {k: v for k, v in given.items() if k in declared or k not in SHARED_PARAMETERS}
     return kept, sorted(k for k in given if k not in kept)
+
+
+def taken_parameters(
+    declared: Collection[str], given: Mapping[str, Any], *, command: str, step: str
+) -> dict[str, Any]:
+    """``applicable_parameters``, saying which shared names ``step`` ignores (``draftgen COMMAND: ...``)."""
+    kept, ignored = applicable_parameters(declared, given)
+    if ignored:
+        print(f"draftgen {command}: {step} does not use shared parameter(s) {', '.join(ignored)}: ignored")
+    return kept
 
 
 def check_parameters(notebook: Path, given: Mapping[str, Any]) -> None:
@@ -161,6 +191,23 @@ def add_parameter_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_run_folder_options(parser: argparse.ArgumentParser, resume_help: str) -> None:
+    """``--name``, ``--out-root`` and ``--resume``: where ``draftgen run`` and ``draftgen tune`` put a run folder."""
+    parser.add_argument("--name", help="run folder name (default: <params-file>-<timestamp>)")
+    parser.add_argument(
+        "--out-root",
+        type=Path,
+        default=Path("outputs"),
+        help="root of run folders (default outputs; relative: under the project root, docs/design.md#paths)",
+    )
+    parser.add_argument("--resume", action="store_true", help=resume_help)
+
+
+def run_label(args: argparse.Namespace) -> str:
+    """A run folder's default name before its timestamp: the ``-f`` files' stems (``run`` without any)."""
+    return "-".join(p.stem for p in args.parameters_file) or "run"
+
+
 def cli_parameters(args: argparse.Namespace) -> dict[str, Any]:
     """The ``-f`` files merged left to right, then each ``-p KEY VALUE`` over them."""
     values = load_params_files(args.parameters_file)
@@ -170,17 +217,24 @@ def cli_parameters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plan_run(
-    notebook: Path,
+    notebook: Path | None,
     parameters: Mapping[str, Any],
     *,
     name: str | None,
     out_root: Path,
     resume: bool = False,
     label: str = "run",
+    step: Step | None = None,
 ) -> RunPlan:
+    """The run folder ``out_root/<step>/<name>`` (default name ``<label>-<timestamp>``) and the parameters the run
+    gets: a finished folder is refused, an unfinished one without ``resume`` too. ``notebook`` None: a command's run
+    of ``step``, no kernel."""
+    if notebook is not None:
+        step = step_of(notebook)
+    assert notebook is not None or step is not None, "a run is of a notebook or of a step"
     run_name = name or f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = out_root / notebook.stem / run_name
-    if (run_dir / COMPLETE_MARKER).exists():
+    run_dir = out_root / (notebook.stem if notebook is not None else step.name) / run_name  # type: ignore[union-attr]
+    if is_finished(run_dir):
         raise ValueError(
             f"run {run_dir} already finished; pick another --name (finished runs are never overwritten)"
         )
@@ -188,7 +242,6 @@ def plan_run(
         raise ValueError(
             f"run {run_dir} exists but did not finish; pass --resume to continue it, or another --name"
         )
-    step = step_of(notebook)
     run_parameters = step.run_parameters(run_dir, resume=resume) if step is not None else {}
     params = {**run_parameters, **parameters}
     return RunPlan(notebook=notebook, run_dir=run_dir, parameters=params, name=run_name, step=step)
@@ -239,15 +292,19 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
     """Execute the notebook with papermill; the executed notebook and HTML are written even when it fails.
 
     The kernel starts in the project root, so it resolves relative path parameters as this process did. Papermill
-    saves the executed notebook through ``replace_file`` (``rundir.notebook_io``), so it is always whole.
+    saves the executed notebook through ``replace_file`` (``rundir.notebook_io``), so it is always whole. The
+    step's ``run(config)`` in the kernel records the parameters and marks the folder finished; for a folder the
+    step does not write, this does.
     """
     import papermill
 
     from draftgen.rundir import notebook_io
 
+    assert plan.notebook is not None, "a command's run goes through run_here"
     open_run_folder(plan)
     notebook_io.register()
-    write_text(plan.run_dir / PARAMETERS, yaml.safe_dump(plan.parameters, sort_keys=True))
+    if not plan.step_owns_folder:
+        record_parameters(plan.run_dir, plan.parameters)
     try:
         with tempfile.TemporaryDirectory(prefix="draftgen-kernel-") as sockets:
             papermill.execute_notebook(
@@ -272,5 +329,23 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
         raise
     if html and plan.executed_path.exists():
         write_html(plan.executed_path, plan.html_path)
-    write_text(plan.run_dir / COMPLETE_MARKER, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if not plan.step_owns_folder:
+        finish_run(plan.run_dir)
     return plan
+
+
+def run_here(plan: RunPlan) -> Any:
+    """The step's ``run(config)`` in this process, into the plan's run folder: a command's face of the runner
+    (``draftgen tune``), the same folder a notebook's run leaves but for the executed notebook and its report.
+    A command-line entry point: an async step is run with ``asyncio.run``."""
+    assert plan.step is not None and plan.notebook is None, "run_here runs a step, not a notebook"
+    config = build_config(plan.step.config_class(), plan.parameters)
+    open_run_folder(plan)
+    if not plan.step_owns_folder:
+        record_parameters(plan.run_dir, plan.parameters)
+    result = plan.step.run_function()(config)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    if not plan.step_owns_folder:
+        finish_run(plan.run_dir)
+    return result

@@ -1,10 +1,12 @@
 """The steps draftgen runs as notebooks, and what generic code needs to know about each (docs/design.md#the-steps).
 
-``draftgen run``, the demo and the parameters-cell tools read this table instead of branching on a notebook's
-name: which config class holds a step's parameters, which of them receives the run folder, how ``--resume``
-continues an unfinished run, what the step writes, and what a full disk must leave recorded. A notebook names its
-step in its metadata (``"draftgen": {"step": "generate"}``). A new step is a row here; a new parameter of one is
-a field of its config class, which the notebook's cell, the checks and the docs' tables all read.
+``draftgen run``, ``draftgen tune``, the demo and the parameters-cell tools read this table instead of branching on
+a notebook's name: which config class holds a step's parameters, the one function that runs the whole step
+(``run(config) -> result``: the notebook calls it, then only shows the result), which parameter receives the run
+folder, how ``--resume`` continues an unfinished run, what the step writes (declared in ``draftgen.rundir.layout``),
+and what a full disk must leave recorded. A notebook names its step in its metadata
+(``"draftgen": {"step": "generate"}``). A new step is a row here, its files a tuple of the layout; a new parameter
+of one is a field of its config class, which the notebook's cell, the checks and the docs' tables all read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from draftgen.rundir import layout
+from draftgen.rundir.layout import Entry
 
 if TYPE_CHECKING:
     from draftgen.params import Params
@@ -31,7 +36,12 @@ class Step:
 
     name: str
     config: str  # "module:Class": the parameters it takes
-    writes: str  # what its run folder holds beside the executed notebook and report.html
+    run: (
+        str  # "module:function": run(config) -> result, the whole step (a coroutine function for async steps)
+    )
+    files: tuple[
+        Entry, ...
+    ]  # what its run folder holds beside layout.RUN_FILES (and a notebook's NOTEBOOK_FILES)
     output_parameter: str | None = "out_dir"  # the parameter draftgen run sets to the run folder (None: none)
     resume: str = ""  # what --resume does with an unfinished run folder ("": it starts the step over there)
     resume_parameter: str | None = None  # the parameter --resume sets to True
@@ -42,6 +52,16 @@ class Step:
 
     def config_class(self) -> type[Params]:
         return _load(self.config)
+
+    def run_function(self) -> Callable[..., Any]:
+        """The step's ``run(config)``."""
+        return _load(self.run)
+
+    @property
+    def writes(self) -> str:
+        """Its files in a phrase (``draftgen run --help``), each conditional one with its condition."""
+        names = [f"{e.path} ({e.when})" if e.when else e.path for e in self.files]
+        return ", ".join(names) or "nothing of its own"
 
     def run_parameters(self, run_dir: Path, *, resume: bool) -> dict[str, Any]:
         """The parameters ``draftgen run`` sets for a run in ``run_dir`` (given values take precedence)."""
@@ -66,7 +86,8 @@ STEPS = (
     Step(
         "generate",
         "draftgen.generate.config:GenerateConfig",
-        writes="shards/part-*.parquet, manifest.json, failed.parquet, rejected.parquet, progress.json",
+        "draftgen.generate.step:run",
+        layout.GENERATE_FILES,
         resume="skips the prompts already stored",
         on_disk_full="draftgen.generate.disk_full:record_after_kernel",
         kept_on_disk_full="finished work is kept (whole shards, manifest.json 'disk full')",
@@ -74,29 +95,29 @@ STEPS = (
     Step(
         "benchmark",
         "draftgen.bench.config:BenchmarkConfig",
-        writes="results.parquet, requests.parquet, occupancy.parquet, benchmark.json, levels/, plots",
+        "draftgen.bench.step:run",
+        layout.BENCHMARK_FILES,
         resume="reuses the levels already measured",
         resume_parameter="resume",
     ),
     Step(
         "estimate",
         "draftgen.estimate.config:EstimateConfig",
-        writes="estimate.json, scenarios.parquet, plots",
+        "draftgen.estimate.step:run",
+        layout.ESTIMATE_FILES,
     ),
     Step(
         "validate",
         "draftgen.validate.config:ValidateConfig",
-        writes="samples.parquet, summary.json, export/ (train.jsonl, prompts.jsonl, holdout/, the dataset card)",
+        "draftgen.validate.step:run",
+        layout.VALIDATE_FILES,
     ),
-    Step(
-        "tune",
-        "draftgen.tune.config:TuneConfig",
-        writes="candidates.parquet, jobs.parquet, tune.json, settings.yaml, verdict.json, plots",
-    ),
+    Step("tune", "draftgen.tune.config:TuneConfig", "draftgen.tune.step:run", layout.TUNE_FILES),
     Step(
         "monitor",
         "draftgen.watch.monitor:MonitorConfig",
-        writes="nothing of its own: it reads a generate run folder (run_dir)",
+        "draftgen.watch.step:run",
+        layout.MONITOR_FILES,  # read-only: it reads a generate run folder (run_dir) and writes nothing
         output_parameter=None,
     ),
 )

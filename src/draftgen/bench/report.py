@@ -22,7 +22,7 @@ from draftgen.client.clock import WALL, HardwareClock, fleet_clock, on_clock
 from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_by_length
 from draftgen.display.headline import Headline, Stat
 from draftgen.display.notes import Notes, Stack
-from draftgen.display.plots import Plot, new_figure, save
+from draftgen.display.plots import new_figure
 from draftgen.display.table import Column, Table, figures_table, format_value
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
@@ -489,11 +489,6 @@ def plot_lengths(report: BenchmarkReport, max_tokens: int) -> Figure:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
-
-
-def save_figure(fig: Figure, out_dir: str | Path, name: str) -> Plot:
-    """Write ``out_dir/name.png`` and return it for inline display (the notebooks' call)."""
-    return save(fig, out_dir, name)
 
 
 # ----- what the report shows --------------------------------------------------------------------------------

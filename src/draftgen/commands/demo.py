@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,22 @@ from draftgen.defaults import FLEET_SIZE, MODEL
 from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.paths import resolve_path
-from draftgen.rundir.layout import ESTIMATE, EXPORT, MANIFEST, PLOTS, VALIDATE_SUMMARY
+from draftgen.rundir.layout import (
+    DEMO_SIM,
+    DEMO_TOKENIZER,
+    ESTIMATE,
+    EXPORT,
+    GENERATE_PLOT_BY_CATEGORY,
+    MANIFEST,
+    PLOTS,
+    REPORT_HTML,
+    VALIDATE_SUMMARY,
+    plot_file,
+)
 from draftgen.runner import RunPlan, execute, headline, resolve_notebook
 from draftgen.sim.fleet import SimFleet
 from draftgen.steps import get_step
 
-STEPS = ("benchmark", "estimate", "generate", "validate")
 SEEDS_PROMPTS = 914_000  # the last run's prompt set (~900K samples), on seven B200s
 SEEDS_JOB = "the seeds' job: 914K prompts, 7 B200 × 64 in flight"
 SEEDS_PLAN = "the seeds' plan: 914K prompts, 7 B200 at concurrency 1"
@@ -62,50 +73,67 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _step_parameters(step: str, urls: list[str], out: Path, limit: int) -> dict[str, Any]:
-    fleet = {"servers": urls, "model": MODEL}
-    if step == "benchmark":
-        # One GPU stands for all: the servers are identical and independent, and streaming 7 x 64 sped-up
-        # simulated servers would measure this machine's two cores, not the simulated B200s.
-        return {
-            **fleet,
-            "servers": urls[:1],
-            "concurrencies": [1, 16, 48, 64],
-            "rounds": 3.0,
-            "warmup_requests": 2,
-        }
-    if step == "estimate":
-        # The estimate reads the benchmark on the simulated B200's clock (benchmark.json records the sim speed),
-        # so an assumed fleet (the old plan's) is typed in real units, as on the GPU node.
-        seeds = {"gpus": 7, "num_prompts": SEEDS_PROMPTS}
-        return {
-            "benchmark_dir": str(out / "benchmark"),
-            "prompts": "synthetic",
-            "limit": limit,
-            "gpus": len(urls),
-            "scenarios": [
-                {"name": SEEDS_JOB, **seeds},
-                {"name": SEEDS_PLAN, **seeds, "concurrency_per_server": 1},
-                dict(OLD_PLAN_FLEET),
-            ],
-        }
-    if step == "generate":
-        return {
-            **fleet,
-            "prompts": "synthetic",
-            "limit": limit,
-            "estimate": str(out / "estimate" / ESTIMATE),
-            # the target's tokenizer: each turn's max_tokens is capped at the trainer's max_length − its prompt
-            "tokenizer": str(out / "tokenizer"),
-        }
-    return {"generation_dir": str(out / "generate"), "tokenizer": str(out / "tokenizer")}
+def _benchmark_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+    # One GPU stands for all: the servers are identical and independent, and streaming 7 x 64 sped-up simulated
+    # servers would measure this machine's two cores, not the simulated B200s.
+    return {
+        "servers": urls[:1],
+        "model": MODEL,
+        "concurrencies": [1, 16, 48, 64],
+        "rounds": 3.0,
+        "warmup_requests": 2,
+    }
+
+
+def _estimate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+    # The estimate reads the benchmark on the simulated B200's clock (benchmark.json records the sim speed), so an
+    # assumed fleet (the old plan's) is typed in real units, as on the GPU node.
+    seeds = {"gpus": 7, "num_prompts": SEEDS_PROMPTS}
+    return {
+        "benchmark_dir": str(out / "benchmark"),
+        "prompts": "synthetic",
+        "limit": limit,
+        "gpus": len(urls),
+        "scenarios": [
+            {"name": SEEDS_JOB, **seeds},
+            {"name": SEEDS_PLAN, **seeds, "concurrency_per_server": 1},
+            dict(OLD_PLAN_FLEET),
+        ],
+    }
+
+
+def _generate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+    return {
+        "servers": urls,
+        "model": MODEL,
+        "prompts": "synthetic",
+        "limit": limit,
+        "estimate": str(out / "estimate" / ESTIMATE),
+        # the target's tokenizer: each turn's max_tokens is capped at the trainer's max_length − its prompt
+        "tokenizer": str(out / DEMO_TOKENIZER),
+    }
+
+
+def _validate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+    return {"generation_dir": str(out / "generate"), "tokenizer": str(out / DEMO_TOKENIZER)}
+
+
+# The pipeline the demo runs, in order: each step's notebook with these parameters (the fleet's URLs, the demo's
+# folder, --limit) over its own; the step's folder is <out>/<step>.
+PIPELINE: tuple[tuple[str, Callable[[list[str], Path, int], dict[str, Any]]], ...] = (
+    ("benchmark", _benchmark_parameters),
+    ("estimate", _estimate_parameters),
+    ("generate", _generate_parameters),
+    ("validate", _validate_parameters),
+)
+STEPS = tuple(name for name, _ in PIPELINE)
 
 
 def _acceptance_lines(run_dir: Path) -> list[str]:
     """Acceptance by prompt category, lowest first, and where its plot is."""
     from draftgen.generate.report import acceptance_breakdowns
 
-    plot = run_dir / PLOTS / "acceptance_by_category.png"
+    plot = run_dir / PLOTS / plot_file(GENERATE_PLOT_BY_CATEGORY)
     table = acceptance_breakdowns(run_dir).get("category")
     if table is None or not plot.exists():
         return []
@@ -209,25 +237,25 @@ def run(args: argparse.Namespace) -> int:
         "draftgen demo: building a tiny Qwen3-format tokenizer for the servers' token ids and the loss-mask checks "
         "(no download)"
     )
-    build_tiny_tokenizer(out / "tokenizer", overwrite=True)
+    build_tiny_tokenizer(out / DEMO_TOKENIZER, overwrite=True)
     # The servers speak validate's tokenizer, so the ids they report are the ids validate reads.
     with SimFleet(
         servers=args.servers,
         profile="b200-mtp",
         speed=args.speed,
-        work_dir=out / "sim",
-        tokenizer=out / "tokenizer",
+        work_dir=out / DEMO_SIM,
+        tokenizer=out / DEMO_TOKENIZER,
     ) as fleet:
         print(
             f"draftgen demo: {args.servers} simulated B200 + MTP servers at {args.speed:g}x speed: "
             f"{fleet.urls[0]} … {fleet.urls[-1]}"
         )
-        for step in STEPS:
+        for step, parameters_of in PIPELINE:
             plan = RunPlan(
                 notebook=resolve_notebook(step),
                 run_dir=out / step,
                 parameters={
-                    **_step_parameters(step, fleet.urls, out, args.limit),
+                    **parameters_of(fleet.urls, out, args.limit),
                     **get_step(step).run_parameters(out / step, resume=False),
                 },
                 name=step,
@@ -257,5 +285,5 @@ def run(args: argparse.Namespace) -> int:
     )
     for line in _summary(out):
         print("  " + line)
-    print(f"  reports  : {', '.join(str(out / s / 'report.html') for s in STEPS)}")
+    print(f"  reports  : {', '.join(str(out / s / REPORT_HTML) for s in STEPS)}")
     return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from draftgen.cli import CommandError
 from draftgen.display.humanize import human_bytes
@@ -16,13 +15,16 @@ from draftgen.rundir import DiskFull, RunFolderError, free_bytes, is_disk_full
 from draftgen.runner import (
     RunPlan,
     add_parameter_options,
-    applicable_parameters,
+    add_run_folder_options,
     check_parameters,
     cli_parameters,
+    declared_parameters,
     execute,
     headline,
     plan_run,
     resolve_notebook,
+    run_label,
+    taken_parameters,
 )
 from draftgen.steps import STEPS
 
@@ -38,17 +40,9 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("notebook", help=f"notebook name ({names}) or .ipynb path")
     add_parameter_options(parser)
-    parser.add_argument("--name", help="run folder name (default: <params-file>-<timestamp>)")
-    parser.add_argument(
-        "--out-root",
-        type=Path,
-        default=Path("outputs"),
-        help="root of run folders (default outputs; relative: under the project root, docs/design.md#paths)",
-    )
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue an unfinished run folder: "
+    add_run_folder_options(
+        parser,
+        "continue an unfinished run folder: "
         + ", ".join(f"{step.name} {step.resume}" for step in STEPS if step.resume)
         + "; the others start over in it",
     )
@@ -64,7 +58,9 @@ def _record_disk_full(plan: RunPlan, exc: Exception) -> None:
     recorder = step.disk_full_recorder() if step is not None else None
     if step is not None and recorder is not None:
         folder = step.output_folder(plan.parameters, plan.run_dir)
-        said = exc.reason if isinstance(exc, DiskFull) else exc  # DiskFull's own text names the notebook again
+        said = (
+            exc.reason if isinstance(exc, DiskFull) else exc
+        )  # DiskFull's own text names the notebook again
         recorder(folder, plan.executed_path, f"{type(exc).__name__}: {said}")
 
 
@@ -83,18 +79,17 @@ def _disk_full_line(plan: RunPlan, exc: Exception) -> str:
 def run(args: argparse.Namespace) -> int:
     notebook = resolve_notebook(args.notebook)
     parameters = cli_parameters(args)
-    parameters, ignored = applicable_parameters(notebook, parameters)
-    if ignored:
-        print(f"draftgen run: {notebook.stem} does not use shared parameter(s) {', '.join(ignored)}: ignored")
+    parameters = taken_parameters(
+        declared_parameters(notebook), parameters, command="run", step=notebook.stem
+    )
     check_parameters(notebook, parameters)
-    label = "-".join(p.stem for p in args.parameters_file) or "run"
     plan = plan_run(
         notebook,
         parameters,
         name=args.name,
         out_root=resolve_path(args.out_root),
         resume=args.resume,
-        label=label,
+        label=run_label(args),
     )
     print(f"draftgen run: {notebook} → {plan.run_dir}", flush=True)
     try:

@@ -1,26 +1,35 @@
 """``draftgen tune -f params/tune.yaml [-p KEY VALUE ...]``: measure the candidates, write the chosen settings.
 
-The same run as ``draftgen run tune`` (the notebook) without a kernel, through the same function
-(``draftgen.tune.pipeline.run_and_report``): parameters are validated first (a candidate SGLang would refuse stops
-everything before a server starts), progress is printed per job, then whether every candidate started (grouped
-checks, as the notebook shows them), and the table, plots, tune.json and the settings file go to the run folder.
+The same run as ``draftgen run tune`` (the notebook) without a kernel, through the same runner and the same function
+(``draftgen.runner.run_here`` → ``draftgen.tune.step.run``): the same parameters taken and checked first (a
+candidate SGLang would refuse stops everything before a server starts), the same run folder
+(``outputs/tune/<name>/``, its parameters.yaml and ``.complete``; a finished one is never overwritten); progress is
+printed per job, then whether every candidate started (grouped checks, as the notebook shows them), and the table,
+plots, tune.json and the settings file are in the run folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import time
-from pathlib import Path
 
 from draftgen.cli import CommandError
-from draftgen.params import SHARED_PARAMETERS, build_config
-from draftgen.rundir import RunFolderError, RunFolderLease
-from draftgen.runner import add_parameter_options, cli_parameters
+from draftgen.params import build_config
+from draftgen.paths import resolve_path
+from draftgen.rundir import RunFolderError
+from draftgen.runner import (
+    add_parameter_options,
+    add_run_folder_options,
+    cli_parameters,
+    plan_run,
+    run_here,
+    run_label,
+    taken_parameters,
+)
 from draftgen.sglang_rules.speculation import AUTO_NUMBERS
+from draftgen.steps import get_step
 from draftgen.tune import report, verdict_report
-from draftgen.tune.config import TuneConfig
-from draftgen.tune.pipeline import run_and_report
+
+STEP = "tune"
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
@@ -32,24 +41,29 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "round, and write the winner to a settings file for draftgen serve --settings. Details: docs/tune.md.",
     )
     add_parameter_options(parser)
-    parser.add_argument(
-        "--out", type=Path, default=None, help="run folder (default outputs/tune/<timestamp>)"
-    )
+    add_run_folder_options(parser, "continue an unfinished run folder (tune starts over in it)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    values = cli_parameters(args)
-    values = {k: v for k, v in values.items() if k in TuneConfig.model_fields or k not in SHARED_PARAMETERS}
-    values["out_dir"] = str(
-        args.out or values.get("out_dir") or Path("outputs/tune") / time.strftime("%Y%m%d-%H%M%S")
+    step = get_step(STEP)
+    config_class = step.config_class()
+    values = taken_parameters(config_class.model_fields, cli_parameters(args), command="tune", step=step.name)
+    build_config(config_class, values)  # every problem at once, before a folder is made
+    plan = plan_run(
+        None,
+        values,
+        step=step,
+        name=args.name,
+        out_root=resolve_path(args.out_root),
+        resume=args.resume,
+        label=run_label(args),
     )
-    config = build_config(TuneConfig, values)
-    try:  # the run folder opened as draftgen run opens it: what interrupted writes left there is cleared
-        RunFolderLease.acquire(config.out_dir, advice="choose another --out").release()
-    except RunFolderError as exc:
+    print(f"draftgen tune: → {plan.run_dir}", flush=True)
+    try:
+        tuned = run_here(plan)
+    except RunFolderError as exc:  # another process writes there, or the folder cannot be made
         raise CommandError(str(exc)) from None
-    tuned = asyncio.run(run_and_report(config))
     print(report.startup_view(tuned.run))
     if tuned.verdict is not None:
         print(verdict_report.format_table(tuned.verdict))
@@ -71,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         )
         + (f"; within the noise of {', '.join(info['ties_with'])}" if info["ties_with"] else "")
     )
-    print(
-        f"draftgen tune: settings written to {config.settings_path}; launch: draftgen serve --settings {config.settings_path} ..."
-    )
+    settings = tuned.run.config.settings_path
+    print(f"draftgen tune: settings written to {settings}; launch: draftgen serve --settings {settings} ...")
     return 0

@@ -10,7 +10,6 @@ import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.bench.report import save_figure as save_figure  # re-exported: notebooks save plots through it
 from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import duration, duration_unit
 from draftgen.display.notes import Notes, Stack

@@ -35,7 +35,19 @@ from draftgen.generate.gpu_time import gpu_seconds, kept_share_of
 from draftgen.generate.length_cap import BY_MAX_LENGTH, BY_MAX_TOKENS
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.store import read_manifest, scan_shards
-from draftgen.rundir.layout import FAILED, PLOTS, REJECTED, SHARDS, shard_paths
+from draftgen.rundir.layout import (
+    FAILED,
+    GENERATE_PLOT_ACCEPTANCE,
+    GENERATE_PLOT_BY_CATEGORY,
+    GENERATE_PLOT_BY_LENGTH,
+    GENERATE_PLOT_FINISH_REASONS,
+    GENERATE_PLOT_LENGTHS,
+    GENERATE_PLOT_THROUGHPUT,
+    PLOTS,
+    REJECTED,
+    SHARDS,
+    shard_paths,
+)
 from draftgen.sampling_plan import Arm
 
 REPORT_COLUMNS = (
@@ -349,14 +361,14 @@ def plot_acceptance_by_category(out_dir: RunDirs, save_to: str | Path | None = N
     home = plots_home(out_dir, save_to)
     requests = request_table(out_dir)
     table = breakdown(requests, "category") if "category" in requests.columns else None
-    return _save(acceptance_by_category(table, "generated turns"), home, "acceptance_by_category")
+    return _save(acceptance_by_category(table, "generated turns"), home, GENERATE_PLOT_BY_CATEGORY)
 
 
 def plot_acceptance_by_length(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
     """Acceptance length per output-length bucket, with each bucket's requests and 95% interval."""
     home = plots_home(out_dir, save_to)
     table = breakdown(request_table(out_dir), "length")
-    return _save(acceptance_by_length(table, "generated turns"), home, "acceptance_by_length")
+    return _save(acceptance_by_length(table, "generated turns"), home, GENERATE_PLOT_BY_LENGTH)
 
 
 def finish_reasons(out_dir: RunDirs) -> pl.DataFrame:
@@ -455,7 +467,7 @@ def plot_throughput(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot
     axes.set_ylim(bottom=0)
     axes.legend(fontsize=7, ncols=2)
     axes.grid(alpha=0.3)
-    return _save(figure, home, "throughput")
+    return _save(figure, home, GENERATE_PLOT_THROUGHPUT)
 
 
 def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
@@ -474,7 +486,7 @@ def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot
     if samples.is_empty():
         axes.text(0.5, 0.5, "no acceptance windows (acceptance_interval_s 0, or no /metrics)", ha="center")
         axes.set_axis_off()
-        return _save(figure, home, "acceptance")
+        return _save(figure, home, GENERATE_PLOT_ACCEPTANCE)
     clock = run_clock(folders)
     t0 = samples["started_at"].min()
     span = clock.seconds(samples["ended_at"].max() - t0)
@@ -494,7 +506,7 @@ def plot_acceptance(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot
     axes.set_ylabel("acceptance length\n(tokens per verify step; 1 = no draft accepted)")
     axes.legend(fontsize=7, ncols=3, loc="lower right")
     axes.grid(alpha=0.3)
-    return _save(figure, home, "acceptance")
+    return _save(figure, home, GENERATE_PLOT_ACCEPTANCE)
 
 
 def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
@@ -509,7 +521,7 @@ def plot_finish_reasons(out_dir: RunDirs, save_to: str | Path | None = None) -> 
     axes.set_title("How did the generated turns end (stop = finished, length = hit max_tokens)?")
     axes.set_xlabel("finish_reason, per generated turn")
     axes.set_ylabel("generated turns")
-    return _save(figure, home, "finish_reasons")
+    return _save(figure, home, GENERATE_PLOT_FINISH_REASONS)
 
 
 def plot_completion_lengths(
@@ -541,7 +553,7 @@ def plot_completion_lengths(
             xlabel="completion tokens per conversation",
         )
     figure.tight_layout()
-    return _save(figure, home, "completion_lengths")
+    return _save(figure, home, GENERATE_PLOT_LENGTHS)
 
 
 # ----- planned vs actual ----------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from pathlib import Path
 import polars as pl
 from matplotlib.figure import Figure
 
-from draftgen.bench.report import save_figure
 from draftgen.display.checks import Checks
 from draftgen.display.notes import Notes, Stack
 from draftgen.display.plots import Plot, new_figure
@@ -27,7 +26,6 @@ __all__ = [
     "candidate_table",
     "plot_acceptance",
     "plot_throughput",
-    "save_figure",
     "save_report",
 ]
 

@@ -1,8 +1,9 @@
-"""One tune run with everything it saves: the code tune.ipynb and ``draftgen tune`` both call.
+"""The tune step, whole: tune.ipynb and ``draftgen tune`` both call ``run`` and then only show its result.
 
 The race (unless off) and the verdict (when asked), the race's report and settings file saved the moment the race
 ends (an interrupted verdict loses none of it), then tune.json, the candidate table, the verdict's files and the
-plots in ``out_dir``. The notebook shows what it returns cell by cell; the command prints it (docs/tune.md).
+plots in ``out_dir``, which ``run`` opens and marks finished (``draftgen.rundir.run_folder``). The notebook shows
+what it returns cell by cell; the command prints it (docs/tune.md).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 import polars as pl
 
 from draftgen.display.headline import Headline, Stat
-from draftgen.display.plots import Plot
+from draftgen.display.plots import Plot, save
 from draftgen.display.table import format_value
+from draftgen.rundir import finish_run, layout, open_run
 from draftgen.rundir.layout import TUNE_SUMMARY
 from draftgen.tune import report, verdict_report
 from draftgen.tune.config import TuneConfig
@@ -33,7 +35,7 @@ class TuneReport:
     verdict: verdict_report.Verdict | None  # None: no verdict asked
     plots: dict[
         str, Plot
-    ]  # by file stem: tok_s_per_gpu, acceptance, verdict_tok_s_per_gpu, verdict_acceptance
+    ]  # by layout name (TUNE_PLOT_*); the race's two only when it ran, the verdict's likewise
 
     @property
     def chosen(self) -> bool:
@@ -52,8 +54,10 @@ class TuneReport:
         return self.verdict is not None and self.verdict.ranking.best is not None
 
 
-async def run_and_report(config: TuneConfig, log: Callable[[str], None] = print) -> TuneReport:
-    """Run tune as ``config`` says and save its report, tables, settings file and plots to ``config.out_dir``."""
+async def run(config: TuneConfig, log: Callable[[str], None] = print) -> TuneReport:
+    """Run tune as ``config`` says and write the whole run folder, ``config.out_dir``: its report, tables, settings
+    file and plots."""
+    out = open_run(config.out_dir, config.public_dict())
 
     def save_race(race: TuneRun) -> None:
         report.save_report(race)  # before the verdict: an interrupted verdict loses none of the race
@@ -64,23 +68,23 @@ async def run_and_report(config: TuneConfig, log: Callable[[str], None] = print)
 
     run = await run_tune(config, log, on_race=save_race)
     info = report.save_report(run)
-    out = Path(config.out_dir)
     plots: dict[str, Plot] = {}
     table = report.candidate_table(run) if run.candidates else None
     if table is not None:
-        plots["tok_s_per_gpu"] = report.save_figure(
-            report.plot_throughput(table, config.interval), out, "tok_s_per_gpu"
+        plots[layout.TUNE_PLOT_THROUGHPUT] = save(
+            report.plot_throughput(table, config.interval), out, layout.TUNE_PLOT_THROUGHPUT
         )
-        plots["acceptance"] = report.save_figure(
-            report.plot_acceptance(table, config.interval), out, "acceptance"
+        plots[layout.TUNE_PLOT_ACCEPTANCE] = save(
+            report.plot_acceptance(table, config.interval), out, layout.TUNE_PLOT_ACCEPTANCE
         )
     verdict = report.verdict_of(run)
     if verdict is not None:
         for value, name in (
-            ("tok_s_per_gpu", "verdict_tok_s_per_gpu"),
-            ("accept_length", "verdict_acceptance"),
+            ("tok_s_per_gpu", layout.TUNE_PLOT_VERDICT_THROUGHPUT),
+            ("accept_length", layout.TUNE_PLOT_VERDICT_ACCEPTANCE),
         ):
-            plots[name] = report.save_figure(verdict_report.plot_verdict(verdict, value), out, name)
+            plots[name] = save(verdict_report.plot_verdict(verdict, value), out, name)
+    finish_run(out)
     return TuneReport(run, info, table, verdict, plots)
 
 
