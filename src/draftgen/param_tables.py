@@ -6,6 +6,9 @@ A page marks each table with a pair of comments naming its source::
     <!-- parameters: tune "the search space" -->   one section of the step's parameters cell
     <!-- faults -->                                the simulator's --fault keys (draftgen.sim.faults)
     <!-- shared parameters -->                     the names one params file may set for every notebook
+    <!-- files -->                                 what each step's run folder holds (draftgen.rundir.layout)
+    <!-- files: generate -->                       one step's folder as a tree, each file with what it holds
+    <!-- files: demo -->                           draftgen demo's folder as a tree
     ...
     <!-- end parameters -->                        (end faults, end shared parameters)
 
@@ -13,6 +16,8 @@ Those are rendered here: a parameter's default is its notebook literal, its mean
 (``param(..., doc=...)``), else its help in that notebook. Around a command's hand-written flag table,
 ``<!-- options: sim -->`` ... ``<!-- end options -->`` asks for a check instead: every flag of ``draftgen sim`` is
 in the table, and every number or name it defaults to stands in its row.
+
+The pages are docs/*.md and the README.
 
     python -m draftgen.param_tables           # check every page: print what differs (exit 1 when anything does)
     python -m draftgen.param_tables --write   # rewrite the rendered tables
@@ -24,6 +29,7 @@ import argparse
 import difflib
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -31,15 +37,17 @@ from typing import Any
 
 from draftgen.notebook_params import notebook_literal, notebook_value
 from draftgen.params import SHARED_PARAMETERS, Params
-from draftgen.rundir import write_text
+from draftgen.rundir import layout, write_text
+from draftgen.rundir.layout import Entry
 from draftgen.runner import REPO_ROOT
-from draftgen.steps import get_step
+from draftgen.steps import STEPS, get_step
 
 FIX_COMMAND = "python -m draftgen.param_tables --write"
 DOCS = REPO_ROOT / "docs"
 LONG_LITERAL = 60  # characters: a longer list default shows its first and last items
+README = REPO_ROOT / "README.md"
 _BLOCK = re.compile(
-    r"<!-- (parameters|faults|shared parameters)(?:: ([^>]*?))? -->\n(.*?)<!-- end \1 -->\n", re.S
+    r"<!-- (parameters|faults|shared parameters|files)(?:: ([^>]*?))? -->\n(.*?)<!-- end \1 -->\n", re.S
 )
 _OPTIONS = re.compile(r"<!-- options: ([\w-]+) -->\n(.*?)<!-- end options -->\n", re.S)
 _SECTION = re.compile(r'^(\w+)(?: "([^"]*)")?$')
@@ -122,10 +130,63 @@ def shared_parameters_line(spec: str = "") -> str:
     return ", ".join(f"`{name}`" for name in sorted(SHARED_PARAMETERS)) + ".\n"
 
 
+def _folders() -> list[tuple[str, tuple[Entry, ...]]]:
+    """Every run folder's files by who writes them: every run, a notebook's run, serve, each step."""
+    return [
+        ("every run", layout.RUN_FILES),
+        ("a notebook's run", layout.NOTEBOOK_FILES),
+        ("serve", layout.SERVE_FILES),
+        *((step.name, step.files) for step in STEPS),
+    ]
+
+
+def files_table(spec: str = "") -> str:
+    """What each run folder holds, from ``draftgen.rundir.layout``: the files every finished run writes, and those
+    written only when something applies (the condition in brackets). ``spec`` "demo": ``draftgen demo``'s folder."""
+    if spec == "demo":
+        return demo_tree()
+    if spec:
+        return step_tree(spec)
+    rows = ["| run folder of | every finished run writes | and, where it applies |", "|---|---|---|"]
+    for name, entries in _folders():
+        always = ", ".join(f"`{e.path}`" for e in entries if not e.when) or "nothing"
+        sometimes = "; ".join(f"`{e.path}` ({e.when})" for e in entries if e.when) or "–"
+        rows.append(f"| {name} | {_cell(always)} | {_cell(sometimes)} |")
+    return "\n".join(rows) + "\n"
+
+
+def step_tree(name: str) -> str:
+    """One step's run folder as a tree: each file (and every run's own) with what it holds and when."""
+    entries = [*get_step(name).files, *layout.RUN_FILES]
+    width = max(len(e.path) for e in entries) + 2
+    lines = ["```", "out_dir/"]
+    for e in entries:
+        lines.append(f"  {e.path:<{width}} {e.what}" + (f" (when: {e.when})" if e.when else ""))
+    return "\n".join([*lines, "```"]) + "\n"
+
+
+def demo_tree() -> str:
+    """``draftgen demo``'s folder as a tree: its own folders, then each step's files (conditions in brackets)."""
+    from draftgen.commands.demo import STEPS as DEMO_STEPS
+
+    width, indent = 110, 15
+    lines = ["```", "outputs/demo/"]
+    for entry in layout.DEMO_FILES:
+        name = entry.path.removesuffix("*")
+        lines.append(f"  {name:<{indent - 2}}{entry.what}")
+    for name in DEMO_STEPS:
+        files = ", ".join(f"{e.path} ({e.when})" if e.when else e.path for e in get_step(name).files)
+        wrapped = textwrap.wrap(files, width - indent, break_on_hyphens=False, break_long_words=False)
+        lines.append(f"  {name + '/':<{indent - 2}}{wrapped[0]}")
+        lines += [" " * indent + more for more in wrapped[1:]]
+    return "\n".join([*lines, "```"]) + "\n"
+
+
 RENDERERS: dict[str, Callable[[str], str]] = {
     "parameters": parameters_table,
     "faults": faults_table,
     "shared parameters": shared_parameters_line,
+    "files": files_table,
 }
 
 
@@ -198,9 +259,11 @@ def _covers(documented: str, flag: str) -> bool:
 
 # ----- pages ----------------------------------------------------------------------------------------------------
 def pages() -> list[Path]:
-    """The docs pages that hold a marked table."""
+    """The docs pages (and the README) that hold a marked table."""
     return [
-        p for p in sorted(DOCS.glob("*.md")) if _BLOCK.search(p.read_text()) or _OPTIONS.search(p.read_text())
+        p
+        for p in [*sorted(DOCS.glob("*.md")), README]
+        if _BLOCK.search(p.read_text()) or _OPTIONS.search(p.read_text())
     ]
 
 
