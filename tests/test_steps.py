@@ -1,5 +1,6 @@
-"""The step registry (draftgen.steps): the one place generic code learns what a notebook step takes, writes and
-does on --resume; ``draftgen run`` and the demo read it instead of a notebook's name."""
+"""The step registry (draftgen.steps): the one place generic code learns what a step takes, runs, writes and does
+on --resume; ``draftgen run``, ``draftgen tune`` and the demo read it instead of a notebook's name. And the one
+door: a step's run(config) opens and finishes its folder (draftgen.rundir.run_folder) whichever face runs it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from draftgen.commands import run as run_command
-from draftgen.runner import RunPlan, config_class, plan_run, step_of
+from draftgen.params import Params, param
+from draftgen.rundir import RunFolderError, finish_run, is_finished, open_run
+from draftgen.rundir.layout import Entry
+from draftgen.runner import RunPlan, config_class, plan_run, run_here, step_of
 from draftgen.steps import STEPS, Step, get_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,3 +114,123 @@ def test_draftgen_run_help_names_every_step_and_what_resume_does():
     for step in STEPS:
         assert f"{step.name}: {step.writes}" in text
     assert "generate skips the prompts already stored, benchmark reuses the levels already measured" in text
+
+
+# ----- one door per step: run(config), its folder opened and finished one way, whichever face runs it ----------
+class FakeConfig(Params):
+    """The parameters of the fake steps below."""
+
+    out_dir: str = param("", "where the fake step writes")
+
+
+CALLS: list[FakeConfig] = []
+
+
+def fake_run(config: FakeConfig) -> str:
+    """A step as every real one is written: open its folder, write, finish it."""
+    out = open_run(config.out_dir, config.public_dict())
+    (out / "data.txt").write_text("x")
+    finish_run(out)
+    CALLS.append(config)
+    return "ran"
+
+
+async def fake_async_run(config: FakeConfig) -> str:
+    return fake_run(config)
+
+
+def _fake_step(run: str) -> Step:
+    entries = (Entry("data.txt", "the fake's data"),)
+    return Step("fake", f"{__name__}:FakeConfig", f"{__name__}:{run}", entries)
+
+
+def test_every_step_names_its_run_and_it_takes_its_config():
+    import inspect
+    import typing
+
+    for step in STEPS:
+        function = step.run_function()
+        first = next(iter(inspect.signature(function).parameters))
+        hints = typing.get_type_hints(function)
+        assert hints[first] is step.config_class(), step.name
+        assert step.writes == (
+            ", ".join(f"{e.path} ({e.when})" if e.when else e.path for e in step.files)
+            or "nothing of its own"
+        )
+
+
+def test_open_run_refuses_a_finished_folder_clears_leftovers_and_records_the_parameters(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    leftover = folder / ".results.parquet.tmp"
+    leftover.write_text("half")
+    assert open_run(folder, {"b": 2, "a": [1]}) == folder
+    assert not leftover.exists() and (folder / ".lock").exists()
+    assert yaml.safe_load((folder / "parameters.yaml").read_text()) == {"a": [1], "b": 2}
+    assert not is_finished(folder)
+    finish_run(folder)
+    assert is_finished(folder)
+    with pytest.raises(RunFolderError, match=f"run {folder} already finished; set another out_dir"):
+        open_run(folder, {"a": 3})
+    assert yaml.safe_load((folder / "parameters.yaml").read_text()) == {"a": [1], "b": 2}  # nothing rewritten
+
+
+@pytest.mark.parametrize("run", ["fake_run", "fake_async_run"])
+def test_a_command_runs_the_step_into_the_runners_folder(tmp_path, run):
+    step = _fake_step(run)
+    CALLS.clear()
+    plan = plan_run(None, {}, step=step, name="r", out_root=tmp_path)
+    assert plan.run_dir == tmp_path / "fake" / "r" and plan.step_owns_folder
+    assert run_here(plan) == "ran"
+    assert CALLS[0].out_dir == str(plan.run_dir)  # the step's output parameter is the run folder
+    assert sorted(p.name for p in plan.run_dir.iterdir()) == [
+        ".complete",
+        ".lock",
+        "data.txt",
+        "parameters.yaml",
+    ]
+    with pytest.raises(ValueError, match="already finished"):
+        plan_run(None, {}, step=step, name="r", out_root=tmp_path, resume=True)
+
+
+def test_a_run_folder_the_step_does_not_write_is_opened_and_finished_by_the_runner(tmp_path):
+    step = _fake_step("fake_run")
+    elsewhere = tmp_path / "elsewhere"
+    plan = plan_run(None, {"out_dir": str(elsewhere)}, step=step, name="r", out_root=tmp_path)
+    assert not plan.step_owns_folder
+    run_here(plan)
+    assert sorted(p.name for p in plan.run_dir.iterdir()) == [".complete", ".lock", "parameters.yaml"]
+    assert yaml.safe_load((plan.run_dir / "parameters.yaml").read_text()) == {"out_dir": str(elsewhere)}
+    assert sorted(p.name for p in elsewhere.iterdir()) == [
+        ".complete",
+        ".lock",
+        "data.txt",
+        "parameters.yaml",
+    ]
+    monitor = plan_run(None, {"run_dir": "x"}, step=get_step("monitor"), name="m", out_root=tmp_path)
+    assert not monitor.step_owns_folder  # read-only: its folder is the runner's
+
+
+def test_an_unfinished_folder_needs_resume_and_a_step_resumes_in_it(tmp_path):
+    step = _fake_step("fake_run")
+    (tmp_path / "fake" / "r").mkdir(parents=True)
+    (tmp_path / "fake" / "r" / "data.txt").write_text("half")
+    with pytest.raises(ValueError, match="exists but did not finish; pass --resume"):
+        plan_run(None, {}, step=step, name="r", out_root=tmp_path)
+    run_here(plan_run(None, {}, step=step, name="r", out_root=tmp_path, resume=True))
+    assert is_finished(tmp_path / "fake" / "r")
+
+
+def test_no_code_branches_on_a_steps_name():
+    """What a step needs is a row of the registry (or its layout), so nothing compares a name with a step's."""
+    import re
+
+    names = "|".join(step.name for step in STEPS)
+    compared = re.compile(rf"""==\s*["']({names})["']|["']({names})["']\s*==""")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted((ROOT / "src" / "draftgen").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if compared.search(line)
+    ]
+    assert found == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,12 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from layout_helpers import layout_shape
+from write_audit import cell_writes, kernel_env
 
 from draftgen.params import ParameterError, build_config
 from draftgen.server_settings import ServerSettings, load_settings, save_settings, sglang_problems
 from draftgen.sim.fleet import find_free_base_port, http_status
 from draftgen.sim.profiles import get_profile
 from draftgen.sim.speculative import SimSettings, StartupError, apply_settings
+from draftgen.steps import get_step
 from draftgen.tune import report
 from draftgen.tune.config import TuneConfig
 from draftgen.tune.run import run_tune
@@ -351,7 +355,8 @@ def test_serve_dry_run_puts_the_settings_on_every_server(tmp_path):
     assert all("--max-running-requests 128" in line and "--speculative" not in line for line in lines)
 
 
-def test_tune_notebook_runs_under_papermill_with_the_params_file(tmp_path):
+def _tune_run(face: list[str], name: str, root: Path, env: dict[str, str]) -> Path:
+    """``draftgen run tune`` or ``draftgen tune`` with params/tune.yaml and two small simulated candidates."""
     overrides = {
         "engine": "sim",
         "gpus": "0-1",
@@ -367,26 +372,68 @@ def test_tune_notebook_runs_under_papermill_with_the_params_file(tmp_path):
         "warmup_requests": 0,
         "baseline": False,
     }
-    command = [sys.executable, "-m", "draftgen", "run", "tune", "-f", "params/tune.yaml", "--name", "nb"]
-    command += ["--out-root", str(tmp_path), "--no-html"]
+    command = [sys.executable, "-m", "draftgen", *face, "-f", "params/tune.yaml", "--name", name]
+    command += ["--out-root", str(root)]
     for key, value in overrides.items():
         command += ["-p", key, value if isinstance(value, str) else json.dumps(value)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    run_dir = tmp_path / "tune" / "nb"
-    info = json.loads((run_dir / "tune.json").read_text())
+    return root / "tune" / name
+
+
+def test_draftgen_tune_and_draftgen_run_tune_leave_the_same_folder(tmp_path):
+    """One runner, one function: the command's folder is the notebook's but for the executed notebook and its
+    report; the notebook's cells write nothing but through run(config)."""
+    env, log = kernel_env(tmp_path, tmp_path / "runs", dict(os.environ))
+    notebook = _tune_run(["run", "tune"], "nb", tmp_path / "runs", env)
+    command = _tune_run(["tune"], "cmd", tmp_path / "runs", env)
+
+    info = json.loads((notebook / "tune.json").read_text())
     assert info["chosen_label"] == "MTP 3/1/4, 4 running"  # 1.5x the tok/s of 1/1/2 at batch 4
-    assert load_settings(run_dir / "settings.yaml").speculative_num_steps == 3
-    assert (run_dir / "tok_s_per_gpu.png").exists() and (run_dir / "acceptance.png").exists()
+    assert load_settings(notebook / "settings.yaml").speculative_num_steps == 3
+    assert json.loads((command / "tune.json").read_text())["chosen_label"] == info["chosen_label"]
+    step = get_step("tune")
+    shape = {
+        name: layout_shape(folder, step) for name, folder in (("notebook", notebook), ("command", command))
+    }
+    assert shape["notebook"] - shape["command"] == {"<step>.ipynb", "report.html"}, shape
+    assert shape["command"] - shape["notebook"] == set(), shape
+    assert {"parameters.yaml", ".complete", "tune.json", "settings.yaml", "tok_s_per_gpu.png"} <= shape[
+        "command"
+    ]
+    recorded = {
+        name: yaml.safe_load((folder / "parameters.yaml").read_text())
+        for name, folder in (("notebook", notebook), ("command", command))
+    }
+    # the validated config, the same but for where it ran and the interpreter (the notebook's literal "" and the
+    # command's default are both this one)
+    where = {"out_dir", "base_port", "python"}
+    assert {k: v for k, v in recorded["notebook"].items() if k not in where} == {
+        k: v for k, v in recorded["command"].items() if k not in where
+    }
+    assert recorded["command"]["out_dir"] == str(command) and recorded["notebook"]["out_dir"] == str(notebook)
+    written = cell_writes(log, notebook / "tune.ipynb")
+    assert [source for source in written if "await run(config)" not in source] == [], written
+    assert written, "the audit saw run(config) write nothing: it is not looking"
     # Whether every candidate started, grouped: one row per check over the two candidates, none failed.
     shown = [
         "".join(output.get("data", {}).get("text/plain", ""))
-        for cell in json.loads((run_dir / "tune.ipynb").read_text())["cells"]
+        for cell in json.loads((notebook / "tune.ipynb").read_text())["cells"]
         for output in cell.get("outputs", [])
     ]
     (startup,) = [text for text in shown if text.startswith("Start-up and measurement, per candidate")]
     assert re.search(r"ok +started +2/2 candidates +/health_generate answered 200", startup), startup
     assert re.search(r"ok +measured +2/2 candidates", startup) and "FAIL" not in startup, startup
+    # A finished folder is never run into again, by either face.
+    rerun = [sys.executable, "-m", "draftgen", "tune", "-f", "params/tune.yaml", "--name", "cmd", "--resume"]
+    again = subprocess.run(
+        [*rerun, "--out-root", str(tmp_path / "runs"), "-p", "engine", "sim"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert again.returncode == 2 and "already finished" in again.stderr, again.stderr
 
 
 def test_ngram_and_standalone_candidates_expand_to_sglangs_own_flags(tmp_path):

@@ -1,0 +1,150 @@
+"""Every file a step writes is declared once (draftgen.rundir.layout) and the docs' tables say the same, checked on
+what a short ``draftgen demo`` writes (two simulated GPUs, 20 prompts: the four notebooks as ``make demo`` runs
+them), with every kernel audited so that no cell but the step's ``run(config)`` writes a file
+(tests/write_audit.py). The same notebook run by plain papermill, as JupyterLab runs it top to bottom, leaves the
+same folder; monitor writes nothing, in the run it watches or anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import papermill
+import pytest
+from layout_helpers import files_in, layout_shape, missing
+from write_audit import cell_writes, events, kernel_env
+
+from draftgen import param_tables
+from draftgen.commands.demo import STEPS as DEMO_STEPS
+from draftgen.rundir import layout
+from draftgen.steps import get_step
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Demo:
+    tmp: Path
+    out: Path
+    log: Path  # the kernels' writes (write_audit)
+    stdout: str
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    tmp = tmp_path_factory.mktemp("layout")
+    out = tmp / "demo"
+    env, log = kernel_env(tmp / "audit", out, dict(os.environ))
+    command = [sys.executable, "-m", "draftgen", "demo", "--out", str(out), "--servers", "2", "--limit", "20"]
+    command += ["--speed", "10"]  # the files, not the figures, are under test: a faster clock waits less
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, f"draftgen demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return Demo(tmp, out, log, done.stdout)
+
+
+def test_every_file_the_demo_writes_is_declared_and_every_file_always_written_is_there(demo):
+    assert sorted(p.name for p in demo.out.iterdir()) == sorted(
+        [*(entry.path.removesuffix("/*") for entry in layout.DEMO_FILES), *DEMO_STEPS]
+    )
+    for name in DEMO_STEPS:
+        step = get_step(name)
+        folder = demo.out / name
+        assert missing(folder, step, notebook=True) == [], name  # layout_shape inside: no undeclared file
+    # what the demo's settings make the conditional entries write: /metrics on the simulator, a gate that passed
+    assert "acceptance.parquet" in layout_shape(demo.out / "generate", get_step("generate"))
+    validated = layout_shape(demo.out / "validate", get_step("validate"))
+    assert {
+        f"export/{name}" for name in ("train.jsonl", "prompts.jsonl", "counts.json", "README.md")
+    } <= validated
+    assert "export.partial/*" not in validated
+
+
+def test_the_docs_tables_list_what_the_demo_wrote(demo):
+    design, readme = ROOT / "docs" / "design.md", ROOT / "README.md"
+    assert param_tables.page_problems(design) == [] and param_tables.page_problems(readme) == []
+    rows = {
+        line.split("|")[1].strip(): line for line in design.read_text().splitlines() if line.startswith("| ")
+    }
+    tree = readme.read_text()
+    for name in DEMO_STEPS:
+        for path in layout_shape(demo.out / name, get_step(name)) - {e.path for e in layout.NOTEBOOK_FILES}:
+            owner = name if any(e.path == path for e in get_step(name).files) else "every run"
+            assert f"`{path}`" in rows[owner], (name, path)  # design.md's "What each step writes"
+            if owner == name:
+                assert path in tree, (name, path)  # the README's tree of the demo's folder
+
+
+def test_no_cell_but_the_steps_run_writes_a_file(demo):
+    for name in DEMO_STEPS:
+        written = cell_writes(demo.log, demo.out / name / f"{name}.ipynb")
+        writers = [source for source in written if "run(config" in source]
+        assert len(writers) == 1, (name, list(written))  # the audit sees the step's own writes: it is looking
+        assert [source for source in written if source not in writers] == [], (name, written)
+
+
+def test_a_notebook_run_top_to_bottom_without_draftgen_run_leaves_the_same_folder(demo):
+    """JupyterLab's way (plain papermill, the executed notebook kept elsewhere): the step's run(config) writes the
+    same folder draftgen run's did, parameters.yaml and .complete included; run again, the finished folder is
+    refused."""
+    step = get_step("estimate")
+    folder = demo.tmp / "interactive" / "estimate"
+    parameters = {"benchmark_dir": str(demo.out / "benchmark"), "limit": 20, "out_dir": str(folder)}
+    executed = demo.tmp / "estimate-executed.ipynb"
+    papermill.execute_notebook(
+        str(ROOT / "notebooks" / "estimate.ipynb"), str(executed), parameters=parameters, progress_bar=False
+    )
+    notebook_files = {entry.path for entry in layout.NOTEBOOK_FILES}
+    assert layout_shape(folder, step) == layout_shape(demo.out / "estimate", step) - notebook_files
+    assert missing(folder, step, notebook=False) == []
+    with pytest.raises(papermill.PapermillExecutionError, match="already finished"):
+        papermill.execute_notebook(
+            str(ROOT / "notebooks" / "estimate.ipynb"),
+            str(executed),
+            parameters=parameters,
+            progress_bar=False,
+        )
+
+
+def test_monitor_writes_nothing_in_the_run_it_watches_or_anywhere(demo):
+    watched = demo.out / "generate"
+    before = {path: (path.stat().st_size, path.stat().st_mtime_ns) for path in watched.rglob("*")}
+    env, log = kernel_env(demo.tmp / "monitor-audit", demo.tmp, dict(os.environ))
+    runs = demo.tmp / "runs"
+    command = [
+        sys.executable,
+        "-m",
+        "draftgen",
+        "run",
+        "monitor",
+        "-p",
+        "run_dir",
+        str(watched),
+        "--name",
+        "m",
+    ]
+    done = subprocess.run(
+        [*command, "--out-root", str(runs), "--no-html"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert events(log) == []  # the kernel wrote nothing at all under the test's folder
+    assert {path: (path.stat().st_size, path.stat().st_mtime_ns) for path in watched.rglob("*")} == before
+    monitor = get_step("monitor")
+    assert layout_shape(runs / "monitor" / "m", monitor) == {
+        "parameters.yaml",
+        ".complete",
+        ".lock",
+        "<step>.ipynb",
+    }
+    shown = json.loads((runs / "monitor" / "m" / "monitor.ipynb").read_text())
+    assert any(
+        output.get("data", {}).get("image/png")
+        for cell in shown["cells"]
+        for output in cell.get("outputs", [])
+    )
+    assert files_in(runs / "monitor" / "m") == [".complete", ".lock", "monitor.ipynb", "parameters.yaml"]
