@@ -24,7 +24,7 @@ from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 from draftgen.sim.fleet import find_free_base_port
 
 RUN_TIMEOUT_S = 240
-GENERATE_CELL = "await generate(config, plan)"
+GENERATE_CELL = "await run(config, show=display)"
 PROGRESS = re.compile(r"(\d+)/(\d+) \[")  # tqdm's "n/total [elapsed<eta, ...]"
 
 

@@ -3,8 +3,9 @@
 A lease is an exclusive ``flock`` on ``FOLDER/.lock`` (which records the holder's pid), held from ``acquire`` to
 ``release``; taking it also creates the folder and clears what interrupted writes left anywhere under it
 (``clear_leftovers``: safe only because no one else is writing). generate's preflight takes it and hands it to the
-run, so nothing can slip in between the checks and the writing; ``draftgen run`` takes it for a moment before every
-step's kernel starts, so every step's folder is cleared when it is opened. A second lease on the same folder is
+run, so nothing can slip in between the checks and the writing; every step's ``run(config)`` takes it for a moment
+when it opens its folder (``run_folder.open_run``), and ``draftgen run`` before a kernel starts, so every step's
+folder is cleared when it is opened. A second lease on the same folder is
 refused, by another process or by this one, with the holder's pid.
 """
 
