@@ -36,12 +36,9 @@ class Step:
 
     name: str
     config: str  # "module:Class": the parameters it takes
-    run: (
-        str  # "module:function": run(config) -> result, the whole step (a coroutine function for async steps)
-    )
-    files: tuple[
-        Entry, ...
-    ]  # what its run folder holds beside layout.RUN_FILES (and a notebook's NOTEBOOK_FILES)
+    # "module:function": run(config) -> result, the whole step (a coroutine function for an async step)
+    run: str
+    files: tuple[Entry, ...]  # what its folder holds beside layout.RUN_FILES (a notebook's run: NOTEBOOK_FILES)
     output_parameter: str | None = "out_dir"  # the parameter draftgen run sets to the run folder (None: none)
     resume: str = ""  # what --resume does with an unfinished run folder ("": it starts the step over there)
     resume_parameter: str | None = None  # the parameter --resume sets to True
