@@ -36,9 +36,19 @@ class Demo:
     stdout: str
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
-    tmp = tmp_path_factory.mktemp("layout")
+def test_a_demo_writes_the_declared_layout_and_no_cell_but_the_steps_run_writes(tmp_path):
+    """One test, so one demo: a module fixture would run it again on every worker that takes one of the module's
+    tests (make test's --dist worksteal)."""
+    demo = run_demo(tmp_path)
+    every_file_is_declared_and_every_file_always_written_is_there(demo)
+    the_docs_tables_list_what_the_demo_wrote(demo)
+    no_cell_but_the_steps_run_writes_a_file(demo)
+    a_notebook_run_top_to_bottom_without_draftgen_run_leaves_the_same_folder(demo)
+    monitor_writes_nothing_in_the_run_it_watches_or_anywhere(demo)
+
+
+def run_demo(tmp: Path) -> Demo:
+    """``draftgen demo`` into ``tmp/demo``, every kernel's writes logged (write_audit)."""
     out = tmp / "demo"
     env, log = kernel_env(tmp / "audit", out, dict(os.environ))
     command = [sys.executable, "-m", "draftgen", "demo", "--out", str(out), "--servers", "2", "--limit", "20"]
@@ -48,7 +58,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     return Demo(tmp, out, log, done.stdout)
 
 
-def test_every_file_the_demo_writes_is_declared_and_every_file_always_written_is_there(demo):
+def every_file_is_declared_and_every_file_always_written_is_there(demo: Demo) -> None:
+    """The demo's folder holds its own folders and its steps', each step's only declared files, all it always writes."""
     assert sorted(p.name for p in demo.out.iterdir()) == sorted(
         [*(entry.path.removesuffix("/*") for entry in layout.DEMO_FILES), *DEMO_STEPS]
     )
@@ -65,7 +76,8 @@ def test_every_file_the_demo_writes_is_declared_and_every_file_always_written_is
     assert "export.partial/*" not in validated
 
 
-def test_the_docs_tables_list_what_the_demo_wrote(demo):
+def the_docs_tables_list_what_the_demo_wrote(demo: Demo) -> None:
+    """design.md's and the README's tables are the layout's rendering, and name every file the demo wrote."""
     design, readme = ROOT / "docs" / "design.md", ROOT / "README.md"
     assert param_tables.page_problems(design) == [] and param_tables.page_problems(readme) == []
     rows = {
@@ -80,7 +92,8 @@ def test_the_docs_tables_list_what_the_demo_wrote(demo):
                 assert path in tree, (name, path)  # the README's tree of the demo's folder
 
 
-def test_no_cell_but_the_steps_run_writes_a_file(demo):
+def no_cell_but_the_steps_run_writes_a_file(demo: Demo) -> None:
+    """In each notebook, the one cell calling the step's run(config) wrote, and no other cell did."""
     for name in DEMO_STEPS:
         written = cell_writes(demo.log, demo.out / name / f"{name}.ipynb")
         writers = [source for source in written if "run(config" in source]
@@ -88,7 +101,7 @@ def test_no_cell_but_the_steps_run_writes_a_file(demo):
         assert [source for source in written if source not in writers] == [], (name, written)
 
 
-def test_a_notebook_run_top_to_bottom_without_draftgen_run_leaves_the_same_folder(demo):
+def a_notebook_run_top_to_bottom_without_draftgen_run_leaves_the_same_folder(demo: Demo) -> None:
     """JupyterLab's way (plain papermill, the executed notebook kept elsewhere): the step's run(config) writes the
     same folder draftgen run's did, parameters.yaml and .complete included; run again, the finished folder is
     refused."""
@@ -111,7 +124,7 @@ def test_a_notebook_run_top_to_bottom_without_draftgen_run_leaves_the_same_folde
         )
 
 
-def test_monitor_writes_nothing_in_the_run_it_watches_or_anywhere(demo):
+def monitor_writes_nothing_in_the_run_it_watches_or_anywhere(demo: Demo) -> None:
     watched = demo.out / "generate"
     before = {path: (path.stat().st_size, path.stat().st_mtime_ns) for path in watched.rglob("*")}
     env, log = kernel_env(demo.tmp / "monitor-audit", demo.tmp, dict(os.environ))
