@@ -1,8 +1,8 @@
 """``draftgen tune`` and tune.ipynb run one function (draftgen.tune.step.run), not two copies.
 
-The end-to-end runs of both are in test_tune.py (the notebook under papermill) and test_tune_verdict.py (the
-command, its race saved before its verdict); here: that both reach the function, and what the command does with
-what it returns, on fakes.
+The end-to-end runs of both are in test_tune.py (the two faces side by side: the same folder but for the notebook
+and its report) and test_tune_verdict.py (the command, its race saved before its verdict); here: that both reach
+the function, and what the command does with what it returns, on fakes.
 """
 
 from __future__ import annotations
