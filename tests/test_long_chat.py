@@ -118,4 +118,4 @@ def test_command_writes_the_shape_and_keeps_the_default_byte_identical(tmp_path:
     assert "wrote 40 prompts" in capsys.readouterr().out
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == list(long_chat_rows(40, seed=2))
-    assert all(isinstance(item, PromptRow) for item in iter_prompts(out))
+    assert all(isinstance(item, PromptRow) for item in iter_prompts(out, keep_duplicates=True))

@@ -18,10 +18,11 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 from draftgen.defaults import MODEL, fleet_urls
 from draftgen.server_settings import SettingsFile
@@ -59,6 +60,7 @@ SHARED_PARAMETERS = frozenset(
         "min_turn_budget",
         "trainer",
         "category_field",
+        "keep_duplicates",
         "sampling_plan",
     }
 )
@@ -173,6 +175,12 @@ class Params(BaseModel):
         )
 
 
+def declared(annotated: Any) -> tuple[Any, str]:
+    """(default, help) of a parameter declared below (``MaxTokens``...): for a command line that takes it too."""
+    info = FieldInfo.merge_field_infos(*(a for a in get_args(annotated)[1:] if isinstance(a, FieldInfo)))
+    return info.get_default(call_default_factory=True), info.description or ""
+
+
 def _unset_if_empty(value: Any) -> Any:
     """Notebook literals cannot be ``None`` under papermill: "" and 0 mean "not set" for optional parameters."""
     return None if value == "" or (type(value) in (int, float) and value == 0) else value
@@ -254,6 +262,16 @@ CategoryField = Annotated[
         "the prompt rows' field that names their category, for acceptance by category "
         '("": the first of category, task_category, source, task, domain, subset)',
         max_length=100,
+    ),
+]
+# Exact duplicate conversations (the same turns under another id) are skipped by the prompt reader: each is a prompt
+# paid for again (draftgen.prompts.rows.iter_prompts). The run that sends them, the estimate that prices them and
+# validate's coverage must agree on this, so it is declared once.
+KeepDuplicates = Annotated[
+    bool,
+    param(
+        False,
+        'send a conversation the prompt file already held under another id (false: set aside as "duplicate of ID")',
     ),
 ]
 Turns = Annotated[

@@ -93,6 +93,8 @@ def _estimate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, An
         "benchmark_dir": str(out / "benchmark"),
         "prompts": "synthetic",
         "limit": limit,
+        # generate's tokenizer: the turns it would set aside under the trainer's max_length are not priced
+        "tokenizer": str(out / DEMO_TOKENIZER),
         "gpus": len(urls),
         "scenarios": [
             {"name": SEEDS_JOB, **seeds},

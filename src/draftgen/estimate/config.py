@@ -9,11 +9,14 @@ from pydantic import Field, field_validator, model_validator
 
 from draftgen.params import (
     Bootstrap,
+    CategoryField,
     ConcurrencyPerServer,
     GpuHourUsd,
     Interval,
+    KeepDuplicates,
     Limit,
     MaxTokens,
+    MinTurnBudget,
     NonNegativeFloat,
     NotebookCell,
     Params,
@@ -87,12 +90,15 @@ OLD_PLAN_FLEET = {
 
 class EstimateConfig(Params):
     parameters_cell = NotebookCell(
-        ("inputs", "benchmark_dir prompts limit dataset_size turns"),
+        ("inputs", "benchmark_dir prompts limit dataset_size turns category_field keep_duplicates tokenizer"),
         (
             "the sampling plan (as in generate) and what to assume of arms the benchmark did not measure",
             "sampling_plan arm_assumptions",
         ),
-        ("the production fleet", "gpus concurrency_per_server max_tokens train_max_length gpu_hour_usd"),
+        (
+            "the production fleet",
+            "gpus concurrency_per_server max_tokens train_max_length min_turn_budget gpu_hour_usd",
+        ),
         (
             "other fleets to compare: name, gpus, and either benchmark_dir (measured) or tok_s_per_gpu (assumed)",
             "scenarios",
@@ -118,8 +124,18 @@ class EstimateConfig(Params):
         SYNTHETIC, 'the full prompt file to count (.jsonl/.parquet), or "synthetic" (the bundled set)'
     )
     limit: Limit
-    dataset_size: Annotated[int, Field(ge=0)] = param(0, "prompts in the set; 0: count the rows of `prompts`")
+    dataset_size: Annotated[int, Field(ge=0)] = param(
+        0,
+        "prompts in the set; 0: the conversations of `prompts` generate will send (its prompt audit)",
+    )
     turns: Turns
+    category_field: CategoryField
+    keep_duplicates: KeepDuplicates
+    tokenizer: ProjectPath = param(
+        "",
+        "the target model's folder, as generate's: each turn's prompt is counted and the turns generate would set "
+        'aside under train_max_length and min_turn_budget are not priced ("": every turn priced)',
+    )
     sampling_plan: SamplingPlan
     arm_assumptions: list[ArmAssumption] = param(
         default_factory=list,
@@ -130,6 +146,7 @@ class EstimateConfig(Params):
     concurrency_per_server: ConcurrencyPerServer
     max_tokens: MaxTokens
     train_max_length: TrainMaxLength
+    min_turn_budget: MinTurnBudget
     gpu_hour_usd: GpuHourUsd
     scenarios: list[ScenarioSpec] = param(
         default_factory=lambda: [dict(OLD_PLAN_FLEET)],

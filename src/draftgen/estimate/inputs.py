@@ -11,12 +11,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from draftgen.client.clock import WALL, HardwareClock, on_clock, on_kept_clock
 from draftgen.paths import resolve_path
+from draftgen.prompts.audit import AuditSettings, PromptAudit, audit_prompts
 from draftgen.prompts.rows import PromptRow, count_rows, iter_prompts
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
 from draftgen.rundir.layout import BENCH_REQUESTS as REQUESTS_FILE
@@ -25,7 +27,11 @@ from draftgen.rundir.layout import BENCH_SUMMARY as SUMMARY_FILE
 from draftgen.sampling_plan import Arm, samples
 from draftgen.training.conversation import answer_points
 
+if TYPE_CHECKING:
+    from draftgen.estimate.config import EstimateConfig
+
 BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftgen.paths)
+ESTIMATE_NEAR_LIMIT = 100_000  # conversations the audit's near-duplicate index takes (~2 KB each)
 
 
 @dataclass(frozen=True)
@@ -115,26 +121,96 @@ def load_benchmark(path: str | Path) -> BenchmarkData:
     )
 
 
-def dataset_size(dataset: int, prompt_path: Path, limit: int, turns: str = "last") -> tuple[int, str]:
+def audit_prompt_set(config: EstimateConfig) -> PromptAudit:
+    """The prompt file as generate will take it (``draftgen.prompts.audit``): the conversations it sends (malformed
+    rows and skipped duplicates aside) and, with ``tokenizer``, the turns it would set aside."""
+    cap = None
+    if config.tokenizer and config.train_max_length:
+        from draftgen.generate.length_cap import LengthCap, tokenizer_counter
+
+        counter = tokenizer_counter(config.tokenizer)
+        cap = LengthCap(config.train_max_length, counter, config.tokenizer, config.min_turn_budget)
+    return audit_prompts(
+        AuditSettings(
+            path=config.prompt_path,
+            category_field=config.category_field or None,
+            keep_duplicates=config.keep_duplicates,
+            turns=config.turns,
+            limit=config.limit,
+            near_limit=ESTIMATE_NEAR_LIMIT,
+            cap=cap,
+            max_tokens=config.max_tokens,
+            seed=config.seed,
+        )
+    )
+
+
+def _sent_per_conversation(audit: PromptAudit) -> dict[int, int]:
+    """Answer points sent per conversation → conversations: the audit's counted sample, the turns set aside left
+    out, else every conversation's answer points."""
+    budgets = audit.budgets
+    return dict(budgets.sent_turns) if budgets is not None and budgets.conversations else dict(audit.turns)
+
+
+def mean_sent_answers(audit: PromptAudit) -> float:
+    """Requests per conversation generate sends (a conversation set aside whole counts as none)."""
+    counts = _sent_per_conversation(audit)
+    total = sum(counts.values())
+    return sum(k * n for k, n in counts.items()) / total if total else 0.0
+
+
+def sent_answers(audit: PromptAudit) -> np.ndarray | None:
+    """Answer points of the conversations that send any, as an array the fleet simulation draws from; None when
+    each sends one (nothing to model) or none sends anything."""
+    counts = {k: n for k, n in _sent_per_conversation(audit).items() if k > 0}
+    if not counts or set(counts) == {1}:
+        return None
+    return np.repeat(np.fromiter(counts, dtype=np.int64), np.fromiter(counts.values(), dtype=np.int64))
+
+
+def _audit_source(audit: PromptAudit) -> str:
+    skipped = [f"{audit.rows:,} rows read"]
+    if audit.rejected_rows:
+        skipped.append(f"{audit.rejected_rows:,} malformed")
+    if audit.duplicates:
+        skipped.append(f"{audit.duplicates:,} duplicates " + ("kept" if audit.keep_duplicates else "skipped"))
+    return f"conversations generate sends from {audit.path} ({', '.join(skipped)})"
+
+
+def dataset_size(
+    dataset: int, prompt_path: Path, limit: int, turns: str = "last", audit: PromptAudit | None = None
+) -> tuple[int, str]:
     """(requests to generate, where the number came from).
 
-    Prompts: ``dataset`` if given, else the rows of the prompt file; then ``limit``. With ``turns: all`` a
-    conversation is one request per answer point (``draftgen.training.conversation``), so the prompts are multiplied by the
-    mean number of answer points of the prompt file's first ``limit`` valid rows (all rows when 0).
+    Prompts: ``dataset`` if given, else what the prompt ``audit`` says generate sends (else the rows of the prompt
+    file); then ``limit``. With ``turns: all`` a conversation is one request per answer point
+    (``draftgen.training.conversation``), so the prompts are multiplied by the mean number of answer points sent
+    (the audit's, set-aside turns left out when it counted them; else of the prompt file's first ``limit`` valid
+    rows).
     """
     if dataset:
         size, source = dataset, "dataset_size"
+    elif audit is not None:
+        size, source = audit.sent, _audit_source(audit)
     else:
         size, source = count_rows(prompt_path), f"rows of {prompt_path}"
     if limit and limit < size:
         size, source = limit, f"limit {limit} (of {size:,} {source})"
     if turns == "last":
         return size, source
-    answers = answers_per_prompt(prompt_path, limit)
-    if answers is None:
-        return size, source
-    mean = float(answers.mean())
-    return round(size * mean), f"{size:,} prompts ({source}) x {mean:.3f} answers each (turns: all)"
+    if audit is not None:
+        mean = mean_sent_answers(audit)
+        if mean == 1.0:
+            return size, source
+    else:
+        answers = answers_per_prompt(prompt_path, limit)
+        if answers is None:
+            return size, source
+        mean = float(answers.mean())
+    source = f"{size:,} prompts ({source}) x {mean:.3f} answers each (turns: all"
+    if audit is not None and audit.budgets is not None:
+        source += f"; the turns set aside under max_length {audit.budgets.max_length:,} left out"
+    return round(size * mean), source + ")"
 
 
 def answers_per_prompt(prompt_path: Path, limit: int) -> np.ndarray | None:
@@ -151,12 +227,14 @@ def answers_per_prompt(prompt_path: Path, limit: int) -> np.ndarray | None:
     return np.asarray(counts, dtype=np.int64)
 
 
-def planned_requests(prompt_path: Path, limit: int, turns: str, arms: Sequence[Arm]) -> tuple[int, int]:
+def planned_requests(
+    prompt_path: Path, limit: int, turns: str, arms: Sequence[Arm], keep_duplicates: bool = False
+) -> tuple[int, int]:
     """(requests, prompts) a sampling plan makes of the first ``limit`` valid prompts (all when 0), counted
     exactly: each prompt's planned samples (``draftgen.sampling_plan``, by its id, as generate assigns them), each
-    one request per answer point with ``turns: all``."""
+    one request per answer point with ``turns: all``; duplicate conversations skipped as generate skips them."""
     requests = prompts = 0
-    for row in iter_prompts(prompt_path):
+    for row in iter_prompts(prompt_path, keep_duplicates=keep_duplicates):
         if isinstance(row, PromptRow):
             points = len(answer_points(row.messages, "all")) if turns == "all" else 1
             requests += len(samples(row.id, arms)) * points

@@ -18,11 +18,12 @@ from draftgen.estimate.arms import PlanDraws, PricedPlan, price_plan
 from draftgen.estimate.config import EstimateConfig, ScenarioSpec
 from draftgen.estimate.inputs import (
     BenchmarkData,
-    answers_per_prompt,
+    audit_prompt_set,
     dataset_size,
     find_latest_benchmark,
     load_benchmark,
     planned_requests,
+    sent_answers,
 )
 from draftgen.estimate.model import (
     LengthSample,
@@ -33,6 +34,7 @@ from draftgen.estimate.model import (
     fit_rate_model,
     resampled_rates,
 )
+from draftgen.prompts.audit import PromptAudit
 
 DAY_S = 86_400.0
 SWEEP_CONCURRENCY = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -136,6 +138,7 @@ class Estimate:
     prefill_s_per_request: float | None
     max_length_cost: MaxLengthCost | None = None
     plan: PricedPlan | None = None  # the sampling plan priced from the production benchmark
+    audit: PromptAudit | None = None  # the prompt file as generate will take it (what is priced)
     created_at: float = field(default_factory=time.time)
 
     def table(self) -> pl.DataFrame:
@@ -394,18 +397,25 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     rng = np.random.default_rng(config.seed)
     folder = Path(config.benchmark_dir) if config.benchmark_dir else find_latest_benchmark()
     main = digest(load_benchmark(folder), config.bootstrap, rng, config.train_max_length)
+    audit = audit_prompt_set(config)
     num_prompts, size_source = dataset_size(
-        config.dataset_size, config.prompt_path, config.limit, config.turns
+        config.dataset_size, config.prompt_path, config.limit, config.turns, audit
     )
-    turns = answers_per_prompt(config.prompt_path, config.limit) if config.turns == "all" else None
+    num_prompts = max(1, num_prompts)
+    turns = sent_answers(audit) if config.turns == "all" else None
     plan = priced(main, config)
     if config.sampling_plan and not config.dataset_size:
         num_prompts, counted = planned_requests(
-            config.prompt_path, config.limit, config.turns, config.sampling_plan
+            config.prompt_path, config.limit, config.turns, config.sampling_plan, config.keep_duplicates
         )
         size_source = f"the planned samples of {counted:,} prompts of {config.prompt_path} (sampling_plan)"
         if config.turns == "all":
             size_source += ", one request per assistant turn (turns: all)"
+        budgets = audit.budgets
+        if config.turns == "all" and budgets is not None and budgets.turns:
+            kept = 1 - budgets.set_aside / budgets.turns
+            num_prompts = max(1, round(num_prompts * kept))
+            size_source += f", {kept:.1%} of them sent (the rest set aside under max_length, by the audit)"
     elif config.sampling_plan:
         answers = plan.requests_per_prompt
         num_prompts = max(1, round(num_prompts * answers))
@@ -501,4 +511,5 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         prefill_s_per_request=_prefill_per_request(main.data),
         max_length_cost=cost,
         plan=plan,
+        audit=audit,
     )

@@ -15,6 +15,7 @@ from draftgen.display.humanize import duration, duration_unit
 from draftgen.display.notes import Notes, Stack
 from draftgen.display.table import Column, Table, figures_table, format_value
 from draftgen.estimate.plan import Estimate, ScenarioResult
+from draftgen.prompts.audit_report import AuditReport
 from draftgen.rundir import write_json, write_parquet
 from draftgen.rundir.layout import ESTIMATE as ESTIMATE_FILE
 from draftgen.rundir.layout import ESTIMATE_SCENARIOS
@@ -105,6 +106,7 @@ def estimate_json(estimate: Estimate) -> dict:
         "benchmark_max_tokens": data.max_tokens,
         "notes": list(estimate.notes),
         "train_max_length": asdict(estimate.max_length_cost) if estimate.max_length_cost else None,
+        "prompt_audit": estimate.audit.as_dict() if estimate.audit else None,
         "server_settings": settings_record(estimate.config.settings),
         "config": estimate.config.public_dict(),
         "created_at": estimate.created_at,
@@ -342,6 +344,14 @@ def inputs(estimate: Estimate, path: str | Path) -> Stack:
         *estimate.notes,
     ]
     return Stack((figures, Notes(notes, title="Notes")))
+
+
+def prompt_audit(estimate: Estimate) -> AuditReport | Notes:
+    """The prompt file as generate will take it: what is priced, and what to fix before spending
+    (``draftgen prompts audit``'s report)."""
+    if estimate.audit is None:
+        return Notes(["The prompt file was not audited."], title="The prompt set")
+    return AuditReport(estimate.audit)
 
 
 def arms_table(estimate: Estimate) -> Table:

@@ -14,6 +14,7 @@ from draftgen.params import (
     CategoryField,
     ConcurrencyPerServer,
     FleetParams,
+    KeepDuplicates,
     Limit,
     MinTurnBudget,
     NonNegativeFloat,
@@ -32,7 +33,8 @@ from draftgen.sampling_plan import SamplingPlan
 
 Rate = Annotated[float, Field(ge=0, le=1)]
 
-# Parameters that change what a completion looks like: a resumed run must use the same ones.
+# Parameters that change what a completion looks like, or which prompts are answered: a resumed run must use the
+# same ones.
 FINGERPRINT_FIELDS = (
     "model",
     "max_tokens",
@@ -44,10 +46,16 @@ FINGERPRINT_FIELDS = (
     "turns",
     "sampling_plan",
     "length_cap",
+    "keep_duplicates",
 )
 # Fingerprint fields added after runs were made, with the value those runs used: left out of the hash when
 # equal to it, so an older run resumes with that value (and only that value) without force.
-FINGERPRINT_SINCE: dict[str, Any] = {"turns": "last", "sampling_plan": [], "length_cap": 0}
+FINGERPRINT_SINCE: dict[str, Any] = {
+    "turns": "last",
+    "sampling_plan": [],
+    "length_cap": 0,
+    "keep_duplicates": True,  # before duplicate conversations were skipped, every one was sent
+}
 
 
 def parse_shard(value: str | list[int] | None) -> tuple[int, int] | None:
@@ -75,7 +83,7 @@ class GenerateConfig(FleetParams, SamplingParams):
 
     parameters_cell = NotebookCell(
         ("fleet", "servers model api_key_env request_timeout_s"),
-        ("data", "prompts out_dir limit shard turns batch_save_size category_field"),
+        ("data", "prompts out_dir limit shard turns batch_save_size category_field keep_duplicates"),
         ("sampling plan (several answers per prompt, mixed settings)", "sampling_plan"),
         ("sampling (production settings)", "max_tokens temperature top_p top_k min_p enable_thinking"),
         (
@@ -120,6 +128,7 @@ class GenerateConfig(FleetParams, SamplingParams):
     )
     turns: Turns
     category_field: CategoryField
+    keep_duplicates: KeepDuplicates
     sampling_plan: SamplingPlan
     concurrency_per_server: ConcurrencyPerServer
     batch_save_size: PositiveInt = param(500, "rows per parquet shard (written atomically)")

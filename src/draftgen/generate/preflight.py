@@ -46,6 +46,8 @@ from draftgen.generate.store import (
     fingerprint_change,
 )
 from draftgen.params import ParameterError
+from draftgen.prompts.audit import AuditSettings, audit_prompts
+from draftgen.prompts.audit_report import findings
 from draftgen.prompts.rows import PromptFileError, PromptRow, RejectedRow
 from draftgen.sampling_plan import arm_sampling
 from draftgen.training.masks import load_tokenizer
@@ -78,6 +80,7 @@ class Check:
 
 
 PROMPT_SAMPLE = 10_000  # prompts whose length the max_length check reads
+PREFLIGHT_NEAR_LIMIT = 100_000  # conversations the audit's near-duplicate index takes (~2 KB each)
 CHARS_PER_TOKEN = 4.0  # a rough rate for English-like text, used only without a tokenizer
 
 
@@ -85,7 +88,10 @@ CHARS_PER_TOKEN = 4.0  # a rough rate for English-like text, used only without a
 class PromptScan:
     rows: int = 0  # rows read (valid + malformed) within the limit
     valid: int = 0
-    rejected: int = 0
+    rejected: int = 0  # malformed rows and skipped duplicates (all in rejected.parquet)
+    duplicates: int = (
+        0  # of them, conversations the file held earlier under another id: skipped, not malformed
+    )
     stored: int = 0  # valid rows whose id is already in the shards
     reasons: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
@@ -97,11 +103,17 @@ class PromptScan:
     def todo(self) -> int:
         return self.valid - self.stored
 
+    @property
+    def malformed(self) -> int:
+        """Rejected rows that are not duplicates: what max_rejected_rate judges."""
+        return self.rejected - self.duplicates
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "rows_scanned": self.rows,
             "valid": self.valid,
             "rejected": self.rejected,
+            "duplicates": self.duplicates,
             "stored_at_start": self.stored,
             "todo_at_start": self.todo,
         }
@@ -236,11 +248,14 @@ def scan_prompts(config: GenerateConfig, stored: set[str]) -> tuple[PromptScan, 
         scan.rows += 1
         if isinstance(item, RejectedRow):
             scan.rejected += 1
+            rejected.append({"row": item.row, "id": item.id, "reason": item.reason, "raw": item.raw})
+            if item.duplicate:  # skipped, not malformed: the audit's row says how many
+                scan.duplicates += 1
+                continue
             kind = item.reason.split(":")[0].split("(")[0].strip()
             scan.reasons[kind] += 1
             if len(scan.examples) < 3:
                 scan.examples.append(f"row {item.row}: {item.reason}")
-            rejected.append({"row": item.row, "id": item.id, "reason": item.reason, "raw": item.raw})
         elif isinstance(item, PromptRow):
             scan.valid += 1
             if len(scan.prompt_chars) < PROMPT_SAMPLE:
@@ -319,12 +334,12 @@ def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path 
     )
     if scan.valid == 0:
         checks.append(Check("prompts", target, "fail", "no valid prompt rows: check the file's format"))
-    if scan.rejected:
-        rate = scan.rejected / max(1, scan.rows)
+    if scan.malformed:
+        rate = scan.malformed / max(1, scan.rows)
         status = "fail" if rate > config.max_rejected_rate else "warn"
         kinds = ", ".join(f"{k} ×{n}" for k, n in scan.reasons.most_common(4))
         detail = (
-            f"{scan.rejected:,} malformed rows ({rate:.1%}) set aside in {rejected_path} — {kinds}; "
+            f"{scan.malformed:,} malformed rows ({rate:.1%}) set aside in {rejected_path} — {kinds}; "
             f"e.g. {'; '.join(scan.examples)}"
         )
         if status == "fail":
@@ -598,6 +613,7 @@ async def preflight(config: GenerateConfig) -> Plan:
             *(check_server(config, url, api_key, asyncio.shield(cap_task)) for url in config.servers)
         )
         scan_task = asyncio.to_thread(scan_prompts, config, store.done_ids if store else set())
+        audit_task = asyncio.ensure_future(audit_checks(config, cap_task))
         try:
             scanned, servers = await asyncio.gather(scan_task, server_task)
         except PromptFileError as exc:
@@ -615,6 +631,7 @@ async def preflight(config: GenerateConfig) -> Plan:
         length_cap, cap_check = await cap_task
         if cap_check is not None:
             checks.append(cap_check)
+        checks.extend(await audit_task)
         plans = []
         for url, server_checks, caps in servers:
             checks.extend(server_checks)
@@ -673,6 +690,38 @@ async def load_length_cap(config: GenerateConfig) -> tuple[LengthCap | None, Che
     return LengthCap(
         config.length_cap, prompt_counter(tokenizer), config.tokenizer, config.min_turn_budget
     ), fit
+
+
+async def audit_checks(config: GenerateConfig, cap_task: asyncio.Future) -> list[Check]:
+    """The prompt audit's findings as info/warn rows, never a fail (docs/generate.md, "The prompt audit"): read
+    beside the server checks, with the run's length cap once it is loaded; near-duplicates among the first
+    PREFLIGHT_NEAR_LIMIT conversations. With a shard, the whole file is audited."""
+    length_cap, _ = await cap_task
+    target = str(config.prompt_path) + (" (whole file)" if config.shard_spec else "")
+    settings = AuditSettings(
+        path=config.prompt_path,
+        category_field=config.category_field or None,
+        keep_duplicates=config.keep_duplicates,
+        turns=config.turns,
+        limit=0 if config.shard_spec else config.limit,
+        near_limit=PREFLIGHT_NEAR_LIMIT,
+        cap=length_cap,
+        max_tokens=config.max_tokens,
+        enable_thinking=config.enable_thinking,
+        progress=False,
+    )
+    try:
+        audit = await asyncio.to_thread(audit_prompts, settings)
+    except (PromptFileError, OSError):
+        return []  # the prompts row says what is wrong with the file
+    rows = [
+        Check(f"audit: {f.check}", target, f.status, f.detail)
+        for f in findings(audit)
+        if f.check != "malformed rows"
+    ]
+    return rows or [
+        Check("audit", target, "info", "no duplicates, shared first turns, openers or near-duplicates")
+    ]
 
 
 async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:

@@ -35,6 +35,7 @@ from draftgen.generate.gpu_time import gpu_seconds, kept_share_of
 from draftgen.generate.length_cap import BY_MAX_LENGTH, BY_MAX_TOKENS
 from draftgen.generate.preflight import load_estimate
 from draftgen.generate.store import read_manifest, scan_shards
+from draftgen.prompts.rows import DUPLICATE_OF
 from draftgen.rundir.layout import (
     FAILED,
     GENERATE_PLOT_ACCEPTANCE,
@@ -116,6 +117,19 @@ def _loop_columns() -> tuple[pl.Expr, pl.Expr]:
 
 def _count(path: Path) -> int:
     return pl.scan_parquet(path).select(pl.len()).collect().item() if path.exists() else 0
+
+
+def _duplicates(path: Path) -> int:
+    """rejected.parquet's skipped duplicate conversations (reason "duplicate of ID"): not malformed rows."""
+    if not path.exists():
+        return 0
+    return int(
+        pl.scan_parquet(path)
+        .filter(pl.col("reason").str.starts_with(DUPLICATE_OF))
+        .select(pl.len())
+        .collect()
+        .item()
+    )
 
 
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -245,6 +259,7 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.col("median_latency_s", "p99_latency_s").round(2),
         pl.lit(sum(_count(folder / FAILED) for folder in folders)).alias("failed"),
         pl.lit(sum(_count(folder / REJECTED) for folder in folders)).alias("rejected"),
+        pl.lit(sum(_duplicates(folder / REJECTED) for folder in folders)).alias("duplicates_skipped"),
         pl.lit(round(wall, 1)).alias("wall_s"),
         pl.lit(round(session_tokens / wall, 1) if wall > 0 else None).alias("output_tok_s"),
         pl.lit(round(generating, 1) if generating else None).alias("generating_s"),
@@ -683,6 +698,7 @@ SUMMARY_SPECS = (
     Column("retried", "rows retried", "int"),
     Column("failed", "failed (failed.parquet)", "int"),
     Column("rejected", "rejected prompt rows", "int"),
+    Column("duplicates_skipped", "of them, duplicate conversations skipped", "int"),
     Column("wall_s", "wall time", "duration"),
     Column("output_tok_s", "fleet output tok/s", "tok_s"),
     Column("generating_s", "the generation (first request sent to last answer)", "duration"),
@@ -776,6 +792,10 @@ def assumptions_view(estimate_path: str | Path, config_values: dict[str, Any]) -
     )
 
 
+def _skipped(duplicates: int) -> str:
+    return f" ({duplicates:,} of them duplicates, skipped)" if duplicates else ""
+
+
 def headline(out_dir: RunDirs, estimate_path: str | Path | None = None) -> Headline:
     """Is every prompt answered once, nothing lost, and how fast? From the run folder(s), so a resumed run's
     headline counts every session."""
@@ -800,7 +820,12 @@ def headline(out_dir: RunDirs, estimate_path: str | Path | None = None) -> Headl
         reason = f"the run ended {', '.join(sorted(statuses))}: run it again with --resume to finish"
     stats = [
         Stat("rows stored", f"{stored:,}", "", f"of {todo:,} prompts" if todo else ""),
-        Stat("failed", f"{failed:,}", "", f"{rejected:,} prompt rows rejected"),
+        Stat(
+            "failed",
+            f"{failed:,}",
+            "",
+            f"{rejected:,} prompt rows rejected{_skipped(run['duplicates_skipped'])}",
+        ),
         Stat(
             "fleet output",
             format_value(run["output_tok_s"], "tok_s"),

@@ -13,13 +13,18 @@ from draftgen.sampling_plan import sample_rows
 def prompt_source(config: GenerateConfig) -> Iterator[PromptRow | RejectedRow]:
     """Stream the run's rows (streamed, never loaded whole): malformed rows come out as RejectedRow.
 
-    ``limit`` counts valid rows of this shard, stored or not, so a resumed run selects the same prompts. With a
+    ``limit`` counts valid rows of this shard, stored or not, so a resumed run selects the same prompts. A
+    conversation the file held earlier under another id comes out as rejected ("duplicate of ID") unless
+    ``keep_duplicates``, decided before samples are made: a duplicate's samples are never sent. With a
     ``sampling_plan`` every prompt comes out once per planned sample (``draftgen.sampling_plan``).
     """
     taken = 0
     arms = config.sampling_plan
     for item in iter_prompts(
-        config.prompt_path, shard=config.shard_spec, category_field=config.category_field or None
+        config.prompt_path,
+        shard=config.shard_spec,
+        category_field=config.category_field or None,
+        keep_duplicates=config.keep_duplicates,
     ):
         if isinstance(item, PromptRow):
             if config.limit and taken >= config.limit:

@@ -454,7 +454,10 @@ def long_chat_conversations(n: int, seed: int = 0) -> Iterator[LongChat]:
             if not unpasted:
                 continue
             of, original, _ = rng.choice(unpasted)
-            messages = _turns(rng, kind, _perturbed(rng, original[_first_user(original)]["content"]), users)
+            first = _perturbed(rng, original[_first_user(original)]["content"])
+            messages = _turns(
+                rng, kind, first, max(users, 2)
+            )  # more than the first turn: not a near-duplicate
         elif planted == "opener":
             messages = _turns(rng, kind, rng.choice(OPENERS), max(users, 2))
             messages[1]["content"] = "(continued) " + messages[1]["content"]

@@ -4,7 +4,8 @@ Accepted row shapes (docs/design.md#prompt-rows): ``{"id"?, "messages": [{"role"
 ShareGPT ``{"id"?, "conversations": [{"from", "value"}, ...]}`` and ``{"id"?, "prompt": "..."}``. Trailing
 assistant turns are dropped (we regenerate them; ShareGPT rows always end with one, so they are never a reason
 to reject). A tool turn without a preceding assistant turn and an empty user turn are rejected with the
-reason. A missing id becomes a stable hash of the messages.
+reason. A missing id becomes a stable hash of the messages. A conversation the file already held under another id
+is rejected as "duplicate of ID" unless duplicates are kept (docs/design.md#prompt-rows).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ PARQUET_BATCH_ROWS = 4096
 CATEGORY_FIELDS = ("category", "task_category", "source", "task", "domain", "subset")
 CATEGORY_MAX_CHARS = 100
 SYNTHETIC = "synthetic"  # ``prompts: synthetic`` → the bundled 2,000-row synthetic set
+DUPLICATE_OF = "duplicate of "  # how the reason of a conversation seen earlier under another id begins
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ class RejectedRow:
     id: str | None
     reason: str
     raw: str  # the offending row, truncated, so it can be fixed by hand
+
+    @property
+    def duplicate(self) -> bool:
+        """A conversation the file held earlier under another id: skipped, not malformed."""
+        return self.reason.startswith(DUPLICATE_OF)
 
 
 class PromptFileError(ValueError):
@@ -291,30 +298,49 @@ def _iter_parquet(path: Path, category_field: str | None) -> Iterator[PromptRow 
 
 
 def iter_prompts(
-    path: str | Path, shard: tuple[int, int] | None = None, category_field: str | None = None
+    path: str | Path,
+    shard: tuple[int, int] | None = None,
+    category_field: str | None = None,
+    keep_duplicates: bool = False,
 ) -> Iterator[PromptRow | RejectedRow]:
-    """Stream normalized rows; duplicates of an earlier id are rejected; ``shard=(index, count)`` keeps one part;
-    ``category_field`` names the field rows carry their category in (default: the first of CATEGORY_FIELDS)."""
+    """Stream normalized rows; ``shard=(index, count)`` keeps one part; ``category_field`` names the field rows
+    carry their category in (default: the first of CATEGORY_FIELDS).
+
+    A row with an id seen earlier is rejected ("duplicate id"), and so, unless ``keep_duplicates``, is a row whose
+    conversation (``duplicate_key``) the file held earlier under another id ("duplicate of ID"): the first is
+    kept. Both are decided over the whole file in file order, before the shard is taken, so every shard, every
+    resume and validate's coverage reach the same decision; a shard yields the rejections of its own ids only.
+    Memory: one hash per id, and one hash and the first id per distinct conversation.
+    """
     path = Path(path)
     _check_path(path)
     rows = (
         _iter_jsonl(path, category_field) if path.suffix == ".jsonl" else _iter_parquet(path, category_field)
     )
     seen: set[int] = set()
+    first_with: dict[int, str] = {}  # duplicate_key → the id that carried the conversation first
     for item in rows:
-        if isinstance(item, PromptRow):
-            if shard is not None and shard_of(item.id, shard[1]) != shard[0]:
-                continue
-            key = hash(item.id)
-            if key in seen:
-                yield RejectedRow(
-                    item.row,
-                    item.id,
-                    f"duplicate id {item.id!r} (first occurrence kept)",
-                    _truncate(json.dumps(item.messages, ensure_ascii=False)),
-                )
-                continue
+        if not isinstance(item, PromptRow):
+            yield item
+            continue
+        mine = shard is None or shard_of(item.id, shard[1]) == shard[0]
+        rejected = None
+        key = hash(item.id)
+        if key in seen:
+            rejected = f"duplicate id {item.id!r} (first occurrence kept)"
+        else:
             seen.add(key)
+            if not keep_duplicates:
+                first = first_with.setdefault(duplicate_key(item), item.id)
+                if first != item.id:
+                    rejected = f"{DUPLICATE_OF}{first} (the same conversation; the first is kept)"
+        if not mine:
+            continue
+        if rejected is not None:
+            yield RejectedRow(
+                item.row, item.id, rejected, _truncate(json.dumps(item.messages, ensure_ascii=False))
+            )
+            continue
         yield item
 
 

@@ -1,7 +1,8 @@
 """Do the generation folders together hold every prompt of their prompt file, each exactly once?
 
 The expected ids are what the folders' runs selected from the prompt file named in their manifests: every valid
-row (malformed rows are generate's ``rejected.parquet``), split by ``shard_of`` as ``shard: "i/n"`` does, the
+row (malformed rows are generate's ``rejected.parquet``, and so are duplicate conversations unless the runs kept
+them: ``keep_duplicates``, read the same way), split by ``shard_of`` as ``shard: "i/n"`` does, the
 first ``limit`` of each shard when a limit was set. Each shard index no folder holds is named; missing ids are
 counted (per shard, and how many sit in a folder's ``failed.parquet``, i.e. a resume would retry them) with
 examples. Ids stored more than once — across folders or within one — are listed with the folders that hold them.
@@ -175,12 +176,16 @@ def _chunks(items: Iterator[tuple[str, int]], size: int = 65_536) -> Iterator[pl
 
 
 def _selection(
-    prompt_file: Path, count: int | None, per_index: dict[int, int], arms: Sequence[Arm] = ()
+    prompt_file: Path,
+    count: int | None,
+    per_index: dict[int, int],
+    arms: Sequence[Arm] = (),
+    keep_duplicates: bool = False,
 ) -> Iterator[tuple[str, int]]:
     """The ids the folders' runs selected from the prompt file, in file order, with the shard index of each;
     with a sampling plan, each selected prompt's sample ids (``draftgen.sampling_plan``)."""
     taken = dict.fromkeys(per_index, 0)
-    for item in iter_prompts(prompt_file):
+    for item in iter_prompts(prompt_file, keep_duplicates=keep_duplicates):
         if not isinstance(item, PromptRow):
             continue
         index = shard_of(item.id, count) if count else 0
@@ -195,6 +200,12 @@ def _plan(generation: GenerationSet) -> list[Arm]:
     """The sampling plan the folders ran (they agree on it: it is in the fingerprint); [] without one."""
     manifest = next((o.manifest for o in generation.outputs if o.manifest), None) or {}
     return [Arm.model_validate(a) for a in (manifest.get("parameters") or {}).get("sampling_plan") or []]
+
+
+def _keeps_duplicates(generation: GenerationSet) -> bool:
+    """Whether the folders' runs sent duplicate conversations (they agree: it is in the fingerprint; a run from
+    before the parameter did)."""
+    return any((f.generation or {}).get("keep_duplicates", True) for f in generation.folders)
 
 
 def check_coverage(generation: GenerationSet) -> Coverage:
@@ -223,7 +234,10 @@ def check_coverage(generation: GenerationSet) -> Coverage:
         for i in range(count or 1)
     }
     try:
-        chunks = list(_chunks(_selection(Path(generation.prompt_file), count, per_index, _plan(generation))))
+        selection = _selection(
+            Path(generation.prompt_file), count, per_index, _plan(generation), _keeps_duplicates(generation)
+        )
+        chunks = list(_chunks(selection))
     except (PromptFileError, OSError) as exc:
         note = f"{exc}; pass prompt_file=PATH where the file is on this machine"
         return Coverage(checked=False, note=note, missing_shards=missing_shards, **base)

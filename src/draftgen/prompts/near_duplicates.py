@@ -1,0 +1,71 @@
+"""Near-duplicate conversations, found as curation pipelines find them: MinHash signatures of word shingles in a
+locality-sensitive hash index (datasketch's ``MinHash`` and ``MinHashLSH``), one conversation at a time, in order.
+
+A conversation's text is every message's content, case folded and whitespace collapsed (``rows.folded``); its
+shingles are the word 3-grams of that text (a text of three words or fewer is one shingle). The index proposes the
+earlier conversations that share a band with a new one: with 64 permutations in 5 bands of 11, a pair whose
+shingle sets have Jaccard similarity 0.95 is proposed with probability 0.985, 0.9 with 0.85, 0.8 with 0.36 (the band
+scheme's S-curve, 1 − (1 − s¹¹)⁵, turns near 0.86). A proposal is a near-duplicate when the two signatures agree on
+at least ``SIMILARITY`` of their 64 values (MinHash's estimate of the Jaccard similarity), which keeps out the
+pairs that share a band by chance among many (on templated text, a few per thousand conversations at 0.3).
+Exact copies are the reader's to find (``rows.iter_prompts``); this index sees the conversations it is given.
+
+Memory: about 2 KB per conversation (the index's 5 band keys and their buckets, and the 256-byte signature), so the
+caller bounds how many it indexes on a large file. datasketch and its scipy are imported when the first index is
+built, never by the reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+NUM_PERM = 64
+BANDS = (5, 11)  # (bands, rows per band): 55 of the 64 permutations, datasketch's choice for threshold 0.8
+SIMILARITY = 0.8  # the least estimated Jaccard similarity of a near-duplicate
+SHINGLE_WORDS = 3
+
+
+def shingles(text: str) -> set[bytes]:
+    """Word 3-grams of folded text (the text itself when it has fewer words), as bytes for the hash."""
+    words = text.split()
+    if len(words) <= SHINGLE_WORDS:
+        return {" ".join(words).encode()}
+    return {" ".join(words[i : i + SHINGLE_WORDS]).encode() for i in range(len(words) - SHINGLE_WORDS + 1)}
+
+
+class NearDuplicateIndex:
+    """Conversations added one by one; ``add`` answers with the earlier one it nearly duplicates, if any."""
+
+    def __init__(self) -> None:
+        from datasketch import MinHash, MinHashLSH
+
+        self._minhash = MinHash
+        self._index: Any = MinHashLSH(num_perm=NUM_PERM, params=BANDS)
+        self._signatures = np.empty((1024, NUM_PERM), dtype=np.uint32)
+        self.size = 0
+
+    def _signature(self, text: str) -> Any:
+        # datasketch's own shingle hash (sha1, stable across processes); 32-bit values halve the signatures.
+        signature = self._minhash(num_perm=NUM_PERM, scheme="affine32")
+        signature.update_batch(shingles(text))
+        return signature
+
+    def add(self, texts: Iterable[str]) -> tuple[int, float] | None:
+        """Index one conversation (``texts``: its folded messages) as number ``size``; the earlier conversation it
+        nearly duplicates and their estimated similarity (the most similar, the earliest of equals), or None."""
+        signature = self._signature(" ".join(texts))
+        values = signature.hashvalues.astype(np.uint32)
+        best: tuple[int, float] | None = None
+        for key in sorted(self._index.query(signature)):
+            similarity = float(np.mean(self._signatures[key] == values))
+            if similarity >= SIMILARITY and (best is None or similarity > best[1]):
+                best = (key, similarity)
+        if self.size == len(self._signatures):
+            self._signatures = np.concatenate([self._signatures, np.empty_like(self._signatures)])
+        self._signatures[self.size] = values
+        self._index.insert(self.size, signature, check_duplication=False)
+        self.size += 1
+        return best
