@@ -25,6 +25,8 @@ from draftgen.generate.config import GenerateConfig
 from draftgen.generate.store import read_done_ids
 from draftgen.params import build_config
 from draftgen.prompts.synthetic import synthetic_rows
+from draftgen.validate.coverage import check_coverage
+from draftgen.validate.folders import open_generations
 
 K = 20  # conversations that have a copy
 
@@ -163,3 +165,6 @@ def test_skipped_duplicates_are_never_sent_and_never_lost_through_a_sigkill_and_
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["counts"]["done"] == 400 + K
     assert manifest["fingerprint_fields"]["keep_duplicates"] is False
+    coverage = check_coverage(open_generations([run_dir]))  # validate expects what the run selected
+    assert coverage.checked and coverage.expected == 400 + K
+    assert coverage.missing == 0 and coverage.unexpected == 0

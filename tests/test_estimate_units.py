@@ -256,3 +256,39 @@ def test_durations_read_in_the_unit_a_person_would_use():
     assert duration(95) == "95.0 s" and duration(150) == "2.5 min"
     assert duration(12.34) == "12.3 s"
     assert duration_unit(7_199) == ("min", 60.0)  # under two hours still reads in minutes
+
+
+def test_the_estimate_prices_the_conversations_generate_sends(tmp_path, tokenizer_dir):
+    """Rows minus malformed rows and skipped duplicates; with the tokenizer, minus the turns generate sets aside."""
+    folder, _ = _benchmark_folder(tmp_path)
+    prompts = tmp_path / "p.jsonl"
+    rows = [{"id": f"q{i}", "prompt": f"Question number {i} about tides and moons."} for i in range(200)]
+    rows += [{"id": f"copy{i}", "prompt": f"Question number {i} about tides and moons."} for i in range(30)]
+    long = "word " * 5000  # alone past max_length 4096: set aside, never priced
+    rows += [{"id": f"long{i}", "prompt": f"{i} {long}"} for i in range(20)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken\n")
+    values = {
+        "benchmark_dir": str(folder),
+        "prompts": str(prompts),
+        "turns": "last",
+        "gpus": 2,
+        "concurrency_per_server": 16,
+        "max_tokens": 1024,
+        "bootstrap": 10,
+        "scenarios": [],
+        "out_dir": str(tmp_path / "est"),
+    }
+    estimate = run_estimate(build_config(EstimateConfig, values))
+    assert estimate.num_prompts == 220  # 251 rows: 1 malformed, 30 duplicates skipped
+    assert (
+        "30 duplicates skipped" in estimate.num_prompts_source
+        and "1 malformed" in estimate.num_prompts_source
+    )
+    assert estimate.audit is not None and estimate.audit.duplicates == 30
+    kept = run_estimate(build_config(EstimateConfig, {**values, "keep_duplicates": True}))
+    assert kept.num_prompts == 250
+    capped = run_estimate(build_config(EstimateConfig, {**values, "tokenizer": str(tokenizer_dir)}))
+    assert capped.num_prompts == 200  # the 20 whose prompt alone reaches max_length are not priced
+    assert capped.audit.budgets.by_class["max_length"] == 20
+    data = json.loads(save_estimate(capped, tmp_path / "est").read_text())
+    assert data["prompt_audit"]["duplicates"] == 30 and data["num_prompts"] == 200

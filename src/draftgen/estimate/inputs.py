@@ -184,9 +184,9 @@ def dataset_size(
 
     Prompts: ``dataset`` if given, else what the prompt ``audit`` says generate sends (else the rows of the prompt
     file); then ``limit``. With ``turns: all`` a conversation is one request per answer point
-    (``draftgen.training.conversation``), so the prompts are multiplied by the mean number of answer points sent
-    (the audit's, set-aside turns left out when it counted them; else of the prompt file's first ``limit`` valid
-    rows).
+    (``draftgen.training.conversation``), so the prompts are multiplied by the mean number of answer points sent:
+    the audit's, the turns generate sets aside left out when it counted them (with ``turns: last`` too), else
+    those of the prompt file's first ``limit`` valid rows.
     """
     if dataset:
         size, source = dataset, "dataset_size"
@@ -196,18 +196,18 @@ def dataset_size(
         size, source = count_rows(prompt_path), f"rows of {prompt_path}"
     if limit and limit < size:
         size, source = limit, f"limit {limit} (of {size:,} {source})"
-    if turns == "last":
-        return size, source
     if audit is not None:
         mean = mean_sent_answers(audit)
         if mean == 1.0:
             return size, source
+    elif turns == "last":
+        return size, source
     else:
         answers = answers_per_prompt(prompt_path, limit)
         if answers is None:
             return size, source
         mean = float(answers.mean())
-    source = f"{size:,} prompts ({source}) x {mean:.3f} answers each (turns: all"
+    source = f"{size:,} prompts ({source}) x {mean:.3f} answers each (turns: {turns}"
     if audit is not None and audit.budgets is not None:
         source += f"; the turns set aside under max_length {audit.budgets.max_length:,} left out"
     return round(size * mean), source + ")"

@@ -42,14 +42,15 @@ class NearDuplicateIndex:
     def __init__(self) -> None:
         from datasketch import MinHash, MinHashLSH
 
-        self._minhash = MinHash
+        # datasketch's own shingle hash (sha1, stable across processes); 32-bit values halve the signatures. Each
+        # signature starts as a copy of this empty one, which shares its permutations (drawn once, not per row).
+        self._empty = MinHash(num_perm=NUM_PERM, scheme="affine32")
         self._index: Any = MinHashLSH(num_perm=NUM_PERM, params=BANDS)
         self._signatures = np.empty((1024, NUM_PERM), dtype=np.uint32)
         self.size = 0
 
     def _signature(self, text: str) -> Any:
-        # datasketch's own shingle hash (sha1, stable across processes); 32-bit values halve the signatures.
-        signature = self._minhash(num_perm=NUM_PERM, scheme="affine32")
+        signature = self._empty.copy()
         signature.update_batch(shingles(text))
         return signature
 
@@ -59,10 +60,13 @@ class NearDuplicateIndex:
         signature = self._signature(" ".join(texts))
         values = signature.hashvalues.astype(np.uint32)
         best: tuple[int, float] | None = None
-        for key in sorted(self._index.query(signature)):
-            similarity = float(np.mean(self._signatures[key] == values))
-            if similarity >= SIMILARITY and (best is None or similarity > best[1]):
-                best = (key, similarity)
+        candidates = np.fromiter(self._index.query(signature), dtype=np.int64)
+        if candidates.size:
+            candidates.sort()
+            similarity = (self._signatures[candidates] == values).mean(axis=1)
+            top = int(similarity.argmax())  # the first of the most similar: the earliest of equals
+            if similarity[top] >= SIMILARITY:
+                best = (int(candidates[top]), float(similarity[top]))
         if self.size == len(self._signatures):
             self._signatures = np.concatenate([self._signatures, np.empty_like(self._signatures)])
         self._signatures[self.size] = values
