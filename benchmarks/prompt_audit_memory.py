@@ -3,7 +3,7 @@
 Writes ``--rows`` synthetic prompt rows (default 900,000, the mixed shape: the size of the seeds' prompt set; or
 ``--shape long-chat``) with ``--duplicates`` of them copies of earlier rows under new ids, then runs, each in a
 fresh process: the reader alone (``iter_prompts``: one hash per id and per conversation), the audit with its
-near-duplicate index over the first 100,000 conversations (what preflight and the estimate index), and the audit
+near-duplicate index over the first 20,000 conversations (what preflight and the estimate index), and the audit
 over every conversation (``draftgen prompts audit``'s default). Prints each pass's peak RSS and seconds, and their ratios to the
 reader's. The memory the audit adds is the first-turn hashes, the near-duplicate index (about 2 KB a
 conversation indexed) and counters; nothing of a row is kept after it is read.
@@ -26,7 +26,7 @@ from draftgen.prompts.long_chat import long_chat_rows
 from draftgen.prompts.synthetic import synthetic_rows, write_rows
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 mode, path = sys.argv[1], Path(sys.argv[2])
 started = time.perf_counter()
@@ -38,15 +38,17 @@ if mode == "reader":
         counts["valid"] += isinstance(item, PromptRow)
 else:
     from draftgen.prompts.audit import AuditSettings, audit_prompts
-    near_limit = {"audit": 0, "audit-near100k": 100_000}[mode]
+    near_limit = {"audit": 0, "audit-near20k": 20_000}[mode]
     audit = audit_prompts(AuditSettings(path, near_limit=near_limit, progress=False))
     counts = {"rows": audit.rows, "conversations": audit.conversations, "duplicates": audit.duplicates,
               "near_duplicates": audit.near_duplicates, "near_indexed": audit.near_indexed}
 seconds = time.perf_counter() - started
-print(json.dumps({"seconds": seconds, "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, **counts}))
+# VmHWM, this process's own high-water mark: ru_maxrss would carry the forking parent's from before exec
+peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"seconds": seconds, "peak_kib": peak, **counts}))
 """
 
-MODES = ("reader", "audit-near100k", "audit")
+MODES = ("reader", "audit-near20k", "audit")
 
 
 def _rows(rows: int, shape: str, duplicates: int, seed: int):

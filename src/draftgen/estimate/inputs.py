@@ -18,7 +18,7 @@ import polars as pl
 
 from draftgen.client.clock import WALL, HardwareClock, on_clock, on_kept_clock
 from draftgen.paths import resolve_path
-from draftgen.prompts.audit import AuditSettings, PromptAudit, audit_prompts
+from draftgen.prompts.audit import NEAR_LIMIT_BESIDE_A_RUN, AuditSettings, PromptAudit, audit_prompts
 from draftgen.prompts.rows import PromptRow, count_rows, iter_prompts
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
 from draftgen.rundir.layout import BENCH_REQUESTS as REQUESTS_FILE
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from draftgen.estimate.config import EstimateConfig
 
 BENCHMARK_RUNS = Path("outputs") / "benchmark"  # under the project root (draftgen.paths)
-ESTIMATE_NEAR_LIMIT = 100_000  # conversations the audit's near-duplicate index takes (~2 KB each)
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ def audit_prompt_set(config: EstimateConfig) -> PromptAudit:
             keep_duplicates=config.keep_duplicates,
             turns=config.turns,
             limit=config.limit,
-            near_limit=ESTIMATE_NEAR_LIMIT,
+            near_limit=NEAR_LIMIT_BESIDE_A_RUN,
             cap=cap,
             max_tokens=config.max_tokens,
             seed=config.seed,

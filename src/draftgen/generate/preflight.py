@@ -46,7 +46,7 @@ from draftgen.generate.store import (
     fingerprint_change,
 )
 from draftgen.params import ParameterError
-from draftgen.prompts.audit import AuditSettings, audit_prompts
+from draftgen.prompts.audit import NEAR_LIMIT_BESIDE_A_RUN, AuditSettings, audit_prompts
 from draftgen.prompts.audit_report import findings
 from draftgen.prompts.rows import PromptFileError, PromptRow, RejectedRow
 from draftgen.sampling_plan import arm_sampling
@@ -80,7 +80,6 @@ class Check:
 
 
 PROMPT_SAMPLE = 10_000  # prompts whose length the max_length check reads
-PREFLIGHT_NEAR_LIMIT = 100_000  # conversations the audit's near-duplicate index takes (~2 KB each)
 CHARS_PER_TOKEN = 4.0  # a rough rate for English-like text, used only without a tokenizer
 
 
@@ -695,7 +694,7 @@ async def load_length_cap(config: GenerateConfig) -> tuple[LengthCap | None, Che
 async def audit_checks(config: GenerateConfig, cap_task: asyncio.Future) -> list[Check]:
     """The prompt audit's findings as info/warn rows, never a fail (docs/generate.md, "The prompt audit"): read
     beside the server checks, with the run's length cap once it is loaded; near-duplicates among the first
-    PREFLIGHT_NEAR_LIMIT conversations. With a shard, the whole file is audited."""
+    NEAR_LIMIT_BESIDE_A_RUN conversations. With a shard, the whole file is audited."""
     length_cap, _ = await cap_task
     target = str(config.prompt_path) + (" (whole file)" if config.shard_spec else "")
     settings = AuditSettings(
@@ -704,7 +703,7 @@ async def audit_checks(config: GenerateConfig, cap_task: asyncio.Future) -> list
         keep_duplicates=config.keep_duplicates,
         turns=config.turns,
         limit=0 if config.shard_spec else config.limit,
-        near_limit=PREFLIGHT_NEAR_LIMIT,
+        near_limit=NEAR_LIMIT_BESIDE_A_RUN,
         cap=length_cap,
         max_tokens=config.max_tokens,
         enable_thinking=config.enable_thinking,

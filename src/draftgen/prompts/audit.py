@@ -47,6 +47,9 @@ OPENER = re.compile(
 OPENER_MAX_CHARS = 60
 EXAMPLES = 3  # examples kept per finding
 CATEGORIES = 200  # distinct categories counted by name; the rest as "(other)"
+# The near-duplicate index preflight and the estimate build beside other work: the first 20,000 conversations (about
+# 40 MB); `draftgen prompts audit` indexes every one unless told (docs/figures.md, figure 32).
+NEAR_LIMIT_BESIDE_A_RUN = 20_000
 PROGRESS_FROM_ROWS = 5_000  # a progress bar for files at least this long
 PROGRESS_FROM_SAMPLE = 100  # and for counting the tokens of at least this many conversations
 
@@ -172,6 +175,7 @@ class _Tally:
         self.sampler = random.Random(settings.seed)
         self.near_index: Any = None
         self.near_rows: list[int] = []  # the index's conversation number → its row
+        self.near_seen = 0  # conversations given to the index (the indexed ones and their near-duplicates)
 
     def example(self, finding: str, text: str) -> None:
         kept = self.examples.setdefault(finding, [])
@@ -210,15 +214,17 @@ class _Tally:
 
     def _near(self, item: PromptRow) -> None:
         limit = self.settings.near_limit
-        if limit and len(self.near_rows) >= limit:
+        if limit and self.near_seen >= limit:
             return
         if self.near_index is None:
             from draftgen.prompts.near_duplicates import NearDuplicateIndex
 
             self.near_index = NearDuplicateIndex()
         match = self.near_index.add(folded(m["content"]) for m in item.messages)
-        self.near_rows.append(item.row)
-        if match is not None:
+        self.near_seen += 1
+        if match is None:
+            self.near_rows.append(item.row)  # its number in the index is its place here
+        else:
             self.near += 1
             earlier, similarity = match
             self.example(
@@ -272,7 +278,7 @@ def audit_prompts(settings: AuditSettings) -> PromptAudit:
         shared_groups=len(shared),
         openers=tally.openers,
         near_duplicates=tally.near,
-        near_indexed=len(tally.near_rows),
+        near_indexed=tally.near_seen,
         turns_mode=settings.turns,
         turns=dict(sorted(tally.turns.items())),
         categories=dict(tally.categories.most_common()),

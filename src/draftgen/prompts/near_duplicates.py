@@ -10,8 +10,8 @@ at least ``SIMILARITY`` of their 64 values (MinHash's estimate of the Jaccard si
 pairs that share a band by chance among many (on templated text, a few per thousand conversations at 0.3).
 Exact copies are the reader's to find (``rows.iter_prompts``); this index sees the conversations it is given.
 
-Memory: about 2 KB per conversation (the index's 5 band keys and their buckets, and the 256-byte signature), so the
-caller bounds how many it indexes on a large file. datasketch and its scipy are imported when the first index is
+Memory: about 2 KB per conversation indexed (the index's 5 band keys and their buckets, and the 256-byte
+signature), so the caller bounds how many it takes from a large file. datasketch and its scipy are imported when the first index is
 built, never by the reader.
 """
 
@@ -55,21 +55,23 @@ class NearDuplicateIndex:
         return signature
 
     def add(self, texts: Iterable[str]) -> tuple[int, float] | None:
-        """Index one conversation (``texts``: its folded messages) as number ``size``; the earlier conversation it
-        nearly duplicates and their estimated similarity (the most similar, the earliest of equals), or None."""
+        """One conversation (``texts``: its folded messages): the earlier indexed one it nearly duplicates and
+        their estimated similarity (the most similar, the earliest of equals), or None, and then it is indexed
+        as number ``size``. A near-duplicate is not indexed: its group is represented by its first member, so a
+        bucket grows with the distinct conversations, not with the copies of one (a copy of a copy is found
+        through the first, when it is near that one too)."""
         signature = self._signature(" ".join(texts))
         values = signature.hashvalues.astype(np.uint32)
-        best: tuple[int, float] | None = None
         candidates = np.fromiter(self._index.query(signature), dtype=np.int64)
         if candidates.size:
             candidates.sort()
             similarity = (self._signatures[candidates] == values).mean(axis=1)
             top = int(similarity.argmax())  # the first of the most similar: the earliest of equals
             if similarity[top] >= SIMILARITY:
-                best = (int(candidates[top]), float(similarity[top]))
+                return int(candidates[top]), float(similarity[top])
         if self.size == len(self._signatures):
             self._signatures = np.concatenate([self._signatures, np.empty_like(self._signatures)])
         self._signatures[self.size] = values
         self._index.insert(self.size, signature, check_duplication=False)
         self.size += 1
-        return best
+        return None
