@@ -454,10 +454,13 @@ def long_chat_conversations(n: int, seed: int = 0) -> Iterator[LongChat]:
             if not unpasted:
                 continue
             of, original, _ = rng.choice(unpasted)
-            first = _perturbed(rng, original[_first_user(original)]["content"])
-            messages = _turns(
-                rng, kind, first, max(users, 2)
-            )  # more than the first turn: not a near-duplicate
+            messages = _turns(rng, kind, _perturbed(rng, original[_first_user(original)]["content"]), users)
+            if users == 1:  # more than the shared turn, else it is a copy in another case (a near-duplicate)
+                more = random.Random(row_id)  # a stream of its own: the rows after it stay as they were
+                messages += [
+                    {"role": "assistant", "content": _source_answer(more)},
+                    {"role": "user", "content": _follow_up(more, kind)},
+                ]
         elif planted == "opener":
             messages = _turns(rng, kind, rng.choice(OPENERS), max(users, 2))
             messages[1]["content"] = "(continued) " + messages[1]["content"]
