@@ -88,9 +88,8 @@ class PromptScan:
     rows: int = 0  # rows read (valid + malformed) within the limit
     valid: int = 0
     rejected: int = 0  # malformed rows and skipped duplicates (all in rejected.parquet)
-    duplicates: int = (
-        0  # of them, conversations the file held earlier under another id: skipped, not malformed
-    )
+    # of them, conversations the file held earlier under another id: skipped, not malformed
+    duplicates: int = 0
     stored: int = 0  # valid rows whose id is already in the shards
     reasons: Counter = field(default_factory=Counter)
     examples: list[str] = field(default_factory=list)
