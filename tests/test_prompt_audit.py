@@ -43,12 +43,14 @@ def _write(path: Path, rows: list) -> Path:
 # ----- the rules --------------------------------------------------------------------------------------------
 def test_openers_are_short_requests_to_go_on():
     assert all(is_opener(text) for text in OPENERS)  # what the generator plants, the audit finds
-    for text in ("continue", "Go on.", "  please   CONTINUE!", "ok continue", "keep writing", "Next"):
+    for text in ("continue", "Go on.", "  please   CONTINUE!", "ok continue", "keep writing", "Proceed."):
         assert is_opener(text), text
     for text in (
         "Continue the story about the dragon who guarded the bridge over the frozen river for a century",
         "Can you continue?",  # asks, with context of its own: not matched
         "Write a poem about continuity",
+        "Resume tips for a junior engineer",
+        "More examples, please",  # asks for something: not a bare "go on"
         "",
     ):
         assert not is_opener(text), text

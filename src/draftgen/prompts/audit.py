@@ -39,10 +39,11 @@ if TYPE_CHECKING:
     from draftgen.prompts.turn_budgets import TurnBudgets
 
 # A context-free opener: the first user turn of a part of a longer conversation, which only asks to go on. Matched
-# on the folded text with end punctuation stripped, at most OPENER_MAX_CHARS long (a longer turn says more).
+# on the folded text with end punctuation stripped, at most OPENER_MAX_CHARS long (a longer turn says more). Words
+# that also open real questions ("more", "next", "resume" the noun) are left out.
 OPENER = re.compile(
     r"^(?:(?:please|pls|ok|okay|now|and|so)\s+)*"
-    r"(?:continue|go on|keep going|keep writing|carry on|resume|proceed|more|next)\b"
+    r"(?:continue|go on|keep going|keep writing|carry on|proceed)\b"
 )
 OPENER_MAX_CHARS = 60
 EXAMPLES = 3  # examples kept per finding
