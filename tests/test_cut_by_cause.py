@@ -20,6 +20,7 @@ from draftgen.generate.guard import Guard, GuardSettings
 from draftgen.params import build_config, load_params_files
 from draftgen.prompts.long_chat import long_chat_rows
 from draftgen.prompts.synthetic import write_rows
+from draftgen.prompts.turn_budgets import TurnBudgets
 from draftgen.runner import REPO_ROOT
 from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import (
@@ -143,3 +144,50 @@ def test_answers_cut_by_max_tokens_still_halt_the_run_and_fail_validate(
     with pytest.raises(ValidationGateError, match="cut by max_tokens") as failed:
         require_fit_to_train(checked)
     assert "raise max_tokens" in str(failed.value)
+
+
+# ----- predicted before a request is sent -----------------------------------------------------------------------
+def test_expected_cuts_are_the_completions_longer_than_each_capped_turns_room():
+    budgets = TurnBudgets(
+        tokenizer="t",
+        max_length=4096,
+        min_turn_budget=0,
+        max_tokens=4096,
+        conversations=1,
+        of_conversations=1,
+        capped_rooms=(100, 1000, 5000),
+    )
+    lengths = [20.0 * q for q in range(101)]  # completions spread evenly over 0..2,000 tokens
+    assert budgets.expected_cuts(lengths) == pytest.approx(0.95 + 0.5 + 0.0)
+    assert budgets.expected_cuts([]) == 0.0
+
+
+def test_preflight_predicts_the_caps_cuts_from_the_prompts_and_the_estimates_lengths(
+    sim_fleet, sim_tokenizer_dir, long_chats, tmp_path
+):
+    fleet = sim_fleet(servers=1, profile="instant")
+    estimate = tmp_path / "estimate.json"
+    estimate.write_text(
+        json.dumps(
+            {
+                "aggregate_output_tok_s": 1000.0,
+                "wall_time_s": 100.0,
+                "num_prompts": CONVERSATIONS,
+                "servers": 1,
+                "concurrency_per_server": 64,
+                "max_tokens": 4096,
+                "mean_completion_tokens": 1500.0,
+                "completion_tokens_percentiles": [40.0 * q for q in range(101)],  # 0..4,000 tokens
+            }
+        )
+    )
+    checks = {}
+    for name, extra in (("without", {}), ("with", {"estimate": str(estimate)})):
+        config = _production(fleet.urls, long_chats, tmp_path / name, sim_tokenizer_dir, **extra)
+        plan = asyncio.run(preflight(config))
+        plan.release()
+        [checks[name]] = [c for c in plan.checks if c.check == "audit: cut prediction"]
+    assert checks["without"].status == "info" and "each may end at the cap" in checks["without"].detail
+    predicted = checks["with"].detail
+    assert "from the estimate's completion lengths about" in predicted and "will end at the cap" in predicted
+    assert "never count against max_truncated_rate" in predicted

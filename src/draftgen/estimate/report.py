@@ -104,6 +104,11 @@ def estimate_json(estimate: Estimate) -> dict:
         "benchmark_dir": str(data.path),
         "benchmark_servers": data.servers,
         "benchmark_max_tokens": data.max_tokens,
+        # the measured completion lengths' percentiles 0..100 (at the benchmark's max_tokens): generate's preflight
+        # predicts from them how many turns the trainer's max_length cap will cut
+        "completion_tokens_percentiles": [
+            round(float(v), 1) for v in np.percentile(estimate.benchmark.lengths.tokens, np.arange(101))
+        ],
         "notes": list(estimate.notes),
         "train_max_length": asdict(estimate.max_length_cost) if estimate.max_length_cost else None,
         "prompt_audit": estimate.audit.as_dict() if estimate.audit else None,

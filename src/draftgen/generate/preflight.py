@@ -49,6 +49,7 @@ from draftgen.params import ParameterError
 from draftgen.prompts.audit import NEAR_LIMIT_BESIDE_A_RUN, AuditSettings, audit_prompts
 from draftgen.prompts.audit_report import findings
 from draftgen.prompts.rows import PromptFileError, PromptRow, RejectedRow
+from draftgen.prompts.turn_budgets import TurnBudgets
 from draftgen.sampling_plan import arm_sampling
 from draftgen.training.masks import load_tokenizer
 from draftgen.training.template_fit import template_problem
@@ -717,9 +718,46 @@ async def audit_checks(config: GenerateConfig, cap_task: asyncio.Future) -> list
         for f in findings(audit)
         if f.check != "malformed rows"
     ]
+    if audit.budgets is not None and audit.budgets.turns:
+        rows.append(cut_prediction(config, audit.budgets))
     return rows or [
         Check("audit", target, "info", "no duplicates, shared first turns, openers or near-duplicates")
     ]
+
+
+def cut_prediction(config: GenerateConfig, budgets: TurnBudgets) -> Check:
+    """How many turns the trainer's max_length cap will cut, before a request is sent: every capped turn at most;
+    with the estimate, the expected number from its measured completion lengths. Cut by design, trained as
+    generated: an info row, so a long multi-turn set's many cuts are expected, not a surprise at the gate."""
+    capped = len(budgets.capped_rooms)
+    sent = budgets.turns - budgets.set_aside
+    small = sum(room <= 1024 for room in budgets.capped_rooms)
+    sample = (
+        ""
+        if budgets.conversations == budgets.of_conversations
+        else f" (of {budgets.conversations:,} counted)"
+    )
+    detail = (
+        f"{capped:,} of the {sent:,} turns sent{sample} get less room than max_tokens {config.max_tokens:,} "
+        f"({small:,} of them 1,024 tokens or less)"
+    )
+    percentiles = None
+    if config.estimate:
+        with contextlib.suppress(ValueError, OSError):
+            percentiles = load_estimate(config.estimate).get("completion_tokens_percentiles")
+    if percentiles:
+        expected = budgets.expected_cuts(percentiles)
+        detail += (
+            f"; from the estimate's completion lengths about {expected:,.0f} ({expected / max(1, sent):.0%} of the "
+            "turns sent) will end at the cap"
+        )
+    else:
+        detail += "; each may end at the cap (an estimate, -p estimate ..., predicts how many)"
+    detail += (
+        " — cut at max_length, expected: they train as generated and never count against max_truncated_rate or "
+        "validate's gate"
+    )
+    return Check("audit: cut prediction", str(config.prompt_path), "info", detail)
 
 
 async def servers_clock(urls: list[str], api_key: str = "EMPTY") -> tuple[HardwareClock, Check | None]:

@@ -54,6 +54,7 @@ class TurnBudgets:
     sent_turns: Mapping[int, int] = field(
         default_factory=dict
     )  # answer points sent per conversation → conversations
+    capped_rooms: tuple[int, ...] = ()  # the max_tokens each capped answer point is sent with (its room)
 
     @property
     def turns(self) -> int:
@@ -70,6 +71,16 @@ class TurnBudgets:
 
     def share(self, name: str) -> float:
         return self.by_class.get(name, 0) / self.turns if self.turns else 0.0
+
+    def expected_cuts(self, completion_percentiles: Sequence[float]) -> float:
+        """How many capped answer points should end at their cap: the sum over them of the share of completions
+        longer than their room, from a completion-length distribution given as its percentiles 0..100 (the
+        estimate's, measured at production settings)."""
+        if not self.capped_rooms or len(completion_percentiles) < 2:
+            return 0.0
+        quantiles = np.linspace(0.0, 1.0, len(completion_percentiles))
+        below = np.interp(np.asarray(self.capped_rooms, dtype=float), completion_percentiles, quantiles)
+        return float(np.sum(1.0 - below))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -156,9 +167,13 @@ def turn_budgets(
     by_class: Counter[str] = Counter()
     sent: Counter[int] = Counter()
     per_turn: list[int] = []
+    rooms: list[int] = []
     for messages in conversations:
         classified = classify_turns(messages, cap, max_tokens, enable_thinking, turns)
         by_class.update(name for name, _ in classified)
+        rooms += [
+            cap.max_length - tokens for name, tokens in classified if name == CAPPED and tokens is not None
+        ]
         sent[sum(name not in (NO_ROOM, BELOW_FLOOR) for name, _ in classified)] += 1
         per_turn += [tokens for _, tokens in classified if tokens is not None]
         if progress is not None:
@@ -173,4 +188,5 @@ def turn_budgets(
         by_class={name: by_class[name] for name in CLASSES if by_class[name]},
         prompt_tokens=_quantiles(per_turn),
         sent_turns=dict(sorted(sent.items())),
+        capped_rooms=tuple(rooms),
     )
