@@ -24,6 +24,7 @@ from draftgen.serve.records import write_commands
 from draftgen.serve.supervisor import Supervisor
 from draftgen.serve.view import LineView, TableView
 from draftgen.server_settings import load_settings
+from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, FAMILIES
 from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.profiles import PROFILES
@@ -63,6 +64,13 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     )
     what.add_argument(
         "--engine", choices=ENGINES, default="sglang", help="sglang (default) or sim (simulated)"
+    )
+    what.add_argument(
+        "--model-family",
+        choices=FAMILIES,
+        default=DEFAULT_FAMILY,
+        help="the model's family, which picks SGLang's --reasoning-parser and --tool-call-parser "
+        "(default %(default)s: Qwen3.5/3.6, tool calls read by qwen3_coder; qwen3: by qwen)",
     )
     what.add_argument(
         "--python", default=sys.executable, help="interpreter that runs the servers (default: this one)"
@@ -155,6 +163,7 @@ def build_config(args: argparse.Namespace, run_name: str) -> ServeConfig:
         mem_fraction=args.mem_fraction,
         max_running_requests=args.max_running_requests,
         engine=args.engine,
+        model_family=args.model_family,
         extra_args=tuple(args.extra),
         settings=load_settings(args.settings) if args.settings else None,
         host=args.host,

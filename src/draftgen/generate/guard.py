@@ -48,9 +48,16 @@ def _snippet(text: str | None, limit: int = 160) -> str:
 
 
 def classify(
-    *, thinking: bool, content: str | None, reasoning: str | None, finish_reason: str | None, failed: bool
+    *,
+    thinking: bool,
+    content: str | None,
+    reasoning: str | None,
+    finish_reason: str | None,
+    failed: bool,
+    calls: int = 0,
 ) -> tuple[str, ...]:
-    """The defects of one result (an empty tuple for a good one)."""
+    """The defects of one result (an empty tuple for a good one); ``calls``: the tool calls it made (an answer that
+    is only calls is not empty)."""
     if failed:
         return ("failed",)
     if (
@@ -61,7 +68,7 @@ def classify(
     truncated = finish_reason == "length"
     if truncated:
         defects.append("truncated")  # an empty answer is expected when thinking ran out of tokens
-    elif not (content or "").strip():
+    elif not (content or "").strip() and not calls:
         defects.append("empty_answer")
     if thinking and not (reasoning or "").strip():
         defects.append("empty_reasoning")
@@ -146,6 +153,7 @@ class Guard:
         finish_reason: str | None = None,
         error: str | None = None,
         thinking: bool | None = None,
+        calls: int = 0,
     ) -> tuple[str, ...]:
         """One result's defects, counted in the window; ``thinking``: whether that request was asked to think
         (a sampling plan's arms differ; None: the run's setting)."""
@@ -155,6 +163,7 @@ class Guard:
             reasoning=reasoning,
             finish_reason=finish_reason,
             failed=error is not None,
+            calls=calls,
         )
         if len(self._window) == self._window.maxlen:
             for old in self._window[0]:

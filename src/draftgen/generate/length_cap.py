@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 SET_ASIDE = "set aside at the trainer's max_length"  # how a set-aside prompt's rejected.parquet reason begins
-PromptCounter = Callable[
-    [Sequence[Mapping[str, Any]], bool], int
-]  # (messages, enable_thinking) → prompt tokens
+# (messages, enable_thinking, tool schemas or None) → prompt tokens
+PromptCounter = Callable[[Sequence[Mapping[str, Any]], bool, Sequence[Mapping[str, Any]] | None], int]
 
 
 @dataclass(frozen=True)
@@ -53,11 +52,16 @@ class LengthCap:
     tokenizer: str = ""  # where the counter's tokenizer came from (for messages)
 
     def limit(
-        self, messages: Sequence[Mapping[str, Any]], max_tokens: int, enable_thinking: bool
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        max_tokens: int,
+        enable_thinking: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> TurnLimit:
-        """The turn's max_tokens; a prompt the chat template cannot render goes uncapped (the server judges it)."""
+        """The turn's max_tokens (the prompt rendered with the conversation's ``tools``, as the server renders it);
+        a prompt the chat template cannot render goes uncapped (the server judges it)."""
         try:
-            prompt = int(self.count(messages, enable_thinking))
+            prompt = int(self.count(messages, enable_thinking, tools))
         except (
             Exception
         ):  # the template's own error (raise_exception) or the tokenizer's: not the run's to stop
@@ -82,9 +86,14 @@ def tokenizer_counter(folder: str | Path) -> PromptCounter:
             f"tokenizer {folder} has no chat template: the prompt cannot be rendered as the server does"
         )
 
-    def count(messages: Sequence[Mapping[str, Any]], enable_thinking: bool) -> int:
+    def count(
+        messages: Sequence[Mapping[str, Any]],
+        enable_thinking: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
         text = tokenizer.apply_chat_template(
             [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
             tokenize=False,
             add_generation_prompt=True,
             enable_thinking=enable_thinking,

@@ -155,6 +155,7 @@ class RunSession:
             reasoning=result.reasoning_content,
             finish_reason=result.finish_reason,
             thinking=thinking,
+            calls=len(result.tool_calls),
         )
 
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:

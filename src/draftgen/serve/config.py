@@ -10,6 +10,7 @@ from pathlib import Path
 
 from draftgen.defaults import BASE_PORT
 from draftgen.server_settings import MTP_DEFAULT, ServerSettings
+from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, FAMILIES
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
 
@@ -90,6 +91,8 @@ class ServeConfig:
     mem_fraction: float | None = None
     max_running_requests: int | None = None
     engine: str = "sglang"
+    # whose reasoning and tool-call parsers the servers start with (sglang_rules.parsers)
+    model_family: str = DEFAULT_FAMILY
     extra_args: tuple[str, ...] = ()
     settings: ServerSettings | None = (
         None  # --settings FILE (draftgen tune): replaces mtp, mem_fraction, the cap
@@ -124,6 +127,8 @@ class ServeConfig:
             raise ValueError(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
         if not self.model:
             raise ValueError("--model is required: the model path or Hugging Face id SGLang should load")
+        if self.model_family not in FAMILIES:
+            raise ValueError(f"--model-family {self.model_family!r}: choose one of {', '.join(FAMILIES)}")
         if not self.gpus:
             raise ValueError("--gpus is empty: list the GPUs to serve on, e.g. 0-6")
         object.__setattr__(self, "groups", group_gpus(self.gpus, self.tp))
