@@ -43,12 +43,10 @@ class Turn:
     reasoning_content: str | None = None  # a generated answer's reasoning ("" if none); None otherwise
     generated: bool = False  # True only for assistant text the target model wrote in this run
     turn: int | None = None  # for a generated answer: its index in the row's turn_* columns
-    tool_calls: tuple[
-        dict[str, Any], ...
-    ] = ()  # an assistant message's calls (a generated answer's: the target's)
-    tool_call_id: str | None = (
-        None  # a tool result: the call it answers (re-addressed to the target's when spliced)
-    )
+    # an assistant message's calls (a generated answer's: the target's)
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    # a tool result: the call it answers (re-addressed to the target's when spliced)
+    tool_call_id: str | None = None
     name: str | None = None
 
 
@@ -161,7 +159,10 @@ def follow_up(
         elif not target:
             reason = f"the target answered without calling {_names(original)}"
         else:
-            reason = f"the target called {_names(target)} with other arguments or functions than the source's {_names(original)}"
+            reason = (
+                f"the target called {_names(target)} with other arguments or functions than the source's "
+                f"{_names(original)}"
+            )
         return [], Divergence(turn, after, reason, original, target)
     start = after + 2
     results = list(messages[start : start + len(original)])
