@@ -681,7 +681,8 @@ async def preflight(config: GenerateConfig) -> Plan:
             checks.extend(server_checks)
             if caps is not None:
                 plans.append(ServerPlan(url, caps))
-        if config.canary and scan.with_tools and plans:
+        failed = any(c.status == "fail" for c in checks)
+        if config.canary and scan.with_tools and plans and not failed:  # no run will follow a failed check
             checks.extend(await tool_canaries(config, plans, api_key))
         clock, clock_check = await servers_clock([p.url for p in plans], api_key)
         if clock_check is not None:

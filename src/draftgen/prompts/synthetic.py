@@ -190,6 +190,20 @@ _TOOL_QUESTIONS = (
     ((2,), "Search flights for {n} passengers to {city}."),
     ((0, 3), "Compare the weather and the population of {city}."),
 )
+_TOOL_LEAD_INS = (
+    "",
+    "quick question: ",
+    "before I book anything, ",
+    "for a work trip, ",
+    "my family is asking: ",
+    "planning ahead, ",
+    "one more thing, ",
+    "sorry to bother you, but ",
+    "for a weekend away, ",
+    "help me decide: ",
+    "just checking, ",
+    "for my notes, ",
+)
 _TOOL_RESULTS = {
     "get_weather": '{{"forecast": "{sky}", "high_c": {high}, "low_c": {low}}}',
     "get_local_time": '{{"time": "{hour:02d}:{minute:02d}", "utc_offset": "+{offset:02d}:00"}}',
@@ -211,7 +225,9 @@ def _agentic(rng: random.Random) -> dict:
     wanted, question = rng.choice(_TOOL_QUESTIONS)
     city, n = rng.choice(_CITIES), rng.randint(1, 4)
     tools = [_TOOLS[i] for i in sorted({*wanted, rng.randrange(len(_TOOLS))})]
+    lead = rng.choice(_TOOL_LEAD_INS)
     text = question.format(city=city, n=n)
+    text = lead + text[0].lower() + text[1:] if lead else text
     other = rng.random() < 0.125
     calls, results = [], []
     for number, index in enumerate(wanted):
@@ -270,6 +286,12 @@ _KINDS = (
 )
 
 
+def _first_request(fields: dict) -> dict:
+    """A row's messages up to its first user message, and its tools."""
+    roles = [m["role"] for m in fields["messages"]]
+    return {"messages": fields["messages"][: roles.index("user") + 1], "tools": fields.get("tools")}
+
+
 def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
     """``n`` distinct prompt rows, reproducible from ``seed``; ids are ``syn-<seed>-<index>``."""
     if n < 0:
@@ -284,7 +306,9 @@ def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
         kind = rng.choices(names, weights)[0]
         built = builders[kind](rng)
         fields = built if isinstance(built, dict) else {"messages": built}  # agentic rows: messages and tools
-        key = json.dumps(fields, sort_keys=True)
+        # rows are told apart by their first request (the messages up to the first question, and the tools): two rows
+        # asking the same first (a chat question that opens a multi-turn row too) would send one request twice
+        key = json.dumps(_first_request(fields), sort_keys=True)
         if key in seen:  # a prompt set with repeats would make "duplicate answer" checks meaningless
             continue
         seen.add(key)

@@ -141,7 +141,7 @@ class OpenAIApi:
             "seed": seed,
             "calls": self.sim.plan_calls(tools, messages, seed),
             "ignore_eos": bool(body.get("ignore_eos")),
-            "category": classify(messages),
+            "category": classify(messages, tools),
             "temperature": temperature_of(body),
         }
 
