@@ -26,6 +26,8 @@ from serve_runs import ServeRun, start_serve
 from tier_runs import GREEDY, SERVED_MODEL
 from tiny_qwen3 import IM_END, THINK_CLOSE, TOOL_ARGUMENTS, TOOL_CALL, TOOL_NAME, TOOL_REASONING
 
+from draftgen.client.sse import iter_events
+
 WEATHER = {
     "type": "function",
     "function": {
@@ -148,6 +150,22 @@ def test_sglangs_parser_returns_the_call_whole_and_streamed(tools_server: ServeR
     )
     assert choice["message"]["reasoning_content"] == TOOL_REASONING
     assert "<tool_call>" not in (choice["message"]["content"] or "")
+    # the shapes the simulator speaks (docs/simulator.md, "Tool calls"): keys of the message and of each call
+    assert set(choice["message"]) == {"role", "content", "reasoning_content", "tool_calls"}
+    assert set(call) == {"id", "index", "type", "function"} and set(call["function"]) == {"name", "arguments"}
+    streamed = requests.post(
+        f"{tools_server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=300, stream=True
+    )
+    events = [e.data for e in iter_events(streamed.iter_content(chunk_size=None))]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    pieces = [p for c in chunks for ch in c["choices"] for p in ch["delta"].get("tool_calls") or ()]
+    # SGLang's incremental shape: the first piece names the call (and carries its id), later ones only add arguments
+    assert pieces[0]["id"] and pieces[0]["function"]["name"] == TOOL_NAME
+    assert all(p["id"] is None and p["function"]["name"] is None for p in pieces[1:])
+    assert {p["index"] for p in pieces} == {0}
+    assert json.loads("".join(p["function"]["arguments"] or "" for p in pieces)) == TOOL_ARGUMENTS
+    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finishes == ["tool_calls"]
     without = requests.post(
         f"{tools_server.url}/v1/chat/completions", json={**body, "tools": None}, timeout=300
     ).json()["choices"][0]

@@ -219,15 +219,17 @@ class OpenAIApi:
     def _choice(self, request: SimRequest, parsed: dict, index: int) -> dict:
         reasoning, content = self._texts(request, parsed, 0, request.shown_tokens)
         finish_reason, matched = self._finish_reason(request)
+        message: dict[str, object] = {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning if reasoning is not None else None,
+        }
         calls = self._tool_calls(request)
+        if calls:  # SGLang's ChatMessage leaves the key out when there are none
+            message["tool_calls"] = calls
         return {
             "index": index,
-            "message": {
-                "role": "assistant",
-                "content": content,
-                "reasoning_content": reasoning if reasoning is not None else None,
-                "tool_calls": calls or None,
-            },
+            "message": message,
             "logprobs": None,
             "finish_reason": finish_reason,
             "matched_stop": matched,
