@@ -102,7 +102,16 @@ class FakeServer:
         return sum(r.outcome == outcome for r in self.requests)
 
     async def chat(
-        self, messages, sampling, model, *, stream=False, timeout_s=None, max_tokens=None, seed=None
+        self,
+        messages,
+        sampling,
+        model,
+        *,
+        stream=False,
+        timeout_s=None,
+        max_tokens=None,
+        seed=None,
+        tools=None,
     ) -> ChatResult:
         loop = asyncio.get_running_loop()
         prompt_id = messages[0]["content"].split(" ", 1)[0]

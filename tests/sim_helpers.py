@@ -166,14 +166,18 @@ def count(fleet: SimFleet, text: str | None) -> int:
     return len(tokenizer_of(fleet).encode(text or ""))
 
 
-def prompt_ids(fleet: SimFleet, messages: list[dict], thinking: bool = True) -> list[int]:
-    """The ids of a chat prompt as the fleet's servers render and encode it."""
+def prompt_ids(
+    fleet: SimFleet, messages: list[dict], thinking: bool = True, tools: list[dict] | None = None
+) -> list[int]:
+    """The ids of a chat prompt (with its ``tools``) as the fleet's servers render and encode it."""
     tokenizer = tokenizer_of(fleet)
-    return tokenizer.encode(tokenizer.render(messages, thinking))
+    return tokenizer.encode(tokenizer.render(messages, thinking, tools))
 
 
-def prompt_count(fleet: SimFleet, messages: list[dict], thinking: bool = True) -> int:
-    return len(prompt_ids(fleet, messages, thinking))
+def prompt_count(
+    fleet: SimFleet, messages: list[dict], thinking: bool = True, tools: list[dict] | None = None
+) -> int:
+    return len(prompt_ids(fleet, messages, thinking, tools))
 
 
 def eos_id(fleet: SimFleet) -> int:

@@ -21,7 +21,13 @@ from draftgen.prompts.synthetic import BUNDLED_PROMPTS
 from draftgen.sim import categories
 from draftgen.sim.profiles import B200_CATEGORY_ACCEPT_LENGTH, B200_MTP
 from draftgen.sim.speculative import mean_accept_length
-from draftgen.training.conversation import request_messages
+from draftgen.training.conversation import (
+    Answer,
+    generated_calls,
+    request_messages,
+    stored_messages,
+    stored_tools,
+)
 
 MODEL = "Qwen/Qwen3.6-27B"
 
@@ -61,7 +67,7 @@ def test_a_long_category_is_cut_and_the_bundled_rows_keep_theirs(tmp_path):
 def test_the_simulator_classifies_every_bundled_prompt_as_its_generator_labelled_it():
     for line in BUNDLED_PROMPTS.read_text().splitlines():
         row = json.loads(line)
-        assert categories.classify(row["messages"]) == row["category"], row["id"]
+        assert categories.classify(row["messages"], row.get("tools")) == row["category"], row["id"]
     assert categories.classify([{"role": "user", "content": "Say hi."}]) is None
 
 
@@ -196,10 +202,15 @@ def _truth_by_turn(fleet, rows: pl.DataFrame) -> list[tuple[str, int, int, float
     out = []
     for row in rows.iter_rows(named=True):
         points = row["turn_after"]
+        calls = generated_calls(row, len(points))
         for turn, tokens in enumerate(row["turn_completion_tokens"]):
-            earlier = list(zip(points[:turn], row["turn_content"][:turn], strict=True))
-            sent = request_messages(row["messages"], points[turn], earlier, row["turns_mode"])
-            factor = categories.factor_of(B200_MTP.category_accept, categories.classify(sent))
+            earlier = [
+                (p, Answer(c, k))
+                for p, c, k in zip(points[:turn], row["turn_content"][:turn], calls[:turn], strict=True)
+            ]
+            sent = request_messages(stored_messages(row), points[turn], earlier, row["turns_mode"])
+            category = categories.classify(sent, stored_tools(row))
+            factor = categories.factor_of(B200_MTP.category_accept, category)
             out.append((row["category"], turn, tokens, mean_accept_length(categories.scaled(probs, factor))))
     return out
 

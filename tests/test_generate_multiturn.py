@@ -24,7 +24,17 @@ from draftgen.params import ParameterError, build_config
 from draftgen.prompts.rows import PromptRow, RejectedRow, iter_prompts, normalize_record
 from draftgen.prompts.synthetic import synthetic_rows
 from draftgen.sim.textgen import request_seed
-from draftgen.training.conversation import answer_points, assemble, request_messages
+from draftgen.sim.toolcalls import planned_calls
+from draftgen.training.conversation import (
+    Answer,
+    answer_points,
+    assemble,
+    generated_calls,
+    request_messages,
+    stored_messages,
+    stored_tools,
+)
+from draftgen.training.tools import wire_messages
 
 MODEL = "Qwen/Qwen3.6-27B"
 SOURCE_MARK = "SOURCE-ANSWER"  # every source assistant message in the test prompts carries it
@@ -60,15 +70,39 @@ def conversations(count: int, seed: int) -> list[dict]:
         elif shape == 3:  # ShareGPT rows end with the answer: dropped and regenerated
             messages = [u(q), a("one"), u(f"more on {index}"), a("final")]
         else:  # an agent loop: the assistant's tool call, the result, the assistant's reply, a new question
-            messages = [
-                u(q),
-                a("calling the tool"),
-                {"role": "tool", "content": f"result {index}"},
-                a("done"),
-                u("thanks, now?"),
-            ]
+            rows.append(agent_loop(f"mt-{seed}-{index:04d}", q, f"result {index}"))
+            continue
         rows.append({"id": f"mt-{seed}-{index:04d}", "messages": messages})
     return rows
+
+
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup_topic",
+        "parameters": {"type": "object", "properties": {"topic": {"type": "string"}}},
+    },
+}
+
+
+def agent_loop(prompt_id: str, question: str, result: str) -> dict:
+    """A question the source answered with a tool call, the tool's result, the source's reply, a new question. The
+    source's call is the one the simulator makes for the question (draftgen.sim.toolcalls), so the target's call
+    matches it and the result is spliced in: three answer points, every one generated."""
+    call = planned_calls([LOOKUP], [u(question)])[0]
+    source_call = {
+        "id": f"call-{prompt_id}",
+        "type": "function",
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+    }
+    messages = [
+        u(question),
+        {"role": "assistant", "content": f"{SOURCE_MARK} calling the tool", "tool_calls": [source_call]},
+        {"role": "tool", "tool_call_id": f"call-{prompt_id}", "content": result},
+        a("done"),
+        u("thanks, now?"),
+    ]
+    return {"id": prompt_id, "tools": [LOOKUP], "messages": messages}
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
@@ -104,21 +138,33 @@ def run(config: GenerateConfig):
 
 
 def sent_messages(row: dict, turn: int) -> tuple[dict[str, str], ...]:
-    """The messages of ``turn``'s request if it carried the target's own earlier answers."""
+    """The messages of ``turn``'s request if it carried the target's own earlier answers (and calls)."""
     points = row["turn_after"]
-    earlier = list(zip(points[:turn], row["turn_content"][:turn], strict=True))
-    return request_messages(row["messages"], points[turn], earlier, row["turns_mode"])
+    calls = generated_calls(row, len(points))
+    earlier = [
+        (p, Answer(content, made))
+        for p, content, made in zip(points[:turn], row["turn_content"][:turn], calls[:turn], strict=True)
+    ]
+    return request_messages(stored_messages(row), points[turn], earlier, row["turns_mode"])
 
 
 def expected_prompt_tokens(fleet, row: dict, turn: int) -> int:
     """What the server must have counted for ``turn`` if it was sent the target's own earlier answers."""
-    return prompt_count(fleet, list(sent_messages(row, turn)), True)
+    return prompt_count(fleet, list(sent_messages(row, turn)), True, stored_tools(row))
 
 
 def source_history_tokens(fleet, row: dict, turn: int) -> int:
     """What the server would have counted had the source's own assistant text been sent instead."""
-    sent = row["messages"][: row["turn_after"][turn] + 1]
-    return prompt_count(fleet, list(sent), True)
+    sent = stored_messages(row)[: row["turn_after"][turn] + 1]
+    return prompt_count(fleet, list(sent), True, stored_tools(row))
+
+
+def sent_seed(row: dict, turn: int) -> int:
+    """The simulator's seed of ``turn``'s request: a hash of the messages as sent (and the tools)."""
+    payload = {"messages": wire_messages(sent_messages(row, turn)), "thinking": True}
+    if row.get("tools"):
+        payload["tools"] = stored_tools(row)
+    return request_seed(payload, None)
 
 
 def chat_records(fleet) -> list[dict]:
@@ -190,11 +236,16 @@ def test_turns_last_is_one_request_with_the_history_as_given():
     [
         (
             {"messages": [{"role": "tool", "content": "42"}, u("q")]},
-            "messages[0] is a tool turn without a preceding assistant turn",
+            "messages[0] is a tool turn without a preceding assistant tool call (it follows the start)",
         ),
         (
             {"messages": [u("q"), {"role": "tool", "content": "42"}]},
-            "messages[1] is a tool turn without a preceding assistant turn (it follows a user turn)",
+            "messages[1] is a tool turn without a preceding assistant tool call (it follows a user turn)",
+        ),
+        (  # a tool result after an assistant message that called nothing: a result nobody asked for
+            {"messages": [u("q"), a("call"), {"role": "tool", "content": "1"}]},
+            "messages[2] is a tool turn without a preceding assistant tool call (it follows an assistant turn "
+            "without tool calls)",
         ),
         ({"messages": [u("q"), a("x"), u("  "), a("y"), u("q2")]}, "messages[2] is an empty user turn"),
         (
@@ -221,7 +272,22 @@ def test_bad_conversations_are_rejected_with_the_reason(record, reason):
         {
             "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "the answer"}]
         },  # ShareGPT
-        {"messages": [u("q"), a("call"), {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}]},
+        {
+            "tools": [LOOKUP],
+            "messages": [
+                u("q"),
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"function": {"name": "lookup_topic", "arguments": "{}"}},
+                        {"function": {"name": "lookup_topic", "arguments": {"topic": "b"}}},
+                    ],
+                },
+                {"role": "tool", "content": "1"},
+                {"role": "tool", "content": "2"},
+            ],
+        },
         {"messages": [u("q"), a("x"), u("q2"), a("y")]},
     ],
 )
@@ -302,7 +368,7 @@ def test_every_turn_stored_once_each_request_carrying_the_models_own_answers(sim
     seeds = Counter(r["seed"] for r in chat_records(fleet))
     for row in stored:
         for turn in range(len(row["turn_after"])):
-            seed = request_seed({"messages": list(sent_messages(row, turn)), "thinking": True}, None)
+            seed = sent_seed(row, turn)
             assert seeds[seed] == 1, (row["id"], turn, seeds[seed])
     summary = read_manifest(tmp_path / "run")["sessions"][-1]
     assert (summary["completed"], summary["turns"]) == (len(rows), total_turns)
@@ -316,7 +382,7 @@ def test_turns_last_keeps_todays_behaviour(sim_fleet, tmp_path):
     assert outcome.completed == 30 and outcome.outcome.turns == 30
     for row in pl.read_parquet(tmp_path / "run" / "shards").rows(named=True):
         assert row["turn_after"] == [len(row["messages"]) - 1] and row["turns_mode"] == "last"
-        assert row["prompt_tokens"] == prompt_count(fleet, row["messages"], True)
+        assert row["prompt_tokens"] == prompt_count(fleet, stored_messages(row), True, stored_tools(row))
         assert row["turn_content"] == [row["content"]]
 
 
@@ -363,7 +429,9 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
     ids = [r["id"] for r in final]
     assert len(ids) == len(set(ids)) and set(ids) == {r["id"] for r in rows}
     for row in final:
-        assert len(row["turn_content"]) == len(answer_points(row["messages"], "all")) >= 2
+        # an agent loop whose first answer was cut before its call (max_tokens 192) ends there, flagged
+        assert len(row["turn_content"]) == len(answer_points(row["messages"], "all"))
+        assert len(row["turn_content"]) >= 2 or row["tool_divergence"] is not None
         for turn in range(len(row["turn_after"])):
             assert row["turn_prompt_tokens"][turn] == expected_prompt_tokens(fleet, row, turn), (
                 row["id"],
@@ -376,10 +444,7 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
     last_turn = {row["id"]: len(row["turn_after"]) - 1 for row in final}
     for row in final:
         for turn in range(len(row["turn_after"])):
-            turn_of[request_seed({"messages": list(sent_messages(row, turn)), "thinking": True}, None)] = (
-                row["id"],
-                turn,
-            )
+            turn_of[sent_seed(row, turn)] = (row["id"], turn)
     sent: dict[str, dict[int, float]] = {}
     answered: dict[str, dict[int, float]] = {}
     for record in fleet.truth():

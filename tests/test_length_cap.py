@@ -25,7 +25,7 @@ from draftgen.sim.tokenizer import SimTokenizer
 MAX_TOKENS = 100
 
 
-def words(messages, enable_thinking: bool) -> int:
+def words(messages, enable_thinking: bool, tools=None) -> int:
     """A fake tokenizer: one token per word, and 10 for the template's own text around them."""
     return 10 + sum(len(str(m["content"]).split()) for m in messages)
 
@@ -74,7 +74,7 @@ def test_the_cap_is_max_length_minus_the_prompt_and_never_above_max_tokens():
     over = cap.limit([{"role": "user", "content": " ".join(["w"] * 250)}], MAX_TOKENS, True)
     assert over.trains_nothing and over.max_tokens < 0
 
-    def unrenderable(messages, enable_thinking: bool) -> int:
+    def unrenderable(messages, enable_thinking: bool, tools=None) -> int:
         raise ValueError("the chat template raised: no user message")
 
     sent = LengthCap(200, unrenderable).limit([{"role": "system", "content": "x"}], MAX_TOKENS, True)

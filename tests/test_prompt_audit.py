@@ -240,7 +240,7 @@ def test_near_duplicates_found_on_near_copies_and_not_on_distinct_rows():
 
 
 # ----- turn budgets: generate's rule --------------------------------------------------------------------------
-def _chars(messages, enable_thinking):  # a counter: one token per character of content
+def _chars(messages, enable_thinking, tools=None):  # a counter: one token per character of content
     return sum(len(m["content"]) for m in messages)
 
 

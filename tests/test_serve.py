@@ -94,12 +94,21 @@ def test_dry_run_seven_gpus_one_server_each_with_every_flag(capsys: pytest.Captu
         assert flags["--host"] == ["127.0.0.1"]
         assert flags["--port"] == [str(30000 + gpu)]
         assert flags["--reasoning-parser"] == ["qwen3"]
+        assert flags["--tool-call-parser"] == ["qwen3_coder"]  # Qwen3.5/3.6's calls, the default family
         assert flags["--enable-metrics"] == []
         for flag, value in MTP_FLAGS.items():
             assert flags[flag] == [value], flag
         assert "--tp-size" not in flags  # one GPU per server
         assert "--mem-fraction-static" not in flags and "--max-running-requests" not in flags
-        expected = {"--model-path", "--host", "--port", "--reasoning-parser", "--enable-metrics", *MTP_FLAGS}
+        expected = {
+            "--model-path",
+            "--host",
+            "--port",
+            "--reasoning-parser",
+            "--tool-call-parser",
+            "--enable-metrics",
+            *MTP_FLAGS,
+        }
         assert set(flags) == expected
 
 
@@ -813,3 +822,20 @@ def test_a_start_is_ready_when_the_server_answering_is_the_one_it_started(sim_to
 
     outcome = asyncio.run(go())
     assert outcome.result == "ready", outcome
+
+
+def test_the_tool_call_parser_follows_the_model_family_and_yields_to_one_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Qwen3.5/3.6 write calls that SGLang's qwen3_coder parser reads, Qwen3 those its qwen parser reads
+    (sglang_rules.parsers); a parser named after -- is the operator's choice and is not doubled; the simulated
+    servers get the same flag."""
+    args = ("--model", "/m", "--gpus", "0", "--no-mtp")
+    ((_, qwen3),) = dry_run(capsys, *args, "--model-family", "qwen3")
+    assert options(qwen3[3:])["--tool-call-parser"] == ["qwen"]
+    ((_, given),) = dry_run(capsys, *args, "--", "--tool-call-parser", "hermes")
+    assert options(given[3:])["--tool-call-parser"] == ["hermes"]
+    ((_, sim),) = dry_run(capsys, "--engine", "sim", "--gpus", "0")
+    assert options(sim[3:])["--tool-call-parser"] == ["qwen3_coder"]
+    with pytest.raises(SystemExit):
+        dry_run(capsys, *args, "--model-family", "llama")

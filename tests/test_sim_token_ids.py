@@ -153,8 +153,12 @@ def test_generate_output_ids_are_cumulative_when_streaming(shared_sim_fleet):
 
 def test_a_generate_run_on_the_sim_stores_every_turns_ids(sim_fleet, tmp_path):
     """Multi-turn rows: expanding the stored prompt ids gives each turn's prompt exactly as the server rendered
-    it (the history re-rendered by the template), the output ids decode to each turn's text."""
+    it (the history re-rendered by the template, tools and calls included), the output ids decode to each turn's
+    text (and its calls' text, which the parser took out of content)."""
     from test_generate_multiturn import config_for, conversations, run, sent_messages, write_rows
+
+    from draftgen.sim.toolcalls import SimCall, call_text
+    from draftgen.training.conversation import generated_calls, stored_tools
 
     rows = conversations(40, seed=3)
     prompts = write_rows(tmp_path / "p.jsonl", rows)
@@ -172,12 +176,21 @@ def test_a_generate_run_on_the_sim_stores_every_turns_ids(sim_fleet, tmp_path):
         outputs = row["turn_output_ids"]
         assert len(outputs) == turns and all(o is not None for o in outputs), row["id"]
         full = expand(row["turn_prompt_shared"], row["turn_prompt_ids"], outputs)
+        calls = generated_calls(row, turns)
         for turn in range(turns):
-            assert full[turn] == prompt_ids(fleet, list(sent_messages(row, turn))), (row["id"], turn)
+            sent = list(sent_messages(row, turn))
+            assert full[turn] == prompt_ids(fleet, sent, True, stored_tools(row)), (row["id"], turn)
             assert len(full[turn]) == row["turn_prompt_tokens"][turn]
             assert len(outputs[turn]) == row["turn_completion_tokens"][turn]
             reasoning, content = row["turn_reasoning"][turn] or "", row["turn_content"][turn] or ""
-            raw = reasoning + "</think>" + content if row["turn_finish_reason"][turn] == "stop" else reasoning
+            finish = row["turn_finish_reason"][turn]
+            raw = reasoning + "</think>" + content if finish in ("stop", "tool_calls") else reasoning
+            if calls[turn]:  # the parser took the calls' text out of content: the ids still hold it
+                made = [
+                    SimCall(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                    for c in calls[turn]
+                ]
+                raw += call_text(made, after_answer=False)
             assert tokenizer.decode(outputs[turn]) == raw, (row["id"], turn)
         multi += turns > 1
         shared_total += sum(row["turn_prompt_shared"][1:])

@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
-from validate_helpers import clean_rows, planted_rows, row, with_server_ids, write_generation
+from validate_helpers import (
+    WEATHER,
+    agentic_row,
+    clean_rows,
+    planted_rows,
+    planted_tool_rows,
+    row,
+    with_server_ids,
+    write_generation,
+)
 
 from draftgen.params import ParameterError, build_config
+from draftgen.training.conversation import stored_messages
 from draftgen.training.masks import TokenizerLoadError
 from draftgen.training.trainers import Trainer
 from draftgen.validate import report
@@ -81,8 +92,12 @@ ID_FLAGS = ("retokenized_differs", "ids_missing", "ids_unusable")
 
 def _planted_corpus(folder: Path, tokenizer) -> tuple[list[dict], list[tuple[dict, str]]]:  # type: ignore[no-untyped-def]
     """Clean rows and one row (at least) per flag, every one with the token ids a server returns."""
-    clean = [with_server_ids(r, tokenizer) for r in clean_rows(40)]
-    planted = [(with_server_ids(r, tokenizer), flag) for r, flag in planted_rows()]
+    rng = random.Random(7)
+    agentic = [
+        agentic_row(f"clean-agentic-{i}", rng, city=city) for i, city in enumerate(("Paris", "Rome", "Lima"))
+    ]
+    clean = [with_server_ids(r, tokenizer) for r in [*clean_rows(40), *agentic]]
+    planted = [(with_server_ids(r, tokenizer), flag) for r, flag in [*planted_rows(), *planted_tool_rows()]]
     repeat = row(
         clean[3]["id"], reasoning="a second answer for an id", content="Stored twice by a bad resume."
     )
@@ -121,7 +136,13 @@ def test_every_planted_defect_is_caught_and_clean_samples_raise_no_flag(
         # Its template entry puts "You are a helpful assistant." first when a conversation has no system message: a
         # system prompt the target never saw. The export keeps the server's ids; the difference is reported.
         added = first.filter(pl.col("retokenized_differs"))
-        assert added.height > 0 and added["difference"].str.contains("at token 1: ").all()
+        # after "<|im_start|>" (without tools) or after "<|im_start|>system\n", the tools' system turn (with tools)
+        tools_turn = len(
+            tokenizer.backend_tokenizer.encode("<|im_start|>system\n", add_special_tokens=False).ids
+        )
+        agentic = added[key].str.starts_with("clean-agentic")
+        assert added.height > 0 and added.filter(~agentic)["difference"].str.contains("at token 1: ").all()
+        assert added.filter(agentic)["difference"].str.contains(f"at token {tools_turn}: ").all()
         first = first.with_columns(pl.col("flags").list.set_difference(["retokenized_differs"]))
     assert first.filter(pl.col("flags").list.len() > 0).height == 0, first.filter(
         pl.col("flags").list.len() > 0
@@ -143,7 +164,12 @@ def test_every_planted_defect_is_caught_and_clean_samples_raise_no_flag(
     # rows that finished "length"; one without a finish reason is still dropped.
     cut = {s["id"] for s, _ in planted if s["finish_reason"] == "length"} if ids_checked else set()
     assert set(records.filter(pl.col("cut_trained"))[key].to_list()) == cut
-    assert kept_planted <= {s["id"] for s, f in planted if f in config.keep_flagged or f in ID_FLAGS} | cut
+    # draftgen's own conventions cut nothing at max_length (above): the row a span trainer rejects may stay with them
+    spared = set() if _span_trainer(trainer) else {s["id"] for s, f in planted if f == "trainer_rejects"}
+    assert (
+        kept_planted
+        <= {s["id"] for s, f in planted if f in config.keep_flagged or f in ID_FLAGS} | cut | spared
+    )
     assert "bad-no-finish" not in kept_planted
     assert result.counts["out"] == records.filter(~pl.col("dropped")).height
     exported_prompts = set(records.filter(~pl.col("dropped"))[key].to_list())
@@ -171,6 +197,18 @@ def _trained_rows(source: dict) -> dict[str, tuple[list[dict], dict]]:
         return {"role": "assistant", "content": content, "reasoning_content": reasoning}
 
     final = answer(source["content"], source["reasoning_content"])
+    if source.get(
+        "tools"
+    ):  # agentic_row: the target's call, the source's result re-addressed to it, a follow-up
+        first_user, _source_call, result, second_user = stored_messages(source)
+        call = json.loads(source["turn_tool_calls"][0])
+        first = {**answer("", source["turn_reasoning"][0]), "tool_calls": call}
+        seen = {"role": "assistant", "content": "", "tool_calls": call}
+        spliced = {"role": "tool", "content": result["content"], "tool_call_id": call[0]["id"]}
+        return {
+            f"{source['id']}#0": ([first_user, first], first),
+            f"{source['id']}#1": ([first_user, seen, spliced, second_user, final], final),
+        }
     if source.get("turns_mode") == "all":
         first_user, _source_answer, second_user = source["messages"]
         first = answer(source["turn_content"][0], source["turn_reasoning"][0])
@@ -199,8 +237,12 @@ def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_di
     assert [e["id"] for e in exported] == finished["id"].to_list()
     expected = {k: v for source in clean for k, v in _trained_rows(source).items()}
     assert set(expected) <= {e["id"] for e in exported}, "every turn of every clean row is a training row"
+    agentic = {k for source in clean if source.get("tools") for k in _trained_rows(source)}
+    assert agentic, "the clean rows hold agentic conversations"
     for entry in exported:
-        assert set(entry) == {"id", "conversations"}
+        assert set(entry) - {"tools"} == {"id", "conversations"}
+        if entry["id"] in agentic:  # SpecForge's shape: the schemas as a JSON string
+            assert json.loads(entry["tools"]) == [WEATHER]
         assert "Source model's answer" not in json.dumps(entry), "only the target's own answers are exported"
         if entry["id"] in expected:
             assert entry["conversations"] == expected[entry["id"]][0]
@@ -220,7 +262,12 @@ def test_export_holds_clean_samples_in_the_training_shape(tmp_path, tokenizer_di
         # the default trainer, SpecForge's qwen3.5 template: from after "<think>\n" through "<|im_end|>\n",
         # only the row's own (last) turn
         done = expected[entry["id"]][1]
-        assert supervised == f"{done['reasoning_content']}\n</think>\n\n{done['content']}<|im_end|>\n"
+        calls = "".join(
+            f"<tool_call>\n<function={c['function']['name']}>\n<parameter=city>\n"
+            f"{json.loads(c['function']['arguments'])['city']}\n</parameter>\n</function>\n</tool_call>"
+            for c in done.get("tool_calls", ())
+        )  # the target's call as the template renders it: supervised with its turn
+        assert supervised == f"{done['reasoning_content']}\n</think>\n\n{done['content']}{calls}<|im_end|>\n"
     counts = json.loads((export / "counts.json").read_text())
     assert counts["in"] == result.records.height and counts["out"] == kept.height
     assert counts["conversation_rows"] == finished.height == len(exported)

@@ -28,7 +28,16 @@ SCHEMA = {
         *("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode"),
         *("turn_prompt_tokens", "turn_completion_tokens"),
         *("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids", "turn_budget_by"),
+        *("message_extras", "tools", "turn_tool_calls", "tool_divergence"),
     )
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
 }
 
 
@@ -194,16 +203,36 @@ def planted_rows(rng_seed: int = 1, duplicate_prompts: int = 3) -> list[tuple[di
 
 
 def server_ids(
-    tokenizer, history: list[dict], reasoning: str | None, content: str | None, thinking: bool = True
+    tokenizer,
+    history: list[dict],
+    reasoning: str | None,
+    content: str | None,
+    thinking: bool = True,
+    *,
+    tools: list[dict] | None = None,
+    calls: list[dict] | tuple = (),
 ):  # type: ignore[no-untyped-def]
     """(prompt ids, output ids) a faithful server returns for one answer: the template's rendering of the
     request with its generation prompt, and the canonical tokens of what follows it up to the end-of-turn token
-    (the text the model generated; the template's newline after <|im_end|> is not part of it)."""
+    (the text the model generated, its tool calls included; the template's newline after <|im_end|> is not part of
+    it). ``tools``: the conversation's, rendered into the prompt."""
+    from draftgen.training.trainers import specforge_calls
+
     answer = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or ""}
+    if calls:
+        answer["tool_calls"] = specforge_calls(list(calls))
+    history = [
+        {**m, "tool_calls": specforge_calls(list(m["tool_calls"]))} if m.get("tool_calls") else m
+        for m in history
+    ]
 
     def render(turns: list[dict], generation_prompt: bool) -> str:
         return tokenizer.apply_chat_template(
-            turns, tokenize=False, add_generation_prompt=generation_prompt, enable_thinking=thinking
+            turns,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+            enable_thinking=thinking,
         )
 
     def after_prompt(turns: list[dict]) -> str | None:
@@ -224,18 +253,29 @@ def server_ids(
 
 def with_server_ids(sample: dict, tokenizer, *, missing_turns: tuple[int, ...] = ()) -> dict:  # type: ignore[no-untyped-def]
     """``sample`` with the token-id columns a server that returns ids fills (``missing_turns``: none for those)."""
-    from draftgen.training.conversation import generated_turns, request_messages
+    from draftgen.training.conversation import (
+        Answer,
+        generated_calls,
+        generated_turns,
+        request_messages,
+        stored_messages,
+        stored_tools,
+    )
     from draftgen.training.token_ids import compact
 
     mode, points, contents, reasonings = generated_turns(sample)
+    calls = generated_calls(sample, len(points))
+    messages, tools = stored_messages(sample), stored_tools(sample)
     prompts, outputs, earlier = [], [], []
     for j, point in enumerate(points):
-        history = list(request_messages(sample["messages"], point, earlier, mode))
-        prompt, output = server_ids(tokenizer, history, reasonings[j], contents[j])
+        history = list(request_messages(messages, point, earlier, mode))
+        prompt, output = server_ids(
+            tokenizer, history, reasonings[j], contents[j], tools=tools, calls=calls[j]
+        )
         missing = j in missing_turns
         prompts.append(None if missing else prompt)
         outputs.append(None if missing else output)
-        earlier.append((point, contents[j]))
+        earlier.append((point, Answer(contents[j], calls[j])))
     shared, suffixes = compact(prompts, outputs)
     return {**sample, "turn_prompt_shared": shared, "turn_prompt_ids": suffixes, "turn_output_ids": outputs}
 
@@ -252,3 +292,94 @@ def write_generation(folder: Path, rows: list[dict], shard_size: int = 25) -> Pa
     manifest = {"counts": {"done": len(rows)}, "shards": names}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return folder
+
+
+def tool_call(name: str, arguments: str, call_id: str) -> dict:
+    """A call as a server's parser returns it (arguments a JSON string, as sent)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def agentic_row(
+    sample_id: str,
+    rng: random.Random,
+    *,
+    calls: list[dict] | None = None,
+    city: str = "Paris",
+    tools: list[dict] | None = None,
+) -> dict:
+    """A stored agentic conversation (turns: all): a question the source answered with a call to get_weather, the
+    tool's result, a follow-up. ``calls``: the target's first answer's calls (default: the source's call, so the
+    result was spliced and the follow-up answered: two turns); calls that differ end the conversation at turn 0,
+    recorded in ``tool_divergence``, as generate stores it."""
+    from draftgen.training.conversation import encode_calls, follow_up, message_columns
+
+    source_call = {
+        "id": f"src-{sample_id}",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": city}},
+    }
+    messages = [
+        {"role": "user", "content": f"What is the weather in {city} today? {_text(rng, 3)}"},
+        {"role": "assistant", "content": "", "tool_calls": [source_call]},
+        {"role": "tool", "tool_call_id": f"src-{sample_id}", "content": f"Sunny in {city}, 24 C."},
+        {"role": "user", "content": f"Then what should I pack? {_text(rng, 2)}"},
+    ]
+    tools = tools if tools is not None else [WEATHER]
+    first = (
+        calls
+        if calls is not None
+        else [tool_call("get_weather", json.dumps({"city": city}), f"call-{sample_id}")]
+    )
+    _, divergence = follow_up(messages, 0, first, 0)
+    answers = [(0, "", _text(rng, rng.randint(18, 26)), first)]
+    if divergence is None:
+        answers.append((3, f"Pack light: {_text(rng, 8)}", _text(rng, rng.randint(18, 26)), []))
+    kept = messages[: answers[-1][0] + 1]
+    plain, extras = message_columns(kept)
+    last_content, last_reasoning = answers[-1][1], answers[-1][2]
+    sample = row(sample_id, reasoning=last_reasoning, content=last_content, messages=plain)
+    sample.update(turns(sample, [(after, content, thought) for after, content, thought, _ in answers], "all"))
+    sample["turn_finish_reason"] = ["tool_calls" if made else "stop" for *_, made in answers]
+    sample["finish_reason"] = sample["turn_finish_reason"][-1]
+    sample["message_extras"] = extras
+    sample["tools"] = json.dumps(tools)
+    sample["turn_tool_calls"] = [encode_calls(made) for *_, made in answers]
+    sample["tool_divergence"] = divergence.as_json(1) if divergence is not None else None
+    return sample
+
+
+def agentic_single(sample_id: str, rng: random.Random, calls: list[dict]) -> dict:
+    """A one-question conversation with tools whose one (final) answer made ``calls``."""
+    from draftgen.training.conversation import encode_calls
+
+    messages = [{"role": "user", "content": f"Is it raining in Oslo? {_text(rng, 6)}"}]
+    sample = row(
+        sample_id, reasoning=_text(rng, 30), content="", finish_reason="tool_calls", messages=messages
+    )
+    sample.update(turns(sample, [(0, "", sample["reasoning_content"])], "all"))
+    sample["turn_finish_reason"] = ["tool_calls"]
+    sample["tools"] = json.dumps([WEATHER])
+    sample["turn_tool_calls"] = [encode_calls(calls)]
+    return sample
+
+
+def planted_tool_rows(rng_seed: int = 3) -> list[tuple[dict, str]]:
+    """(row, flag) for the tool flags: a call to a function the tools do not offer, arguments that are not JSON, a
+    conversation that ended where the target's call was not the source's."""
+    rng = random.Random(rng_seed)
+    return [
+        (
+            agentic_single("bad-unknown-tool", rng, [tool_call("get_stock", '{"symbol": "X"}', "c1")]),
+            "unknown_tool",
+        ),
+        (
+            agentic_single("bad-tool-arguments", rng, [tool_call("get_weather", '{"city": "Oslo"', "c2")]),
+            "invalid_tool_arguments",
+        ),
+        (
+            agentic_row(
+                "bad-diverged", rng, calls=[tool_call("get_weather", json.dumps({"city": "London"}), "c3")]
+            ),
+            "tool_divergence",
+        ),
+    ]

@@ -79,6 +79,11 @@ def vllm_command(model: Path, port: int) -> list[str]:
         "0.15",
         "--reasoning-parser",
         "qwen3",
+        # vLLM refuses a request with tools unless a tool-call parser is set ('"auto" tool choice requires
+        # --enable-auto-tool-choice and --tool-call-parser'): the parser of the qwen3_5 family, as serve gives SGLang
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "qwen3_coder",
         "--speculative-config",
         json.dumps(NGRAM_SPEC),
     ]

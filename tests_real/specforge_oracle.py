@@ -1,7 +1,8 @@
 """SpecForge 0.2.0 as the oracle for validate's loss masks: its own parser and its own dataset builder, called as is.
 
-* ``specforge_masks(tokenizer, conversations, template, max_length)``: SpecForge's ``ThinkingParser`` (the parser
-  its ``qwen3.5`` and ``qwen3-thinking`` chat-template entries select) on each conversation; input_ids, loss_mask
+* ``specforge_masks(tokenizer, conversations, template, max_length, tools=...)``: SpecForge's ``ThinkingParser`` (the
+  parser its ``qwen3.5`` and ``qwen3-thinking`` chat-template entries select) on each conversation, with its row's
+  tools as SpecForge's dataset builder passes them (a row's ``tools``, a JSON string, parsed); input_ids, loss_mask
   and the warnings it raised, per conversation.
 * ``specforge_dataset(train_jsonl, tokenizer, template, max_length, cache)``: the trainer's prompt preparation
   (``prepare_prompt_tasks``: ``datasets.load_dataset("json")``, then ``build_eagle3_dataset``) on an export, with
@@ -44,6 +45,7 @@ def specforge_masks(
     max_length: int,
     *,
     train_only_last_turn: bool = False,
+    tools: Sequence[list[dict] | None] | None = None,
 ) -> list[OracleSample]:
     from specforge.data.parse import ThinkingParser
     from specforge.data.template import TEMPLATE_REGISTRY
@@ -52,11 +54,12 @@ def specforge_masks(
     assert chat_template.parser_type == "thinking", f"{template} does not select ThinkingParser"
     parser = ThinkingParser(tokenizer, chat_template)
     out = []
-    for conversation in conversations:
+    for index, conversation in enumerate(conversations):
+        tool = (tools[index] if tools is not None else None) or []
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             input_ids, loss_mask = parser.parse(
-                conversation, max_length, train_only_last_turn=train_only_last_turn
+                conversation, max_length, train_only_last_turn=train_only_last_turn, tool=tool
             )
         out.append(
             OracleSample(input_ids.tolist(), loss_mask.tolist(), tuple(str(w.message) for w in caught))

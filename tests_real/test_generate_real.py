@@ -16,7 +16,13 @@ from notebook_runs import notebook_text
 from recording_proxy import Exchange
 from transformers import AutoTokenizer
 
-from draftgen.training.conversation import request_messages
+from draftgen.training.conversation import (
+    Answer,
+    generated_calls,
+    request_messages,
+    stored_messages,
+    stored_tools,
+)
 
 SAMPLING_EXTRAS = ("top_k", "min_p", "return_spec_tokens_details")
 
@@ -105,25 +111,28 @@ def test_stored_token_counts_equal_each_servers_own_usage(generate_run: Generate
 def test_both_servers_rendered_our_template_with_thinking_off(generate_run: GenerateRun):
     """Each server's prompt_tokens equal our template's tokens with enable_thinking=false: the switch reached both.
 
-    For every turn: the request of a later turn carries the target's own earlier answers, rendered as history.
+    For every turn: the request of a later turn carries the target's own earlier answers (and calls), rendered as
+    history; a conversation with tools is rendered with them.
     """
     tokenizer = AutoTokenizer.from_pretrained(generate_run.params["model"])
     rows = stored_rows(generate_run)
     for row in rows.iter_rows(named=True):
-        earlier: list[tuple[int, str | None]] = []
-        for after, content, prompt_tokens in zip(
-            row["turn_after"], row["turn_content"], row["turn_prompt_tokens"], strict=True
+        earlier: list[tuple[int, Answer]] = []
+        calls = generated_calls(row, len(row["turn_after"]))
+        for after, content, made, prompt_tokens in zip(
+            row["turn_after"], row["turn_content"], calls, row["turn_prompt_tokens"], strict=True
         ):
-            messages = request_messages(row["messages"], after, earlier, row["turns_mode"])
+            messages = request_messages(stored_messages(row), after, earlier, row["turns_mode"])
             rendered = tokenizer.apply_chat_template(
                 list(messages),
+                tools=stored_tools(row),
                 add_generation_prompt=True,
                 enable_thinking=False,
                 tokenize=True,
                 return_dict=True,
             )
             assert prompt_tokens == len(rendered["input_ids"]), (row["id"], after, row["server"])
-            earlier.append((after, content))
+            earlier.append((after, Answer(content, made)))
 
 
 def test_engine_extras_go_only_where_the_probe_found_them_accepted(generate_run: GenerateRun):

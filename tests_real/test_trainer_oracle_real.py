@@ -95,6 +95,7 @@ def _check_against_specforge(
                 template,
                 max_length,
                 train_only_last_turn=last_only,
+                tools=[json.loads(r["tools"]) if r.get("tools") else None for r in rows],
             ),
             strict=True,
         )
@@ -153,6 +154,8 @@ def _check_against_specforge(
         {
             "system notice": sum(1 for r in rows if r["conversations"][0]["role"] == "system"),
             "cut": sum(1 for m in records["mismatch"] if m and m.startswith("cut:")),
+            # a target's call whose arguments are not JSON: SpecForge renders {} and says so; validate flags it
+            "bad arguments": int(records["invalid_tool_arguments"].sum()),
         }
     )
     assert +Counter(_warning_kind(w) for w in run.warnings) == +anticipated, run.warnings
@@ -178,6 +181,8 @@ def _warning_kind(message: str) -> str:
         return "system notice"
     if message.startswith("Dropping leading") or "Conversation truncated" in message:
         return "cut"
+    if message.startswith("Failed to parse arguments for tool"):
+        return "bad arguments"
     return message
 
 
@@ -418,20 +423,214 @@ def _all_turn_rows() -> list[dict]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def planted_generation(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("planted")
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city, in °C.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _agentic_rows() -> list[dict]:
+    """Agentic conversations as generate stores them (turns: all; training.conversation's columns): parallel calls
+    spliced, a single call then text, a divergent call that ended its conversation, malformed arguments, a call to
+    an unoffered function, a call after an answer's text, unicode arguments; every one rendered with its tools."""
+    from draftgen.training.conversation import answer_points, encode_calls, follow_up, message_columns
+
+    paris, rome = '{"city": "Paris"}', '{"city": "Rome", "days": 2}'
+    cases = {
+        "agentic-parallel": (
+            [
+                {"role": "system", "content": "Use the tools."},
+                {"role": "user", "content": "Weather in Paris and in Rome for two days?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [_call("s1", "get_weather", paris), _call("s2", "get_weather", rome)],
+                },
+                {"role": "tool", "tool_call_id": "s1", "content": '{"temp_c": 21}'},
+                {"role": "tool", "tool_call_id": "s2", "content": '{"temp_c": [25, 26]}'},
+                {"role": "user", "content": "Which is warmer?"},
+            ],
+            [
+                (
+                    "",
+                    "Two cities: two calls.",
+                    [_call("t1", "get_weather", rome), _call("t2", "get_weather", paris)],
+                ),
+                ("Rome, by four degrees.", "Compare 25 and 21.", []),
+            ],
+        ),
+        "agentic-single": (
+            [
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": "Let me check.",
+                    "tool_calls": [_call("s1", "get_weather", paris)],
+                },
+                {"role": "tool", "tool_call_id": "s1", "content": "sunny"},
+                {"role": "assistant", "content": "Sunny."},
+                {"role": "user", "content": "Thanks!"},
+            ],
+            [
+                ("Let me check.", "One call.", [_call("t1", "get_weather", paris)]),
+                ("It is sunny in Paris.", "The tool said sunny.", []),
+                ("You're welcome.", "Be polite.", []),
+            ],
+        ),
+        "agentic-diverged": (
+            [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [_call("s1", "get_weather", paris)]},
+                {"role": "tool", "tool_call_id": "s1", "content": "sunny"},
+                {"role": "user", "content": "And tomorrow?"},
+            ],
+            [("", "Rome, I think.", [_call("t1", "get_weather", rome)])],
+        ),
+        "agentic-bad-arguments": (
+            [{"role": "user", "content": "Weather in Paris?"}],
+            [("", "Call it.", [_call("t1", "get_weather", '{"city": "Par')])],
+        ),
+        "agentic-unknown-tool": (
+            [{"role": "user", "content": "Stock price of ACME?"}],
+            [("", "No such tool, call anyway.", [_call("t1", "get_stock", '{"symbol": "ACME"}')])],
+        ),
+        "agentic-unicode": (
+            [{"role": "user", "content": "Wetter in Zürich? 🙂"}],
+            [
+                (
+                    "Ich schaue nach.",
+                    "Zürich → get_weather.",
+                    [_call("t1", "get_weather", '{"city": "Zürich 🙂"}')],
+                )
+            ],
+        ),
+    }
+    rows = []
+    for name, (messages, turns) in cases.items():
+        points = list(answer_points(messages, "all"))[: len(turns)]
+        _, divergence = follow_up(messages, points[0], turns[0][2], 0)
+        kept = messages[: points[-1] + 1]
+        plain, extras = message_columns(kept)
+        rows.append(
+            {
+                "id": f"{name}-0",
+                "messages": plain,
+                "message_extras": extras,
+                "tools": json.dumps([WEATHER]),
+                "reasoning_content": turns[-1][1],
+                "content": turns[-1][0],
+                "finish_reason": "tool_calls" if turns[-1][2] else "stop",
+                "turn_after": points,
+                "turn_content": [t[0] for t in turns],
+                "turn_reasoning": [t[1] for t in turns],
+                "turn_tool_calls": [encode_calls(t[2]) for t in turns],
+                "turn_finish_reason": ["tool_calls" if t[2] else "stop" for t in turns],
+                "turns_mode": "all",
+                "tool_divergence": divergence.as_json(1) if divergence is not None else None,
+            }
+        )
+    return rows
+
+
+def _write_generation(folder: Path, rows: list[dict]) -> Path:
     (folder / "shards").mkdir()
-    rows = _planted_rows()
+    columns = dict.fromkeys(name for r in rows for name in r)  # every row's columns, in order
     frame = pl.DataFrame(
         [{**r, "prompt_tokens": 0, "completion_tokens": 0, "attempts": 1} for r in rows],
         schema={
-            name: OUTPUT_SCHEMA[name] for name in (*rows[0], "prompt_tokens", "completion_tokens", "attempts")
+            name: OUTPUT_SCHEMA[name] for name in (*columns, "prompt_tokens", "completion_tokens", "attempts")
         },
     )
     frame.head(20).write_parquet(folder / "shards" / "part-000000.parquet")
-    frame.slice(20).write_parquet(folder / "shards" / "part-000001.parquet")
+    if frame.height > 20:
+        frame.slice(20).write_parquet(folder / "shards" / "part-000001.parquet")
     return folder
+
+
+@pytest.fixture(scope="module")
+def planted_generation(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_generation(tmp_path_factory.mktemp("planted"), _planted_rows())
+
+
+@pytest.fixture(scope="module")
+def agentic_generation(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_generation(tmp_path_factory.mktemp("agentic"), _agentic_rows())
+
+
+AGENTIC_MAX_LENGTH = 1024  # the tool schemas in the system turn: the conversations are longer than the others
+
+
+@pytest.mark.parametrize("rows", ["per_turn", "per_conversation"])
+@pytest.mark.parametrize("trainer", list(TRAINER_TEMPLATES))
+def test_agentic_conversations_masks_equal_specforge(
+    agentic_generation, qwen35_dir, qwen35_tokenizer, tmp_path, trainer, rows
+):
+    """Tool calls, spliced results and tools, exported in SpecForge's shape (tools a JSON string, call arguments
+    JSON strings) and parsed by SpecForge's own parser and dataset builder: the same input_ids and loss masks, row
+    for row; the target's calls supervised with their turn, the results and schemas never."""
+    last_only = rows == "per_turn"
+    export = _validate(
+        agentic_generation,
+        qwen35_dir,
+        qwen35_tokenizer,
+        tmp_path / "validated",
+        trainer,
+        AGENTIC_MAX_LENGTH,
+        rows,
+    )
+    checked = _check_against_specforge(
+        export, qwen35_tokenizer, trainer, AGENTIC_MAX_LENGTH, tmp_path, last_only=last_only
+    )
+    ours = checked["ours"]
+    stored = _agentic_rows()
+    assert len(ours) == (sum(len(r["turn_after"]) for r in stored) if last_only else len(stored))
+    spans = {
+        key: sum(1 for a, b in zip([0, *mask], mask, strict=False) if b and not a)
+        for key, (_, mask) in ours.items()
+    }
+    # a row per conversation: qwen3-thinking supervises every assistant turn; qwen3.5 only those its template gives a
+    # think block, the turns after the last user question (an earlier turn's calls are history to it), as SpecForge
+    every = last_only or trainer == "specforge-qwen3-thinking"
+    if not last_only:
+        assert (spans["agentic-parallel-0"], spans["agentic-single-0"]) == ((2, 3) if every else (1, 1))
+    calling = [
+        k for k in ours if k.startswith(("agentic-parallel-0", "agentic-single-0", "agentic-unicode-0"))
+    ]
+    for key in calling:
+        ids, mask = ours[key]
+        supervised = qwen35_tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        assert "<tool_response>" not in supervised and 'get_weather"' not in supervised, key
+    with_call = [
+        k
+        for k in calling
+        if "<tool_call>" in qwen35_tokenizer.decode([t for t, m in zip(*ours[k], strict=True) if m])
+    ]
+    assert len(with_call) == (3 if every else 1), (
+        with_call
+    )  # the calling turns of parallel, single and unicode
+    by_id = {r["id"]: r for r in checked["rows"]}
+    assert all(json.loads(r["tools"]) == [WEATHER] for r in by_id.values())
+    spliced = by_id["agentic-parallel-0#1" if last_only else "agentic-parallel-0"]["conversations"]
+    assert [t.get("tool_call_id") for t in spliced if t["role"] == "tool"] == [
+        "t1",
+        "t2",
+    ]  # re-addressed, its order
+    assert [t["content"] for t in spliced if t["role"] == "tool"] == [
+        '{"temp_c": [25, 26]}',
+        '{"temp_c": 21}',
+    ]
 
 
 @pytest.mark.parametrize("trainer", list(TRAINER_TEMPLATES))

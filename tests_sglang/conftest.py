@@ -139,6 +139,7 @@ class Models:
     random: Path
     draft: Path
     hybrid: Path  # qwen3_5 with its MTP head
+    tools: Path  # the designed model that answers with a tool call (support/tiny_qwen3.py)
 
 
 @pytest.fixture(scope="session")
@@ -146,7 +147,9 @@ def models(draftgen: str, tmp_path_factory: pytest.TempPathFactory) -> Models:
     root = tmp_path_factory.mktemp("models")
     tokenizer = build_tokenizer(draftgen, root / "tokenizer")
     dense = [build_model(tokenizer, root / kind, kind) for kind in ("designed", "random", "draft")]
-    return Models(*dense, build_hybrid(tokenizer, root / "hybrid"))
+    return Models(
+        *dense, build_hybrid(tokenizer, root / "hybrid"), build_model(tokenizer, root / "tools", "tools")
+    )
 
 
 @dataclass

@@ -46,6 +46,7 @@ def test_serve_started_nextn_and_sglang_resolved_the_hybrid_settings(mtp_server)
         "--speculative-num-draft-tokens 4",
         "--reasoning-parser qwen3",
         "--enable-metrics",
+        "--tool-call-parser qwen3_coder",  # the qwen3_5 family's (sglang_rules.parsers)
     ):
         assert flags in command, command
     assert "--no-mtp" not in " ".join(mtp_server.command) and "--mamba-radix-cache-strategy" not in command

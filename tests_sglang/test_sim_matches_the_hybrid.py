@@ -92,6 +92,7 @@ def test_server_info_fields_and_the_resolved_speculation_agree(mtp_server, sim_u
         "speculative_num_draft_tokens",
         "uses_mamba_radix_cache",
         "reasoning_parser",
+        "tool_call_parser",  # serve's for the qwen3_5 family, and draftgen sim's default: qwen3_coder
     ):
         assert sim[key] == real[key], key
     # the GPU node resolves extra_buffer with the overlap schedule on; this CPU only no_buffer without it

@@ -12,6 +12,12 @@ head_dim 16, vocabulary 151,936, untied lm_head); only the weights differ:
   the "\\n" that ends the thinking-on generation prompt (``<|im_start|>assistant\\n<think>\\n``) and passes the
   "\\n\\n" that ends the thinking-off one, so greedy answers are known in both modes (``DESIGNED_REASONING``,
   ``DESIGNED_ANSWER``). Attention still runs (its output is discarded by the zero ``o_proj``).
+* ``tools``: the designed bigram table on another chain: after the prompt's last "\n", ``TOOL_REASONING``,
+  ``</think>``, "\n\n", then a tool call in Qwen3.5/3.6's format as SGLang's ``qwen3_coder`` parser reads it, written
+  without the newlines between its parts (``TOOL_CALL``: a bigram table gives each token one successor, and the
+  newlines would repeat), then ``<|im_end|>``. Where the call's text repeats a token ("function", "parameter", ">"),
+  it is spelled by other tokens of the vocabulary that decode to the same text (``tool_chain``): the model's ids
+  differ from the text's canonical encoding, as a sampled model's sometimes do; the text is the same.
 * ``random``: seeded random weights whose lm_head has non-zero rows only for ``RANDOM_VOCAB`` ordinary tokens (a
   zero row's logit 0 never wins against the best of thousands of random rows), so answers are varied word-ish
   token streams that depend on the context through attention. Greedy decoding tends to loop, which gives n-gram
@@ -40,6 +46,9 @@ RANDOM_SEED = 1234
 DRAFT_SEED = 99
 DRAFT_NOISE = 0.03  # the draft is the random model plus this much noise: it agrees with it often, not always
 DEFAULT_DIM = HIDDEN - 1  # the embedding of every token off the chain
+TOOL_REASONING = "Checking the forecast"
+TOOL_CALL = "<tool_call><function=get_weather><parameter=city>Paris</parameter></function></tool_call>"
+TOOL_NAME, TOOL_ARGUMENTS = "get_weather", {"city": "Paris"}
 
 
 def build_tokenizer(draftgen: str, out: Path) -> Path:
@@ -64,6 +73,36 @@ def designed_chain(tokenizer) -> list[int]:
     chain = [*newline, *ids(DESIGNED_REASONING), close, *blank, *ids(DESIGNED_ANSWER), end]
     if len(set(chain)) != len(chain) or len(chain) > DEFAULT_DIM:
         raise ValueError(f"the designed chain must be at most {DEFAULT_DIM} distinct tokens: {chain}")
+    return chain
+
+
+def tool_chain(tokenizer) -> list[int]:
+    """The ``tools`` model's path: the prompt's last "\n", then ``TOOL_REASONING`` + ``</think>`` + "\n\n" +
+    ``TOOL_CALL`` spelled with every token distinct (the first spelling, longest tokens first, that repeats none),
+    then ``<|im_end|>``."""
+    import functools
+
+    @functools.cache
+    def token(text: str) -> int | None:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 and tokenizer.decode(ids) == text else None
+
+    def spell(text: str, used: frozenset[int]) -> list[int] | None:
+        if not text:
+            return []
+        for end in range(min(len(text), 12), 0, -1):
+            found = token(text[:end])
+            if found is not None and found not in used:
+                rest = spell(text[end:], used | {found})
+                if rest is not None:
+                    return [found, *rest]
+        return None
+
+    newline, end = token("\n"), tokenizer.convert_tokens_to_ids(IM_END)
+    body = spell(TOOL_REASONING + THINK_CLOSE + "\n\n" + TOOL_CALL, frozenset({newline, end}))
+    chain = [newline, *(body or []), end]
+    if body is None or len(set(chain)) != len(chain) or len(chain) > DEFAULT_DIM:
+        raise ValueError(f"no spelling of the tool call with at most {DEFAULT_DIM} distinct tokens: {chain}")
     return chain
 
 
@@ -140,7 +179,8 @@ def _draft_weights(model, tokenizer) -> None:
 
 
 def build_model(tokenizer_dir: Path, out: Path, kind: str) -> Path:
-    """Write a ``kind`` ("designed", "random" or "draft") checkpoint to ``out``: config, bf16 safetensors, tokenizer files."""
+    """Write a ``kind`` ("designed", "tools", "random" or "draft") checkpoint to ``out``: config, bf16 safetensors,
+    tokenizer files."""
     import shutil
 
     import torch
@@ -152,12 +192,14 @@ def build_model(tokenizer_dir: Path, out: Path, kind: str) -> Path:
     model = Qwen3ForCausalLM(config)
     if kind == "designed":
         _designed_weights(model, designed_chain(tokenizer))
+    elif kind == "tools":
+        _designed_weights(model, tool_chain(tokenizer))
     elif kind == "random":
         _random_weights(model, tokenizer)
     elif kind == "draft":
         _draft_weights(model, tokenizer)
     else:
-        raise ValueError(f"kind {kind!r}: designed, random or draft")
+        raise ValueError(f"kind {kind!r}: designed, tools, random or draft")
     model = model.to(torch.bfloat16)
     # Greedy unless a request asks otherwise: SGLang applies the checkpoint's sampling defaults to requests.
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, do_sample=False)

@@ -37,6 +37,7 @@ from draftgen.client.server import ServerClient
 from draftgen.prompts.rows import PromptRow
 from draftgen.rundir.layout import BENCH_LEVELS
 from draftgen.sampling_plan import sample_seed
+from draftgen.training.tools import wire_messages
 
 LAG_PROBE_INTERVAL_S = 0.05
 STOP_POLL_INTERVAL_S = 0.05  # how often a level asks SendLimit.stop_sending between finishes
@@ -123,11 +124,12 @@ async def _one_request(
     }
     try:
         result = await client.stream_chat(
-            row.messages,
+            wire_messages(row.messages),
             config.arm_sampling(row.arm),
             config.model,
             timeout_s=config.request_timeout_s,
             seed=sample_seed(row.id) if row.arm is not None else None,
+            tools=row.tools,  # an agentic prompt is asked as generate asks it: with its tools
         )
     except RequestError as exc:
         return RequestRecord(

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from draftgen.client.loops import TextLoop
+
+# The finish reasons of an answer that ended at its stop token: "stop", or "tool_calls" (SGLang's name for a stop
+# after tool calls its parser read). Anything else ("length", "abort", ...) ended it otherwise.
+STOPPED = frozenset({"stop", "tool_calls"})
 
 
 @dataclass(frozen=True)
@@ -76,3 +81,6 @@ class ChatResult:
     output_ids: list[int] | None = None
     # A repetition loop ended the answer (finish_reason "repetition_loop"); its text is cut, its output ids dropped.
     loop: LoopEnd | None = None
+    # The target's tool calls, as the server's tool-call parser returned them (``message.tool_calls``, or the
+    # streamed ``delta.tool_calls`` put together): {"id", "type", "function": {"name", "arguments": str}}; () none.
+    tool_calls: tuple[dict[str, Any], ...] = ()

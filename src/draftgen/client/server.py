@@ -132,9 +132,11 @@ class ServerClient:
         stream: bool,
         max_tokens: int | None = None,
         seed: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """The create() arguments for this server: OpenAI fields always, engine extras only where accepted;
-        ``seed`` (OpenAI's own field) when given."""
+        ``seed`` (OpenAI's own field) and ``tools`` (the conversation's tool schemas; ``tool_choice`` is left to the
+        server's default, "auto") when given."""
         caps = self.capabilities
         kwargs: dict[str, Any] = {
             "model": model,
@@ -145,6 +147,8 @@ class ServerClient:
         }
         if seed is not None:
             kwargs["seed"] = seed
+        if tools:
+            kwargs["tools"] = [dict(tool) for tool in tools]
         extra: dict[str, Any] = {}
         if caps.template_kwargs:
             extra["chat_template_kwargs"] = {"enable_thinking": sampling.enable_thinking}
@@ -173,14 +177,15 @@ class ServerClient:
         timeout_s: float | None = None,
         max_tokens: int | None = None,
         seed: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ChatResult:
         """One chat completion, whole (the openai SDK) or streamed (``stream_chat``); failures raise RequestError."""
         if stream:
             return await self.stream_chat(
-                messages, sampling, model, timeout_s=timeout_s, max_tokens=max_tokens, seed=seed
+                messages, sampling, model, timeout_s=timeout_s, max_tokens=max_tokens, seed=seed, tools=tools
             )
         request = self.request_kwargs(
-            messages, sampling, model, stream=False, max_tokens=max_tokens, seed=seed
+            messages, sampling, model, stream=False, max_tokens=max_tokens, seed=seed, tools=tools
         )
         answer = ChatAccumulator(
             self.url, stream=False, loop_rule=self.loop_rule, max_tokens=request["max_tokens"]
@@ -204,12 +209,15 @@ class ServerClient:
         timeout_s: float | None = None,
         max_tokens: int | None = None,
         seed: int | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ChatResult:
         """A streamed chat, its SSE bytes decoded as they arrive; also records whether ``data: [DONE]`` came.
 
         Once the loop check has found a repetition loop the stream is left there: its connection closes, and the
         server (SGLang, the simulator) aborts the request, generating nothing more."""
-        kwargs = self.request_kwargs(messages, sampling, model, stream=True, max_tokens=max_tokens, seed=seed)
+        kwargs = self.request_kwargs(
+            messages, sampling, model, stream=True, max_tokens=max_tokens, seed=seed, tools=tools
+        )
         body = {k: v for k, v in kwargs.items() if k != "extra_body"}
         body.update(kwargs.get("extra_body", {}))
         answer = ChatAccumulator(

@@ -3,7 +3,10 @@
 An answer reaches us as a whole JSON body (non-streaming, through the openai SDK) or as SSE events decoded from the
 stream's bytes (``sse.SseDecoder``). Both hand plain dicts to ``ChatAccumulator``, so the engines' differences — the reasoning field's name, ``choices: []`` chunks carrying usage or ``sglext``, usage on the finish
 chunk, a missing ``[DONE]``, the token ids (SGLang's ``sglext.input_ids`` / ``sglext.output_ids``, vLLM's
-``prompt_token_ids`` / ``choices[].token_ids``) — are read in one place and ``ChatResult`` is built once.
+``prompt_token_ids`` / ``choices[].token_ids``), the tool calls (whole in ``message.tool_calls``, or streamed in
+OpenAI's incremental shape, as SGLang 0.5.23's ``serving_chat.py`` sends them: per call ``index``, a first delta with
+``id`` and ``function.name``, then ``function.arguments`` pieces with both null) — are read in one place and
+``ChatResult`` is built once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from draftgen.client.errors import RequestError
 from draftgen.client.loops import REPETITION_LOOP, LoopRule, TextLoop, TextLoopCheck
 from draftgen.client.records import ChatResult, LoopEnd
 from draftgen.client.sse import SseEvent
+from draftgen.training.tools import target_calls
 
 # The separated reasoning text: SGLang and transformers serve name it reasoning_content, vLLM (0.10 and later)
 # reasoning.
@@ -99,6 +103,7 @@ class ChatAccumulator:
         self._prompt_ids: list[int] | None = None
         self._output_ids: list[int] | None = None
         self._loops = TextLoopCheck(loop_rule) if loop_rule is not None else None
+        self._calls: dict[int, dict[str, Any]] = {}  # the tool calls by index, as their deltas arrive
         self._max_tokens = max_tokens
         self.loop: TextLoop | None = None
 
@@ -117,6 +122,8 @@ class ChatAccumulator:
         self._note_envelope(body)
         ids = choice.get("token_ids")
         self._take_delta(reasoning_of(message), message.get("content"), ids, streamed=False)
+        for index, call in enumerate(message.get("tool_calls") or ()):
+            self._take_call(call, index)
         self._finish_reason = choice.get("finish_reason")
 
     def add_event(self, event: SseEvent) -> None:
@@ -147,6 +154,8 @@ class ChatAccumulator:
             self._take_delta(
                 reasoning_of(delta), delta.get("content"), choice.get("token_ids"), streamed=True
             )
+            for position, call in enumerate(delta.get("tool_calls") or ()):
+                self._take_call(call, position)
             if choice.get("finish_reason") is not None:
                 self._finish_reason = choice["finish_reason"]
 
@@ -170,6 +179,25 @@ class ChatAccumulator:
             self._output_ids.extend(token_ids)
         elif not streamed and token_ids is not None:
             self._output_ids = _id_list(token_ids)
+
+    def _take_call(self, call: Mapping[str, Any], position: int) -> None:
+        """One tool call, or one delta of a streamed one: the first piece of a call names it, the rest add argument
+        text (a call without ``index`` is the ``position``-th of its list, as in a whole ``message.tool_calls``)."""
+        if not isinstance(call, Mapping):
+            raise RequestError("protocol", f"a tool call is not an object: {str(call)[:200]!r}")
+        index = call.get("index")
+        index = position if not isinstance(index, int) else index
+        function = call.get("function") or {}
+        kept = self._calls.setdefault(index, {"id": None, "function": {"name": None, "arguments": ""}})
+        if call.get("id") and not kept["id"]:
+            kept["id"] = call["id"]
+        if function.get("name") and not kept["function"]["name"]:
+            kept["function"]["name"] = function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            kept["function"]["arguments"] += arguments
+        elif arguments is not None:
+            kept["function"]["arguments"] += json.dumps(arguments, ensure_ascii=False)
 
     def _check_loop(self, reasoning: str | None, content: str | None, *, whole: bool) -> None:
         loops = self._loops
@@ -238,4 +266,5 @@ class ChatAccumulator:
             prompt_ids=prompt_ids if prompt_ids is not None else self._prompt_ids,
             output_ids=output_ids,
             loop=loop,
+            tool_calls=target_calls([self._calls[i] for i in sorted(self._calls)]),
         )

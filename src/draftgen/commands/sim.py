@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from draftgen.defaults import BASE_PORT, FLEET_SIZE, MODEL
+from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, TOOL_CALL_PARSER
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.fleet import FleetError, SimFleet
 from draftgen.sim.prefix_cache import add_cache_flags, cache_settings
@@ -55,6 +56,13 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         help="a Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json with a chat_template) whose "
         "ids the servers report (default: the tiny Qwen3-format tokenizer, built into the work dir)",
     )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=TOOL_CALL_PARSER[DEFAULT_FAMILY],
+        metavar="NAME",
+        help="SGLang's --tool-call-parser, as draftgen serve starts the target's family (default %(default)s, which "
+        "reads the simulated model's calls); none: calls stay text in content, as SGLang without a parser",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -80,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             tokenizer=args.tokenizer,
             model=args.model,
+            tool_call_parser=None if args.tool_call_parser in ("", "none") else args.tool_call_parser,
         )
     except ValueError as exc:
         raise ValueError(str(exc)) from None

@@ -241,13 +241,14 @@ class Dispatcher:
                 flight.scope = scope
                 prompt = work.conversation.prompt
                 result = await server.client.chat(
-                    work.conversation.request(),
+                    work.conversation.wire_request(),
                     self._sampling[prompt.arm],
                     config.model,
                     stream=config.stream,
                     timeout_s=config.request_timeout_s + 30.0,
                     max_tokens=work.limit.max_tokens if work.limit is not None else None,
                     seed=sample_seed(prompt.id) if prompt.arm is not None else None,
+                    tools=work.conversation.tools,
                 )
         except TimeoutError:
             if flight.running:  # its own deadline, not cut short by an eviction or the other copy's answer
@@ -280,7 +281,9 @@ class Dispatcher:
             return True
         conversation = work.conversation
         sampling = self._sampling[conversation.prompt.arm]
-        limit = self.length_cap.limit(conversation.request(), sampling.max_tokens, sampling.enable_thinking)
+        limit = self.length_cap.limit(
+            conversation.request(), sampling.max_tokens, sampling.enable_thinking, conversation.tools
+        )
         if limit.set_aside_by is not None:
             self._set_aside(work, limit)
             return False

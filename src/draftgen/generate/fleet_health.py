@@ -65,6 +65,7 @@ class ChatClient(Protocol):
         timeout_s: float | None,
         max_tokens: int | None = None,
         seed: int | None = None,
+        tools=None,
     ): ...
 
     async def get(self, path: str, timeout_s: float = 30.0) -> tuple[int | None, str]: ...

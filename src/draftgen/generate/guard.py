@@ -63,9 +63,11 @@ def classify(
     finish_reason: str | None,
     failed: bool,
     budget_by: str = BY_MAX_TOKENS,
+    calls: int = 0,
 ) -> tuple[str, ...]:
     """The defects of one result (an empty tuple for a good one); ``(CUT_AT_MAX_LENGTH,)`` for a turn cut where
-    the trainer's max_length set its budget (``budget_by``), which is expected, not a defect."""
+    the trainer's max_length set its budget (``budget_by``), which is expected, not a defect; ``calls``: the tool
+    calls it made (an answer that is only calls is not empty)."""
     if failed:
         return ("failed",)
     if finish_reason == "length" and budget_by == BY_MAX_LENGTH:
@@ -78,7 +80,7 @@ def classify(
     truncated = finish_reason == "length"
     if truncated:
         defects.append("truncated")  # an empty answer is expected when thinking ran out of tokens
-    elif not (content or "").strip():
+    elif not (content or "").strip() and not calls:
         defects.append("empty_answer")
     if thinking and not (reasoning or "").strip():
         defects.append("empty_reasoning")
@@ -168,6 +170,7 @@ class Guard:
         error: str | None = None,
         thinking: bool | None = None,
         budget_by: str = BY_MAX_TOKENS,
+        calls: int = 0,
     ) -> tuple[str, ...]:
         """One result's defects, counted in the window; ``thinking``: whether that request was asked to think
         (a sampling plan's arms differ; None: the run's setting); ``budget_by``: which limit set its max_tokens."""
@@ -178,6 +181,7 @@ class Guard:
             finish_reason=finish_reason,
             failed=error is not None,
             budget_by=budget_by,
+            calls=calls,
         )
         self.seen += 1
         if defects == (CUT_AT_MAX_LENGTH,):

@@ -32,9 +32,8 @@ BY_MAX_LENGTH = "max_length"
 # Why a turn was set aside, not sent (the stored row's ``turns_set_aside_by``, the manifest's counts).
 NO_ROOM = "max_length"  # its prompt alone reached max_length: nothing could train
 BELOW_FLOOR = "min_turn_budget"  # some room, below the run's floor
-PromptCounter = Callable[
-    [Sequence[Mapping[str, Any]], bool], int
-]  # (messages, enable_thinking) → prompt tokens
+# (messages, enable_thinking, tool schemas or None) → prompt tokens
+PromptCounter = Callable[[Sequence[Mapping[str, Any]], bool, Sequence[Mapping[str, Any]] | None], int]
 
 
 @dataclass(frozen=True)
@@ -87,11 +86,16 @@ class LengthCap:
     min_budget: int = 0
 
     def limit(
-        self, messages: Sequence[Mapping[str, Any]], max_tokens: int, enable_thinking: bool
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        max_tokens: int,
+        enable_thinking: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> TurnLimit:
-        """The turn's max_tokens; a prompt the chat template cannot render goes uncapped (the server judges it)."""
+        """The turn's max_tokens (the prompt rendered with the conversation's ``tools``, as the server renders it);
+        a prompt the chat template cannot render goes uncapped (the server judges it)."""
         try:
-            prompt = int(self.count(messages, enable_thinking))
+            prompt = int(self.count(messages, enable_thinking, tools))
         except (
             Exception
         ):  # the template's own error (raise_exception) or the tokenizer's: not the run's to stop
@@ -115,9 +119,14 @@ def tokenizer_counter(folder: str | Path) -> PromptCounter:
 def prompt_counter(tokenizer: Any) -> PromptCounter:
     """Counts a request's prompt with a loaded tokenizer's chat template, as SGLang renders a chat request."""
 
-    def count(messages: Sequence[Mapping[str, Any]], enable_thinking: bool) -> int:
+    def count(
+        messages: Sequence[Mapping[str, Any]],
+        enable_thinking: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> int:
         text = tokenizer.apply_chat_template(
             [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
             tokenize=False,
             add_generation_prompt=True,
             enable_thinking=enable_thinking,

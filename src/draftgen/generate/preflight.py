@@ -51,6 +51,7 @@ from draftgen.prompts.audit_report import findings
 from draftgen.prompts.rows import PromptFileError, PromptRow, RejectedRow
 from draftgen.prompts.turn_budgets import TurnBudgets
 from draftgen.sampling_plan import arm_sampling
+from draftgen.sglang_rules.parsers import CALL_START, DEFAULT_FAMILY, tool_call_parser
 from draftgen.training.masks import load_tokenizer
 from draftgen.training.template_fit import template_problem
 from draftgen.training.trainers import trainer_spec
@@ -97,6 +98,9 @@ class PromptScan:
     prompt_chars: list[int] = field(
         default_factory=list
     )  # of the first PROMPT_SAMPLE valid rows (max_length check)
+    # Fields of valid rows the reader did not use, by name: how many rows carry each (PromptRow.ignored).
+    ignored: Counter = field(default_factory=Counter)
+    with_tools: int = 0  # valid rows that offer tools (agentic conversations)
 
     @property
     def todo(self) -> int:
@@ -115,6 +119,8 @@ class PromptScan:
             "duplicates": self.duplicates,
             "stored_at_start": self.stored,
             "todo_at_start": self.todo,
+            "with_tools": self.with_tools,
+            "ignored_fields": dict(self.ignored.most_common()),
         }
 
 
@@ -257,6 +263,8 @@ def scan_prompts(config: GenerateConfig, stored: set[str]) -> tuple[PromptScan, 
                 scan.examples.append(f"row {item.row}: {item.reason}")
         elif isinstance(item, PromptRow):
             scan.valid += 1
+            scan.ignored.update(item.ignored)
+            scan.with_tools += item.tools is not None
             if len(scan.prompt_chars) < PROMPT_SAMPLE:
                 scan.prompt_chars.append(sum(len(m.get("content") or "") for m in item.messages))
             if item.id in stored:
@@ -344,6 +352,18 @@ def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path 
         if status == "fail":
             detail += f". Above max_rejected_rate={config.max_rejected_rate:g}: fix the file or raise it"
         checks.append(Check("malformed rows", target, status, detail))
+    if scan.ignored:
+        checks.append(ignored_fields_check(scan, target))
+    if scan.with_tools:
+        checks.append(
+            Check(
+                "tools",
+                target,
+                "info",
+                f"{scan.with_tools:,} rows offer tools: sent with every turn of their conversation; a turn whose "
+                "calls are not the source's ends it there (tool_divergence)",
+            )
+        )
     limit_check = max_length_check(config, scan)
     if limit_check is not None:
         checks.append(limit_check)
@@ -357,6 +377,23 @@ def prompt_checks(config: GenerateConfig, scan: PromptScan, rejected_path: Path 
             )
         )
     return checks
+
+
+IGNORED_SHOWN = 8  # fields named in the ignored-fields row, most common first
+
+
+def ignored_fields_check(scan: PromptScan, target: str) -> Check:
+    """The fields of valid rows that reach neither the request nor the row's identity, each with how many rows carry
+    it: nothing the prompt file holds is dropped without a word."""
+    shown = scan.ignored.most_common(IGNORED_SHOWN)
+    more = len(scan.ignored) - len(shown)
+    names = ", ".join(f"{name} {count:,} rows" for name, count in shown)
+    return Check(
+        "ignored fields",
+        target,
+        "info",
+        f"ignored fields: {names}{f' and {more} more' if more else ''} (not sent; the manifest lists them all)",
+    )
 
 
 # ----- servers ---------------------------------------------------------------------------------------------
@@ -588,6 +625,89 @@ async def _canary(
     ), counted
 
 
+# A function the canary offers, and prompts that ask for it (tried in turn until one is answered with a call).
+CANARY_TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "get_word_length",
+            "description": "The number of letters in a word.",
+            "parameters": {
+                "type": "object",
+                "properties": {"word": {"type": "string", "description": "the word to measure"}},
+                "required": ["word"],
+            },
+        },
+    },
+)
+CANARY_TOOL_PROMPTS = (
+    "Use the get_word_length tool: how many letters are in Draftgen?",
+    "Call get_word_length to count the letters of the word Speculative.",
+    "I need the length of a word. Call the get_word_length function for Drafter.",
+)
+
+
+async def tool_canary(client: ServerClient, config: GenerateConfig) -> Check:
+    """The prompt set offers tools: one request with a tool must come back with the call parsed into ``tool_calls``.
+    A call left as text in ``content`` means the server has no tool-call parser for the model (SGLang starts without
+    one): every agentic turn would be stored as text and end its conversation. Fails then."""
+    parser = tool_call_parser(DEFAULT_FAMILY)
+    for prompt in CANARY_TOOL_PROMPTS:
+        try:
+            result = await retrying(
+                lambda prompt=prompt: client.chat(
+                    [{"role": "user", "content": prompt}],
+                    config.sampling,
+                    config.model,
+                    stream=config.stream,
+                    timeout_s=config.request_timeout_s,
+                    tools=CANARY_TOOLS,
+                ),
+                PROBE_RETRY,
+            )
+        except RequestError as exc:
+            return Check(
+                "tool canary",
+                client.url,
+                "fail",
+                f"a request with tools failed {PROBE_RETRY.max_attempts} times: {exc}",
+            )
+        if result.tool_calls:
+            names = ", ".join(c["function"]["name"] for c in result.tool_calls)
+            return Check(
+                "tool canary", client.url, "ok", f"the call came back parsed in tool_calls ({names})"
+            )
+        if CALL_START in (result.content or "") and result.finish_reason != "length":
+            # a whole call left as text (a call cut by max_tokens is never parsed, parser or not: next prompt)
+            return Check(
+                "tool canary",
+                client.url,
+                "fail",
+                f"the call came back as text in content ({(result.content or '').strip()[:80]!r}): the server parses "
+                f"no tool calls; start SGLang with --tool-call-parser ({parser} for Qwen3.5/3.6; draftgen serve adds "
+                "it by --model-family)",
+            )
+    return Check(
+        "tool canary",
+        client.url,
+        "warn",
+        f"the model answered all {len(CANARY_TOOL_PROMPTS)} tool canaries without a whole call (none, or cut by "
+        f"max_tokens {config.max_tokens}): that its calls are parsed is not confirmed",
+    )
+
+
+async def tool_canaries(config: GenerateConfig, plans: list[ServerPlan], api_key: str) -> list[Check]:
+    """``tool_canary`` on every approved server, at once."""
+
+    async def one(plan: ServerPlan) -> Check:
+        async with ServerClient(
+            plan.url, api_key=api_key, timeout_s=config.request_timeout_s, capabilities=plan.capabilities
+        ) as client:
+            return await tool_canary(client, config)
+
+    return list(await asyncio.gather(*(one(plan) for plan in plans)))
+
+
 # ----- the whole preflight ---------------------------------------------------------------------------------
 async def preflight(config: GenerateConfig) -> Plan:
     """Run every check (servers concurrently, the prompt scan in a thread); raise PreflightError on any fail."""
@@ -636,6 +756,9 @@ async def preflight(config: GenerateConfig) -> Plan:
             checks.extend(server_checks)
             if caps is not None:
                 plans.append(ServerPlan(url, caps))
+        failed = any(c.status == "fail" for c in checks)
+        if config.canary and scan.with_tools and plans and not failed:  # no run will follow a failed check
+            checks.extend(await tool_canaries(config, plans, api_key))
         clock, clock_check = await servers_clock([p.url for p in plans], api_key)
         if clock_check is not None:
             checks.append(clock_check)

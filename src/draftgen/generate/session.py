@@ -158,6 +158,7 @@ class RunSession:
             finish_reason=result.finish_reason,
             thinking=thinking,
             budget_by=budget_by,
+            calls=len(result.tool_calls),
         )
 
     def failed(self, server: str | None, label: str, row: dict[str, Any], error: RequestError) -> None:

@@ -123,6 +123,17 @@ OUTPUT_SCHEMA = pl.Schema(
         # 0 otherwise; and why ("max_length" or "min_turn_budget"; null when none).
         "turns_set_aside": pl.Int64,
         "turns_set_aside_by": pl.String,
+        # Agentic conversations (docs/generate.md#agentic-conversations; training.conversation writes and reads
+        # them): per message of ``messages``, its other fields (tool_calls, tool_call_id, name) as a JSON object,
+        # null where none (the whole list null when no message has any); the row's tool schemas (a JSON list);
+        # per generated turn, the target's tool calls (a JSON list, null element where it called nothing; the list
+        # null when no turn did); and where the target's calls were not the source's, the divergence that ended the
+        # conversation (a JSON object: turn, after, reason, original and target calls, turns_left). Null in shards
+        # written before they existed.
+        "message_extras": pl.List(pl.String),
+        "tools": pl.String,
+        "turn_tool_calls": pl.List(pl.String),
+        "tool_divergence": pl.String,
     }
 )
 FAILED_SCHEMA = pl.Schema(
@@ -137,6 +148,7 @@ FAILED_SCHEMA = pl.Schema(
         "failed_at": pl.Float64,
         "source_row": pl.Int64,
         "turn": pl.Int64,  # 0-based index of the generated turn that failed (null in older files)
+        "message_extras": pl.List(pl.String),  # as in OUTPUT_SCHEMA
     }
 )
 REJECTED_SCHEMA = pl.Schema({"row": pl.Int64, "id": pl.String, "reason": pl.String, "raw": pl.String})

@@ -4,7 +4,8 @@ A conversation with k answer points (``draftgen.training.conversation.answer_poi
 requests in order, each sending the target's own earlier answers as history. Dispatch holds one of these per
 prompt in progress: it asks ``request()`` for what to send, ``record()``s each finished turn, and stores
 ``output_row()`` once ``finished``. Nothing here is written to disk before then: a conversation cut short by a
-stop or a crash is simply generated again on resume.
+stop or a crash is simply generated again on resume. An agentic conversation whose target called for something else
+than the source did ends at that turn (``divergence``; docs/generate.md#agentic-conversations), finished all the same.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftgen.client.errors import RequestError
-from draftgen.client.records import ChatResult
+from draftgen.client.records import STOPPED, ChatResult
 from draftgen.generate.length_cap import BY_MAX_TOKENS, NO_ROOM
 from draftgen.prompts.rows import PromptRow
-from draftgen.training.conversation import answer_points, request_messages
+from draftgen.training.conversation import (
+    Answer,
+    Divergence,
+    answer_points,
+    encode_calls,
+    follow_up,
+    message_columns,
+    request_messages,
+)
 from draftgen.training.token_ids import compact
+from draftgen.training.tools import wire_messages
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,7 @@ class Conversation:
     finished_turns: list[FinishedTurn] = field(default_factory=list)
     set_aside: int = 0  # answer points not generated: their prompt left too little room under max_length
     set_aside_by: str | None = None  # why (length_cap.NO_ROOM, BELOW_FLOOR)
+    divergence: Divergence | None = None  # the turn whose calls the source's next messages do not follow
 
     def __post_init__(self) -> None:
         self.points = answer_points(self.prompt.messages, self.mode)
@@ -64,26 +75,44 @@ class Conversation:
 
     @property
     def finished(self) -> bool:
-        return self.turn + self.set_aside >= self.turns
+        return self.turn + self.set_aside >= self.turns or self.divergence is not None
+
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...] | None:
+        """The conversation's tool schemas, sent with every one of its requests."""
+        return self.prompt.tools
 
     def label(self) -> str:
         """The prompt id, with the turn when there is more than one (guard examples, events)."""
         return self.id if self.turns == 1 else f"{self.id} (turn {self.turn + 1}/{self.turns})"
 
-    def request(self) -> tuple[dict[str, str], ...]:
-        """The messages to send for the next turn: the source up to its answer point, earlier answers ours."""
+    def request(self) -> tuple[dict[str, Any], ...]:
+        """The messages to send for the next turn: the source up to its answer point, earlier answers ours (with our
+        tool calls, and the source's results spliced after them)."""
         earlier = [
-            (point, done.result.content)
+            (point, Answer(done.result.content, done.result.tool_calls))
             for point, done in zip(self.points, self.finished_turns, strict=False)
         ]
         return request_messages(self.prompt.messages, self.points[self.turn], earlier, self.mode)
 
+    def wire_request(self) -> list[dict[str, Any]]:
+        """``request()`` as the HTTP request carries it (tool-call arguments as JSON strings)."""
+        return wire_messages(self.request())
+
     def record(
         self, result: ChatResult, attempts: int, max_tokens: int | None = None, budget_by: str = BY_MAX_TOKENS
     ) -> None:
+        """Keep a finished turn; in mode ``all`` an answer the source's next messages do not follow from (other tool
+        calls, a call where the source answered in text, none where it called) ends the conversation there."""
         if self.finished:
             raise RuntimeError(f"conversation {self.id} got a result after its last turn: a draftgen bug")
         self.finished_turns.append(FinishedTurn(result, attempts, max_tokens, budget_by))
+        if self.mode == "all" and not self.finished:
+            turn = self.turn - 1
+            cut = None if result.finish_reason in STOPPED else result.finish_reason
+            _, self.divergence = follow_up(
+                self.prompt.messages, self.points[turn], result.tool_calls, turn, cut
+            )
 
     def set_aside_rest(self, why: str | None = NO_ROOM) -> None:
         """The next turn's prompt leaves too little to train: it and every later turn (whose prompts hold it) are
@@ -103,7 +132,7 @@ class Conversation:
         results = [t.result for t in self.finished_turns]
         points = list(self.points[: len(results)])
         # Turns set aside: the row is the conversation up to its last answer (validate's assemble wants that).
-        messages = list(self.prompt.messages)[: points[-1] + 1]
+        messages, extras = message_columns(list(self.prompt.messages)[: points[-1] + 1])
         last = results[-1]
         completion = [r.completion_tokens for r in results]
         accept = [
@@ -158,13 +187,28 @@ class Conversation:
             "turn_budget_by": [t.budget_by for t in self.finished_turns],
             "turns_set_aside": self.set_aside,
             "turns_set_aside_by": self.set_aside_by if self.set_aside else None,
+            **self._tool_columns(extras),
+        }
+
+    def _tool_columns(self, extras: list[str | None] | None) -> dict[str, Any]:
+        """The stored row's agentic columns: message fields, tools, each turn's calls, the divergence."""
+        results = [t.result for t in self.finished_turns]
+        calls = [encode_calls(r.tool_calls) for r in results]
+        left = self.turns - len(results) - self.set_aside
+        return {
+            "message_extras": extras,
+            "tools": json.dumps(list(self.tools), ensure_ascii=False) if self.tools else None,
+            "turn_tool_calls": calls if any(c is not None for c in calls) else None,
+            "tool_divergence": self.divergence.as_json(left) if self.divergence is not None else None,
         }
 
     def failure_row(self, error: RequestError, attempts: int, server: str | None) -> dict[str, Any]:
         """failed.parquet's row: the turn that exhausted its attempts (earlier turns are not kept)."""
+        messages, extras = message_columns(self.prompt.messages)
         return {
             "id": self.prompt.id,
-            "messages": list(self.prompt.messages),
+            "messages": messages,
+            "message_extras": extras,
             "error": str(error)[:2000],
             "error_kind": error.kind,
             "status": error.status,

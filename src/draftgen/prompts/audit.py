@@ -68,6 +68,8 @@ def reason_kind(reason: str) -> str:
     return re.sub(r"\[\d+\]", "[i]", head).strip()
 
 
+Conversation = tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]  # messages, tools
+
 @dataclass(frozen=True)
 class AuditSettings:
     """What the audit reads and how: generate's own parameters where they decide the same thing."""
@@ -172,7 +174,7 @@ class _Tally:
         self.turns: Counter[int] = Counter()
         self.categories: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
-        self.sample: list[tuple[dict[str, str], ...]] = []
+        self.sample: list[Conversation] = []  # (messages, tools) of the counted conversations
         self.sampler = random.Random(settings.seed)
         self.near_index: Any = None
         self.near_rows: list[int] = []  # the index's conversation number → its row
@@ -211,7 +213,7 @@ class _Tally:
             if seen == 2:
                 self.example("shared_first_turns", f"row {item.row} (id {item.id}): {_short(first)!r}")
         self._near(item)
-        self._sample(messages)
+        self._sample((messages, item.tools))
 
     def _near(self, item: PromptRow) -> None:
         limit = self.settings.near_limit
@@ -233,17 +235,17 @@ class _Tally:
                 f"row {item.row} (id {item.id}) ≈ row {self.near_rows[earlier]} (similarity {similarity:.2f})",
             )
 
-    def _sample(self, messages: tuple[dict[str, str], ...]) -> None:
+    def _sample(self, conversation: Conversation) -> None:
         """Reservoir sampling: every conversation has the same chance to be counted, in one pass."""
         if self.settings.cap is None:
             return
         size = self.settings.token_sample
         if not size or len(self.sample) < size:
-            self.sample.append(messages)
+            self.sample.append(conversation)
             return
         slot = self.sampler.randrange(self.conversations)
         if slot < size:
-            self.sample[slot] = messages
+            self.sample[slot] = conversation
 
 
 def audit_prompts(settings: AuditSettings) -> PromptAudit:

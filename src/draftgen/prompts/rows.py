@@ -1,11 +1,14 @@
 """Prompt files → normalized prompt rows, streamed, with malformed rows set aside (never raised mid-run).
 
-Accepted row shapes (docs/design.md#prompt-rows): ``{"id"?, "messages": [{"role", "content"}, ...]}``,
-ShareGPT ``{"id"?, "conversations": [{"from", "value"}, ...]}`` and ``{"id"?, "prompt": "..."}``. Trailing
-assistant turns are dropped (we regenerate them; ShareGPT rows always end with one, so they are never a reason
-to reject). A tool turn without a preceding assistant turn and an empty user turn are rejected with the
-reason. A missing id becomes a stable hash of the messages. A conversation the file already held under another id
-is rejected as "duplicate of ID" unless duplicates are kept (docs/design.md#prompt-rows).
+Accepted row shapes (docs/design.md#prompt-rows): ``{"id"?, "messages": [...], "tools"?, "system"?}`` in OpenAI's
+shape (tool calls, tool results, names and content-part lists included), ShareGPT ``{"id"?, "conversations":
+[{"from", "value"}, ...], "tools"?, "system"?}`` (``function_call`` / ``observation`` turns too) and ``{"id"?,
+"prompt": "..."}``. Every value that changes what the model sees reaches the normalized row; what cannot be rendered
+faithfully rejects the row with the field named; every other field is reported by name (``PromptRow.ignored``,
+counted in generate's preflight). Trailing assistant turns are dropped (we regenerate them; ShareGPT rows always end
+with one, so they are never a reason to reject). A missing id becomes a stable hash of what the model sees. A
+conversation the file already held under another id is rejected as "duplicate of ID" unless duplicates are kept
+(docs/design.md#prompt-rows).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import polars as pl
 
 from draftgen.paths import resolve_path, root_note
 from draftgen.prompts.synthetic import BUNDLED_PROMPTS
+from draftgen.training.tools import ToolFormatError, normalize_calls, normalize_tools, tool_names
 
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
@@ -33,7 +37,14 @@ SHAREGPT_ROLES = {
     "tool": "tool",
     "chatgpt": "assistant",
     "bing": "assistant",
+    "function_call": "assistant",  # LLaMA-Factory's ShareGPT: a call (value: JSON of one call or a list of them)
+    "observation": "tool",  # ... and the tool's result
 }
+SHAREGPT_CALL = "function_call"
+# A message's keys the reader uses besides role and content, kept in the normalized message when given.
+MESSAGE_FIELDS = ("name", "tool_calls", "tool_call_id")
+SYSTEM_FIELDS = ("system", "system_prompt")  # a row-level system prompt, under its common names
+TEXT_PART_TYPES = ("text", "input_text")
 PARQUET_BATCH_ROWS = 4096
 # Where prompt sets name a row's kind, most specific first: ``category`` (MT-Bench, SPEED-Bench, Dolly, ModelOpt's
 # per-category evaluation), ``task_category`` (Magpie), ``source`` (Tulu, OpenHermes and most mixtures), ``task``,
@@ -47,7 +58,8 @@ DUPLICATE_OF = "duplicate of "  # how the reason of a conversation seen earlier 
 @dataclass(frozen=True)
 class PromptRow:
     id: str
-    messages: tuple[dict[str, str], ...]
+    # OpenAI shape: role and content, and name / tool_calls / tool_call_id where given (training.tools)
+    messages: tuple[dict[str, Any], ...]
     row: int  # 1-based row (JSONL line) number in the source file
     category: str | None = None  # the row's category or source field, when it has one (CATEGORY_FIELDS)
     # With a sampling plan (draftgen.sampling_plan) each row is one sample: ``id`` is the sample's,
@@ -55,6 +67,11 @@ class PromptRow:
     prompt_id: str | None = None
     arm: str | None = None
     sample: int | None = None
+    # The row's tool schemas (training.tools), sent with every turn of the conversation; None without tools.
+    tools: tuple[dict[str, Any], ...] | None = None
+    # Fields of the row the reader did not use, by name ("metadata", "messages[].reasoning_content"): counted in
+    # preflight, never dropped without a word.
+    ignored: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,7 +92,7 @@ class PromptFileError(ValueError):
 
 
 # PromptRow's fields that are bookkeeping: everything else is what the model sees, and decides a duplicate.
-_NOT_SEEN_BY_THE_MODEL = frozenset({"id", "row", "category", "prompt_id", "arm", "sample"})
+_NOT_SEEN_BY_THE_MODEL = frozenset({"id", "row", "category", "prompt_id", "arm", "sample", "ignored"})
 
 
 def conversation_digest(value: Any, size: int = 8) -> bytes:
@@ -84,13 +101,17 @@ def conversation_digest(value: Any, size: int = 8) -> bytes:
     return hashlib.blake2b(blob, digest_size=size).digest()
 
 
-def stable_id(messages: tuple[dict[str, str], ...]) -> str:
-    return "h-" + conversation_digest(messages, 10).hex()
+def stable_id(messages: tuple[dict[str, Any], ...], tools: tuple[dict[str, Any], ...] | None = None) -> str:
+    """A hash of everything the model sees: the messages and, where there are any, the tool schemas (so a row's id
+    changes when its tools do; rows without tools keep the ids they always had)."""
+    content: Any = messages if tools is None else {"messages": messages, "tools": tools}
+    return "h-" + conversation_digest(content, 10).hex()
 
 
 def duplicate_key(row: PromptRow) -> int:
-    """What makes two rows the same prompt: every field the model sees (the normalized messages, and any field
-    that later reaches the request), hashed; the id, row number, category and sample are not part of it."""
+    """What makes two rows the same prompt: every field the model sees (the normalized messages, the tools, and any
+    field that later reaches the request), hashed; the id, row number, category, ignored fields and sample are not
+    part of it."""
     seen = {
         f.name: getattr(row, f.name) for f in dataclasses.fields(row) if f.name not in _NOT_SEEN_BY_THE_MODEL
     }
@@ -122,74 +143,237 @@ def _truncate(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _messages_from(record: dict[str, Any]) -> tuple[dict[str, str], ...]:
-    """Normalize one record's conversation or raise ValueError with the reason."""
-    if "messages" in record and record["messages"] is not None:
-        raw = record["messages"]
-        if not isinstance(raw, list):
-            raise ValueError("'messages' must be a list")
-        messages = []
-        for index, message in enumerate(raw):
-            if not isinstance(message, dict):
-                raise ValueError(f"messages[{index}] is not an object")
-            role, content = message.get("role"), message.get("content")
-            if role not in ROLES:
+def _text(value: Any, where: str, *, nullable: bool = False) -> str:
+    """A message's content as text: a string; a list of text parts, joined with nothing between them (as Qwen's
+    templates render consecutive text parts); or, for an assistant message that calls tools, null ("")."""
+    if isinstance(value, str):
+        return value
+    if value is None and nullable:
+        return ""
+    if isinstance(value, list):
+        texts = []
+        for index, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind is None or kind in TEXT_PART_TYPES:
+                raise ValueError(f"{where}[{index}] is not a text part ({{'type': 'text', 'text': ...}})")
+            else:
                 raise ValueError(
-                    f"messages[{index}] has unknown role {role!r} (expected one of {', '.join(ROLES)})"
+                    f"{where}[{index}] is a {kind!r} part: draftgen regenerates text conversations, and the target "
+                    "would answer without it"
                 )
-            if not isinstance(content, str):
-                raise ValueError(f"messages[{index}].content must be a string, got {type(content).__name__}")
-            messages.append({"role": role, "content": content})
-    elif "conversations" in record and record["conversations"] is not None:
-        raw = record["conversations"]
-        if not isinstance(raw, list):
-            raise ValueError("'conversations' must be a list")
-        messages = []
-        for index, turn in enumerate(raw):
-            if not isinstance(turn, dict):
-                raise ValueError(f"conversations[{index}] is not an object")
-            speaker = turn.get("from", turn.get("role"))
-            value = turn.get("value", turn.get("content"))
-            role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
-            if role is None:
-                raise ValueError(f"conversations[{index}] has unknown speaker {speaker!r}")
-            if not isinstance(value, str):
-                raise ValueError(f"conversations[{index}].value must be a string")
-            messages.append({"role": role, "content": value})
-    elif "prompt" in record and record["prompt"] is not None:
-        if not isinstance(record["prompt"], str):
-            raise ValueError("'prompt' must be a string")
-        messages = [{"role": "user", "content": record["prompt"]}]
+        return "".join(texts)
+    raise ValueError(f"{where} must be a string or a list of text parts, got {type(value).__name__}")
+
+
+def _fields(raw: dict[str, Any], message: dict[str, Any], where: str) -> None:
+    """The message's name, tool calls and tool-call id, into ``message`` where given."""
+    role = message["role"]
+    for key in MESSAGE_FIELDS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if key == "tool_calls":
+            if role != "assistant":
+                raise ValueError(
+                    f"{where}.tool_calls on a {role} message: only assistant messages call tools"
+                )
+            calls = normalize_calls(value, f"{where}.tool_calls")
+            if calls:
+                message["tool_calls"] = list(calls)
+        elif not isinstance(value, str):
+            raise ValueError(f"{where}.{key} must be a string, got {type(value).__name__}")
+        elif key == "tool_call_id" and role != "tool":
+            raise ValueError(f"{where}.tool_call_id on a {role} message: only tool results carry one")
+        else:
+            message[key] = value
+
+
+def _message(raw: Any, where: str) -> tuple[dict[str, Any], set[str]]:
+    """One OpenAI-shaped message, and the keys of it the reader did not use."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} is not an object")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise ValueError(f"{where} has unknown role {role!r} (expected one of {', '.join(ROLES)})")
+    calls = role == "assistant" and bool(raw.get("tool_calls"))
+    message = {"role": role, "content": _text(raw.get("content"), f"{where}.content", nullable=calls)}
+    _fields(raw, message, where)
+    used = {"role", "content", *MESSAGE_FIELDS}
+    return message, {k for k, v in raw.items() if k not in used and v is not None}
+
+
+def _sharegpt_turn(raw: Any, where: str) -> tuple[dict[str, Any], set[str]]:
+    """One ShareGPT turn (``from``/``value``, or ``role``/``content``), and the keys of it the reader did not use."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} is not an object")
+    speaker_key = "from" if "from" in raw else "role"
+    value_key = "value" if "value" in raw else "content"
+    speaker, value = raw.get(speaker_key), raw.get(value_key)
+    role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
+    if role is None:
+        raise ValueError(f"{where} has unknown speaker {speaker!r}")
+    if str(speaker).lower() == SHAREGPT_CALL:
+        calls = normalize_calls(value, f"{where}.{value_key}")
+        if not calls:
+            raise ValueError(f"{where} is a function_call turn without a call")
+        message: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": list(calls)}
+    else:
+        calls = role == "assistant" and bool(raw.get("tool_calls"))
+        message = {"role": role, "content": _text(value, f"{where}.{value_key}", nullable=calls)}
+        _fields(raw, message, where)
+    used = {speaker_key, value_key, *MESSAGE_FIELDS}
+    return message, {k for k, v in raw.items() if k not in used and v is not None}
+
+
+def _system_prompt(record: dict[str, Any]) -> str | None:
+    """A row-level system prompt (``system`` or ``system_prompt``); None when there is none (or it is empty)."""
+    given = {name: record[name] for name in SYSTEM_FIELDS if record.get(name) is not None}
+    for name, value in given.items():
+        if not isinstance(value, str):
+            raise ValueError(f"'{name}' must be a string, got {type(value).__name__}")
+    if len(set(given.values())) > 1:
+        raise ValueError("'system' and 'system_prompt' differ: give the row one system prompt")
+    return next(iter(given.values()), None) or None
+
+
+def _conversation(record: dict[str, Any]) -> tuple[str, list[dict[str, Any]], set[str]]:
+    """(the field read, its messages, the message keys not used as 'field[].key')."""
+    ignored: set[str] = set()
+    if record.get("messages") is not None:
+        field, raw, read = "messages", record["messages"], _message
+    elif record.get("conversations") is not None:
+        field, raw, read = "conversations", record["conversations"], _sharegpt_turn
+    elif record.get("prompt") is not None:
+        return "prompt", [{"role": "user", "content": _text(record["prompt"], "'prompt'")}], ignored
     else:
         raise ValueError("no 'messages', 'conversations' or 'prompt' field")
-    field = "messages" if "messages" in record and record["messages"] is not None else "conversations"
+    if not isinstance(raw, list):
+        raise ValueError(f"'{field}' must be a list")
+    messages = []
+    for index, item in enumerate(raw):
+        message, unused = read(item, f"{field}[{index}]")
+        messages.append(message)
+        ignored |= {f"{field}[].{key}" for key in unused}
+    return field, messages, ignored
+
+
+def _messages_from(
+    record: dict[str, Any], tools: tuple[dict[str, Any], ...] | None
+) -> tuple[tuple[dict[str, Any], ...], str, set[str]]:
+    """Normalize one record's conversation or raise ValueError with the reason; (messages, the field read, the
+    message keys not used)."""
+    field, messages, ignored = _conversation(record)
+    system = _system_prompt(record)
+    if system is not None:
+        if messages and messages[0]["role"] == "system":
+            if messages[0]["content"] != system:
+                name = next(n for n in SYSTEM_FIELDS if record.get(n) is not None)
+                raise ValueError(
+                    f"'{name}' and {field}[0] (a system message) differ: give the row one system prompt"
+                )
+        else:
+            messages.insert(0, {"role": "system", "content": system})
     while messages and messages[-1]["role"] == "assistant":
         messages.pop()  # ShareGPT data ends with the answer: it is regenerated, never rejected
     if not messages:
         raise ValueError("empty conversation (nothing left to answer)")
-    _check_turns(messages, field)
+    _check_turns(messages, field, tools)
     if messages[-1]["role"] not in ("user", "tool"):
         raise ValueError(f"conversation ends with a {messages[-1]['role']} turn, not a user turn")
-    if not messages[-1]["content"].strip():
+    if messages[-1]["role"] == "user" and not messages[-1]["content"].strip():
         raise ValueError("the last user message is empty")
-    if "\x00" in "".join(m["content"] for m in messages):
+    if "\x00" in "".join(m["content"] + m.get("name", "") for m in messages):
         raise ValueError("text contains NUL characters")
-    return tuple(messages)
+    return tuple(messages), field, ignored
 
 
-def _check_turns(messages: list[dict[str, str]], field: str) -> None:
-    """Turn order a chat template cannot render sensibly: a tool result nobody asked for, an empty question."""
-    for index, message in enumerate(messages):
-        role = message["role"]
+def _check_turns(
+    messages: list[dict[str, Any]], field: str, tools: tuple[dict[str, Any], ...] | None
+) -> None:
+    """Turn order a chat template cannot render sensibly: a tool result nobody asked for, a call nobody answered, a
+    call to a function the row does not offer, an empty question."""
+    offered = tool_names(tools)
+    index = 0
+    while index < len(messages):
+        message, role = messages[index], messages[index]["role"]
         if role == "tool":
-            before = next((m["role"] for m in reversed(messages[:index]) if m["role"] != "tool"), None)
-            if before != "assistant":
-                raise ValueError(
-                    f"{field}[{index}] is a tool turn without a preceding assistant turn "
-                    f"(it follows {'the start' if before is None else f'a {before} turn'})"
-                )
-        elif role == "user" and not message["content"].strip() and index < len(messages) - 1:
+            before = messages[index - 1]["role"] if index else None
+            raise ValueError(
+                f"{field}[{index}] is a tool turn without a preceding assistant tool call "
+                f"(it follows {_after(before)})"
+            )
+        if role == "user" and not message["content"].strip() and index < len(messages) - 1:
             raise ValueError(f"{field}[{index}] is an empty user turn")
+        if role == "assistant" and message.get("tool_calls"):
+            if index and messages[index - 1]["role"] == "assistant":
+                raise ValueError(
+                    f"{field}[{index}] calls tools right after another assistant turn: the target answers once per "
+                    "turn; merge the two messages"
+                )
+            end = index + 1
+            while end < len(messages) and messages[end]["role"] == "tool":
+                end += 1
+            _check_calls(messages, index, end, field, offered, tools is not None)
+            index = end
+            continue
+        index += 1
+
+
+def _after(role: str | None) -> str:
+    if role is None:
+        return "the start"
+    return f"{'an' if role == 'assistant' else 'a'} {role} turn" + (
+        " without tool calls" if role == "assistant" else ""
+    )
+
+
+def _check_calls(
+    messages: list[dict[str, Any]], at: int, end: int, field: str, offered: frozenset[str], has_tools: bool
+) -> None:
+    """The calls of ``messages[at]`` are functions the row offers, each answered by one of ``messages[at+1:end]``:
+    by ``tool_call_id`` where the calls carry ids, else by position."""
+    calls, results = messages[at]["tool_calls"], messages[at + 1 : end]
+    for number, call in enumerate(calls):
+        name = call["function"]["name"]
+        if name not in offered:
+            offer = f"its tools offer {', '.join(sorted(offered))}" if has_tools else "the row has no 'tools'"
+            raise ValueError(
+                f"{field}[{at}].tool_calls[{number}] calls {name!r}, which {offer}: the target is never offered it"
+            )
+    if not results:
+        raise ValueError(f"{field}[{at}] calls {len(calls)} tool(s) and no tool result follows")
+    ids = [call.get("id") for call in calls]
+    answered = [result.get("tool_call_id") for result in results]
+    if any(i is None for i in ids):
+        if any(i is not None for i in ids):
+            raise ValueError(
+                f"{field}[{at}]: some tool calls carry an id and some do not; give every call an id"
+            )
+        if any(a is not None for a in answered):
+            raise ValueError(
+                f"{field}[{at + 1}..{end - 1}]: the results carry tool_call_id but the calls of {field}[{at}] have no id"
+            )
+        if len(results) != len(calls):
+            raise ValueError(
+                f"{field}[{at}] makes {len(calls)} call(s) without ids and {len(results)} result(s) follow: results "
+                "are matched to calls by position, so their numbers must be equal"
+            )
+        return
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{field}[{at}]: two tool calls share an id")
+    for offset, call_id in enumerate(answered):
+        if call_id not in ids:
+            raise ValueError(
+                f"{field}[{at + 1 + offset}].tool_call_id {call_id!r} answers no call of {field}[{at}]"
+            )
+    if sorted(answered) != sorted(ids):
+        missing = sorted(set(ids) - set(answered))
+        raise ValueError(
+            f"{field}[{at}]: every call needs exactly one result (unanswered or answered twice: "
+            f"{missing or sorted(answered)})"
+        )
 
 
 def row_category(record: dict[str, Any], field: str | None = None) -> str | None:
@@ -204,6 +388,17 @@ def row_category(record: dict[str, Any], field: str | None = None) -> str | None
             if text:
                 return text[:CATEGORY_MAX_CHARS]
     return None
+
+
+def _ignored(
+    record: dict[str, Any], field: str, category_field: str | None, messages: set[str]
+) -> tuple[str, ...]:
+    """The row's fields that reach neither the request nor the row's identity: counted by name in preflight."""
+    used = {"id", "tools", field, *SYSTEM_FIELDS, *CATEGORY_FIELDS}
+    if category_field:
+        used.add(category_field)
+    top = {k for k, v in record.items() if k not in used and v is not None}
+    return tuple(sorted(top | messages))
 
 
 def normalize_record(
@@ -221,10 +416,18 @@ def normalize_record(
         return RejectedRow(row, None, "'id' is empty", _truncate(raw))
     prompt_id = None if given_id is None else str(given_id)
     try:
-        messages = _messages_from(record)
-    except ValueError as exc:
+        tools = normalize_tools(record.get("tools"))
+        messages, field, unused = _messages_from(record, tools)
+    except (ValueError, ToolFormatError) as exc:
         return RejectedRow(row, prompt_id, str(exc), _truncate(raw))
-    return PromptRow(prompt_id or stable_id(messages), messages, row, row_category(record, category_field))
+    return PromptRow(
+        prompt_id or stable_id(messages, tools),
+        messages,
+        row,
+        row_category(record, category_field),
+        tools=tools,
+        ignored=_ignored(record, field, category_field, unused),
+    )
 
 
 def check_prompt_source(value: str, *, allow_empty: bool = False) -> str:

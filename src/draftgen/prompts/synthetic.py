@@ -1,8 +1,8 @@
-"""A synthetic prompt set written by this project: math, code, chat, multi-turn and system-prompted rows.
+"""A synthetic prompt set written by this project: math, code, chat, multi-turn, system-prompted and agentic rows.
 
 Rows follow the prompt-row format of docs/design.md#prompt-rows, ``{"id", "messages": [{"role", "content"},
-...]}``. Every text here is composed from templates in this file, so the set carries no third-party text and
-is reproducible from a seed.
+...]}``, agentic rows with ``tools`` and OpenAI-shaped tool calls and results. Every text here is composed from
+templates in this file, so the set carries no third-party text and is reproducible from a seed.
 """
 
 from __future__ import annotations
@@ -141,6 +141,140 @@ def _long_context(rng: random.Random) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+def _tool(name: str, description: str, **properties: str) -> dict:
+    """A function tool in OpenAI's shape; ``properties``: each parameter's JSON type."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {key: {"type": kind} for key, kind in properties.items()},
+                "required": list(properties),
+            },
+        },
+    }
+
+
+_TOOLS = (
+    _tool("get_weather", "The weather forecast for a city.", city="string"),
+    _tool("get_local_time", "The current local time in a city.", city="string"),
+    _tool(
+        "search_flights",
+        "Flights to a destination for a number of passengers.",
+        destination="string",
+        passengers="integer",
+    ),
+    _tool("lookup_population", "The population of a city.", city="string"),
+)
+_CITIES = (
+    "Lisbon",
+    "Nairobi",
+    "Osaka",
+    "Quito",
+    "Tallinn",
+    "Hanoi",
+    "Perth",
+    "Reykjavik",
+    "Accra",
+    "Montreal",
+)
+# Each question names the tools it needs by a word of their name, and ends with the city: what a model asked it calls
+# (draftgen.sim.toolcalls follows the same reading, so the simulated target calls what these rows' source called).
+_TOOL_QUESTIONS = (
+    ((0,), "What will the weather be like in {city}?"),
+    ((1,), "What local time is it right now in {city}?"),
+    ((3,), "How large is the population of {city}?"),
+    ((0, 1), "I land soon: what is the weather and the local time in {city}?"),
+    ((2,), "Search flights for {n} passengers to {city}."),
+    ((0, 3), "Compare the weather and the population of {city}."),
+)
+_TOOL_LEAD_INS = (
+    "",
+    "quick question: ",
+    "before I book anything, ",
+    "for a work trip, ",
+    "my family is asking: ",
+    "planning ahead, ",
+    "one more thing, ",
+    "sorry to bother you, but ",
+    "for a weekend away, ",
+    "help me decide: ",
+    "just checking, ",
+    "for my notes, ",
+)
+_TOOL_RESULTS = {
+    "get_weather": '{{"forecast": "{sky}", "high_c": {high}, "low_c": {low}}}',
+    "get_local_time": '{{"time": "{hour:02d}:{minute:02d}", "utc_offset": "+{offset:02d}:00"}}',
+    "search_flights": '{{"flights": [{{"depart": "{hour:02d}:{minute:02d}", "price_eur": {price}}}]}}',
+    "lookup_population": '{{"population": {people}}}',
+}
+_SKIES = ("sunny", "light rain", "overcast", "snow showers", "windy and clear")
+_TOOL_FOLLOW_UPS = (
+    "Thanks. What should I pack for that?",
+    "Is that unusual for this time of year?",
+    "Summarise that for a text message.",
+)
+
+
+def _agentic(rng: random.Random) -> dict:
+    """A question answered with one or two tool calls (parallel), their results, the answer, and often a follow-up
+    question. The source's call is what a model asked the question calls; in about one row in eight it passes the
+    city with its country, as another model might, so the target's call differs and the conversation ends there."""
+    wanted, question = rng.choice(_TOOL_QUESTIONS)
+    city, n = rng.choice(_CITIES), rng.randint(1, 4)
+    tools = [_TOOLS[i] for i in sorted({*wanted, rng.randrange(len(_TOOLS))})]
+    lead = rng.choice(_TOOL_LEAD_INS)
+    text = question.format(city=city, n=n)
+    text = lead + text[0].lower() + text[1:] if lead else text
+    other = rng.random() < 0.125
+    calls, results = [], []
+    for number, index in enumerate(wanted):
+        function = _TOOLS[index]["function"]
+        arguments = {"city": city} if "city" in function["parameters"]["properties"] else {}
+        if function["name"] == "search_flights":
+            arguments = {"destination": city, "passengers": n}
+        if other and number == 0:
+            arguments = {
+                key: f"{value}, the capital" if isinstance(value, str) else value
+                for key, value in arguments.items()
+            }
+        call_id = f"call_{rng.getrandbits(48):012x}"
+        calls.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": function["name"], "arguments": json.dumps(arguments)},
+            }
+        )
+        result = _TOOL_RESULTS[function["name"]].format(
+            sky=rng.choice(_SKIES),
+            high=rng.randint(5, 34),
+            low=rng.randint(-5, 20),
+            hour=rng.randint(0, 23),
+            minute=rng.randint(0, 59),
+            offset=rng.randint(0, 11),
+            price=rng.randint(60, 900),
+            people=rng.randint(200_000, 9_000_000),
+        )
+        results.append({"role": "tool", "tool_call_id": call_id, "content": result})
+    messages: list[dict] = []
+    if rng.random() < 0.3:
+        messages.append(
+            {"role": "system", "content": "You are a travel assistant. Use the tools; do not guess."}
+        )
+    messages += [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        *results,
+        {"role": "assistant", "content": f"Here is what I found for {city}."},
+    ]
+    if rng.random() < 0.6:
+        messages.append({"role": "user", "content": rng.choice(_TOOL_FOLLOW_UPS)})
+    return {"messages": messages, "tools": tools}
+
+
 _KINDS = (
     ("math", _math, 0.25),
     ("code", _code, 0.25),
@@ -148,7 +282,14 @@ _KINDS = (
     ("multi_turn", _multi_turn, 0.1),
     ("system", _with_system, 0.12),
     ("long", _long_context, 0.08),
+    ("agentic", _agentic, 0.06),
 )
+
+
+def _first_request(fields: dict) -> dict:
+    """A row's messages up to its first user message, and its tools."""
+    roles = [m["role"] for m in fields["messages"]]
+    return {"messages": fields["messages"][: roles.index("user") + 1], "tools": fields.get("tools")}
 
 
 def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
@@ -163,12 +304,15 @@ def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
     index = 0
     while index < n:
         kind = rng.choices(names, weights)[0]
-        messages = builders[kind](rng)
-        key = json.dumps(messages, sort_keys=True)
+        built = builders[kind](rng)
+        fields = built if isinstance(built, dict) else {"messages": built}  # agentic rows: messages and tools
+        # rows are told apart by their first request (the messages up to the first question, and the tools): two rows
+        # asking the same first (a chat question that opens a multi-turn row too) would send one request twice
+        key = json.dumps(_first_request(fields), sort_keys=True)
         if key in seen:  # a prompt set with repeats would make "duplicate answer" checks meaningless
             continue
         seen.add(key)
-        yield {"id": f"syn-{seed}-{index:07d}", "category": kind, "messages": messages}
+        yield {"id": f"syn-{seed}-{index:07d}", "category": kind, **fields}
         index += 1
 
 

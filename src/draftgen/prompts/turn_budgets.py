@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from draftgen.generate.length_cap import BELOW_FLOOR, NO_ROOM, LengthCap
-from draftgen.training.conversation import answer_points, request_messages
+from draftgen.training.conversation import Answer, answer_points, request_messages
 
 CAPPED = "capped"  # sent with the room the trainer's max_length leaves (below max_tokens)
 FULL = "full"  # sent with the full max_tokens
@@ -99,24 +99,32 @@ class TurnBudgets:
         }
 
 
-def _source_answers(messages: Sequence[Mapping[str, Any]], points: Sequence[int]) -> dict[int, str]:
-    """For each answer point, the source's assistant text after it (what stands in for the regenerated answer)."""
+def _source_answers(messages: Sequence[Mapping[str, Any]], points: Sequence[int]) -> dict[int, Answer]:
+    """For each answer point, the source's assistant text and tool calls after it (what stands in for the
+    regenerated answer: with the source's calls, its tool results follow as they will when the target asks the same)."""
     answers = {}
     for point in points:
-        texts = []
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
         for message in messages[point + 1 :]:
             if message["role"] != "assistant":
                 break
-            texts.append(str(message["content"]))
-        answers[point] = "\n\n".join(texts)
+            texts.append(str(message["content"] or ""))
+            calls += list(message.get("tool_calls") or ())
+        answers[point] = Answer("\n\n".join(texts), tuple(calls))
     return answers
 
 
 def classify_turns(
-    messages: Sequence[Mapping[str, Any]], cap: LengthCap, max_tokens: int, enable_thinking: bool, turns: str
+    messages: Sequence[Mapping[str, Any]],
+    cap: LengthCap,
+    max_tokens: int,
+    enable_thinking: bool,
+    turns: str,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[tuple[str, int | None]]:
-    """(class, prompt tokens) of each answer point of one conversation, in order; the points after one set aside
-    are not counted (None)."""
+    """(class, prompt tokens) of each answer point of one conversation (its prompts rendered with its ``tools``, as
+    generate sends them), in order; the points after one set aside are not counted (None)."""
     points = answer_points(messages, turns)
     stand_ins = _source_answers(messages, points)
     earlier: list[tuple[int, str | None]] = []
@@ -129,7 +137,7 @@ def classify_turns(
             out.append((set_aside, None))
             continue
         request = request_messages(messages, point, earlier, turns)
-        limit = cap.limit(request, max_tokens, enable_thinking)
+        limit = cap.limit(request, max_tokens, enable_thinking, tools)
         if limit.prompt_tokens is None:
             out.append((UNCOUNTED, None))
         elif limit.set_aside_by is not None:
@@ -155,7 +163,7 @@ def _quantiles(values: Sequence[int]) -> dict[str, float]:
 
 
 def turn_budgets(
-    conversations: Sequence[Sequence[Mapping[str, Any]]],
+    conversations: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None]],
     cap: LengthCap,
     max_tokens: int,
     enable_thinking: bool,
@@ -163,13 +171,14 @@ def turn_budgets(
     of_conversations: int,
     progress: Any = None,
 ) -> TurnBudgets:
-    """Count and classify every answer point of ``conversations`` (``progress``: a tqdm bar to advance, or None)."""
+    """Count and classify every answer point of ``conversations``, (messages, tools) pairs (``progress``: a tqdm
+    bar to advance, or None)."""
     by_class: Counter[str] = Counter()
     sent: Counter[int] = Counter()
     per_turn: list[int] = []
     rooms: list[int] = []
-    for messages in conversations:
-        classified = classify_turns(messages, cap, max_tokens, enable_thinking, turns)
+    for messages, tools in conversations:
+        classified = classify_turns(messages, cap, max_tokens, enable_thinking, turns, tools)
         by_class.update(name for name, _ in classified)
         rooms += [
             cap.max_length - tokens for name, tokens in classified if name == CAPPED and tokens is not None

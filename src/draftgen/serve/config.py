@@ -31,6 +31,7 @@ from draftgen.params import (
     param,
 )
 from draftgen.server_settings import MTP_DEFAULT, ServerSettings, load_settings
+from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, FAMILIES
 from draftgen.sim.faults import FAULT_KEYS, parse_faults
 from draftgen.sim.profiles import PROFILES, get_profile
 
@@ -117,6 +118,11 @@ class ServerParams(Params):
     base_port: Port = param(BASE_PORT, "GPU group i's server listens on the base port + i")
     host: str = param("127.0.0.1", "bind address of the servers (0.0.0.0 for other nodes)")
     python: str = param("", 'interpreter that runs the servers ("": this one)')
+    model_family: Literal[FAMILIES] = param(
+        DEFAULT_FAMILY,
+        "the model's family: picks SGLang's --reasoning-parser and --tool-call-parser (qwen3_5: Qwen3.5/3.6, "
+        "tool calls read by qwen3_coder; qwen3: by qwen)",
+    )
     extra_args: list[str] = param(default_factory=list, help="appended to every SGLang server's command line")
     sim_profile: str | None = param(
         None,
@@ -234,6 +240,7 @@ SERVE_FLAGS = (
     Flag("max_running_requests", "--max-running-requests", WHAT, "N"),
     Flag("settings", "--settings", WHAT, "FILE", parse=Path),
     Flag("engine", "--engine", WHAT),
+    Flag("model_family", "--model-family", WHAT, "FAMILY"),
     Flag("python", "--python", WHAT, "PATH"),
     Flag("extra_args", EXTRA, WHAT),
     Flag("restart", "--restart", WATCH),

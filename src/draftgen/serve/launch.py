@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from draftgen.client.introspect import HEALTH_GENERATE
 from draftgen.serve.config import MTP_ARGS, ServeConfig
+from draftgen.sglang_rules.parsers import reasoning_parser, tool_call_parser
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,14 @@ def shell_line(spec: LaunchSpec) -> str:
     return " ".join([*assignments, shlex.join(spec.argv)])
 
 
+def _tool_call_parser(config: ServeConfig) -> list[str]:
+    """``--tool-call-parser`` for the model's family, so the target's calls come back as ``tool_calls`` (SGLang
+    starts without one: calls would stay text in content); none when the extra arguments already name one."""
+    if any(a == "--tool-call-parser" or a.startswith("--tool-call-parser=") for a in config.extra_args):
+        return []
+    return ["--tool-call-parser", tool_call_parser(config.model_family)]
+
+
 def _sglang_argv(config: ServeConfig, port: int, tp: int) -> list[str]:
     argv = [
         config.python,
@@ -49,8 +58,9 @@ def _sglang_argv(config: ServeConfig, port: int, tp: int) -> list[str]:
         "--port",
         str(port),
         "--reasoning-parser",
-        "qwen3",
+        reasoning_parser(config.model_family),
         "--enable-metrics",
+        *_tool_call_parser(config),
     ]
     if tp > 1:
         argv += ["--tp-size", str(tp)]
@@ -83,6 +93,7 @@ def _sim_argv(config: ServeConfig, port: int) -> list[str]:
     ]
     if config.max_running_requests is not None:
         argv += ["--max-running-requests", str(config.max_running_requests)]
+    argv += _tool_call_parser(config)
     if config.settings is not None:
         argv += config.settings.sim_args()
     for spec in config.sim_faults:

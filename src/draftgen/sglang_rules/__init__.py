@@ -8,6 +8,7 @@ does with the same flags). Each rule names the SGLang file it restates; the fact
   chooses itself, the top-k 1 chain and the draft tree, DFLASH's overrides.
 - ``adaptive``: ``--speculative-adaptive``'s default table, its decision rule, and what switches it off.
 - ``hybrid_memory``: how SGLang budgets memory for a hybrid (linear-attention + full-attention) model.
+- ``parsers``: which reasoning and tool-call parser a model family's output needs, and the call formats they read.
 
 Plain values and functions only (no pydantic, no I/O), so a simulated server imports them at no cost and a new
 rule is one more constant or function in the module of its concern.

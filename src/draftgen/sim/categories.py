@@ -16,19 +16,23 @@ import re
 from collections.abc import Mapping, Sequence
 
 SYSTEM, MULTI_TURN, LONG, CODE, CHAT, MATH = "system", "multi_turn", "long", "code", "chat", "math"
+AGENTIC = "agentic"
 _CODE = re.compile(r"\bWrite an? \S+ function\b")
 _CHAT = re.compile(r"\bExplain\b")
 _MATH = re.compile(r"Solve for x|How many|What is the sum|A rectangle has perimeter")
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|\Z)", re.DOTALL)
 
 
-def classify(messages: Sequence[Mapping[str, object]]) -> str | None:
-    """The category of one request's messages, in the bundled generator's terms; None for anything else.
+def classify(messages: Sequence[Mapping[str, object]], tools: Sequence[object] | None = None) -> str | None:
+    """The category of one request's messages (and its ``tools``), in the bundled generator's terms; None for
+    anything else.
 
-    The rules follow how ``synthetic.py`` writes each kind: a system prompt, more than one user turn, the notes
-    to summarise, a function to write, something to explain, an arithmetic question. (The first turn of a
-    multi-turn row is a chat question on its own and is classified as one.)
+    The rules follow how ``synthetic.py`` writes each kind: tools offered (an agentic conversation), a system prompt,
+    more than one user turn, the notes to summarise, a function to write, something to explain, an arithmetic
+    question. (The first turn of a multi-turn row is a chat question on its own and is classified as one.)
     """
+    if tools:
+        return AGENTIC
     roles = [str(m.get("role")) for m in messages]
     users = [str(m.get("content") or "") for m in messages if m.get("role") == "user"]
     if not users:

@@ -79,6 +79,18 @@ class Faults:
         ", ".join(f"`{shape}`" for shape in SGLANG_SHAPES),
         "which release's response shapes to speak",
     )
+    tool_call_rate: float = fault(
+        1.0,
+        "0–1",
+        "with `tools` in a request that ends with a user message, that share of prompts (drawn from each request's "
+        'seed) is answered with tool calls (docs/simulator.md, "Tool calls")',
+    )
+    tool_divergence_rate: float = fault(
+        0.0,
+        "0–1",
+        "that share of the answers that call (a draw of its own) calls with other arguments than the simulator's "
+        'rule gives (docs/simulator.md, "Tool calls")',
+    )
     noncanonical_ids: float = fault(
         0.0,
         "0–1",

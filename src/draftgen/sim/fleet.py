@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftgen.defaults import MODEL
+from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, TOOL_CALL_PARSER
 from draftgen.sim.defaults import EXIT_PORT_IN_USE, PARENT_PID_ENV
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
@@ -138,6 +139,9 @@ class SimFleet:
     # The servers' tokenizer folder (their ids, prompt_tokens, completion_tokens); None: the tiny Qwen3-format
     # tokenizer, built once into work_dir/tokenizer when the fleet starts.
     tokenizer: Path | None = None
+    # --tool-call-parser, as `draftgen serve` starts the target's family (sglang_rules.parsers); None: no parser,
+    # SGLang's default (tool calls stay text in content).
+    tool_call_parser: str | None = TOOL_CALL_PARSER[DEFAULT_FAMILY]
     _procs: dict[int, subprocess.Popen] = field(default_factory=dict, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False, repr=False)
 
@@ -236,6 +240,8 @@ class SimFleet:
         ]
         if self.max_running_requests:
             command += ["--max-running-requests", str(self.max_running_requests)]
+        if self.tool_call_parser:
+            command += ["--tool-call-parser", self.tool_call_parser]
         command += list(self.server_args)
         for spec in [*self.faults, *self.per_server_faults.get(index, ()), *extra_faults]:
             command += ["--fault", spec]
@@ -282,7 +288,9 @@ class SimFleet:
         does the other one answers, and a run would go to servers another test stops under it."""
         answering = _json(f"{self.urls[index]}/sim/info").get("pid")
         if answering != proc.pid:
-            raise PortInUse(f"port {self.port(index)} already in use (another server, pid {answering}, answers)")
+            raise PortInUse(
+                f"port {self.port(index)} already in use (another server, pid {answering}, answers)"
+            )
 
     def _raise_exited(self, index: int, code: int) -> None:
         port = self.port(index)

@@ -111,6 +111,7 @@ class NativeApi:
                 "max_running_requests": self.sim.profile.max_running_requests,
                 "context_length": self.sim.profile.context_length,
                 "reasoning_parser": "qwen3",
+                "tool_call_parser": self.sim.config.tool_call_parser,
                 "enable_metrics": True,
                 "decode_log_interval": 40,
                 "speculative_algorithm": reported_algorithm(self.sim.profile.spec_algorithm)

@@ -4,10 +4,18 @@
 prompt is first sent alone with ``max_new_tokens=0`` to cache its prefix, and once that is done, ``n`` copies of
 the request, each a request of its own sampled apart, answer as choices ``0..n-1`` of one reply whose usage counts
 the prompt once and sums the completions (``UsageProcessor.calculate_response_usage``).
+
+``tools`` are rendered into the prompt by the chat template, as SGLang renders them, and an assistant message's
+tool-call arguments given as JSON strings are parsed to objects first (SGLang 0.5.23's
+``normalize_assistant_tool_call_arguments``: not a JSON object → 400). An answer that ends in tool calls
+(``draftgen.sim.toolcalls``) returns them in ``message.tool_calls`` / ``delta.tool_calls`` with ``finish_reason``
+``"tool_calls"`` when the server was started with a parser that reads them, and as text in ``content`` otherwise.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -18,6 +26,7 @@ from draftgen.sim.categories import classify
 from draftgen.sim.engine import SimRequest
 from draftgen.sim.temperature import temperature_of
 from draftgen.sim.textgen import request_seed
+from draftgen.sim.toolcalls import call_id
 from draftgen.sim.wire import BadRequest, sse
 
 if TYPE_CHECKING:
@@ -95,15 +104,21 @@ class OpenAIApi:
             raise BadRequest("draftgen sim supports n > 1 without streaming only.")
         kwargs = body.get("chat_template_kwargs") or {}
         thinking = bool(kwargs.get("enable_thinking", True)) if isinstance(kwargs, dict) else True
+        tools = _tools(body.get("tools"))
         tokenizer = self.sim.tokenizer
         try:
-            prompt_ids = tokenizer.encode(tokenizer.render(messages, thinking))
+            prompt_ids = tokenizer.encode(tokenizer.render(_rendered(messages), thinking, tools))
+        except BadRequest:
+            raise
         except Exception as exc:  # a template error is the client's request, as in SGLang
             raise BadRequest(f"the chat template could not render these messages: {exc}") from exc
         max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         max_tokens = self.sim.max_tokens(body.get(max_key), len(prompt_ids), max_key)
         stream_options = body.get("stream_options") or {}
         seed_payload = {"messages": messages, "thinking": thinking}
+        if tools:
+            seed_payload["tools"] = tools  # a prompt offered other tools is another prompt
+        seed = request_seed(seed_payload, body.get("seed"))
         return {
             "rid": str(body.get("rid") or uuid.uuid4().hex),
             "n": n,
@@ -123,14 +138,31 @@ class OpenAIApi:
             or headers.get("x-sglext-return-input-ids") == "1",
             "output_ids": bool(body.get("return_output_ids_in_sglext"))
             or headers.get("x-sglext-return-output-ids") == "1",
-            "seed": request_seed(seed_payload, body.get("seed")),
+            "seed": seed,
+            "calls": self.sim.plan_calls(tools, messages, seed),
             "ignore_eos": bool(body.get("ignore_eos")),
-            "category": classify(messages),
+            "category": classify(messages, tools),
             "temperature": temperature_of(body),
         }
 
+    def _call_start(self, request: SimRequest) -> int | None:
+        """Where the answer's tool calls begin, when the server's parser takes them out of the text."""
+        plan = request.plan
+        return plan.call_start if plan.calls and self.sim.parses_tool_calls else None
+
+    def _tool_calls(self, request: SimRequest) -> list[dict]:
+        """The answer's calls as the parser returns them, once they are whole (every token shown)."""
+        if self._call_start(request) is None or request.shown_tokens < len(request.plan.ids):
+            return []
+        return [call.as_openai(call_id(request.rid, i), i) for i, call in enumerate(request.plan.calls)]
+
     def _texts(self, request: SimRequest, parsed: dict, start: int, end: int) -> tuple[str | None, str]:
-        """(reasoning_content, content) of shown tokens[start:end], as SGLang's qwen3 parser splits them."""
+        """(reasoning_content, content) of shown tokens[start:end], as SGLang's qwen3 parser splits them (without
+        the tool calls' text, when the tool-call parser takes it out)."""
+        cut = self._call_start(request)
+        if cut is not None:
+            end = min(end, cut)
+            start = min(start, end)
         reasoning, answer = request.plan.split_range(start, end, separate=parsed["separate"])
         if not parsed["thinking"] or not parsed["separate"]:
             return None, answer
@@ -157,6 +189,8 @@ class OpenAIApi:
         if request.outcome != "ok":
             return "abort", None
         if request.plan.finish_type == "stop":
+            if self._tool_calls(request):
+                return "tool_calls", None  # SGLang: finish "tool_calls", matched_stop null
             return "stop", request.plan.eos_id
         return "length", None
 
@@ -185,13 +219,17 @@ class OpenAIApi:
     def _choice(self, request: SimRequest, parsed: dict, index: int) -> dict:
         reasoning, content = self._texts(request, parsed, 0, request.shown_tokens)
         finish_reason, matched = self._finish_reason(request)
+        message: dict[str, object] = {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning if reasoning is not None else None,
+        }
+        calls = self._tool_calls(request)
+        if calls:  # SGLang's ChatMessage leaves the key out when there are none
+            message["tool_calls"] = calls
         return {
             "index": index,
-            "message": {
-                "role": "assistant",
-                "content": content,
-                "reasoning_content": reasoning if reasoning is not None else None,
-            },
+            "message": message,
             "logprobs": None,
             "finish_reason": finish_reason,
             "matched_stop": matched,
@@ -263,6 +301,8 @@ class OpenAIApi:
                     if content:
                         delta = {"reasoning_content": None, "content": content}
                         await response.write(sse(self._chunk(request, parsed, delta, (None, None))))
+                    for delta in _call_deltas(self._tool_calls(request)):
+                        await response.write(sse(self._chunk(request, parsed, delta, (None, None))))
                     sent = upto
                 if request.done.is_set():
                     break
@@ -275,3 +315,61 @@ class OpenAIApi:
                 usage = self._usage([request], parsed)
                 await response.write(sse(self._tail_chunk(request, parsed, usage=usage)))
         return response
+
+
+def _tools(value: object) -> list[dict]:
+    """The request's ``tools`` (SGLang's ``Tool`` model: objects with ``function.name``), or 400."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+        for t in value
+    ):
+        raise BadRequest("tools must be a list of {'type': 'function', 'function': {'name': ...}} objects.")
+    return value
+
+
+def _rendered(messages: list) -> list:
+    """The messages the template renders: assistant tool-call arguments given as JSON strings parsed to objects,
+    as SGLang 0.5.23 does before rendering (a string that is not a JSON object is refused)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if not isinstance(calls, list):
+            out.append(message)
+            continue
+        message = copy.deepcopy(message)
+        for call in message["tool_calls"]:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                try:
+                    arguments = json.loads(function["arguments"])
+                except json.JSONDecodeError:
+                    raise BadRequest("Assistant tool call function.arguments must be valid JSON.") from None
+                if not isinstance(arguments, dict):
+                    raise BadRequest("Assistant tool call function.arguments must be a JSON object.")
+                function["arguments"] = arguments
+        out.append(message)
+    return out
+
+
+def _call_deltas(calls: list[dict]) -> list[dict]:
+    """Whole calls as SGLang streams them (``serving_chat.py``: ``_process_tool_call_stream``): per call, a first
+    delta with its id and name and empty arguments, then the arguments with id and name null."""
+    deltas = []
+    for call in calls:
+        function = call["function"]
+        for first in (True, False):
+            piece = {
+                "id": call["id"] if first else None,
+                "index": call["index"],
+                "type": "function",
+                "function": {
+                    "name": function["name"] if first else None,
+                    "arguments": "" if first else function["arguments"],
+                },
+            }
+            deltas.append({"role": None, "content": None, "reasoning_content": None, "tool_calls": [piece]})
+    return deltas

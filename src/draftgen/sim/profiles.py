@@ -164,6 +164,7 @@ B200_MEMORY = MemoryModel(
 B200_CATEGORY_ACCEPT_LENGTH = {
     "code": 3.9,
     "math": 3.8,
+    "agentic": 3.7,  # tool calls: a rigid format that repeats the prompt's names and values
     "system": 3.6,
     "multi_turn": 3.4,
     "chat": 3.3,

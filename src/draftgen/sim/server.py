@@ -58,6 +58,7 @@ from draftgen.sim.speculative import (
 )
 from draftgen.sim.textgen import CompletionPlan, plan_acceptance_by_position, plan_completion
 from draftgen.sim.tokenizer import SimTokenizer, TokenizerFolderError, default_tokenizer
+from draftgen.sim.toolcalls import SimCall, diverged, parses, planned_calls
 from draftgen.sim.wire import BadRequest, error_response
 
 WARMUP_MAX_TOKENS = 8
@@ -80,6 +81,8 @@ class ServerConfig:
     )
     # --disable-radix-cache, --enable-cache-report
     cache: CacheSettings = field(default_factory=CacheSettings)
+    # --tool-call-parser: None (SGLang's default) leaves tool calls as text in content (draftgen.sim.toolcalls)
+    tool_call_parser: str | None = None
 
 
 class SimServer:
@@ -230,6 +233,7 @@ class SimServer:
         sampling_temperature: float | None = None,
         prompt_ids: tuple[int, ...] | None = None,
         prefill_only: bool = False,
+        calls: tuple[SimCall, ...] = (),
     ) -> SimRequest:
         plan: CompletionPlan = plan_completion(
             seed,
@@ -244,6 +248,8 @@ class SimServer:
             noncanonical=noncanonical,
             loop_rate=self.faults.loop_rate if kind in ("chat", "generate") else 0.0,
             loop_max_period=self.faults.loop_max_period,
+            calls=calls,
+            answer_before_calls=bool(seed & 1),
         )
         total = plan.completion_tokens
         rng = None
@@ -375,6 +381,7 @@ class SimServer:
             sampling_temperature=parsed.get("temperature"),
             prompt_ids=None if ids is None else tuple(ids),
             prefill_only=prefill_only,
+            calls=() if prefill_only else parsed.get("calls", ()),
         )
         self.engine.submit(request)
         if not prefill_only and self.draw(self.faults.abort_rate):
@@ -383,6 +390,22 @@ class SimServer:
 
     def draw(self, rate: float) -> bool:
         return bool(rate) and self.fault_rng.random() < rate
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Started with a tool-call parser that reads the simulated model's calls (else they stay text)."""
+        return parses(self.config.tool_call_parser)
+
+    def plan_calls(self, tools: list[dict], messages: list[dict], seed: int) -> tuple[SimCall, ...]:
+        """The tool calls a request's answer ends in: drawn from its seed (``tool_call_rate``, then
+        ``tool_divergence_rate``), so the same prompt calls the same way on every server and attempt."""
+        if not tools:
+            return ()
+        draws = random.Random(seed ^ 0x7001)
+        if draws.random() >= self.faults.tool_call_rate:
+            return ()
+        calls = planned_calls(tools, messages)
+        return diverged(calls) if draws.random() < self.faults.tool_divergence_rate else calls
 
     async def hang(self, rid: str, kind: str) -> web.Response:
         try:
@@ -516,6 +539,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--truth", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", type=Path, default=None)
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="as SGLang's: a parser name (qwen3_coder reads the simulated model's calls); default none: calls "
+        "stay text in content",
+    )
     add_sglang_flags(parser)
     add_cache_flags(parser)
     parser.add_argument("--die-with-parent", action="store_true")
@@ -562,6 +591,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         tokenizer=args.tokenizer,
         cache=cache_settings(args),
+        tool_call_parser=args.tool_call_parser or None,
     )
     try:
         if args.tokenizer is not None:

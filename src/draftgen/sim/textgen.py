@@ -7,7 +7,9 @@ ids the server reports decode to exactly the text it sends. The ``noncanonical_i
 smaller vocabulary tokens instead: the same text, ids that re-encoding the text does not give back. The
 ``loop_rate`` fault makes a completion fall into a repetition loop: from a point drawn over it, one cycle of fresh
 filler repeats verbatim (ids and text alike) until ``max_tokens``, as a looping Qwen3 does; the plan records where
-the loop began and its period (ground truth for the client's loop check).
+the loop began and its period (ground truth for the client's loop check). A completion planned with tool calls
+(``draftgen.sim.toolcalls``) ends, after its reasoning and an answer of a few words or none, in the calls' text; the
+whole text is then encoded at once, and the plan says where the calls begin (``call_start``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from draftgen.sim.toolcalls import SimCall, call_text
 
 if TYPE_CHECKING:
     from draftgen.sim.tokenizer import SimTokenizer
@@ -120,6 +124,8 @@ class CompletionPlan:
     noncanonical: bool = False  # one token spelled as smaller ones (the noncanonical_ids fault)
     loop_start: int | None = None  # the loop_rate fault: the id index where the repeated cycle first begins
     loop_period: int | None = None  # ...and the cycle's length in ids (None: no loop)
+    calls: tuple[SimCall, ...] = ()  # the tool calls its text ends in, whole (a cut before their end: none)
+    call_start: int | None = None  # the index of the id where the first call's <tool_call> begins
 
     @property
     def completion_tokens(self) -> int:
@@ -195,6 +201,7 @@ def _units(words: Sequence[str]) -> list[str]:
 
 
 FILLER_CHUNK = 12  # words drawn at a time: fixed, so a shorter filler is always a prefix of a longer one
+ANSWER_BEFORE_CALLS = 16  # at most this many tokens of answer before a completion's tool calls
 
 
 def _filler(
@@ -272,17 +279,24 @@ def plan_completion(
     noncanonical: bool = False,
     loop_rate: float = 0.0,
     loop_max_period: int = 256,
+    calls: Sequence[SimCall] = (),
+    answer_before_calls: bool = False,
 ) -> CompletionPlan:
     """Deterministic completion for one request: long-tailed lengths in tokens, truncated at ``max_tokens``.
 
     Whether it loops is drawn from the request's own seed (its fourth stream), so the same prompt loops on every
-    server, attempt and run: a run with the loop check and one without answer the same prompts the same way."""
+    server, attempt and run: a run with the loop check and one without answer the same prompts the same way.
+    ``calls``: the tool calls the answer ends in (after a few words of answer when ``answer_before_calls``); a
+    completion that loops, or is cut before the calls' end, makes none."""
     # Lengths, reasoning words, answer words and the fault's choice each have their own stream, and only the
     # first max_tokens + 1 tokens are ever drawn (one more decides stop or length): a request costs what it
     # shows, and a smaller max_tokens cuts the very same completion.
     rng = random.Random(seed)
     words_r, words_a, fault = (random.Random((seed << 2) | k) for k in (1, 2, 3))
     budget = max_tokens + 1
+    looping = random.Random(seed << 2) if loop_rate and not empty_answer else None
+    loops = looping is not None and looping.random() < loop_rate
+    calling = bool(calls) and not loops and not empty_answer and not ignore_eos
     if empty_answer:
         # The short failure: "\n</think>\n\nOK." + EOS after a "<think>\n" generation prompt.
         units = ["\n", THINK_END, "\n\n", "OK."] if enable_thinking else ["OK."]
@@ -302,12 +316,22 @@ def plan_completion(
                 spent = sum(len(tokenizer.encode_unit(u)) for u in units)
         if answering:
             wanted = max(answer_length, budget) if ignore_eos else answer_length
-            units += _filler(words_a, tokenizer, max(1, min(wanted, budget - spent)), None)[0]
+            if calling:
+                wanted = min(answer_length, ANSWER_BEFORE_CALLS) if answer_before_calls else 0
+            if wanted:
+                units += _filler(words_a, tokenizer, max(1, min(wanted, budget - spent)), None)[0]
+        calling = calling and answering
     loop_start = loop_period = None
-    looping = random.Random(seed << 2) if loop_rate and not empty_answer else None
-    if looping is not None and looping.random() < loop_rate:
+    if looping is not None and loops:
         units, loop_start, loop_period = _fall_into_loop(looping, tokenizer, units, budget, loop_max_period)
-    ids = tokenizer.encode_units(units)
+    call_char = None
+    if calling:
+        prefix = "".join(units)
+        text = call_text(calls, after_answer=bool(prefix.split(THINK_END)[-1].strip()))
+        call_char = len(prefix) + text.index("<tool_call>")
+        ids = tokenizer.encode(prefix + text)  # the calls' text merges with nothing: encoded whole, canonical
+    else:
+        ids = tokenizer.encode_units(units)
     split = _noncanonical(fault, tokenizer, ids, max_tokens) if noncanonical else None
     if split is not None:
         ids = split
@@ -320,11 +344,14 @@ def plan_completion(
     stops = not ignore_eos and len(ids) + 1 <= max_tokens
     if not stops:
         # A length cut (with ignore_eos, max_tokens is the only way to end). A cut before "</think>" leaves
-        # think_end_index past the end, so everything emitted is reasoning.
+        # think_end_index past the end, so everything emitted is reasoning; a cut inside the calls leaves their
+        # text unfinished: no call is made.
         ids = ids[:max_tokens]
+    tokens = tuple(tokenizer.piece(i) for i in ids)
+    call_start = _token_at(tokens, call_char) if call_char is not None and stops else None
     return CompletionPlan(
         ids=tuple(ids),
-        tokens=tuple(tokenizer.piece(i) for i in ids),
+        tokens=tokens,
         think_end_index=think_end,
         finish_type="stop" if stops else "length",
         counts_eos=stops,
@@ -332,7 +359,19 @@ def plan_completion(
         noncanonical=split is not None,
         loop_start=loop_start if loop_start is not None and loop_start < len(ids) else None,
         loop_period=loop_period if loop_start is not None and loop_start < len(ids) else None,
+        calls=tuple(calls) if call_start is not None else (),
+        call_start=call_start,
     )
+
+
+def _token_at(tokens: Sequence[str], char: int) -> int | None:
+    """The index of the token that begins at character ``char`` of their text (None: none does)."""
+    position = 0
+    for index, piece in enumerate(tokens):
+        if position == char:
+            return index
+        position += len(piece)
+    return None
 
 
 def acceptance_probability(mean: float, draft_tokens: int) -> float:

@@ -108,13 +108,16 @@ class SimTokenizer:
         """Ids of added tokens (special or not, e.g. ``<think>``): never split by the non-canonical fault."""
         return frozenset(self.tokenizer.get_added_tokens_decoder())
 
-    def render(self, messages: Sequence[dict], enable_thinking: bool) -> str:
-        """The chat template's text for ``messages`` with the generation prompt, as transformers renders it."""
+    def render(
+        self, messages: Sequence[dict], enable_thinking: bool, tools: Sequence[dict] | None = None
+    ) -> str:
+        """The chat template's text for ``messages`` (and the request's ``tools``) with the generation prompt, as
+        transformers renders it."""
         return self._template.render(
             messages=list(messages),
             add_generation_prompt=True,
             enable_thinking=enable_thinking,
-            tools=None,
+            tools=list(tools) if tools else None,
             documents=None,
             **{k: v for k, v in self.specials.items() if v is not None},
         )

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from draftgen.client.records import STOPPED
 from draftgen.training.trainers import SpanTrainer
 
 PROBE_CONVERSATION = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
@@ -107,7 +108,7 @@ def join_turn(
     closes a turn. A turn that did not stop (cut by max_tokens) is exactly prompt + output: the end-of-turn token
     and the template's text after it are not the model's, and it never wrote them."""
     ids = [*prompt_ids, *output_ids]
-    if finish_reason != "stop":
+    if finish_reason not in STOPPED:
         return ids
     if not output_ids or output_ids[-1] != layout.eot_id:
         ids.append(layout.eot_id)  # a server that reports ids without the stop token

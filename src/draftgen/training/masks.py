@@ -33,9 +33,10 @@ marked ``template_mismatch`` with the reason, and nothing is guessed:
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from draftgen.training.trainers import (
     TrainerSpec,
     generated_turn_conversation,
     span_trainer_messages,
+    specforge_calls,
     trainer_spec,
     turn_dict,
 )
@@ -124,24 +126,52 @@ class RenderedBatch:
 
 
 def _clean_turns(messages: Sequence[dict]) -> list[dict]:
-    return [{k: v for k, v in turn.items() if v is not None} for turn in messages]
+    """Turns without None values, their tool calls' arguments as objects (what the template renders)."""
+    out = []
+    for turn in messages:
+        clean = {k: v for k, v in turn.items() if v is not None and v != ()}
+        if clean.get("tool_calls"):
+            clean["tool_calls"] = specforge_calls(list(clean["tool_calls"]))
+        out.append(clean)
+    return out
+
+
+Tools = Sequence[Sequence[Mapping[str, Any]] | None] | None  # per conversation: its tool schemas, or None
 
 
 def _render_each(
-    tokenizer: Any, conversations: list[list[dict]], errors: list[str | None], **kwargs: Any
+    tokenizer: Any,
+    conversations: list[list[dict]],
+    errors: list[str | None],
+    tools: Tools = None,
+    **kwargs: Any,
 ) -> list[str]:
-    """One batched template call; when it raises, sample by sample to find (and mark) the culprits."""
-    try:
-        return list(tokenizer.apply_chat_template(conversations, tokenize=False, **kwargs))
-    except Exception:
-        texts = []
-        for index, conversation in enumerate(conversations):
-            try:
-                texts.append(tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs))
-            except Exception as exc:
-                errors[index] = errors[index] or f"template error: {type(exc).__name__}: {exc}"
-                texts.append("")
-        return texts
+    """One batched template call per set of tools (``tools``: each conversation's; none: no tools); when one raises,
+    sample by sample to find (and mark) the culprits."""
+    groups: dict[str, list[int]] = {}
+    for index in range(len(conversations)):
+        schemas = tools[index] if tools is not None else None
+        groups.setdefault(json.dumps(schemas or None, sort_keys=True), []).append(index)
+    texts = [""] * len(conversations)
+    for indices in groups.values():
+        schemas = tools[indices[0]] if tools is not None else None
+        extra = {"tools": [dict(t) for t in schemas]} if schemas else {}
+        batch = [conversations[i] for i in indices]
+        try:
+            rendered = list(tokenizer.apply_chat_template(batch, tokenize=False, **extra, **kwargs))
+        except Exception:
+            rendered = []
+            for index, conversation in zip(indices, batch, strict=True):
+                try:
+                    rendered.append(
+                        tokenizer.apply_chat_template(conversation, tokenize=False, **extra, **kwargs)
+                    )
+                except Exception as exc:
+                    errors[index] = errors[index] or f"template error: {type(exc).__name__}: {exc}"
+                    rendered.append("")
+        for index, text in zip(indices, rendered, strict=True):
+            texts[index] = text
+    return texts
 
 
 def render_batch(
@@ -150,19 +180,25 @@ def render_batch(
     reasoning: Sequence[str | None],
     content: Sequence[str | None],
     spec: MaskSpec,
+    tools: Tools = None,
+    calls: Sequence[Sequence[Mapping[str, Any]]] | None = None,
 ) -> RenderedBatch:
-    """Render prompts and full conversations for a batch through the tokenizer's own chat template."""
+    """Render prompts and full conversations for a batch through the tokenizer's own chat template (each with its
+    conversation's ``tools``; ``calls``: each answer's tool calls)."""
     prompts = [_clean_turns(turns) for turns in messages]
     fulls = [
         [*turns, {"role": "assistant", "content": answer or "", "reasoning_content": thought}]
         for turns, thought, answer in zip(prompts, reasoning, content, strict=True)
     ]
+    for full, answer_calls in zip(fulls, calls or [], strict=False):
+        if answer_calls:
+            full[-1]["tool_calls"] = specforge_calls(list(answer_calls))
     errors: list[str | None] = [None] * len(prompts)
     if not prompts:
         return RenderedBatch([], [], [])
     kwargs = {"enable_thinking": spec.enable_thinking}
-    prompt_texts = _render_each(tokenizer, prompts, errors, add_generation_prompt=True, **kwargs)
-    full_texts = _render_each(tokenizer, fulls, errors, add_generation_prompt=False, **kwargs)
+    prompt_texts = _render_each(tokenizer, prompts, errors, tools, add_generation_prompt=True, **kwargs)
+    full_texts = _render_each(tokenizer, fulls, errors, tools, add_generation_prompt=False, **kwargs)
     if spec.enable_thinking:
         opener = spec.think_opener
         rules = spec.rules
@@ -267,9 +303,10 @@ def compute_masks(
 
 
 def render_conversations(
-    tokenizer: Any, conversations: Sequence[Sequence[dict]], rules: SpanTrainer
+    tokenizer: Any, conversations: Sequence[Sequence[dict]], rules: SpanTrainer, tools: Tools = None
 ) -> tuple[list[str], list[str | None]]:
-    """Whole conversations rendered as a span trainer renders them (its message clean-up, no generation prompt).
+    """Whole conversations rendered as a span trainer renders them (its message clean-up, no generation prompt,
+    each conversation's ``tools`` passed to the template as SpecForge passes a row's ``tools``).
 
     A conversation the trainer cuts short is rendered as cut, and its error says so (``cut: ...``).
     """
@@ -279,7 +316,7 @@ def render_conversations(
     if not messages:
         return [], errors
     texts = _render_each(
-        tokenizer, messages, errors, add_generation_prompt=False, enable_thinking=rules.render_thinking
+        tokenizer, messages, errors, tools, add_generation_prompt=False, enable_thinking=rules.render_thinking
     )
     return texts, errors
 
@@ -290,8 +327,9 @@ def _span_batch(
     spec: MaskSpec,
     rules: SpanTrainer,
     keep_ids: bool,
+    tools: Tools = None,
 ) -> MaskBatch:
-    texts, errors = render_conversations(tokenizer, conversations, rules)
+    texts, errors = render_conversations(tokenizer, conversations, rules, tools)
     max_length = spec.max_length if spec.max_length is not None else 1 << 62
     result = span_masks(
         tokenizer,
@@ -327,8 +365,9 @@ def build_conversation_masks(
     spec: MaskSpec | None = None,
     *,
     keep_ids: bool = False,
+    tools: Tools = None,
 ) -> MaskBatch:
-    """Masks for whole conversations ending with the generated answer.
+    """Masks for whole conversations ending with the generated answer (``tools``: each conversation's schemas).
 
     A turn is a mapping {role, content, reasoning_content, ...} or an object with those attributes (an assembled
     turn of draftgen.training.conversation). Span trainers supervise every assistant turn their rules match; the generated-turn conventions only the last
@@ -338,7 +377,7 @@ def build_conversation_masks(
     rules = spec.rules
     conversations = [[turn_dict(turn) for turn in conversation] for conversation in conversations]
     if isinstance(rules, SpanTrainer):
-        return _span_batch(tokenizer, conversations, spec, rules, keep_ids)
+        return _span_batch(tokenizer, conversations, spec, rules, keep_ids, tools)
     for number, conversation in enumerate(conversations):
         if not conversation or conversation[-1].get("role") != "assistant":
             raise ValueError(f"conversation {number} does not end with the generated assistant turn")
@@ -348,6 +387,8 @@ def build_conversation_masks(
         [conversation[-1].get("reasoning_content") for conversation in conversations],
         [conversation[-1].get("content") for conversation in conversations],
         spec,
+        tools,
+        [conversation[-1].get("tool_calls") or () for conversation in conversations],
     )
     return compute_masks(tokenizer, rendered, spec, keep_ids=keep_ids)
 

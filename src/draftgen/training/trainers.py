@@ -17,6 +17,7 @@ the real-server tier runs that package's own parser as the oracle (tests_real/te
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -127,11 +128,15 @@ def span_trainer_messages(
     user turn are dropped; the conversation is cut where a tool turn follows anything but an assistant or tool
     turn, or an assistant turn follows anything but a user or tool turn; only SPECFORGE_MESSAGE_KEYS are kept,
     and keys whose value is None are left out (Arrow fills absent keys with null; templates test for both).
-    ``tool_calls`` are passed on as given (SpecForge also parses them from JSON strings; draftgen rows have none).
+    ``tool_calls`` are cleaned as SpecForge's ``Parser._sanitize_message`` cleans them (``specforge_calls``).
     """
 
     def clean(message: Mapping[str, Any], role: str) -> dict:
         kept = {k: message.get(k) for k in SPECFORGE_MESSAGE_KEYS[2:] if message.get(k) is not None}
+        if "tool_calls" in kept:
+            calls = specforge_calls(kept.pop("tool_calls"))
+            if calls is not None:
+                kept["tool_calls"] = calls
         return {"role": role, "content": message.get("content") or message.get("value") or "", **kept}
 
     turns = [(message, _role(message)) for message in conversation]
@@ -161,12 +166,42 @@ def span_trainer_messages(
     return out, note
 
 
+def specforge_calls(value: Any) -> list[dict] | None:
+    """Tool calls as SpecForge 0.2.0's ``Parser._sanitize_message`` hands them to the chat template: a JSON string is
+    parsed (not JSON: the calls are dropped); each call keeps ``id`` ("" when absent), ``type`` ("function" when
+    absent) and ``function`` {``name`` ("" when absent), ``arguments``: a JSON string parsed to its value, {} when it is
+    not JSON}; non-object calls are skipped."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(value, list):
+        return value
+    out = []
+    for call in value:
+        if not isinstance(call, Mapping):
+            continue
+        clean: dict[str, Any] = {"id": call.get("id", ""), "type": call.get("type", "function")}
+        function = call.get("function", {})
+        if isinstance(function, Mapping):
+            arguments = function.get("arguments", {})
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    arguments = {}
+            clean["function"] = {"name": function.get("name", ""), "arguments": arguments}
+        out.append(clean)
+    return out
+
+
 def turn_dict(turn: Any) -> dict:
     """A turn as a message dict: a mapping as is, or an assembled turn object (role, content, reasoning_content)."""
     if isinstance(turn, Mapping):
         return dict(turn)
-    fields = ("role", "content", "reasoning_content")
-    return {name: getattr(turn, name) for name in fields if getattr(turn, name, None) is not None}
+    fields = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
+    return {name: getattr(turn, name) for name in fields if getattr(turn, name, None) not in (None, ())}
 
 
 def generated_turn_conversation(

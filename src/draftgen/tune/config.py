@@ -146,7 +146,7 @@ class TuneConfig(ServerParams, SamplingParams):
     parameters_cell = NotebookCell(
         (
             "where candidates run",
-            "engine model gpus tp base_port host python extra_args sim_profile sim_speed startup_timeout_s",
+            "engine model model_family gpus tp base_port host python extra_args sim_profile sim_speed startup_timeout_s",
         ),
         ("what SGLang allows", "attention_backend spec_v2"),
         (

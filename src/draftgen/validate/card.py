@@ -107,6 +107,29 @@ def per_arm(result: Any) -> list[dict[str, Any]]:
     ]
 
 
+def agentic_counts(result: Any) -> dict[str, int]:
+    """Rows of conversations with tools (and how many were exported), the target's tool calls in them, and the
+    divergences: turns where the target's calls were not the source's, so the conversation ended there."""
+    records = result.scan()
+    columns = records.collect_schema().names()
+    if "agentic" not in columns:
+        return {"rows": 0, "exported": 0, "tool_calls": 0, "divergences": 0, "divergences_exported": 0}
+    held = pl.col("held_out") if "held_out" in columns else pl.lit(False)
+    kept = ~pl.col("dropped") & ~held
+    totals = (
+        records.select(
+            pl.col("agentic").sum().alias("rows"),
+            (pl.col("agentic") & kept).sum().alias("exported"),
+            pl.col("tool_calls").sum().alias("tool_calls"),
+            pl.col("tool_divergence").sum().alias("divergences"),
+            (pl.col("tool_divergence") & kept).sum().alias("divergences_exported"),
+        )
+        .collect()
+        .row(0, named=True)
+    )
+    return {name: int(value or 0) for name, value in totals.items()}
+
+
 def _gpu_hour_usd(manifests: list[dict[str, Any]]) -> float | None:
     """The GPU-hour price of the estimate a generation run was compared with (None: no estimate, no price)."""
     for manifest in manifests:
@@ -206,6 +229,7 @@ def dataset_info(result: Any) -> dict[str, Any]:
             "file": files.get("holdout"),
         },
         "trainer": trainer,
+        "agentic": agentic_counts(result),
         "token_source": counts["token_source"],
         "yield": counts["yield"],
         "cost": generation_cost(manifests, counts["yield"]["trained_tokens"]),
@@ -311,6 +335,15 @@ def render_readme(info: dict[str, Any]) -> str:
         )
     sampling = ", ".join(f"{k} {v}" for k, v in info["sampling"].items() if k != "model")
     arms = _arms_section(info)
+    agentic = info.get("agentic") or {}
+    tools_row = (
+        f"| agentic rows (conversations with tools) | {agentic['rows']:,} rows ({agentic['exported']:,} exported), "
+        f"{agentic['tool_calls']:,} tool calls by the target; {agentic['divergences']:,} turns where the target's "
+        f"calls were not the source's ended their conversation (`tool_divergence`, {agentic['divergences_exported']:,} "
+        "exported) |\n"
+        if agentic.get("rows")
+        else ""
+    )
     prompts_path = info["files"].get("prompts")
     training = (
         f"SpecForge: `data.prompts_path: {prompts_path}`, `data.max_length: {trainer['max_length']}` "
@@ -333,7 +366,7 @@ Sampling: {sampling or "not recorded"}.
 | trainer (loss mask) | {trainer["name"]}, max_length {trainer["max_length"]} |
 | rows | {rows_note} |
 | tokens | {tokens} |
-| **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
+{tools_row}| **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
 | GPU-seconds per million trained tokens | {_cost_line(info.get("cost") or {})} |
 
 Train with {training}.

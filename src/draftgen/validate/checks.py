@@ -7,6 +7,7 @@ flags one batch of samples with its masks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,12 @@ import numpy as np
 import polars as pl
 
 from draftgen.client.loops import REPETITION_LOOP
+from draftgen.client.records import STOPPED
 from draftgen.generate.length_cap import BY_MAX_LENGTH
 from draftgen.generate.store import OUTPUT_SCHEMA
+from draftgen.training.conversation import generated_calls
 from draftgen.training.masks import MaskBatch
+from draftgen.training.tools import parsed_arguments, tool_names
 from draftgen.training.trainers import SpanTrainer
 from draftgen.validate.config import CUT_CONSEQUENCES, FLAGS, LOOP_CONSEQUENCES, ValidateConfig
 from draftgen.validate.hashes import HASH_SEED, candidate_ids, place_columns, repeated
@@ -111,13 +115,13 @@ def _invalid(expr: pl.Expr) -> pl.Expr:
 
 
 def _answer_flags(thinking: pl.Expr) -> list[pl.Expr]:
-    """Flags of one generated answer (columns content, reasoning_content, finish_reason; ``thinking``: whether
-    it was asked to think)."""
+    """Flags of one generated answer (columns content, reasoning_content, finish_reason, tool_calls; ``thinking``:
+    whether it was asked to think). An answer that is only tool calls is not empty."""
     content = pl.col("content").fill_null("")
     opens = content.str.count_matches(THINK_OPEN, literal=True)
     closes = content.str.count_matches(THINK_CLOSE, literal=True)
     return [
-        _blank("content").alias("empty_answer"),
+        (_blank("content") & pl.col("tool_calls").is_null()).alias("empty_answer"),
         (_blank("reasoning_content") & thinking).alias("empty_reasoning"),
         (
             (
@@ -126,8 +130,7 @@ def _answer_flags(thinking: pl.Expr) -> list[pl.Expr]:
             | (opens > closes)
         ).alias("unclosed_think"),
         (
-            pl.col("finish_reason").is_null()
-            | ((pl.col("finish_reason") != "stop") & (pl.col("finish_reason") != REPETITION_LOOP))
+            pl.col("finish_reason").is_null() | ~pl.col("finish_reason").is_in([*STOPPED, REPETITION_LOOP])
         ).alias("truncated"),
         (pl.col("finish_reason") == REPETITION_LOOP).fill_null(False).alias("repetition_loop"),
         ((opens + closes) > 0).alias("think_markers_in_answer"),
@@ -138,10 +141,14 @@ def _answer_flags(thinking: pl.Expr) -> list[pl.Expr]:
 def _per_turn(turn_column: str, column: str) -> pl.Expr:
     """A sample's generated turns' values of ``column``; rows without turn columns hold one turn (the scalar)."""
     single = pl.concat_list(pl.col(column))
-    return pl.when(pl.col("turn_after").is_null()).then(single).otherwise(pl.col(turn_column)).alias(column)
+    turns = pl.col(turn_column)
+    if turn_column == "turn_tool_calls":  # null when no turn called: one null per turn
+        turns = turns.fill_null(pl.col("turn_content").list.eval(pl.lit(None, dtype=pl.String)))
+    return pl.when(pl.col("turn_after").is_null()).then(single).otherwise(turns).alias(column)
 
 
-TURN_TEXT = ("turn_content", "turn_reasoning", "turn_finish_reason")
+TURN_TEXT = ("turn_content", "turn_reasoning", "turn_finish_reason", "turn_tool_calls")
+ANSWER_COLUMNS = ("content", "reasoning_content", "finish_reason", "tool_calls")
 
 
 def answer_flags(frame: pl.DataFrame, enable_thinking: bool) -> pl.DataFrame:
@@ -149,7 +156,7 @@ def answer_flags(frame: pl.DataFrame, enable_thinking: bool) -> pl.DataFrame:
     turns does (the trainer supervises every answer of a multi-turn conversation). A ``thinking`` column (a
     sampling plan's arms: ``draftgen.sampling_plan``) says per sample whether reasoning is expected;
     without it, ``enable_thinking`` says it for all."""
-    columns = ("content", "reasoning_content", "finish_reason")
+    columns = ANSWER_COLUMNS
     thinking = pl.col("thinking") if "thinking" in frame.columns else pl.lit(enable_thinking)
     turns = frame.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("sample"),
@@ -182,6 +189,10 @@ def text_flags(
     absent = [c for c in ("turn_after", *TURN_TEXT) if c not in frame.columns]
     if absent:  # a frame not read by iter_batches: single-turn rows
         frame = frame.with_columns(pl.lit(None, dtype=OUTPUT_SCHEMA[c]).alias(c) for c in absent)
+    if (
+        "tool_calls" not in frame.columns
+    ):  # a row per turn carries its turn's calls here; stored rows per turn
+        frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("tool_calls"))
     answers = answer_flags(frame, config.enable_thinking)
     sample = frame.select(
         (
@@ -195,9 +206,39 @@ def text_flags(
         ),
     )
     return (
-        pl.concat([answers, sample], how="horizontal")
+        pl.concat([answers, sample, tool_flags(frame)], how="horizontal")
         .with_columns((pl.col("invalid_text") | pl.col("prompt_invalid")).alias("invalid_text"))
         .drop("prompt_invalid")
+    )
+
+
+def tool_flags(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per sample, what its generated turns did with tools: ``unknown_tool`` (a call to a function its tools do not
+    offer), ``invalid_tool_arguments`` (arguments that are not a JSON object), ``tool_divergence`` (the turn the
+    conversation ended at: its calls were not the source's), and the figures the card counts: ``agentic`` (the
+    conversation had tools) and ``tool_calls`` (calls in the sample's generated turns)."""
+    unknown, invalid, calls_made = [], [], []
+    columns = [c for c in ("turn_after", "turn_tool_calls", "tool_calls", "tools") if c in frame.columns]
+    for row in frame.select(columns).iter_rows(named=True):
+        offered = tool_names(json.loads(row["tools"])) if row.get("tools") else frozenset()
+        calls = [c for turn in generated_calls(row, len(row.get("turn_tool_calls") or ())) for c in turn]
+        calls_made.append(len(calls))
+        unknown.append(any(c["function"]["name"] not in offered for c in calls))
+        invalid.append(any(parsed_arguments(c) is None for c in calls))
+    diverged = (
+        frame["tool_divergence"].is_not_null()
+        if "tool_divergence" in frame.columns
+        else pl.Series([False] * frame.height)
+    )
+    agentic = frame["tools"].is_not_null() if "tools" in frame.columns else pl.Series([False] * frame.height)
+    return pl.DataFrame(
+        {
+            "unknown_tool": pl.Series(unknown, dtype=pl.Boolean),
+            "invalid_tool_arguments": pl.Series(invalid, dtype=pl.Boolean),
+            "tool_divergence": diverged.alias("tool_divergence"),
+            "agentic": agentic.alias("agentic"),
+            "tool_calls": pl.Series(calls_made, dtype=pl.Int64),
+        }
     )
 
 
@@ -321,6 +362,7 @@ def flag_batch(
         ),
         pl.Series("trainer_rejects", _rejected_by_trainer(masks, config)),
     )
+    figures = flags.select("agentic", "tool_calls")  # the card's agentic counts
     flags = flags.select(list(FLAGS))
     drop = [f for f in FLAGS if f in config.drop_flags]
     cut = trains_as_generated(frame, tokens, config)
@@ -342,6 +384,7 @@ def flag_batch(
             ),
             _token_columns(tokens, masks, frame),
             flags,
+            figures,
             frame.select(
                 pl.col("content").fill_null("").str.len_chars().alias("answer_chars"),
                 pl.col("reasoning_content").fill_null("").str.len_chars().alias("reasoning_chars"),

@@ -47,6 +47,11 @@ FLAGS: dict[str, str] = {
     "another tokenizer, ids that do not decode to the stored text, or corrupt stored ids",
     "trainer_rejects": "the trainer's loader would drop the row (DFlash: fewer than 2 supervised tokens after the "
     "max_length cut, or no two adjacent)",
+    "unknown_tool": "the target called a function its conversation's tools do not offer",
+    "invalid_tool_arguments": "the target's call arguments are not a JSON object (SpecForge would render {} instead)",
+    "tool_divergence": "the target's calls were not the source's (other functions or arguments, a call where the "
+    "source answered in text, or none where it called): the conversation ended at this turn; the turn itself is the "
+    "target's own answer and trains unless dropped",
 }
 FlagName = Literal[
     "empty_answer",
@@ -66,6 +71,9 @@ FlagName = Literal[
     "ids_missing",
     "ids_unusable",
     "trainer_rejects",
+    "unknown_tool",
+    "invalid_tool_arguments",
+    "tool_divergence",
 ]
 # What to fix when a flag drops most of the degenerate samples (the gate's advice names the cause it saw).
 FLAG_ADVICE: dict[str, str] = {
@@ -96,9 +104,15 @@ FLAG_ADVICE_DEFAULT = "look at its examples above."
 # masquerade as garbage and garbage cannot hide inside the truncation budget.
 LENGTH_FLAGS: tuple[str, ...] = ("truncated", "unclosed_think", "over_max_length")
 # Reported, not dropped, unless the user asks: a row over max_length is cut as the trainer cuts it (its first
-# max_length tokens still train), a re-tokenized difference is what the server's ids fix, and a turn without ids is
-# exported from its text (the card says how many).
-KEPT_BY_DEFAULT: tuple[str, ...] = ("over_max_length", "retokenized_differs", "ids_missing")
+# max_length tokens still train), a re-tokenized difference is what the server's ids fix, a turn without ids is
+# exported from its text (the card says how many), and a turn whose calls were not the source's is the target's own
+# answer to a valid prompt (the conversation ended there; the card counts them).
+KEPT_BY_DEFAULT: tuple[str, ...] = (
+    "over_max_length",
+    "retokenized_differs",
+    "ids_missing",
+    "tool_divergence",
+)
 # What a loop cut explains: no answer when the loop was in the reasoning. With train_loops it does not drop a loop.
 LOOP_CONSEQUENCES: tuple[str, ...] = ("empty_answer",)
 # What a cut by max_tokens explains: no answer when the cut fell inside the reasoning, a think block never closed.

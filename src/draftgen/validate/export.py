@@ -5,10 +5,14 @@ the gate has passed (``rundir.publish_folder``: every file and folder fsynced, t
 is always a whole export, the older one or this one), so a corpus that failed the gate never leaves an export that
 looks finished. A full disk while writing or publishing raises ``DiskFull``; an older export stays whole.
 
-  export/train.jsonl           {"id", "conversations": [...turns...]}: system / user / tool turns as given, every
-                                 assistant turn the target model's own answer {"role": "assistant", "content",
-                                 "reasoning_content"} (validate.turns; a source assistant turn appears only in a
-                                 turns: last row kept despite foreign_assistant_turn, as {"role", "content"});
+  export/train.jsonl           {"id", "conversations": [...turns...], "tools"?}: system / user / tool turns as
+                                 given (a tool result's tool_call_id the target's call it answers), every assistant
+                                 turn the target model's own answer {"role": "assistant", "content",
+                                 "reasoning_content", "tool_calls"?} (validate.turns; a source assistant turn appears
+                                 only in a turns: last row kept despite foreign_assistant_turn, as {"role",
+                                 "content"}); tool calls and tools in SpecForge's shape: calls {"id", "type",
+                                 "function": {"name", "arguments": a JSON string}}, tools the schemas as a JSON string
+                                 (SpecForge parses both: a column of objects would be unified by Arrow's JSON reader);
                                  not the turns cut by max_tokens that train as generated: a trainer renders these
                                  rows through its chat template, which would close a cut turn
   export/prompts.jsonl         {"id", "input_ids", "loss_mask"}: SpecForge's pre-tokenized data.prompts_path rows
@@ -40,6 +44,7 @@ from draftgen.rundir.layout import EXPORT_PROMPTS as PROMPTS
 from draftgen.rundir.layout import EXPORT_STAGING as STAGING
 from draftgen.rundir.publish import StreamedFile
 from draftgen.sampling_plan import prompt_of
+from draftgen.training.conversation import stored_messages
 from draftgen.training.masks import MaskBatch
 
 
@@ -76,12 +81,14 @@ class ExportWriter:
             chosen = rows if conversations_keep is None else np.flatnonzero(conversations_keep)
             ids = frame["id"].to_list()
             arms = frame["arm"].to_list() if "arm" in frame.columns else [None] * frame.height
+            tools = frame["tools"].to_list() if "tools" in frame.columns else [None] * frame.height
             lines = [
                 json.dumps(
                     {
                         "id": ids[i],
                         **({"arm": arms[i]} if arms[i] else {}),
                         "conversations": conversations[i],
+                        **({"tools": tools[i]} if tools[i] else {}),
                     },
                     ensure_ascii=False,
                 )
@@ -123,13 +130,15 @@ class ExportWriter:
 
     def write_holdout(self, stored: pl.DataFrame) -> None:
         """The held-out conversations' source prompts, as generate and benchmark read prompt rows: once per
-        prompt (a sampling plan's samples of one prompt share it, under the prompt's id)."""
-        columns = ["id", "messages", *(["category"] if "category" in stored.columns else [])]
+        prompt (a sampling plan's samples of one prompt share it, under the prompt's id), whole (the messages'
+        tool calls, ids and names, and the tools)."""
+        optional = [c for c in ("category", "message_extras", "tools") if c in stored.columns]
         rows = []
-        for r in stored.select(columns).iter_rows(named=True):
+        for r in stored.select("id", "messages", *optional).iter_rows(named=True):
             r["id"] = prompt_of(r["id"])
             if r["id"] not in self._held:
                 self._held.add(r["id"])
+                r["messages"] = stored_messages(r)
                 rows.append(r)
         if not rows:
             return
@@ -141,6 +150,7 @@ class ExportWriter:
                 {
                     "id": r["id"],
                     "messages": r["messages"],
+                    **({"tools": json.loads(r["tools"])} if r.get("tools") else {}),
                     **({"category": r["category"]} if r.get("category") else {}),
                 },
                 ensure_ascii=False,

@@ -140,12 +140,15 @@ def _validate_batch(
     if config.rows == "per_turn":
         turns = turn_rows(stored)
         frame, foreign, stored_problems = turns.frame, turns.foreign, turns.problems
-        conversations = assemble_batch(frame).conversations
+        assembled = assemble_batch(frame)
+        conversations = assembled.conversations
     else:
         frame = stored
         assembled = assemble_batch(frame)  # what the trainer sees: the target's own answers in place
         conversations, foreign = assembled.conversations, assembled.foreign
-    retokenized = build_conversation_masks(tokenizer, conversations, spec, keep_ids=True)
+    retokenized = build_conversation_masks(
+        tokenizer, conversations, spec, keep_ids=True, tools=assembled.tools
+    )
     tokens = None
     if layout is not None and "output_ids" in frame.columns:
         tokens = server_rows(

@@ -42,6 +42,12 @@ TURN_COLUMNS = (
     # sampling plan's arm (draftgen.sampling_plan: a sample's id names its prompt); null where absent.
     "category",
     "arm",
+    # Agentic rows (docs/generate.md#agentic-conversations): the messages' other fields, the tools, each turn's
+    # calls, the divergence that ended a conversation; null in shards written before them.
+    "message_extras",
+    "tools",
+    "turn_tool_calls",
+    "tool_divergence",
 )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from draftgen.client.records import STOPPED
 from draftgen.training.id_rows import (
     IdsLayout,
     compare,
@@ -125,7 +126,7 @@ def server_rows(
         full = join_turn(prompt, output, finishes[i], layout)
         mask = span_mask(full, layout, last_only=last_only, max_length=max_length)
         ids = full[: len(mask)]
-        if finishes[i] == "stop":
+        if finishes[i] in STOPPED:
             at = compare(ids, retok_ids)
             if at is None:
                 mask = retok_mask  # the same tokens: the trainer's own mask of them, exactly
