@@ -16,8 +16,8 @@ import pytest
 from draftgen.breakdown import breakdown, breakdowns, length_bucket
 from draftgen.generate import GenerateConfig, generate, preflight, report
 from draftgen.params import build_config
-from draftgen.prompts.rows import iter_prompts, normalize_record, row_category
-from draftgen.prompts.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.rows import PromptRow, iter_prompts, normalize_record, row_category
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS, LONG_CHAT
 from draftgen.sim import categories
 from draftgen.sim.profiles import B200_CATEGORY_ACCEPT_LENGTH, B200_MTP
 from draftgen.sim.speculative import mean_accept_length
@@ -65,9 +65,24 @@ def test_a_long_category_is_cut_and_the_bundled_rows_keep_theirs(tmp_path):
 
 # ----- the simulator's ground truth ------------------------------------------------------------------------
 def test_the_simulator_classifies_every_bundled_prompt_as_its_generator_labelled_it():
-    for line in BUNDLED_PROMPTS.read_text().splitlines():
-        row = json.loads(line)
-        assert categories.classify(row["messages"], row.get("tools")) == row["category"], row["id"]
+    """The generator's own kinds by their wording; its long chats (real sets' shape, ShareGPT rows among them) by
+    the simulator's rules for what they are: a system prompt, several user turns, or one question."""
+    long_chats = 0
+    for row in iter_prompts(BUNDLED_PROMPTS, keep_duplicates=True):
+        assert isinstance(row, PromptRow)
+        found = categories.classify(row.messages, row.tools)
+        if row.category != LONG_CHAT:
+            assert found == row.category, row.id
+            continue
+        long_chats += 1
+        roles = [m["role"] for m in row.messages]
+        if "system" in roles:
+            assert found == categories.SYSTEM, row.id
+        elif roles.count("user") > 1:
+            assert found == categories.MULTI_TURN, row.id
+        else:
+            assert found in (categories.CHAT, categories.CODE, categories.MATH, categories.LONG, None), row.id
+    assert long_chats > 0
     assert categories.classify([{"role": "user", "content": "Say hi."}]) is None
 
 

@@ -215,10 +215,12 @@ def _summary(out: Path) -> list[str]:
             rest = [(why, n) for why, n in made["buckets"].items() if why != "trained"]
             lost = ", ".join(f"{why} {n / made['generated_tokens']:.1%}" for why, n in rest[:4])
             cut = (counts.get("cut_turns") or {}).get("trained", 0)
+            at_length = (counts.get("cut_at_max_length") or {}).get("trained", 0)
             lines.append(
                 f"yield    : {made['share']:.1%} of the {made['generated_tokens']:,} tokens the target generated are "
-                f"trained ({made['trained_tokens']:,} trained tokens; {cut:,} turns cut by max_tokens train as "
-                f"generated, in prompts.jsonl only; the rest: {lost or 'none'}); {source.get('server', 0):,} rows "
+                f"trained ({made['trained_tokens']:,} trained tokens; {cut:,} turns cut at their limit train as "
+                f"generated, in prompts.jsonl only — {at_length:,} of them at the trainer's max_length, expected, "
+                f"{cut - at_length:,} by max_tokens; the rest: {lost or 'none'}); {source.get('server', 0):,} rows "
                 f"from the server's token ids, {source.get('retokenized', 0):,} re-tokenized"
             )
     return lines

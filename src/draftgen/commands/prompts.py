@@ -34,6 +34,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_audit(actions: argparse._SubParsersAction) -> None:
     from draftgen import params
+    from draftgen.prompts.audit import AuditSettings
 
     def declared(
         name: str, declaration: object
@@ -74,8 +75,8 @@ def _add_audit(actions: argparse._SubParsersAction) -> None:
     audit.add_argument(
         "--sample",
         type=int,
-        default=1000,
-        help="conversations whose prompt tokens are counted, a uniform sample (0: all; default 1000)",
+        default=AuditSettings.token_sample,
+        help=f"conversations whose prompt tokens are counted, a uniform sample (0: all; default {AuditSettings.token_sample})",
     )
     audit.add_argument(
         "--near-limit",

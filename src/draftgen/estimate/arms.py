@@ -28,6 +28,7 @@ from draftgen.estimate.model import LengthSample
 from draftgen.sampling_plan import Arm
 
 NO_PLAN = "(all)"  # the label of the one arm a run without a plan has
+ROOM_POINTS = 64  # quantiles of the turns' rooms each draw is paired with (PlanDraws.within)
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,28 @@ class PlanDraws:
     def mean_tokens(self) -> float:
         return self.mean(self.tokens)
 
+    def within(self, rooms: np.ndarray, points: int = ROOM_POINTS) -> PlanDraws:
+        """The draws with each request clipped at a room drawn from ``rooms`` (the tokens the trainer's max_length
+        leaves each turn; inf: the full max_tokens), the two independent: every draw paired with ``points`` evenly
+        spaced quantiles of the rooms, each pair weighted alike within its draw."""
+        quantiles = np.quantile(rooms, np.linspace(0.0, 1.0, points)) if rooms.size > points else rooms
+        clipped = np.minimum(self.tokens[:, None], quantiles[None, :])
+        ratio = np.divide(
+            self.work, self.tokens, out=np.ones_like(self.work, dtype=float), where=self.tokens > 0
+        )
+        base = np.full(self.tokens.size, 1.0 / self.tokens.size) if self.weights is None else self.weights
+        weights = np.repeat(base / quantiles.size, quantiles.size)
+        return PlanDraws(work=(clipped * ratio[:, None]).ravel(), tokens=clipped.ravel(), weights=weights)
+
 
 @dataclass(frozen=True)
 class PricedPlan:
     arms: tuple[PricedArm, ...]
     reference_accept: float | None  # A_ref: the benchmark's tokens over its verify steps
     notes: tuple[str, ...]
+    # Each sent turn's room under the trainer's max_length (inf: sent with the full max_tokens), from the prompt
+    # audit's counted turns: generate caps every turn there, so a long conversation's later turns are short.
+    rooms: np.ndarray | None = None
 
     @property
     def requests_per_prompt(self) -> float:
@@ -87,6 +104,10 @@ class PricedPlan:
 
     def draws(self, max_tokens: int | None = None) -> PlanDraws:
         """The pooled draws; ``max_tokens`` replaces the run's (arms with their own keep theirs: the sweep)."""
+        draws = self._pooled(max_tokens)
+        return draws if self.rooms is None or not self.rooms.size else draws.within(self.rooms)
+
+    def _pooled(self, max_tokens: int | None) -> PlanDraws:
         if len(self.arms) == 1 and self.arms[0].speed == 1.0:
             tokens = self.arms[0].per_prompt(max_tokens)
             return PlanDraws(work=tokens, tokens=tokens, weights=None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -404,6 +404,10 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     num_prompts = max(1, num_prompts)
     turns = sent_answers(audit) if config.turns == "all" else None
     plan = priced(main, config)
+    if (
+        audit.budgets is not None and audit.budgets.turns
+    ):  # each turn capped at its room (generate's length cap)
+        plan = replace(plan, rooms=audit.budgets.rooms())
     if config.sampling_plan and not config.dataset_size:
         num_prompts, counted = planned_requests(
             config.prompt_path, config.limit, config.turns, config.sampling_plan, config.keep_duplicates

@@ -80,7 +80,9 @@ class AuditSettings:
     turns: str = "all"
     limit: int = 0  # the first N conversations kept (generate's limit); 0: all
     near_limit: int = 0  # conversations the near-duplicate index takes (the first N kept); 0: all
-    token_sample: int = 1_000  # conversations whose turns are counted (a uniform sample); 0: all
+    # conversations whose turns are counted (a uniform sample; 0: all): enough that a few long conversations among
+    # many short ones move the turns counted by a few percent at most
+    token_sample: int = 5_000
     cap: LengthCap | None = None  # generate's length cap: the tokenizer, train_max_length, min_turn_budget
     max_tokens: int = 4096
     enable_thinking: bool = True

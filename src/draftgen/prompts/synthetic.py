@@ -275,6 +275,7 @@ def _agentic(rng: random.Random) -> dict:
     return {"messages": messages, "tools": tools}
 
 
+LONG_CHAT = "long_chat"
 _KINDS = (
     ("math", _math, 0.25),
     ("code", _code, 0.25),
@@ -283,6 +284,10 @@ _KINDS = (
     ("system", _with_system, 0.12),
     ("long", _long_context, 0.08),
     ("agentic", _agentic, 0.06),
+    # Real chat sets' shape (draftgen.prompts.long_chat): up to 15 user turns with pasted documents, and the copies
+    # such sets hold (duplicates, shared first turns, "continue" openers), so the demo meets the trainer's max_length
+    # cap, the floor under a turn's budget and the prompt audit under the production parameters.
+    (LONG_CHAT, None, 0.03),
 )
 
 
@@ -301,9 +306,18 @@ def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
     weights = [k[2] for k in _KINDS]
     builders = {k[0]: k[1] for k in _KINDS}
     seen: set[str] = set()
+    from draftgen.prompts.long_chat import (
+        long_chat_rows,  # it reads prompts.rows, which names the bundled file
+    )
+
+    long_chats = long_chat_rows(n, seed)  # a stream of its own, drawn from only where a long chat is picked
     index = 0
     while index < n:
         kind = rng.choices(names, weights)[0]
+        if kind == LONG_CHAT:  # its copies are planted on purpose: not told apart by their first request
+            yield {**next(long_chats), "id": f"syn-{seed}-{index:07d}", "category": kind}
+            index += 1
+            continue
         built = builders[kind](rng)
         fields = built if isinstance(built, dict) else {"messages": built}  # agentic rows: messages and tools
         # rows are told apart by their first request (the messages up to the first question, and the tools): two rows

@@ -72,6 +72,12 @@ class TurnBudgets:
     def share(self, name: str) -> float:
         return self.by_class.get(name, 0) / self.turns if self.turns else 0.0
 
+    def rooms(self) -> np.ndarray:
+        """Each counted turn that is sent: the tokens it may generate under the trainer's max_length — its room where
+        that is below max_tokens, else inf (the full max_tokens, whatever it is)."""
+        full = self.by_class.get(FULL, 0) + self.by_class.get(UNCOUNTED, 0)
+        return np.concatenate([np.asarray(self.capped_rooms, dtype=float), np.full(full, np.inf)])
+
     def expected_cuts(self, completion_percentiles: Sequence[float]) -> float:
         """How many capped answer points should end at their cap: the sum over them of the share of completions
         longer than their room, from a completion-length distribution given as its percentiles 0..100 (the
