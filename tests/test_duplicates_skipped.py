@@ -24,7 +24,7 @@ from draftgen.generate import PreflightError, preflight
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.store import read_done_ids
 from draftgen.params import build_config
-from draftgen.prompts.synthetic import synthetic_rows
+from draftgen.prompts.synthetic import LONG_CHAT, synthetic_rows
 from draftgen.validate.coverage import check_coverage
 from draftgen.validate.folders import open_generations
 
@@ -34,7 +34,8 @@ K = 20  # conversations that have a copy
 def _prompt_file(path: Path, malformed: int = 0) -> tuple[Path, dict[str, str]]:
     """400 synthetic rows without system prompts, K system-prompted originals among the first 100 rows and a copy
     of each further on (another id, other fields, half in ShareGPT form); returns {copy id: original id}."""
-    base = [row for row in synthetic_rows(480, seed=31) if row["category"] != "system"][:400]
+    # no system prompt, and none of the generator's long chats (some have one, and it plants copies of its own)
+    base = [row for row in synthetic_rows(480, seed=31) if row["category"] not in ("system", LONG_CHAT)][:400]
     originals = [
         {
             "id": f"orig-{i}",

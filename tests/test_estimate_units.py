@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from draftgen.estimate.arms import PlanDraws
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.model import (
     LengthSample,
@@ -292,3 +293,15 @@ def test_the_estimate_prices_the_conversations_generate_sends(tmp_path, tokenize
     assert capped.audit.budgets.by_class["max_length"] == 20
     data = json.loads(save_estimate(capped, tmp_path / "est").read_text())
     assert data["prompt_audit"]["duplicates"] == 30 and data["num_prompts"] == 200
+
+
+def test_each_draw_is_clipped_at_the_rooms_the_trainers_max_length_leaves():
+    draws = PlanDraws(work=np.array([100.0, 1000.0]), tokens=np.array([100.0, 1000.0]), weights=None)
+    rooms = np.array([50.0, np.inf, np.inf, 500.0])
+    within = draws.within(rooms)
+    assert within.tokens.tolist() == [50.0, 100.0, 100.0, 100.0, 50.0, 1000.0, 1000.0, 500.0]
+    assert within.weights is not None and within.weights.sum() == pytest.approx(1.0)
+    assert within.mean_tokens == pytest.approx((87.5 + 637.5) / 2)
+    # more rooms than quantile points: taken among the rooms (an inf never becomes NaN between two infs)
+    many = draws.within(np.concatenate([np.full(300, np.inf), np.arange(1.0, 101.0)]), points=16)
+    assert not np.isnan(many.tokens).any() and many.tokens.size == 32

@@ -79,7 +79,12 @@ class PlanDraws:
         """The draws with each request clipped at a room drawn from ``rooms`` (the tokens the trainer's max_length
         leaves each turn; inf: the full max_tokens), the two independent: every draw paired with ``points`` evenly
         spaced quantiles of the rooms, each pair weighted alike within its draw."""
-        quantiles = np.quantile(rooms, np.linspace(0.0, 1.0, points)) if rooms.size > points else rooms
+        # quantiles taken among the rooms themselves (no interpolation: between two infs it would be NaN)
+        quantiles = (
+            np.quantile(rooms, np.linspace(0.0, 1.0, points), method="inverted_cdf")
+            if rooms.size > points
+            else rooms
+        )
         clipped = np.minimum(self.tokens[:, None], quantiles[None, :])
         ratio = np.divide(
             self.work, self.tokens, out=np.ones_like(self.work, dtype=float), where=self.tokens > 0
