@@ -17,6 +17,7 @@ import pytest
 
 from draftgen.generate import GenerateConfig, GuardTripped, generate, preflight
 from draftgen.generate.guard import Guard, GuardSettings
+from draftgen.generate.length_cap import SET_ASIDE
 from draftgen.params import build_config, load_params_files
 from draftgen.prompts.long_chat import long_chat_rows
 from draftgen.prompts.synthetic import write_rows
@@ -126,7 +127,17 @@ def test_the_trainers_cut_on_long_conversations_neither_halts_the_run_nor_fails_
     assert checked.passed and checked.counts["length_limited"] == 0 and at_length["rows"] >= cut_by_design
     line = require_fit_to_train(checked)
     assert "cut at the trainer's max_length (expected" in line
-    assert (finalize_export(checked) / "prompts.jsonl").exists()
+    export = finalize_export(checked)
+    assert (export / "prompts.jsonl").exists()
+    # the card counts what generate set aside, by why, from the stored rows and rejected.parquet
+    aside = json.loads((export / "dataset_info.json").read_text())["set_aside"]
+    turns_by = rows.group_by("turns_set_aside_by").agg(pl.col("turns_set_aside").sum()).drop_nulls()
+    assert {why: counts["turns"] for why, counts in aside["by"].items() if counts["turns"]} == dict(
+        turns_by.iter_rows()
+    )
+    rejected = pl.read_parquet(tmp_path / "run" / "rejected.parquet")["reason"].to_list()
+    assert sum(c["prompts"] for c in aside["by"].values()) == sum(r.startswith(SET_ASIDE) for r in rejected)
+    assert aside["min_turn_budget"] == 512 and "set aside by generate" in (export / "README.md").read_text()
 
 
 def test_answers_cut_by_max_tokens_still_halt_the_run_and_fail_validate(

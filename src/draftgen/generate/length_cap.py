@@ -36,6 +36,14 @@ BELOW_FLOOR = "min_turn_budget"  # some room, below the run's floor
 PromptCounter = Callable[[Sequence[Mapping[str, Any]], bool, Sequence[Mapping[str, Any]] | None], int]
 
 
+def set_aside_kind(reason: str) -> str | None:
+    """Why a rejected.parquet row was set aside (NO_ROOM, BELOW_FLOOR), read from its reason (``TurnLimit.reason``
+    writes it); None for any other rejection."""
+    if not reason.startswith(SET_ASIDE):
+        return None
+    return BELOW_FLOOR if BELOW_FLOOR in reason else NO_ROOM
+
+
 @dataclass(frozen=True)
 class TurnLimit:
     """What one turn may generate: its prompt's length and the max_tokens it is sent with (≤ 0: nothing trains)."""

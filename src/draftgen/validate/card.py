@@ -21,6 +21,7 @@ from draftgen.rundir.layout import EXPORT_CARD as CARD_FILE
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_HOLDOUT, EXPORT_PROMPTS, EXPORT_TOKENS
 from draftgen.rundir.layout import EXPORT_INFO as INFO_FILE
 from draftgen.training.trainers import SpanTrainer
+from draftgen.validate.coverage import set_aside_counts
 
 FORMAT = "draftgen.export/1"
 SAMPLING_KEYS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "enable_thinking", "turns")
@@ -229,6 +230,11 @@ def dataset_info(result: Any) -> dict[str, Any]:
             "file": files.get("holdout"),
         },
         "trainer": trainer,
+        # generate's turns with too little room under the trainer's max_length, never sent (docs/generate.md)
+        "set_aside": {
+            "min_turn_budget": parameters.get("min_turn_budget"),
+            "by": set_aside_counts(result.output),
+        },
         "agentic": agentic_counts(result),
         "token_source": counts["token_source"],
         "yield": counts["yield"],
@@ -344,6 +350,20 @@ def render_readme(info: dict[str, Any]) -> str:
         if agentic.get("rows")
         else ""
     )
+    aside = (info.get("set_aside") or {}).get("by") or {}
+    aside_row = ""
+    if any(n for counts in aside.values() for n in counts.values()):
+        floor = (info.get("set_aside") or {}).get("min_turn_budget")
+        parts = [
+            f"{counts['turns']:,} later turns and {counts['prompts']:,} whole prompts "
+            + ("with no room" if why == "max_length" else f"below min_turn_budget {floor}")
+            for why, counts in aside.items()
+            if counts["turns"] or counts["prompts"]
+        ]
+        aside_row = (
+            "| set aside by generate (too little room under the trainer's max_length: never sent, so nothing to "
+            f"train) | {'; '.join(parts)} |\n"
+        )
     prompts_path = info["files"].get("prompts")
     training = (
         f"SpecForge: `data.prompts_path: {prompts_path}`, `data.max_length: {trainer['max_length']}` "
@@ -366,7 +386,7 @@ Sampling: {sampling or "not recorded"}.
 | trainer (loss mask) | {trainer["name"]}, max_length {trainer["max_length"]} |
 | rows | {rows_note} |
 | tokens | {tokens} |
-{tools_row}| **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
+{tools_row}{aside_row}| **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
 | GPU-seconds per million trained tokens | {_cost_line(info.get("cost") or {})} |
 
 Train with {training}.

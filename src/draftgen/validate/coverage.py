@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from draftgen.generate.length_cap import SET_ASIDE
+from draftgen.generate.length_cap import BELOW_FLOOR, NO_ROOM, SET_ASIDE, set_aside_kind
 from draftgen.generate.store import FAILED, REJECTED
 from draftgen.prompts.rows import PromptFileError, PromptRow, iter_prompts, shard_of
 from draftgen.sampling_plan import Arm, samples
@@ -158,6 +158,40 @@ def _set_aside_ids(generation: GenerationSet) -> pl.Series:
                 continue
             parts.append(frame.filter(pl.col("reason").str.starts_with(SET_ASIDE))["id"].cast(pl.String))
     return pl.concat(parts) if parts else pl.Series("id", [], dtype=pl.String)
+
+
+def set_aside_counts(generation: GenerationSet) -> dict[str, dict[str, int]]:
+    """What generate set aside for too little room under the trainer's max_length, by why (length_cap.NO_ROOM,
+    BELOW_FLOOR): ``prompts`` whose first turn was never sent (rejected.parquet) and ``turns`` after the last stored
+    one of a stored conversation (its ``turns_set_aside``)."""
+    counts = {why: {"prompts": 0, "turns": 0} for why in (NO_ROOM, BELOW_FLOOR)}
+    for output in generation.outputs:
+        path = output.directory / REJECTED
+        if path.exists():
+            try:
+                reasons = pl.read_parquet(path, columns=["reason"])["reason"].to_list()
+            except Exception:  # a damaged rejected.parquet: coverage says so; nothing counted here
+                reasons = []
+            for reason in reasons:
+                why = set_aside_kind(reason or "")
+                if why is not None:
+                    counts[why]["prompts"] += 1
+        for shard in output.shards:
+            try:
+                frame = pl.read_parquet(shard, columns=["turns_set_aside", "turns_set_aside_by"])
+            except Exception:  # shards written before the cause was recorded: their turns count as no room
+                try:
+                    frame = pl.read_parquet(shard, columns=["turns_set_aside"]).with_columns(
+                        pl.lit(None, dtype=pl.String).alias("turns_set_aside_by")
+                    )
+                except Exception:
+                    continue
+            grouped = frame.group_by(pl.col("turns_set_aside_by").fill_null(NO_ROOM)).agg(
+                pl.col("turns_set_aside").fill_null(0).sum()
+            )
+            for why, turns in grouped.iter_rows():
+                counts.setdefault(why, {"prompts": 0, "turns": 0})["turns"] += int(turns)
+    return counts
 
 
 def _chunks(items: Iterator[tuple[str, int]], size: int = 65_536) -> Iterator[pl.DataFrame]:
