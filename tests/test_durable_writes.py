@@ -90,11 +90,17 @@ def kill_at_every_step(
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 # ----- validate's export ------------------------------------------------------------------------------------------
-OLD_EXPORT = {"train.jsonl": b'{"id": "old"}\n', "counts.json": b'{"out": 1}\n', "holdout/prompts.jsonl": b"o\n"}
+OLD_EXPORT = {
+    "train.jsonl": b'{"id": "old"}\n',
+    "counts.json": b'{"out": 1}\n',
+    "holdout/prompts.jsonl": b"o\n",
+}
 NEW_EXPORT = {
     "train.jsonl": b'{"id": "new"}\n' * 50,
     "counts.json": b'{"out": 50}\n',
@@ -268,7 +274,9 @@ def test_draftgen_run_saves_the_executed_notebook_through_the_atomic_write_and_o
 ):
     written: list[Path] = []
     real = notebook_io.write_text
-    monkeypatch.setattr(notebook_io, "write_text", lambda path, text: written.append(path) or real(path, text))
+    monkeypatch.setattr(
+        notebook_io, "write_text", lambda path, text: written.append(path) or real(path, text)
+    )
     notebook = tmp_path / "probe.ipynb"
     nbformat.write(_notebook("hello", 2), notebook)
     run_dir = tmp_path / "outputs" / "probe" / "p"
@@ -278,7 +286,9 @@ def test_draftgen_run_saves_the_executed_notebook_through_the_atomic_write_and_o
     plan = RunPlan(notebook=notebook, run_dir=run_dir, parameters={}, name="p")
     execute(plan, html=False, log_output=False)
     assert not leftover.exists()  # cleared when the run folder was opened
-    assert plan.executed_path in written and len(written) >= 3  # papermill saves after each cell, then at the end
+    assert (
+        plan.executed_path in written and len(written) >= 3
+    )  # papermill saves after each cell, then at the end
     executed = json.loads(plan.executed_path.read_text())
     assert "hello" in "".join(executed["cells"][-1]["outputs"][0]["text"])
 

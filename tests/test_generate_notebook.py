@@ -137,16 +137,25 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
     result = draftgen_run(tmp_path / "out", "seven", params)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "out" / "generate" / "seven"
-    assert_exactly_once(run_dir, valid_ids(prompts_2000))
+    valid = valid_ids(prompts_2000)  # the generator's long chats plant a few exact duplicates: skipped
+    assert 1990 <= len(valid) < 2000
+    assert_exactly_once(run_dir, valid)
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete" and manifest["counts"] == {
-        "done": 2000,
+        "done": len(valid),
         "failed": 0,
-        "rejected": 0,
+        "rejected": 2000 - len(valid),
     }
+    rejected = pl.read_parquet(run_dir / "rejected.parquet")["reason"].to_list()
+    assert all(reason.startswith("duplicate of ") for reason in rejected)
     assert len(manifest["shards"]) == 8
     frame = pl.read_parquet(run_dir / "shards" / "part-000001.parquet")
-    assert frame["server"].n_unique() > 1 and frame["content"].null_count() == 0
+    assert frame["server"].n_unique() > 1
+    # an answer is stored wherever one came: only a turn cut inside its reasoning has none
+    assert frame.filter(pl.col("content").is_null())["finish_reason"].to_list() in (
+        [],
+        ["length"] * frame["content"].null_count(),
+    )
     assert frame["response_id"].null_count() == 0 and frame["usage_reported"].all()
     servers = pl.scan_parquet(sorted((run_dir / "shards").glob("*.parquet"))).select("server").collect()
     assert servers["server"].n_unique() == 7  # every server took work
@@ -165,14 +174,15 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
         for output in cell.get("outputs", [])
         if output["output_type"] == "stream"
     ]
-    bars = [o["name"] for o in streams if "2000/2000" in "".join(o["text"])]
+    done = f"{len(valid)}/{len(valid)}"
+    bars = [o["name"] for o in streams if done in "".join(o["text"])]
     assert bars and set(bars) == {"stdout"}  # the bar is output, not an error (JupyterLab paints stderr red)
     text = notebook_text(run_dir)
     # the report opens with the answer, and draftgen run printed the same block at the end
     report = (run_dir / "report.html").read_text()
     assert -1 < report.index(MARKER) < report.index("<h1")
     assert "generate: is every prompt answered exactly once" in result.stdout and "PASS" in result.stdout
-    assert "shape: (" not in report and report.count("2000/2000") == 1  # the bar's final line only
+    assert "shape: (" not in report and report.count(done) == 1  # the bar's final line only
     assert "wall time for the set (h)" in text and "900,000" in text  # planned vs actual, from the estimate
     assert "estimate assumed concurrency_per_server=64, this run used 8" in text
     # the key went to the servers but into no file: notebook, HTML, parameters, manifest, data, logs

@@ -76,7 +76,9 @@ def dependency_drift(pyproject: dict, environment: dict) -> list[str]:
         for extra in sorted(PIP_EXTRAS - extras):
             problems.append(f"environment.yml's {editable[0]} leaves out the {extra!r} extra")
         for extra in sorted(extras - declared):
-            problems.append(f"environment.yml installs the extra {extra!r}, which pyproject.toml does not declare")
+            problems.append(
+                f"environment.yml installs the extra {extra!r}, which pyproject.toml does not declare"
+            )
     return problems
 
 
@@ -128,7 +130,14 @@ def _router_extra_dropped(env: dict) -> str:
 
 @pytest.mark.parametrize(
     "doctor",
-    [_pin_changed, _package_dropped, _package_added, _python_changed, _pip_line_dropped, _router_extra_dropped],
+    [
+        _pin_changed,
+        _package_dropped,
+        _package_added,
+        _python_changed,
+        _pip_line_dropped,
+        _router_extra_dropped,
+    ],
 )
 def test_drift_check_catches_a_doctored_environment_yml(doctor):
     pyproject, environment = _load()
@@ -230,6 +239,8 @@ def test_the_gateway_is_the_router_extra_which_the_tests_and_environment_install
     extras = pyproject["project"]["optional-dependencies"]
     assert extras["router"] == [ROUTER_PIN]
     assert "draftgen[router]" in extras["dev"]
-    assert not any(canonicalize_name(Requirement(d).name) == "smg" for d in pyproject["project"]["dependencies"])
+    assert not any(
+        canonicalize_name(Requirement(d).name) == "smg" for d in pyproject["project"]["dependencies"]
+    )
     readme = (ROOT / "README.md").read_text()
     assert "pip install -e '.[router]'" in readme

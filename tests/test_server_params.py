@@ -74,7 +74,18 @@ def test_a_candidate_runs_the_command_serve_would_run_for_the_same_values(tmp_pa
 
 def test_every_problem_on_the_command_line_is_said_at_once_by_flag(capsys):
     code = main(
-        ["serve", "--dry-run", "--gpus", "0-1", "--mem-fraction", "1.5", "--max-restarts", "-1", "--grace", "0"]
+        [
+            "serve",
+            "--dry-run",
+            "--gpus",
+            "0-1",
+            "--mem-fraction",
+            "1.5",
+            "--max-restarts",
+            "-1",
+            "--grace",
+            "0",
+        ]
     )
     assert code == 2
     err = capsys.readouterr().err
@@ -110,13 +121,17 @@ def test_checks_of_several_settings_together_are_all_reported(capsys):
 def test_tune_names_the_same_problems_by_its_parameter_names():
     with pytest.raises(ParameterError) as caught:
         build_config(TuneConfig, {"model": "m", "gpus": "0-6", "tp": 2, "sim_profile": "nope"})
-    assert ("sim_profile", "unknown profile 'nope'; choose one of: b200-mtp, rtx-pro-6000, instant (got 'nope')") in (
-        caught.value.problems
-    )
+    assert (
+        "sim_profile",
+        "unknown profile 'nope'; choose one of: b200-mtp, rtx-pro-6000, instant (got 'nope')",
+    ) in (caught.value.problems)
     with pytest.raises(ParameterError) as caught:
         build_config(TuneConfig, {"model": "m", "gpus": "0-6", "tp": 2})
     assert caught.value.problems == [
-        ("tp", "tp 2 does not divide the 7 GPUs of gpus into whole servers; list a multiple of 2 GPUs or change tp")
+        (
+            "tp",
+            "tp 2 does not divide the 7 GPUs of gpus into whole servers; list a multiple of 2 GPUs or change tp",
+        )
     ]
 
 
@@ -125,13 +140,27 @@ def test_router_preflight_names_the_install_command_when_smg_is_missing(tmp_path
     fake.write_text("#!/bin/sh\nexit 1\n")  # "cannot import" whatever it is asked
     fake.chmod(0o755)
     code = main(
-        ["serve", "--engine", "sim", "--gpus", "0", "--router", "--python", str(fake), "--out", str(tmp_path / "o")]
+        [
+            "serve",
+            "--engine",
+            "sim",
+            "--gpus",
+            "0",
+            "--router",
+            "--python",
+            str(fake),
+            "--out",
+            str(tmp_path / "o"),
+        ]
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert f"{fake} -m pip install '{ROUTER_PIN}'" in err[0] and "pip install -e '.[router]'" in err[0]
     assert not (tmp_path / "o").exists()  # nothing started, nothing written
-    assert main(["serve", "--engine", "sim", "--gpus", "0", "--router", "--python", sys.executable, "--dry-run"]) == 0
+    assert (
+        main(["serve", "--engine", "sim", "--gpus", "0", "--router", "--python", sys.executable, "--dry-run"])
+        == 0
+    )
 
 
 def _literals(path: Path) -> list[tuple[int, str]]:

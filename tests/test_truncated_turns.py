@@ -21,7 +21,7 @@ from validate_helpers import clean_rows, row, server_ids, with_server_ids, write
 from draftgen.generate import GenerateConfig, generate, preflight
 from draftgen.generate.guard import Guard, GuardSettings, GuardTripped
 from draftgen.params import build_config
-from draftgen.prompts.synthetic import write_synthetic
+from draftgen.prompts.synthetic import LONG_CHAT, synthetic_rows, write_rows
 from draftgen.training.conversation import generated_turns, request_messages
 from draftgen.training.id_rows import ids_layout
 from draftgen.training.local_tokenizer import build_qwen3_tokenizer
@@ -347,7 +347,9 @@ def test_a_simulated_run_trains_its_cut_turns_exactly_as_the_servers_generated_t
     sim_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 120, seed=11)
+    # short prompts: every cut turn fits the trainer's max_length (a long chat's later turn, uncapped here, would
+    # not, and is rightly dropped; tests/test_cut_by_cause.py runs those under the cap)
+    write_rows(prompts, (r for r in synthetic_rows(130, seed=11) if r["category"] != LONG_CHAT))
     fleet = sim_fleet(servers=2, profile="instant")
     config = build_config(
         GenerateConfig,

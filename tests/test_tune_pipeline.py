@@ -26,7 +26,9 @@ def test_the_notebook_calls_the_function_and_repeats_none_of_it():
     code = "\n".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code")
     assert "await run(config)" in code and "from draftgen.tune.step import headline, run" in code
     for repeated in ("run_tune(", "save_report(", "save(", "candidate_table(", "verdict_of("):
-        assert repeated not in code, f"tune.ipynb does {repeated} itself: it belongs in draftgen.tune.step.run"
+        assert repeated not in code, (
+            f"tune.ipynb does {repeated} itself: it belongs in draftgen.tune.step.run"
+        )
 
 
 def _fake_report(*, race: bool, chosen: bool, tie: bool = False) -> TuneReport:

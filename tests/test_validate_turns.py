@@ -118,7 +118,9 @@ def test_an_earlier_turn_cut_or_empty_is_flagged_where_it_is(tmp_path, tokenizer
         assert flags["empty-second"] == {"empty_answer"}
     else:  # a row per turn: only the defective turn's row is out; the others trained on what the target saw
         assert flags["cut-first#0"] == {"truncated"} and not flags["cut-first#1"] and not flags["cut-first#2"]
-        assert flags["empty-second#1"] == {"empty_answer"} and not flags["empty-second#0"]
+        # (its mask may also be tiny: the empty answer's turn is a few tokens, as the tokenizer splits them)
+        assert "empty_answer" in flags["empty-second#1"] <= {"empty_answer", "tiny_mask"}
+        assert not flags["empty-second#0"]
     assert all(not f for i, f in flags.items() if i.startswith("clean"))
 
 
