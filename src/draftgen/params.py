@@ -56,6 +56,7 @@ SHARED_PARAMETERS = frozenset(
         "train_max_length",
         "category_field",
         "sampling_plan",
+        "stream",
     }
 )
 

@@ -125,7 +125,13 @@ class GenerateConfig(FleetParams, SamplingParams):
     shard: str | list[int] = param(
         "", '"i/n": this process takes the prompts whose id hashes to i of n ("": all)'
     )
-    stream: bool = param(False, "stream responses (records TTFT; more client CPU)")
+    stream: bool = param(
+        True,
+        "stream responses: the loop check then ends a looping answer live, and TTFT is recorded (more client CPU)",
+        doc="stream responses: the loop check then ends a looping answer live (the server stops generating it), and "
+        "TTFT is recorded; costs client CPU (docs/figures.md); false: one whole body per answer, a loop found only "
+        "after the fact",
+    )
     loop_check: bool = param(
         True,
         "end an answer that falls into a repetition loop, stored up to its first repetition (streamed: live, the "
