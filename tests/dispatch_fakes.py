@@ -80,6 +80,7 @@ class Request:
     sent_at: float
     outcome: str = "running"  # answered, error, cancelled
     max_tokens: int | None = None  # the max_tokens the request carried (None: the run's, not overridden)
+    seed: int | None = None  # a sampling plan's sample: sample_seed(its id)
 
 
 Script = Callable[["FakeServer", Request], Reply]
@@ -106,9 +107,8 @@ class FakeServer:
     ) -> ChatResult:
         loop = asyncio.get_running_loop()
         prompt_id = messages[0]["content"].split(" ", 1)[0]
-        request = Request(
-            prompt_id, sum(m["role"] == "assistant" for m in messages), loop.time(), max_tokens=max_tokens
-        )
+        turn = sum(m["role"] == "assistant" for m in messages)
+        request = Request(prompt_id, turn, loop.time(), max_tokens=max_tokens, seed=seed)
         self.requests.append(request)
         reply = self.script(self, request)
         try:

@@ -27,6 +27,7 @@ from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities, ChatResult
 from draftgen.client.retry import RetryPolicy, RetryTimers
 from draftgen.client.server import ServerClient
+from draftgen.generate.affinity import prefix_affinity
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
@@ -125,7 +126,7 @@ class Dispatcher:
         self.first_sent_at: float | None = None
         self.last_answer_at: float | None = None
         self._count_differs_noted = False
-        self._queue = WorkQueue()
+        self._queue = WorkQueue(prefix_affinity(config, self.servers, self.hedger.rates))
         window = max(64, 2 * config.concurrency_per_server * len(servers))
         self._intake = Intake(self._queue, turns=config.turns, window=window, skip=skip)
         self._timers: RetryTimers[Work] = RetryTimers(self._requeue)
@@ -215,7 +216,7 @@ class Dispatcher:
         while True:
             if not server.up:
                 await server.up_event.wait()
-            work = await self._queue.get()
+            work = await self._queue.get(server.url)
             self._intake.taken(work)
             if not server.up:  # went down while this worker waited for work
                 self._requeue(work)

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 from collections import deque
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from draftgen.generate.length_cap import TurnLimit
 from draftgen.generate.turns import Conversation
@@ -84,6 +86,9 @@ class Work:
         None  # this turn's prompt length and the max_tokens it is sent with (set once a turn)
     )
     last_server: str | None = None
+    # The server holding this turn's prefix (the one that answered the previous turn): its home while it waits
+    # (draftgen.generate.affinity); set when a turn is answered, cleared once the next is sent.
+    prefer: str | None = None
     flights: set[Flight] = field(default_factory=set)  # requests not yet returned (stale ones included)
 
     def running(self) -> list[Flight]:
@@ -97,6 +102,7 @@ class Work:
         if not hedge:
             self.attempts += 1
             self.last_server = server
+            self.prefer = None
         return flight
 
     def land(self, flight: Flight) -> None:
@@ -114,31 +120,145 @@ class Work:
 
     def next_turn(self) -> None:
         self.state = TurnState.QUEUED
+        self.prefer = self.last_server  # its prompt holds the one just answered there
         self.attempts = 0
         self.presumed_hung = 0
         self.limit = None
 
 
-class WorkQueue(asyncio.Queue):  # type: ignore[type-arg]
-    """The shared queue, in two lanes: work already under way (a conversation's next turn, a retry, a request
-    handed back by a benched server) goes before fresh prompts, so conversations finish soon after they start
-    and few are part-way at once. Each lane is FIFO. Uses asyncio.Queue's subclass hooks, as PriorityQueue does."""
+class Homes(Protocol):
+    """Where work under way should wait (``draftgen.generate.affinity.PrefixAffinity``)."""
 
-    def _init(self, maxsize: int) -> None:
+    hold_s: float
+
+    def home(self, work: Work) -> str | None: ...
+
+    def taken(self, work: Work, url: str) -> None: ...
+
+    def can_host(self, url: str) -> bool: ...
+
+
+class WorkQueue:
+    """The shared queue. What a free worker of server S takes next (``get(S)``):
+
+    1. S's own lane: work whose home is S (a next turn or a later sample whose prefix S holds:
+       ``draftgen.generate.affinity``), oldest first;
+    2. work under way with no home (a retry, a request handed back by a benched server), then the oldest work of
+       another server's lane that has waited ``hold_s`` there or whose home can no longer take it;
+    3. fresh prompts, in file order;
+    4. whatever still waits in another server's lane, rather than nothing.
+
+    Work under way goes before fresh prompts, so conversations finish soon after they start and few are part-way at
+    once; a lane holds work only while its server has no free worker, and for ``hold_s`` at most before (2) opens it
+    to every server. A worker that finds nothing waits. Work put in a lane wakes a waiting worker of its home; any
+    other work, or lane work whose home has none waiting, wakes the worker that has waited longest (for lane work a
+    moment later: the home's own worker, just finishing the request that made this work, takes it first)."""
+
+    def __init__(self, homes: Homes | None = None) -> None:
+        self._homes = homes
         self._under_way: deque[Work] = deque()
         self._fresh: deque[Work] = deque()
+        self._lanes: dict[str, deque[tuple[float, Work]]] = {}  # home → (queued at, work)
+        self._waiters: dict[str, deque[tuple[int, asyncio.Future[None]]]] = {}
+        self._order = itertools.count()
 
-    def _put(self, work: Work) -> None:
-        (self._fresh if work.state is TurnState.FRESH else self._under_way).append(work)
-
-    def _get(self) -> Work:
-        return self._under_way.popleft() if self._under_way else self._fresh.popleft()
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
 
     def qsize(self) -> int:
-        return len(self._under_way) + len(self._fresh)
+        return len(self._under_way) + len(self._fresh) + sum(len(lane) for lane in self._lanes.values())
 
     def empty(self) -> bool:
-        return not self._under_way and not self._fresh
+        return self.qsize() == 0
+
+    def put_nowait(self, work: Work) -> None:
+        home = self._homes.home(work) if self._homes is not None else None
+        if home is None:
+            (self._fresh if work.state is TurnState.FRESH else self._under_way).append(work)
+            self._wake_longest_waiting()
+            return
+        self._lanes.setdefault(home, deque()).append((self._now(), work))
+        if not self._wake(home):
+            asyncio.get_running_loop().call_soon(self._wake_longest_waiting)
+
+    async def get(self, server: str) -> Work:
+        """The next work for a free worker of ``server``, waiting until there is some."""
+        while True:
+            work = self._take(server)
+            if work is not None:
+                return work
+            entry = (next(self._order), asyncio.get_running_loop().create_future())
+            waiting = self._waiters.setdefault(server, deque())
+            waiting.append(entry)
+            try:
+                await entry[1]
+            except asyncio.CancelledError:
+                if entry in waiting:
+                    waiting.remove(entry)
+                elif entry[1].done() and not entry[1].cancelled():
+                    self._wake_longest_waiting()  # woken, then cancelled: the wake goes to another worker
+                raise
+
+    # ----- which work ------------------------------------------------------------------------------------------
+    def _take(self, server: str) -> Work | None:
+        own = self._lanes.get(server)
+        if own:
+            return self._taken(own.popleft()[1], server)
+        if self._under_way:
+            return self._taken(self._under_way.popleft(), server)
+        lane = self._other_lane(server, opened_only=True)
+        if lane is not None:
+            return self._taken(lane.popleft()[1], server)
+        if self._fresh:
+            return self._taken(self._fresh.popleft(), server)
+        lane = self._other_lane(server, opened_only=False)
+        return self._taken(lane.popleft()[1], server) if lane is not None else None
+
+    def _other_lane(self, server: str, *, opened_only: bool) -> deque[tuple[float, Work]] | None:
+        """Another server's lane whose first work is the oldest: among those open to all (it waited ``hold_s``,
+        or its home cannot take it), or among all."""
+        best: deque[tuple[float, Work]] | None = None
+        for home, lane in self._lanes.items():
+            if home == server or not lane or (best is not None and lane[0][0] >= best[0][0]):
+                continue
+            if opened_only and not self._opened(home, lane[0][0]):
+                continue
+            best = lane
+        return best
+
+    def _opened(self, home: str, queued_at: float) -> bool:
+        assert self._homes is not None
+        return self._now() - queued_at >= self._homes.hold_s or not self._homes.can_host(home)
+
+    def _taken(self, work: Work, server: str) -> Work:
+        """``work`` goes to ``server``; a first sample's next samples, next in the fresh lane, get it as their home."""
+        if self._homes is None:
+            return work
+        self._homes.taken(work, server)
+        if work.state is TurnState.FRESH:
+            now = self._now()
+            while self._fresh and (home := self._homes.home(self._fresh[0])) is not None:
+                self._lanes.setdefault(home, deque()).append((now, self._fresh.popleft()))
+        return work
+
+    # ----- waking a waiting worker ---------------------------------------------------------------------------
+    def _wake(self, server: str) -> bool:
+        waiting = self._waiters.get(server)
+        while waiting:
+            _, waiter = waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return True
+        return False
+
+    def _wake_longest_waiting(self) -> None:
+        while True:
+            heads = [(waiting[0][0], server) for server, waiting in self._waiters.items() if waiting]
+            if not heads:
+                return
+            if self._wake(min(heads)[1]):
+                return
 
 
 class Intake:

@@ -1,0 +1,117 @@
+"""Prefix affinity: which server a piece of work should wait for, so that the prefix a server already holds is used.
+
+SGLang keeps what it prefilled in its prefix (radix) cache, one cache per server. Turn k+1 of a conversation
+carries turn k's prompt, and a sampling plan sends one prompt several times: sent to the server that prefilled the
+earlier request, the new one prefills only what is new. Dispatch is pull-based (whichever server frees a slot
+takes the next work), so without a preference a prefix is found again on seven servers about one time in seven.
+
+The rule (docs/generate.md, "Prefix affinity"): a conversation's next turn, and a prompt's next sample, have a
+*home*, the server that served the previous one (the turn's answer, the sample's first send). Work with a home waits
+in that server's lane of the queue (``draftgen.generate.work.WorkQueue``), which a free worker of that server
+takes before anything else. Any other server's worker takes it once it has waited ``hold_s`` (then it counts as any
+work under way, before fresh prompts), or at once when that worker would otherwise have nothing to do: the
+preference is bounded and never leaves a slot idle. A home that is down (benched) or slow (its median per-request
+rate below the hedger's slow ratio × the fleet's, ``hedge.RateBook``) is no home: its work is open to every
+server at once.
+
+This module decides; the queue keeps the lanes and the dispatcher sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from draftgen.generate.hedge import HedgePolicy, RateBook
+from draftgen.generate.work import Work
+
+if TYPE_CHECKING:
+    from draftgen.generate.config import GenerateConfig
+    from draftgen.generate.fleet_health import Server
+
+SAMPLE_HOMES = 4096  # prompt ids whose first sample's server is remembered (the most recent ones)
+SLOW_EVERY_S = 2.0  # how often the set of slow servers is read again from the rate book
+
+
+@dataclass(frozen=True)
+class AffinitySettings:
+    hold_s: float  # how long work waits for its home's free slot before any server takes it; 0: no affinity
+    slow_ratio: float  # a server slower than this × the fleet's median per-request rate is no home (0: never)
+
+    @property
+    def enabled(self) -> bool:
+        return self.hold_s > 0
+
+
+class PrefixAffinity:
+    """Homes of work under way, and whether a server may still be one."""
+
+    def __init__(self, settings: AffinitySettings, servers: Sequence[Server], rates: RateBook) -> None:
+        self.settings = settings
+        self._servers = {s.url: s for s in servers}
+        self._rates = rates
+        self._sample_homes: OrderedDict[str, str] = OrderedDict()  # prompt id → server of its first sample
+        self._slow: set[str] = set()
+        self._slow_read_at: float | None = None
+
+    @property
+    def hold_s(self) -> float:
+        return self.settings.hold_s
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def home(self, work: Work) -> str | None:
+        """The server ``work`` should wait for, or None: no affinity, or its home cannot take it now."""
+        if not self.settings.enabled:
+            return None
+        url = work.prefer
+        prompt = work.conversation.prompt
+        if (
+            url is None
+            and work.conversation.turn == 0
+            and work.attempts == 0
+            and prompt.prompt_id is not None
+        ):
+            url = self._sample_homes.get(prompt.prompt_id)  # a later sample of a prompt already sent
+        return url if url is not None and self.can_host(url) else None
+
+    def taken(self, work: Work, url: str) -> None:
+        """A worker of ``url`` took ``work``: a prompt's first sample makes ``url`` its other samples' home."""
+        prompt = work.conversation.prompt
+        if not self.settings.enabled or prompt.prompt_id is None or work.conversation.turn or work.attempts:
+            return
+        homes = self._sample_homes
+        earlier = homes.get(prompt.prompt_id)
+        homes[prompt.prompt_id] = earlier if earlier is not None and self.can_host(earlier) else url
+        homes.move_to_end(prompt.prompt_id)
+        while len(homes) > SAMPLE_HOMES:
+            homes.popitem(last=False)
+
+    def can_host(self, url: str) -> bool:
+        """Up, and not slow."""
+        server = self._servers.get(url)
+        return server is not None and server.up and url not in self._slow_servers()
+
+    def _slow_servers(self) -> set[str]:
+        ratio = self.settings.slow_ratio
+        if ratio <= 0:
+            return set()
+        now = self._now()
+        if self._slow_read_at is None or now - self._slow_read_at >= SLOW_EVERY_S:
+            up = [url for url, server in self._servers.items() if server.up]
+            self._slow = self._rates.slow_servers(up, HedgePolicy(ratio))
+            self._slow_read_at = now
+        return self._slow
+
+
+def prefix_affinity(
+    config: GenerateConfig, servers: Sequence[Server], rates: RateBook
+) -> PrefixAffinity | None:
+    """The run's affinity (None with ``affinity_hold_s`` 0: the queue is then the plain pull-based one)."""
+    settings = AffinitySettings(config.affinity_hold_s, config.hedge_slow_ratio)
+    return PrefixAffinity(settings, servers, rates) if settings.enabled else None
