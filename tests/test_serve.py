@@ -95,11 +95,20 @@ def test_dry_run_seven_gpus_one_server_each_with_every_flag(capsys: pytest.Captu
         assert flags["--port"] == [str(30000 + gpu)]
         assert flags["--reasoning-parser"] == ["qwen3"]
         assert flags["--enable-metrics"] == []
+        assert flags["--enable-cache-report"] == []  # generate stores each turn's cached_tokens
         for flag, value in MTP_FLAGS.items():
             assert flags[flag] == [value], flag
         assert "--tp-size" not in flags  # one GPU per server
         assert "--mem-fraction-static" not in flags and "--max-running-requests" not in flags
-        expected = {"--model-path", "--host", "--port", "--reasoning-parser", "--enable-metrics", *MTP_FLAGS}
+        expected = {
+            "--model-path",
+            "--host",
+            "--port",
+            "--reasoning-parser",
+            "--enable-metrics",
+            "--enable-cache-report",
+            *MTP_FLAGS,
+        }
         assert set(flags) == expected
 
 

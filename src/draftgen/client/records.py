@@ -76,3 +76,6 @@ class ChatResult:
     output_ids: list[int] | None = None
     # A repetition loop ended the answer (finish_reason "repetition_loop"); its text is cut, its output ids dropped.
     loop: LoopEnd | None = None
+    # Prompt tokens the server's prefix cache held (usage.prompt_tokens_details.cached_tokens: SGLang with
+    # --enable-cache-report); None when the server did not say.
+    cached_tokens: int | None = None

@@ -343,7 +343,7 @@ class Dispatcher:
         if server.deadline.observe(result.completion_tokens, result.latency_s):
             self.events.note(server.url, server.deadline.learned_note())
         self.health.answered(server)
-        stats.count_answer(result.completion_tokens, result.spec_accept_length)
+        stats.count_answer(result)
         self._check_count(server, work, result)
         conversation = work.conversation
         label = conversation.label()
@@ -419,6 +419,8 @@ def fleet_snapshot(
             accept_n=s.stats.accept_n,
             errors=s.stats.errors,
             downs=s.stats.downs,
+            cached_tokens=s.stats.cached_tokens,
+            cache_prompt_tokens=s.stats.cache_prompt_tokens,
         )
         for s in servers
     )

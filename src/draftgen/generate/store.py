@@ -117,6 +117,11 @@ OUTPUT_SCHEMA = pl.Schema(
         # Answer points after the last stored one that were not generated: their prompt alone reached the
         # trainer's max_length (``messages`` then ends at the last answered point); 0 otherwise.
         "turns_set_aside": pl.Int64,
+        # Per generated turn: the server that answered it, and the prompt tokens its prefix cache held
+        # (usage.prompt_tokens_details.cached_tokens, SGLang's --enable-cache-report; a null element where the
+        # server did not say): draftgen.generate.cache_share.
+        "turn_server": pl.List(pl.String),
+        "turn_cached_tokens": pl.List(pl.Int64),
     }
 )
 FAILED_SCHEMA = pl.Schema(

@@ -51,6 +51,7 @@ def _sglang_argv(config: ServeConfig, port: int, tp: int) -> list[str]:
         "--reasoning-parser",
         "qwen3",
         "--enable-metrics",
+        "--enable-cache-report",  # usage.prompt_tokens_details.cached_tokens: generate stores it per turn
     ]
     if tp > 1:
         argv += ["--tp-size", str(tp)]
@@ -80,6 +81,7 @@ def _sim_argv(config: ServeConfig, port: int) -> list[str]:
         config.effective_sim_profile,
         "--speed",
         f"{config.sim_speed:g}",
+        "--enable-cache-report",
     ]
     if config.max_running_requests is not None:
         argv += ["--max-running-requests", str(config.max_running_requests)]
