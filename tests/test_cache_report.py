@@ -159,3 +159,40 @@ def test_without_the_cache_report_nothing_is_claimed(sim_fleet, tmp_path: Path) 
     assert report.summary(tmp_path / "run")["cached_share"][0] is None
     assert "no stored turn reported its cached tokens" in str(report.cache_view(tmp_path / "run"))
     assert "prefix caches" not in status_report(tmp_path / "run").text
+
+
+def test_validate_dataset_card_states_the_cache_share_per_server_and_turn(tmp_path, tokenizer_dir, tokenizer):
+    from validate_helpers import clean_rows, write_generation
+
+    from draftgen.validate.config import ValidateConfig
+    from draftgen.validate.pipeline import finalize_export, validate_generation
+
+    rows = clean_rows(16)
+    for i, row in enumerate(rows):
+        answers = len(row.get("turn_after") or [0])
+        row["turn_prompt_tokens"] = [20 * (t + 1) for t in range(answers)]
+        row["turn_cached_tokens"] = [0 if t == 0 else 10 for t in range(answers)]
+        row["turn_server"] = [f"http://127.0.0.1:3000{i % 2}"] * answers
+    write_generation(tmp_path / "gen", rows)
+    config = build_config(
+        ValidateConfig,
+        {
+            "generation_dir": str(tmp_path / "gen"),
+            "tokenizer": str(tokenizer_dir),
+            "out_dir": str(tmp_path / "v"),
+        },
+    )
+    export = finalize_export(validate_generation(config, tokenizer=tokenizer, progress=False))
+    cache = json.loads((export / "dataset_info.json").read_text())["prefix_cache"]
+    multi = sum(1 for row in rows if len(row["turn_prompt_tokens"]) == 2)  # 4 two-turn rows, 12 single-turn
+    assert [(t["turn"], t["turns"], t["cached_tokens"]) for t in cache["by_turn"]] == [
+        (0, 16, 0),
+        (1, multi, 40),
+    ]
+    assert cache["share"] == pytest.approx(40 / (16 * 20 + multi * 40))
+    assert {s["server"] for s in cache["by_server"]} == {"http://127.0.0.1:30000", "http://127.0.0.1:30001"}
+    readme = (export / "README.md").read_text()
+    assert (
+        f"| prompt tokens served from the servers' prefix caches | {cache['share']:.1%} of prompt tokens"
+        in readme
+    )

@@ -28,6 +28,7 @@ SCHEMA = {
         *("turn_after", "turn_content", "turn_reasoning", "turn_finish_reason", "turns_mode"),
         *("turn_prompt_tokens", "turn_completion_tokens"),
         *("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids"),
+        *("turn_server", "turn_cached_tokens"),
     )
 }
 
