@@ -69,6 +69,7 @@ class Reply:
     reasoning: str = "some thinking"
     finish_reason: str = "stop"
     completion_tokens: int = 100
+    first_token_s: float = 0.0  # streamed: virtual seconds until the first token (its prompt prefilled)
 
 
 @dataclass
@@ -103,7 +104,16 @@ class FakeServer:
         return sum(r.outcome == outcome for r in self.requests)
 
     async def chat(
-        self, messages, sampling, model, *, stream=False, timeout_s=None, max_tokens=None, seed=None
+        self,
+        messages,
+        sampling,
+        model,
+        *,
+        stream=False,
+        timeout_s=None,
+        max_tokens=None,
+        seed=None,
+        on_first_token=None,
     ) -> ChatResult:
         loop = asyncio.get_running_loop()
         prompt_id = messages[0]["content"].split(" ", 1)[0]
@@ -111,12 +121,17 @@ class FakeServer:
         request = Request(prompt_id, turn, loop.time(), max_tokens=max_tokens, seed=seed)
         self.requests.append(request)
         reply = self.script(self, request)
+        first = None
+        if stream and on_first_token is not None and not reply.hang and reply.error is None:
+            first = loop.call_later(min(reply.first_token_s, reply.after_s), on_first_token)
         try:
             if reply.hang:
                 await asyncio.Event().wait()
             await asyncio.sleep(reply.after_s)
         except asyncio.CancelledError:
             request.outcome = "cancelled"
+            if first is not None:
+                first.cancel()
             raise
         if reply.error is not None:
             request.outcome = "error"

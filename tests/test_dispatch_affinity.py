@@ -19,7 +19,7 @@ from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.fleet_health import Server, ServerStats
 from draftgen.generate.hedge import RateBook
 from draftgen.generate.turns import Conversation
-from draftgen.generate.work import TurnState, Work, WorkQueue
+from draftgen.generate.work import Home, TurnState, Work, WorkQueue
 from draftgen.params import build_config
 from draftgen.prompts.rows import PromptRow
 from draftgen.sampling_plan import Arm, sample_rows, sample_seed
@@ -153,6 +153,27 @@ def test_affine_work_waits_for_its_home_for_affinity_hold_s_at_most(make_config,
     assert url == expected[0] and expected[1] - 1e-6 <= at < expected[1] + 1.0
 
 
+@pytest.mark.parametrize(("stream", "expected"), [(True, (5.0, 6.0)), (False, (0.0, 0.0))])
+def test_a_later_sample_waits_for_its_first_samples_first_token_at_home(make_config, stream, expected):
+    """Streamed, the second sample goes to its home once the first has streamed a token there (prefilled: sent
+    together, one prefill step would take both and neither would find the other cached); not streamed there is
+    no such signal, and it goes at the home's next free slot."""
+
+    def script(server, request):
+        first = request.prompt_id == "p0000"
+        return Reply(after_s=20.0 if first and request.seed == seeds[0] else 1.0, first_token_s=5.0)
+
+    home = FakeServer("http://a", script)  # its workers wait first: they take sample 0, then fresh prompts
+    other = FakeServer("http://b", always(Reply(after_s=1.0)))
+    rows = with_samples(prompts(1), answers=2) + prompts(40)[1:]
+    seeds = [sample_seed(rows[0].id), sample_seed(rows[1].id)]
+    config = make_config(concurrency_per_server=2, stream=stream, sampling_plan=plan(2))
+    _, recorder, _ = dispatch(config, [home, other], rows)
+    assert len(recorder.stored) == 41
+    [(url, at)] = sent([home, other], seeds[1])
+    assert url == "http://a" and expected[0] - 1e-6 <= at <= expected[1] + 1e-6
+
+
 def test_a_benched_home_hands_its_conversations_to_the_other_servers(make_config):
     """Server a answers every first turn it gets, then fails: benched, its conversations' next turns go to b at
     once (no hold), and every conversation is stored once, with all its turns."""
@@ -237,7 +258,7 @@ def test_a_home_that_is_down_or_slow_is_no_home():
 
     from dispatch_fakes import run_virtual
 
-    assert run_virtual(homes()) == ("on-b", "http://a", None, None)
+    assert run_virtual(homes()) == ("on-b", Home("http://a"), None, None)
 
 
 # ----- exactly once --------------------------------------------------------------------------------------------------

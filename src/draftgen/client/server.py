@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from draftgen.client.errors import RequestError, classify_error
@@ -175,11 +175,19 @@ class ServerClient:
         timeout_s: float | None = None,
         max_tokens: int | None = None,
         seed: int | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> ChatResult:
-        """One chat completion, whole (the openai SDK) or streamed (``stream_chat``); failures raise RequestError."""
+        """One chat completion, whole (the openai SDK) or streamed (``stream_chat``); failures raise RequestError.
+        ``on_first_token`` is called once a stream's first text arrives (never for a whole answer)."""
         if stream:
             return await self.stream_chat(
-                messages, sampling, model, timeout_s=timeout_s, max_tokens=max_tokens, seed=seed
+                messages,
+                sampling,
+                model,
+                timeout_s=timeout_s,
+                max_tokens=max_tokens,
+                seed=seed,
+                on_first_token=on_first_token,
             )
         request = self.request_kwargs(
             messages, sampling, model, stream=False, max_tokens=max_tokens, seed=seed
@@ -206,11 +214,13 @@ class ServerClient:
         timeout_s: float | None = None,
         max_tokens: int | None = None,
         seed: int | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> ChatResult:
         """A streamed chat, its SSE bytes decoded as they arrive; also records whether ``data: [DONE]`` came.
 
         Once the loop check has found a repetition loop the stream is left there: its connection closes, and the
-        server (SGLang, the simulator) aborts the request, generating nothing more."""
+        server (SGLang, the simulator) aborts the request, generating nothing more. ``on_first_token`` is called
+        when the first text arrives: the server has prefilled the prompt (SGLang's prefix cache holds it then)."""
         kwargs = self.request_kwargs(messages, sampling, model, stream=True, max_tokens=max_tokens, seed=seed)
         body = {k: v for k, v in kwargs.items() if k not in ("extra_body", "extra_headers")}
         body.update(kwargs.get("extra_body", {}))
@@ -228,6 +238,9 @@ class ServerClient:
             async for data in reply.aiter_bytes():
                 for event in decoder.feed(data):
                     answer.add_event(event)
+                if on_first_token is not None and answer.started:
+                    on_first_token()
+                    on_first_token = None
                 if answer.ended:
                     break
             else:

@@ -111,6 +111,11 @@ class ChatAccumulator:
         self.loop: TextLoop | None = None
 
     @property
+    def started(self) -> bool:
+        """A stream's first reasoning or answer text has arrived."""
+        return bool(self._offsets)
+
+    @property
     def ended(self) -> bool:
         """A loop was found: nothing more of this answer is wanted."""
         return self.loop is not None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from draftgen.generate.hedge import HedgePolicy, RateBook
-from draftgen.generate.work import Work
+from draftgen.generate.work import Home, Work
 
 if TYPE_CHECKING:
     from draftgen.generate.config import GenerateConfig
@@ -40,6 +40,7 @@ SLOW_EVERY_S = 2.0  # how often the set of slow servers is read again from the r
 class AffinitySettings:
     hold_s: float  # how long work waits for its home's free slot before any server takes it; 0: no affinity
     slow_ratio: float  # a server slower than this × the fleet's median per-request rate is no home (0: never)
+    wait_for_prefill: bool = True  # streamed: a later sample waits for its first to stream a token at home
 
     @property
     def enabled(self) -> bool:
@@ -53,7 +54,8 @@ class PrefixAffinity:
         self.settings = settings
         self._servers = {s.url: s for s in servers}
         self._rates = rates
-        self._sample_homes: OrderedDict[str, str] = OrderedDict()  # prompt id → server of its first sample
+        # prompt id → (the server its first sample went to, that sample)
+        self._sample_homes: OrderedDict[str, tuple[str, Work]] = OrderedDict()
         self._slow: set[str] = set()
         self._slow_read_at: float | None = None
 
@@ -65,20 +67,21 @@ class PrefixAffinity:
     def _now() -> float:
         return asyncio.get_running_loop().time()
 
-    def home(self, work: Work) -> str | None:
-        """The server ``work`` should wait for, or None: no affinity, or its home cannot take it now."""
+    def home(self, work: Work) -> Home | None:
+        """Where ``work`` should wait, or None: no affinity, or its home cannot take it now. A later sample waits
+        for its prompt's first sample to stream a token on that server, when the run streams (its prefill is
+        done then; a sample admitted with the first in one prefill step would find nothing cached)."""
         if not self.settings.enabled:
             return None
-        url = work.prefer
+        if work.prefer is not None:  # a conversation's next turn: the previous one is answered, prefilled
+            return Home(work.prefer) if self.can_host(work.prefer) else None
         prompt = work.conversation.prompt
-        if (
-            url is None
-            and work.conversation.turn == 0
-            and work.attempts == 0
-            and prompt.prompt_id is not None
-        ):
-            url = self._sample_homes.get(prompt.prompt_id)  # a later sample of a prompt already sent
-        return url if url is not None and self.can_host(url) else None
+        if work.conversation.turn or work.attempts or prompt.prompt_id is None:
+            return None
+        first = self._sample_homes.get(prompt.prompt_id)  # a later sample of a prompt already sent
+        if first is None or first[1] is work or not self.can_host(first[0]):
+            return None
+        return Home(first[0], first[1] if self.settings.wait_for_prefill else None)
 
     def taken(self, work: Work, url: str) -> None:
         """A worker of ``url`` took ``work``: a prompt's first sample makes ``url`` its other samples' home."""
@@ -87,7 +90,8 @@ class PrefixAffinity:
             return
         homes = self._sample_homes
         earlier = homes.get(prompt.prompt_id)
-        homes[prompt.prompt_id] = earlier if earlier is not None and self.can_host(earlier) else url
+        if earlier is None or not self.can_host(earlier[0]):
+            homes[prompt.prompt_id] = (url, work)
         homes.move_to_end(prompt.prompt_id)
         while len(homes) > SAMPLE_HOMES:
             homes.popitem(last=False)
@@ -113,5 +117,5 @@ def prefix_affinity(
     config: GenerateConfig, servers: Sequence[Server], rates: RateBook
 ) -> PrefixAffinity | None:
     """The run's affinity (None with ``affinity_hold_s`` 0: the queue is then the plain pull-based one)."""
-    settings = AffinitySettings(config.affinity_hold_s, config.hedge_slow_ratio)
+    settings = AffinitySettings(config.affinity_hold_s, config.hedge_slow_ratio, config.stream)
     return PrefixAffinity(settings, servers, rates) if settings.enabled else None

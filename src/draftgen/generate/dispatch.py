@@ -20,7 +20,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Container, Coroutine, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from draftgen.client.errors import RequestError
@@ -249,6 +249,7 @@ class Dispatcher:
                     timeout_s=config.request_timeout_s + 30.0,
                     max_tokens=work.limit.max_tokens if work.limit is not None else None,
                     seed=sample_seed(prompt.id) if prompt.arm is not None else None,
+                    on_first_token=self._queue.first_token_hook(work, server.url),
                 )
         except TimeoutError:
             if flight.running:  # its own deadline, not cut short by an eviction or the other copy's answer
@@ -393,8 +394,7 @@ class Dispatcher:
     # ----- what the session shows ----------------------------------------------------------------------------
     def snapshot(self) -> FleetSnapshot:
         """The session's counters now, for progress.json and the progress bar."""
-        snapshot = fleet_snapshot(self.servers, self.completed, self.failed, len(self._timers), self.turns)
-        return replace(snapshot, trained_tokens=self.trained_tokens)
+        return fleet_snapshot(self, len(self._timers))
 
 
 def trained_part(result: ChatResult, max_length: int) -> int:
@@ -405,9 +405,8 @@ def trained_part(result: ChatResult, max_length: int) -> int:
     return min(made, max(0, max_length - result.prompt_tokens))
 
 
-def fleet_snapshot(
-    servers: list[Server], completed: int, failed: int, retrying: int, turns: int
-) -> FleetSnapshot:
+def fleet_snapshot(dispatcher: Dispatcher, retrying: int) -> FleetSnapshot:
+    """The dispatcher's counters and its servers' (``retrying``: requests waiting out a backoff)."""
     shown = tuple(
         ServerSnapshot(
             url=s.url,
@@ -422,13 +421,14 @@ def fleet_snapshot(
             cached_tokens=s.stats.cached_tokens,
             cache_prompt_tokens=s.stats.cache_prompt_tokens,
         )
-        for s in servers
+        for s in dispatcher.servers
     )
     return FleetSnapshot(
-        completed=completed,
-        failed=failed,
+        completed=dispatcher.completed,
+        failed=dispatcher.failed,
         completion_tokens=sum(s.completion_tokens for s in shown),
         retrying=retrying,
         servers=shown,
-        turns_completed=turns,
+        turns_completed=dispatcher.turns,
+        trained_tokens=dispatcher.trained_tokens,
     )

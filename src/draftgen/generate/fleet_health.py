@@ -71,6 +71,7 @@ class ChatClient(Protocol):
         timeout_s: float | None,
         max_tokens: int | None = None,
         seed: int | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ): ...
 
     async def get(self, path: str, timeout_s: float = 30.0) -> tuple[int | None, str]: ...

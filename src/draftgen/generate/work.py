@@ -17,8 +17,9 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import math
 from collections import deque
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,6 +90,9 @@ class Work:
     # The server holding this turn's prefix (the one that answered the previous turn): its home while it waits
     # (draftgen.generate.affinity); set when a turn is answered, cleared once the next is sent.
     prefer: str | None = None
+    # Servers where a request of this conversation has streamed its first token: they have prefilled its prompt,
+    # so their prefix cache holds it (a later sample of the prompt waits for that: draftgen.generate.affinity).
+    prefilled_on: dict[str, float] = field(default_factory=dict)  # server → when (loop time)
     flights: set[Flight] = field(default_factory=set)  # requests not yet returned (stale ones included)
 
     def running(self) -> list[Flight]:
@@ -126,39 +130,72 @@ class Work:
         self.limit = None
 
 
+@dataclass(frozen=True)
+class Home:
+    """Where work waits: ``url``'s lane; with ``after``, for ``after`` (a prompt's first sample) to stream its first
+    token there (``after.prefilled_on``): a later sample sent with the first would be prefilled beside it, in the
+    same step, and find nothing cached."""
+
+    url: str
+    after: Work | None = None
+
+    def since(self, queued_at: float) -> float | None:
+        """When the work became ready to go home: queued, or its first sample prefilled there; None while that
+        sample still runs there unprefilled; ``-inf`` when it no longer runs there and never streamed (the
+        prefix will not be there: the work is open to every server)."""
+        if self.after is None:
+            return queued_at
+        prefilled = self.after.prefilled_on.get(self.url)
+        if prefilled is not None:
+            return max(queued_at, prefilled)
+        if any(f.server == self.url and f.running for f in self.after.flights):
+            return None
+        return -math.inf
+
+
 class Homes(Protocol):
     """Where work under way should wait (``draftgen.generate.affinity.PrefixAffinity``)."""
 
     hold_s: float
 
-    def home(self, work: Work) -> str | None: ...
+    def home(self, work: Work) -> Home | None: ...
 
     def taken(self, work: Work, url: str) -> None: ...
 
     def can_host(self, url: str) -> bool: ...
 
 
+@dataclass(eq=False)
+class Waiting:
+    """Work in a server's lane."""
+
+    queued_at: float
+    work: Work
+    home: Home
+
+
 class WorkQueue:
     """The shared queue. What a free worker of server S takes next (``get(S)``):
 
     1. S's own lane: work whose home is S (a next turn or a later sample whose prefix S holds:
-       ``draftgen.generate.affinity``), oldest first;
-    2. work under way with no home (a retry, a request handed back by a benched server), then the oldest work of
-       another server's lane that has waited ``hold_s`` there or whose home can no longer take it;
+       ``draftgen.generate.affinity``), oldest first; a later sample once its first has streamed a token on S;
+    2. work under way with no home (a retry, a request handed back by a benched server), then the oldest work in
+       another server's lane that has been ready to go there for ``hold_s``, or whose home can no longer take it;
     3. fresh prompts, in file order;
     4. whatever still waits in another server's lane, rather than nothing.
 
     Work under way goes before fresh prompts, so conversations finish soon after they start and few are part-way at
-    once; a lane holds work only while its server has no free worker, and for ``hold_s`` at most before (2) opens it
-    to every server. A worker that finds nothing waits. Work put in a lane wakes a waiting worker of its home; any
-    other work, or lane work whose home has none waiting, wakes the worker that has waited longest (for lane work a
-    moment later: the home's own worker, just finishing the request that made this work, takes it first)."""
+    once; lane work waits only while its server has no free worker, for ``hold_s`` at most once ready, before (2)
+    opens it to every server. A worker that finds nothing waits. Work put in a lane wakes a waiting worker of its
+    home; any other work, or lane work whose home has none waiting, wakes the worker that has waited longest (for
+    lane work a moment later: the home's own worker, just finishing the request that made this work, takes it
+    first)."""
 
     def __init__(self, homes: Homes | None = None) -> None:
         self._homes = homes
         self._under_way: deque[Work] = deque()
         self._fresh: deque[Work] = deque()
-        self._lanes: dict[str, deque[tuple[float, Work]]] = {}  # home → (queued at, work)
+        self._lanes: dict[str, list[Waiting]] = {}  # home → its work, oldest first
         self._waiters: dict[str, deque[tuple[int, asyncio.Future[None]]]] = {}
         self._order = itertools.count()
 
@@ -178,9 +215,22 @@ class WorkQueue:
             (self._fresh if work.state is TurnState.FRESH else self._under_way).append(work)
             self._wake_longest_waiting()
             return
-        self._lanes.setdefault(home, deque()).append((self._now(), work))
-        if not self._wake(home):
+        self._lanes.setdefault(home.url, []).append(Waiting(self._now(), work, home))
+        if not (home.after is None and self._wake(home.url)):
             asyncio.get_running_loop().call_soon(self._wake_longest_waiting)
+
+    def first_token_hook(self, work: Work, server: str) -> Callable[[], None] | None:
+        """What a request of ``work`` on ``server`` calls when its first token streams: ``server`` has its prompt
+        now, and a later sample waiting for that in its lane is free to go (None: no affinity, nothing waits)."""
+        if self._homes is None:
+            return None
+
+        def prefilled() -> None:
+            work.prefilled_on.setdefault(server, self._now())
+            if any(w.home.after is work for w in self._lanes.get(server, ())):
+                self._wake(server)
+
+        return prefilled
 
     async def get(self, server: str) -> Work:
         """The next work for a free worker of ``server``, waiting until there is some."""
@@ -202,44 +252,52 @@ class WorkQueue:
 
     # ----- which work ------------------------------------------------------------------------------------------
     def _take(self, server: str) -> Work | None:
-        own = self._lanes.get(server)
-        if own:
-            return self._taken(own.popleft()[1], server)
+        own = self._lanes.get(server) or []
+        ready = next((w for w in own if w.home.since(w.queued_at) is not None), None)
+        if ready is not None:
+            return self._taken(ready, server)
         if self._under_way:
             return self._taken(self._under_way.popleft(), server)
-        lane = self._other_lane(server, opened_only=True)
-        if lane is not None:
-            return self._taken(lane.popleft()[1], server)
+        opened = self._other(server, opened_only=True)
+        if opened is not None:
+            return self._taken(opened, server)
         if self._fresh:
             return self._taken(self._fresh.popleft(), server)
-        lane = self._other_lane(server, opened_only=False)
-        return self._taken(lane.popleft()[1], server) if lane is not None else None
+        other = self._other(server, opened_only=False)
+        return self._taken(other, server) if other is not None else None
 
-    def _other_lane(self, server: str, *, opened_only: bool) -> deque[tuple[float, Work]] | None:
-        """Another server's lane whose first work is the oldest: among those open to all (it waited ``hold_s``,
-        or its home cannot take it), or among all."""
-        best: deque[tuple[float, Work]] | None = None
-        for home, lane in self._lanes.items():
-            if home == server or not lane or (best is not None and lane[0][0] >= best[0][0]):
-                continue
-            if opened_only and not self._opened(home, lane[0][0]):
-                continue
-            best = lane
-        return best
+    def _other(self, server: str, *, opened_only: bool) -> Waiting | None:
+        """The oldest work in another server's lane: among that open to all (ready to go home for ``hold_s``, or
+        its home cannot take it), or among all."""
+        now = self._now()
+        candidates = (
+            w
+            for home, lane in self._lanes.items()
+            if home != server
+            for w in lane
+            if not opened_only or self._opened(w, now)
+        )
+        return min(candidates, key=lambda w: w.queued_at, default=None)
 
-    def _opened(self, home: str, queued_at: float) -> bool:
+    def _opened(self, waiting: Waiting, now: float) -> bool:
         assert self._homes is not None
-        return self._now() - queued_at >= self._homes.hold_s or not self._homes.can_host(home)
+        if not self._homes.can_host(waiting.home.url):
+            return True
+        since = waiting.home.since(waiting.queued_at)
+        return since is not None and now - since >= self._homes.hold_s
 
-    def _taken(self, work: Work, server: str) -> Work:
-        """``work`` goes to ``server``; a first sample's next samples, next in the fresh lane, get it as their home."""
+    def _taken(self, item: Work | Waiting, server: str) -> Work:
+        """``item`` goes to ``server``; a first sample's next samples, next in the fresh lane, get it as their home."""
+        if isinstance(item, Waiting):
+            self._lanes[item.home.url].remove(item)
+        work = item.work if isinstance(item, Waiting) else item
         if self._homes is None:
             return work
         self._homes.taken(work, server)
         if work.state is TurnState.FRESH:
             now = self._now()
             while self._fresh and (home := self._homes.home(self._fresh[0])) is not None:
-                self._lanes.setdefault(home, deque()).append((now, self._fresh.popleft()))
+                self._lanes.setdefault(home.url, []).append(Waiting(now, self._fresh.popleft(), home))
         return work
 
     # ----- waking a waiting worker ---------------------------------------------------------------------------
