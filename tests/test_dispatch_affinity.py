@@ -174,6 +174,26 @@ def test_a_later_sample_waits_for_its_first_samples_first_token_at_home(make_con
     assert url == "http://a" and expected[0] - 1e-6 <= at <= expected[1] + 1e-6
 
 
+def test_a_later_sample_does_not_wait_for_a_first_that_failed_before_its_first_token(make_config):
+    """The first sample's request fails at home before streaming anything: the prefix will not be there, so the
+    second goes at once to whichever server is free (not after the hold, nor once fresh prompts run out)."""
+
+    def script(server, request):
+        if request.seed == seeds[0] and len(server.requests) == 1:
+            return Reply(after_s=5.0, error=RequestError("http", "busy", status=503), first_token_s=10.0)
+        return Reply(after_s=1.0)
+
+    home = FakeServer("http://a", script)
+    other = FakeServer("http://b", always(Reply(after_s=1.0)))
+    rows = with_samples(prompts(1), answers=2) + prompts(200)[1:]
+    seeds = [sample_seed(rows[0].id), sample_seed(rows[1].id)]
+    config = make_config(concurrency_per_server=1, sampling_plan=plan(2), affinity_hold_s=1000.0)
+    _, recorder, _ = dispatch(config, [home, other], rows)
+    assert len(recorder.stored) == 201
+    [(_, at)] = sent([home, other], seeds[1])
+    assert 5.0 - 1e-6 <= at <= 6.0 + 1e-6
+
+
 def test_a_benched_home_hands_its_conversations_to_the_other_servers(make_config):
     """Server a answers every first turn it gets, then fails: benched, its conversations' next turns go to b at
     once (no hold), and every conversation is stored once, with all its turns."""
