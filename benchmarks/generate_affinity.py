@@ -110,6 +110,14 @@ def full_fleet_gpu_s(records: list[dict]) -> float:
     )
 
 
+def steady(records: list[dict], slots: int) -> list[dict]:
+    """The requests past the first and before the last ``slots`` sent (the fleet's in-flight capacity): neither the
+    first wave, sent while every worker was idle at once, nor the tail, where idle workers take whatever is left.
+    A run of a million prompts is almost all of this."""
+    ordered = sorted(records, key=lambda r: r["arrival"])
+    return ordered[slots:-slots] if len(ordered) > 2 * slots else []
+
+
 def stored_cache_share(out_dir: Path) -> float | None:
     """Prompt tokens the servers reported cached ÷ prompt tokens, over the stored turns that reported both."""
     turns = (
@@ -192,8 +200,17 @@ def run_arm(
     gpu_s = report["gpu_s_per_m_trained"]
     if smg_args is not None:  # the report counts one server (the gateway): the GPUs are the workers behind it
         gpu_s *= SERVERS
+    middle = steady(records, CONCURRENCY * SERVERS)
+    middle_tokens = sum(r["completion_tokens"] for r in middle)
     return {
         "full_fleet_gpu_s_per_m_trained": round(full_fleet_gpu_s(records) / trained * 1e6, 1),
+        # the same per completion token, over the steady requests only (what a long run is made of)
+        "steady_gpu_s_per_m_completion": round(full_fleet_gpu_s(middle) / middle_tokens * 1e6, 1)
+        if middle_tokens
+        else None,
+        "steady_cache_share": round(
+            sum(r["cached_tokens"] for r in middle) / max(1, sum(r["prompt_tokens"] for r in middle)), 4
+        ),
         "gpu_s_per_m_trained": gpu_s,
         "busy_s_per_m_trained": round(busy_s / trained * 1e6, 1),
         "trained_tokens": trained,
@@ -206,6 +223,7 @@ def run_arm(
         "clock_kept": report.get("clock_kept"),
         "utilization_steady": util["steady"] if util else None,
         "utilization_whole_run": util["whole_run"] if util else None,
+        "prefill_share": round(util["prefill_share"], 4) if util else None,
     }
 
 
@@ -233,7 +251,16 @@ def set_files(
 
 
 def print_row(set_name: str, arm: str, row: dict) -> None:
-    util = f"; utilization {row['utilization_steady']:.3f} steady" if row["utilization_steady"] else ""
+    util = (
+        f"; utilization {row['utilization_steady']:.3f} steady (prefill {row['prefill_share']:.1%} of the time)"
+        if row["utilization_steady"]
+        else ""
+    )
+    if row["steady_gpu_s_per_m_completion"] is not None:
+        util += (
+            f"; steady requests {row['steady_gpu_s_per_m_completion']:,.0f} GPU-s/M completion tokens, cache "
+            f"share {row['steady_cache_share']:.3f}"
+        )
     for key, label in (
         ("next_turns_at_home", "next turns at home"),
         ("samples_together", "samples together"),
@@ -295,11 +322,12 @@ def main() -> None:
                     key: round(rows[first][key] / rows[second][key], 4)
                     for key in (
                         "full_fleet_gpu_s_per_m_trained",
+                        "steady_gpu_s_per_m_completion",
                         "gpu_s_per_m_trained",
                         "busy_s_per_m_trained",
                         "prefilled_tokens",
                     )
-                    if rows[second][key]
+                    if rows[second][key] and rows[first][key]
                 }
                 print(f"  {set_name:13} {first} / {second}: {ratio}", flush=True)
                 results.append(
@@ -309,10 +337,13 @@ def main() -> None:
         spans = []
         for key, label in (
             ("full_fleet_gpu_s_per_m_trained", "full fleet"),
+            ("steady_gpu_s_per_m_completion", "steady requests, full fleet"),
             ("gpu_s_per_m_trained", "report"),
             ("busy_s_per_m_trained", "busy"),
         ):
-            values = [r["ratio"][key] for r in results if r["set"] == set_name]
+            values = [r["ratio"][key] for r in results if r["set"] == set_name and key in r["ratio"]]
+            if not values:
+                continue
             spans.append(
                 f"{label} {min(values):.3f}–{max(values):.3f} (median {statistics.median(values):.3f})"
             )

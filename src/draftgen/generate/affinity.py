@@ -3,16 +3,17 @@
 SGLang keeps what it prefilled in its prefix (radix) cache, one cache per server. Turn k+1 of a conversation
 carries turn k's prompt, and a sampling plan sends one prompt several times: sent to the server that prefilled the
 earlier request, the new one prefills only what is new. Dispatch is pull-based (whichever server frees a slot
-takes the next work), so without a preference a prefix is found again on seven servers about one time in seven.
+takes the next work): a prompt's samples then meet on one server about one time in seven, and a conversation's
+next turn, though usually taken by the worker its answer freed, moves whenever a retry came due first.
 
-The rule (docs/generate.md, "Prefix affinity"): a conversation's next turn, and a prompt's next sample, have a
-*home*, the server that served the previous one (the turn's answer, the sample's first send). Work with a home waits
-in that server's lane of the queue (``draftgen.generate.work.WorkQueue``), which a free worker of that server
-takes before anything else. Any other server's worker takes it once it has waited ``hold_s`` (then it counts as any
-work under way, before fresh prompts), or at once when that worker would otherwise have nothing to do: the
-preference is bounded and never leaves a slot idle. A home that is down (benched) or slow (its median per-request
-rate below the hedger's slow ratio × the fleet's, ``hedge.RateBook``) is no home: its work is open to every
-server at once.
+The rule (docs/generate.md, "Prefix affinity"): a conversation's next turn, and a prompt's later sample, have a
+*home*, the server that served the previous one (the turn's answer; the first sample, once it has streamed a token
+there when the run streams). Work with a home waits in that server's lane of the queue
+(``draftgen.generate.work.WorkQueue``), which a free worker of that server takes before anything else. Any other
+server's worker takes it once it has been ready to go home for ``hold_s`` (then it counts as any work under way,
+before fresh prompts), or at once when that worker would otherwise have nothing to do: the preference is bounded
+and never leaves a slot idle. A home that is down (benched) or slow (its median per-request rate below the hedger's
+slow ratio × the fleet's, ``hedge.RateBook``) is no home: its work is open to every server at once.
 
 This module decides; the queue keeps the lanes and the dispatcher sends.
 """
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from draftgen.generate.config import GenerateConfig
     from draftgen.generate.fleet_health import Server
 
-SAMPLE_HOMES = 4096  # prompt ids whose first sample's server is remembered (the most recent ones)
+SAMPLE_HOMES = 1024  # prompts whose first sample is remembered (the latest: the reader queues a prompt's samples together)
 SLOW_EVERY_S = 2.0  # how often the set of slow servers is read again from the rate book
 
 
