@@ -139,6 +139,22 @@ def test_affine_work_is_taken_at_once_by_a_server_that_has_nothing_else(make_con
     assert sent([home, idle], sample_seed(rows[1].id)) == [("http://b", 0.0)]
 
 
+def test_an_idle_server_takes_a_sample_still_waiting_for_its_first_token_elsewhere(make_config):
+    """The home's second worker is woken for the second sample, cannot take it yet (the first has not streamed a
+    token there), and passes the wake on: the idle other server takes it at once."""
+
+    def script(server, request):
+        return Reply(after_s=30.0, first_token_s=5.0)
+
+    home = FakeServer("http://a", script)  # two workers, both waiting first
+    idle = FakeServer("http://b", always(Reply(after_s=1.0)))
+    rows = with_samples(prompts(1), answers=2)
+    config = make_config(concurrency_per_server=2, sampling_plan=plan(2))
+    _, recorder, _ = dispatch(config, [home, idle], rows)
+    assert len(recorder.stored) == 2
+    assert sent([home, idle], sample_seed(rows[1].id)) == [("http://b", 0.0)]
+
+
 @pytest.mark.parametrize(("hold_s", "expected"), [(100.0, ("http://a", 30.0)), (10.0, ("http://b", 10.0))])
 def test_affine_work_waits_for_its_home_for_affinity_hold_s_at_most(make_config, hold_s, expected):
     """The other server has fresh prompts to do, so the second sample waits for its home's free slot (30 s away)

@@ -93,6 +93,9 @@ class Work:
     # Servers where a request of this conversation has streamed its first token: they have prefilled its prompt,
     # so their prefix cache holds it (a later sample of the prompt waits for that: draftgen.generate.affinity).
     prefilled_on: dict[str, float] = field(default_factory=dict)  # server → when (loop time)
+    # Told when a request of this work returns: a later sample waiting for it to stream a token may now never get
+    # one there (the queue then wakes a worker to take that sample).
+    on_land: Callable[[], None] | None = None
     flights: set[Flight] = field(default_factory=set)  # requests not yet returned (stale ones included)
 
     def running(self) -> list[Flight]:
@@ -116,6 +119,8 @@ class Work:
             flight.state = FlightState.RETURNED
         if self.state is TurnState.HEDGED and len(self.running()) < 2:
             self.state = TurnState.SENT
+        if self.on_land is not None:
+            self.on_land()
 
     def answered(self, now: float) -> None:
         """This turn is answered: any other copy of it is cut short."""
@@ -215,9 +220,20 @@ class WorkQueue:
             (self._fresh if work.state is TurnState.FRESH else self._under_way).append(work)
             self._wake_longest_waiting()
             return
-        self._lanes.setdefault(home.url, []).append(Waiting(self._now(), work, home))
+        self._wait_in_lane(home, Waiting(self._now(), work, home))
         if not (home.after is None and self._wake(home.url)):
             asyncio.get_running_loop().call_soon(self._wake_longest_waiting)
+
+    def _wait_in_lane(self, home: Home, waiting: Waiting) -> None:
+        self._lanes.setdefault(home.url, []).append(waiting)
+        if home.after is not None and home.after.on_land is None:
+            home.after.on_land = lambda: self._gate_moved(home.url)
+
+    def _gate_moved(self, url: str) -> None:
+        """A first sample's request returned: work waiting in ``url``'s lane for it may be free to go (its first
+        token came, or never will there). A worker of ``url`` takes it; else the one that has waited longest."""
+        if not self._wake(url):
+            self._wake_longest_waiting()
 
     def first_token_hook(self, work: Work, server: str) -> Callable[[], None] | None:
         """What a request of ``work`` on ``server`` calls when its first token streams: ``server`` has its prompt
@@ -238,6 +254,9 @@ class WorkQueue:
             work = self._take(server)
             if work is not None:
                 return work
+            if self._lanes.get(server):
+                # only its own work is waiting, for a first token: another server's worker may take it
+                self._wake_longest_waiting(besides=server)
             entry = (next(self._order), asyncio.get_running_loop().create_future())
             waiting = self._waiters.setdefault(server, deque())
             waiting.append(entry)
@@ -297,7 +316,7 @@ class WorkQueue:
         if work.state is TurnState.FRESH:
             now = self._now()
             while self._fresh and (home := self._homes.home(self._fresh[0])) is not None:
-                self._lanes.setdefault(home.url, []).append(Waiting(now, self._fresh.popleft(), home))
+                self._wait_in_lane(home, Waiting(now, self._fresh.popleft(), home))
         return work
 
     # ----- waking a waiting worker ---------------------------------------------------------------------------
@@ -310,9 +329,9 @@ class WorkQueue:
                 return True
         return False
 
-    def _wake_longest_waiting(self) -> None:
+    def _wake_longest_waiting(self, besides: str | None = None) -> None:
         while True:
-            heads = [(waiting[0][0], server) for server, waiting in self._waiters.items() if waiting]
+            heads = [(w[0][0], server) for server, w in self._waiters.items() if w and server != besides]
             if not heads:
                 return
             if self._wake(min(heads)[1]):
