@@ -7,6 +7,16 @@ processes) is not counted. draftgen's figure includes everything a real run does
 garbage guard, progress bar, parquet shards with fsync, and the manifest.
 
     .venv/bin/python benchmarks/generate_client_cpu.py [--servers 2] [--requests 3000] [--concurrency 16]
+
+``--fleet-rate`` measures instead what streaming with the loop check costs at the production rate: seven
+``b200-mtp`` servers with 64 in flight each, at speed 1 (the simulated B200's own rate) and at speed 2 (twice it).
+generate() runs the same prompts three ways at each speed, one after another: not streamed (the loop check reads
+each whole answer), streamed without the loop check, streamed with it (the default). The client's CPU (this
+process) is sampled every second; the figures are over the steady window (``--ramp`` seconds after the first
+request to the last prompt's send): CPU-seconds per wall second (the share of one core), the tokens the fleet
+produced there (the simulators' ground truth) and CPU per token, with each streamed way's ratio to the plain one.
+
+    .venv/bin/python benchmarks/generate_client_cpu.py --fleet-rate [--fleet-prompts 2000] [--fleet-max-tokens 1024]
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
+from generate_fleet_utilization import tokens_in
 from sim_generate import MODEL, sim_generate_config
 
 from draftgen.client.records import Capabilities
@@ -139,13 +150,111 @@ def measure(label: str, run) -> tuple[float, float, int]:  # type: ignore[no-unt
     return cpu, wall, count
 
 
+FLEET_WAYS = {  # (stream, loop_check)
+    "plain, loop check on whole answers": (False, True),
+    "streamed, no loop check": (True, False),
+    "streamed + loop check (default)": (True, True),
+}
+
+
+async def sampled_generate(config, cpu_samples: list[tuple[float, float]]):  # type: ignore[no-untyped-def]
+    """generate() with this process's CPU time sampled every second beside it (wall clock, CPU-seconds)."""
+
+    async def sample() -> None:
+        while True:
+            cpu_samples.append((time.time(), cpu_seconds()))
+            await asyncio.sleep(1.0)
+
+    plan = await preflight(config)
+    async with asyncio.TaskGroup() as group:
+        sampler = group.create_task(sample())
+        result = await generate(config, plan, progress=False)
+        cpu_samples.append((time.time(), cpu_seconds()))
+        sampler.cancel()
+    return result
+
+
+def cpu_between(samples: list[tuple[float, float]], t0: float, t1: float) -> tuple[float, float, float]:
+    """(CPU-seconds, from, to): the CPU spent between the first and last samples inside [t0, t1]."""
+    inside = [s for s in samples if t0 <= s[0] <= t1]
+    if len(inside) < 2:
+        raise RuntimeError("the steady window holds fewer than two CPU samples: give more prompts")
+    return inside[-1][1] - inside[0][1], inside[0][0], inside[-1][0]
+
+
+def fleet_rate(args: argparse.Namespace) -> None:
+    """The client's CPU at the production rate (speed 1) and twice it (speed 2), three ways each."""
+    figures: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="draftgen-bench-") as tmp:
+        path = Path(tmp) / "prompts.jsonl"
+        write_synthetic(path, args.fleet_prompts, seed=4)
+        for speed in (1.0, 2.0):
+            for way, (stream, loop_check) in FLEET_WAYS.items():
+                work = Path(tmp) / f"speed{speed:g}-{stream}-{loop_check}"
+                with SimFleet(servers=7, profile="b200-mtp", speed=speed, work_dir=work / "sim") as fleet:
+                    config = sim_generate_config(
+                        fleet,
+                        path,
+                        work / "run",
+                        max_tokens=args.fleet_max_tokens,
+                        concurrency_per_server=64,
+                        stream=stream,
+                        loop_check=loop_check,
+                    )
+                    samples: list[tuple[float, float]] = []
+                    asyncio.run(sampled_generate(config, samples))
+                    records = [
+                        r for r in fleet.truth() if r.get("kind") == "chat" and r.get("outcome") == "ok"
+                    ]
+                    kept = [fleet.info(i)["clock_kept"] for i in range(7)]
+                t0 = min(r["arrival"] for r in records) + args.ramp
+                t1 = max(r["arrival"] for r in records)
+                cpu, start, end = cpu_between(samples, t0, t1)
+                wall = end - start
+                tokens = sum(tokens_in(r, start, end) for r in records)
+                clock = sum(k["planned_s"] for k in kept) / max(1e-9, sum(k["actual_s"] for k in kept))
+                key = f"speed {speed:g}: {way}"
+                figures[key] = {
+                    "core_share": cpu / wall,
+                    "tok_s": tokens / wall,
+                    "us_cpu_per_token": 1e6 * cpu / max(1.0, tokens),
+                    "window_s": wall,
+                    "clock_kept": clock,
+                }
+                print(
+                    f"{key:<50} {cpu / wall:6.1%} of one core  {tokens / wall:8,.0f} tok/s  "
+                    f"{1e6 * cpu / max(1.0, tokens):6.1f} us CPU/token  window {wall:5.1f} s  clock kept {clock:.2f}",
+                    flush=True,
+                )
+    for speed in (1.0, 2.0):
+        plain = figures[f"speed {speed:g}: plain, loop check on whole answers"]
+        for way in list(FLEET_WAYS)[1:]:
+            this = figures[f"speed {speed:g}: {way}"]
+            print(
+                f"speed {speed:g}, {way} / plain: {this['core_share'] / plain['core_share']:.2f}x the core share, "
+                f"{this['us_cpu_per_token'] / plain['us_cpu_per_token']:.2f}x the CPU per token"
+            )
+    print(json.dumps({k: {n: round(v, 4) for n, v in f.items()} for k, f in figures.items()}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16, help="in flight per server")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--fleet-rate", action="store_true", help="streaming's CPU at the production rate instead (above)"
+    )
+    parser.add_argument("--fleet-prompts", type=int, default=2000)
+    parser.add_argument("--fleet-max-tokens", type=int, default=1024)
+    parser.add_argument(
+        "--ramp", type=float, default=10.0, help="--fleet-rate: seconds left out at the start"
+    )
     args = parser.parse_args()
+    if args.fleet_rate:
+        fleet_rate(args)
+        return
     with (
         tempfile.TemporaryDirectory(prefix="draftgen-bench-") as tmp,
         SimFleet(servers=args.servers, profile="instant", work_dir=Path(tmp) / "sim") as fleet,

@@ -69,6 +69,7 @@ class Reply:
     reasoning: str = "some thinking"
     finish_reason: str = "stop"
     completion_tokens: int = 100
+    first_token_s: float = 0.0  # streamed: virtual seconds until the first token (its prompt prefilled)
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Request:
     sent_at: float
     outcome: str = "running"  # answered, error, cancelled
     max_tokens: int | None = None  # the max_tokens the request carried (None: the run's, not overridden)
+    seed: int | None = None  # a sampling plan's sample: sample_seed(its id)
 
 
 Script = Callable[["FakeServer", Request], Reply]
@@ -112,20 +114,25 @@ class FakeServer:
         max_tokens=None,
         seed=None,
         tools=None,
+        on_first_token=None,
     ) -> ChatResult:
         loop = asyncio.get_running_loop()
         prompt_id = messages[0]["content"].split(" ", 1)[0]
-        request = Request(
-            prompt_id, sum(m["role"] == "assistant" for m in messages), loop.time(), max_tokens=max_tokens
-        )
+        turn = sum(m["role"] == "assistant" for m in messages)
+        request = Request(prompt_id, turn, loop.time(), max_tokens=max_tokens, seed=seed)
         self.requests.append(request)
         reply = self.script(self, request)
+        first = None
+        if stream and on_first_token is not None and not reply.hang and reply.error is None:
+            first = loop.call_later(min(reply.first_token_s, reply.after_s), on_first_token)
         try:
             if reply.hang:
                 await asyncio.Event().wait()
             await asyncio.sleep(reply.after_s)
         except asyncio.CancelledError:
             request.outcome = "cancelled"
+            if first is not None:
+                first.cancel()
             raise
         if reply.error is not None:
             request.outcome = "error"

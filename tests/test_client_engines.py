@@ -192,3 +192,34 @@ def test_health_generate_falls_back_to_health_and_errors_quote_detail():
     health, error = serve(transformers_like([]), work)
     assert health == 200
     assert error.status == 422 and error.message.startswith("Unexpected fields in the request")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_gateway_gets_a_routing_key_per_conversation_and_a_server_none(stream: bool) -> None:
+    """SMG pins requests that share ``x-smg-routing-key`` to one worker (with --routing-key-override): every turn of
+    a conversation and every sample of a prompt carry the same key, another prompt another; SGLang gets none."""
+    from draftgen.client.records import Capabilities
+    from draftgen.client.server import ROUTING_KEY_HEADER
+
+    seen: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(request.headers.get(ROUTING_KEY_HEADER))
+        return _reply(await request.json(), "reasoning_content", usage_on_finish=False, done=True)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q1"}]
+    later = [*first, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    other = [{"role": "user", "content": "another prompt"}]
+
+    async def work(url: str) -> None:
+        for engine in ("smg", "sglang"):
+            async with ServerClient(url, capabilities=Capabilities(engine)) as client:
+                for messages in (first, later, first, other):
+                    await client.chat(messages, SamplingParams(), "m", stream=stream)
+
+    serve(app, work)
+    keyed, plain = seen[:4], seen[4:]
+    assert keyed[0] and keyed[0] == keyed[1] == keyed[2] != keyed[3] and keyed[3]
+    assert plain == [None] * 4

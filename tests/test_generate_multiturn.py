@@ -495,7 +495,7 @@ def test_work_under_way_is_served_before_fresh_prompts():
         for name, fresh in (("new-1", True), ("new-2", True), ("next-turn", False), ("retry", False)):
             queue.put_nowait(item(name, fresh))
         assert queue.qsize() == 4 and not queue.empty()
-        return [(await queue.get()).conversation.id for _ in range(4)]
+        return [(await queue.get("http://s")).conversation.id for _ in range(4)]
 
     assert asyncio.run(order()) == ["next-turn", "retry", "new-1", "new-2"]
 

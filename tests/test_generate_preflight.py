@@ -84,14 +84,14 @@ def test_lock_held_by_another_run_fails_preflight(sim_fleet, tmp_path):
         asyncio.run(preflight(config))
 
 
-def test_preflight_says_a_loop_check_without_streaming_saves_no_gpu_time(tmp_path):
+def test_preflight_warns_that_a_loop_check_without_streaming_saves_no_gpu_time(tmp_path):
     from draftgen.generate.preflight import check_environment
 
     servers = ["http://127.0.0.1:30000"]
-    said = [c for c in check_environment(make(servers, tmp_path)) if c.check == "loop check"]
-    assert [(c.status, c.target) for c in said] == [("info", "stream: false")]
+    said = [c for c in check_environment(make(servers, tmp_path, stream=False)) if c.check == "loop check"]
+    assert [(c.status, c.target) for c in said] == [("warn", "stream: false")]
     assert "stream: true ends it live" in said[0].detail
-    assert not [c for c in check_environment(make(servers, tmp_path, stream=True)) if c.check == "loop check"]
+    assert not [c for c in check_environment(make(servers, tmp_path)) if c.check == "loop check"]  # streams
     assert not [
         c for c in check_environment(make(servers, tmp_path, loop_check=False)) if c.check == "loop check"
     ]

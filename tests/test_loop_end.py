@@ -282,6 +282,7 @@ def test_a_run_that_mostly_loops_is_halted_by_the_guard_and_unstreamed_loops_are
         guard_min_results=10,
         max_loop_rate=0.3,
         turns="last",
+        stream=False,  # the after-the-fact path
     )
     with pytest.raises(GuardTripped) as tripped:
         _run(config)

@@ -111,7 +111,9 @@ class Gateway:
         return raw, exchange
 
 
-def _gateway(factory: pytest.TempPathFactory, worker_cls_name: str, faults: list[str]) -> Iterator[Gateway]:
+def _gateway(
+    factory: pytest.TempPathFactory, worker_cls_name: str, faults: list[str], smg_args: tuple[str, ...] = ()
+) -> Iterator[Gateway]:
     from draftgen.sim import SimFleet
 
     fleet = SimFleet(servers=2, profile="b200-mtp", speed=50.0, faults=faults, work_dir=factory.mktemp("sim"))
@@ -132,7 +134,7 @@ def _gateway(factory: pytest.TempPathFactory, worker_cls_name: str, faults: list
             [p.url for p in proxies],
             policy="round_robin",
             log_dir=factory.mktemp("router"),
-            extra_args=QUICK_STOP,
+            extra_args=(*QUICK_STOP, *smg_args),
         )
         router.start()
         yield Gateway(fleet, proxies, router)
@@ -675,3 +677,69 @@ def test_benchmark_through_smg_reads_acceptance_per_request_and_keeps_each_worke
 
 def test_router_process_waits_for_every_worker(routed: Gateway) -> None:
     assert healthy_workers(routed.router.url) == {p.url: True for p in routed.proxies}
+
+
+@pytest.fixture(scope="module")
+def sticky(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """SMG (round robin) with sticky sessions: requests sharing x-smg-routing-key go to one worker."""
+    yield from _gateway(tmp_path_factory, "RecordingProxy", [], ("--routing-key-override",))
+
+
+def _conversation_workers(gateway: Gateway) -> dict[str, set[int]]:
+    """Each conversation (its first user message) → the workers its requests reached."""
+    seen: dict[str, set[int]] = {}
+    for index, proxy in enumerate(gateway.proxies):
+        for exchange in proxy.chats():
+            messages = exchange.request_json()["messages"]
+            first = next(m["content"] for m in messages if m["role"] == "user")
+            seen.setdefault(first, set()).add(index)
+    return seen
+
+
+@pytest.mark.parametrize("gateway", ["routed", "sticky"])
+def test_through_smg_a_conversation_stays_on_one_worker_only_with_sticky_sessions(
+    gateway: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """generate sends each request to a gateway with its conversation's routing key (client.server.routing_key):
+    with --routing-key-override SMG pins every turn of a conversation to one worker (where its prefix is cached);
+    as shipped it ignores the key, and round robin spreads the turns."""
+    routed_gateway: Gateway = request.getfixturevalue(gateway)
+    routed_gateway.clear()
+    path = tmp_path / "p.jsonl"
+    with open(path, "w") as out:
+        for i in range(12):
+            messages = []
+            for k in range(3):
+                if k:
+                    messages.append({"role": "assistant", "content": "an older answer"})
+                messages.append({"role": "user", "content": f"conversation {i}, question {k}"})
+            out.write(json.dumps({"id": f"c{i}", "messages": messages}) + "\n")
+    config = build_config(
+        GenerateConfig,
+        {
+            "servers": [routed_gateway.router.url],
+            "model": MODEL,
+            "prompts": str(path),
+            "out_dir": str(tmp_path / "gen"),
+            "max_tokens": 32,
+            "concurrency_per_server": 4,
+            "max_truncated_rate": 1.0,
+            "canary": False,
+            "turns": "all",
+        },
+    )
+
+    async def run():  # type: ignore[no-untyped-def]
+        plan = await preflight(config)
+        routed_gateway.clear()  # preflight's probe
+        return await generate_run(config, plan, progress=False)
+
+    assert asyncio.run(run()).status == "complete"
+    workers = _conversation_workers(routed_gateway)
+    assert len(workers) == 12
+    on_one = sum(len(w) == 1 for w in workers.values())
+    if gateway == "sticky":
+        assert on_one == 12
+        assert len(set().union(*workers.values())) == 2  # pinned, yet the conversations spread over both
+    else:
+        assert on_one < 6

@@ -96,6 +96,7 @@ def test_dry_run_seven_gpus_one_server_each_with_every_flag(capsys: pytest.Captu
         assert flags["--reasoning-parser"] == ["qwen3"]
         assert flags["--tool-call-parser"] == ["qwen3_coder"]  # Qwen3.5/3.6's calls, the default family
         assert flags["--enable-metrics"] == []
+        assert flags["--enable-cache-report"] == []  # generate stores each turn's cached_tokens
         for flag, value in MTP_FLAGS.items():
             assert flags[flag] == [value], flag
         assert "--tp-size" not in flags  # one GPU per server
@@ -107,6 +108,7 @@ def test_dry_run_seven_gpus_one_server_each_with_every_flag(capsys: pytest.Captu
             "--reasoning-parser",
             "--tool-call-parser",
             "--enable-metrics",
+            "--enable-cache-report",
             *MTP_FLAGS,
         }
         assert set(flags) == expected

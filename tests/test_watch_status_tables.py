@@ -39,6 +39,8 @@ def progress(**changes: object) -> dict:
                 "mean_accept_window": 3.5123,
                 "mean_accept": 3.55,
                 "errors": 0,
+                "cached_tokens": 30_000,
+                "cache_prompt_tokens": 120_000,
             },
             {
                 "label": ":30001",
@@ -52,6 +54,7 @@ def progress(**changes: object) -> dict:
             },
         ],
         "events": [{"at": now - 5, "server": ":30001", "what": "connection refused: marked down"}],
+        "cache_by_turn": [[50_000, 0], [70_000, 30_000]],
     }
     doc.update(changes)
     return doc
@@ -84,7 +87,7 @@ def test_the_status_is_tables_with_units_and_no_dtype_row(tmp_path):
     assert "guard: truncated" in page and "20.0% (halts above 50%)" in page
     # the servers: one row each, headers with units, numbers formatted, a missing figure a dash
     headers = re.findall(r"<th[^>]*>([^<]+)</th>", page)
-    assert headers[-8:] == [
+    assert headers[-9:] == [
         "server",
         "state",
         "in flight",
@@ -93,13 +96,17 @@ def test_the_status_is_tables_with_units_and_no_dtype_row(tmp_path):
         "acceptance (rate window)",
         "acceptance (session)",
         "errors",
+        "prompt tokens from its prefix cache",
     ]
     rows = re.findall(r"<tr>(<td.*?)</tr>", page.split("Servers")[1])
     cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in rows]
     assert cells == [
-        [":30000", "up", "64", "1,600", "1,200", "3.51", "3.55", "0"],
-        [":30001", "DOWN", "0", "900", "–", "–", "3.40", "3"],
+        [":30000", "up", "64", "1,600", "1,200", "3.51", "3.55", "0", "25.0%"],
+        [":30001", "DOWN", "0", "900", "–", "–", "3.40", "3", "–"],
     ]
+    # the share over every answer that said, and per turn index over the stored conversations
+    cache = page_text(page).split("prefix cache", 1)[1]
+    assert cache.startswith(" 25.0% of prompt tokens from the servers") and "1st 0.0%, 2nd 42.9%" in cache
     assert "<b>Last events</b>" in page and "connection refused: marked down" in page
 
 

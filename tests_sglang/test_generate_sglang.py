@@ -86,6 +86,18 @@ def test_each_turn_billed_the_tokens_of_the_request_generate_built(stream_run: G
             earlier[after] = content
 
 
+def test_every_stored_turn_has_the_cached_tokens_sglang_reported(stream_run: GenerateRun):
+    """draftgen serve starts SGLang with --enable-cache-report, so each streamed answer's usage chunk says how many
+    prompt tokens its radix cache held; every turn stores it, and a conversation's later turn (answered on the one
+    server, where the turn before it ran) finds at least half of the previous turn's prompt cached."""
+    for row in stored_rows(stream_run.run_dir).iter_rows(named=True):
+        cached, prompt = row["turn_cached_tokens"], row["turn_prompt_tokens"]
+        assert row["turn_server"] == [stream_run.params["servers"][0]] * len(cached), row["id"]
+        assert all(isinstance(c, int) and 0 <= c < p for c, p in zip(cached, prompt, strict=True)), row["id"]
+        for k in range(1, len(cached)):
+            assert cached[k] >= prompt[k - 1] // 2, (row["id"], k, cached, prompt)
+
+
 def test_preflight_read_the_real_engine(stream_run: GenerateRun):
     text = notebook_text(stream_run.run_dir / "generate.ipynb")
     assert "engine sglang 0.5.23" in text

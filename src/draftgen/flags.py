@@ -66,7 +66,9 @@ def add_flags(
     for flag in flags:
         field = model.model_fields[flag.field]
         kind = _unwrapped(field.annotation)
-        default = None if field.is_required() or flag.required else field.get_default(call_default_factory=True)
+        default = (
+            None if field.is_required() or flag.required else field.get_default(call_default_factory=True)
+        )
         note = "required" if flag.required else flag.note
         text = (field.description or "") + (f" ({note})" if note else _default_text(default))
         if flag.negates:
@@ -84,7 +86,9 @@ def add_flags(
             options["metavar"] = flag.metavar
         container = groups[flag.group]
         if flag.flag == EXTRA:
-            container.add_argument(flag.field, nargs="*", metavar=EXTRA, help=options["help"], default=default)
+            container.add_argument(
+                flag.field, nargs="*", metavar=EXTRA, help=options["help"], default=default
+            )
         else:
             container.add_argument(flag.flag, dest=flag.field, **options)
 
@@ -115,7 +119,9 @@ def problem_line(problem: Problem, model: type[Params], written: Mapping[str, st
 def config_from_flags(model: type[Config], values: Mapping[str, Any], flags: Sequence[Flag]) -> Config:
     """The config, or ValueError listing every problem, one line each, in the flags' names."""
     config, problems = find_problems(model, values)
-    absent = [Problem(flag.field, "", missing=True) for flag in flags if flag.required and flag.field not in values]
+    absent = [
+        Problem(flag.field, "", missing=True) for flag in flags if flag.required and flag.field not in values
+    ]
     if config is not None and not absent:
         return config
     problems = absent + [p for p in problems if not (p.missing and p.name in {a.name for a in absent})]

@@ -62,6 +62,7 @@ SHARED_PARAMETERS = frozenset(
         "category_field",
         "keep_duplicates",
         "sampling_plan",
+        "stream",
     }
 )
 
@@ -405,7 +406,9 @@ def find_problems(model: type[Config], values: Mapping[str, Any]) -> tuple[Confi
     for name in values:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
-            problems.append(Problem(name, "unknown parameter" + (f"; did you mean {close[0]!r}?" if close else "")))
+            problems.append(
+                Problem(name, "unknown parameter" + (f"; did you mean {close[0]!r}?" if close else ""))
+            )
     try:
         config = model.model_validate({k: v for k, v in values.items() if k in known})
     except ValidationError as exc:

@@ -38,7 +38,9 @@ class Step:
     config: str  # "module:Class": the parameters it takes
     # "module:function": run(config) -> result, the whole step (a coroutine function for an async step)
     run: str
-    files: tuple[Entry, ...]  # what its folder holds beside layout.RUN_FILES (a notebook's run: NOTEBOOK_FILES)
+    files: tuple[
+        Entry, ...
+    ]  # what its folder holds beside layout.RUN_FILES (a notebook's run: NOTEBOOK_FILES)
     output_parameter: str | None = "out_dir"  # the parameter draftgen run sets to the run folder (None: none)
     resume: str = ""  # what --resume does with an unfinished run folder ("": it starts the step over there)
     resume_parameter: str | None = None  # the parameter --resume sets to True

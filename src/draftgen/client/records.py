@@ -84,3 +84,6 @@ class ChatResult:
     # The target's tool calls, as the server's tool-call parser returned them (``message.tool_calls``, or the
     # streamed ``delta.tool_calls`` put together): {"id", "type", "function": {"name", "arguments": str}}; () none.
     tool_calls: tuple[dict[str, Any], ...] = ()
+    # Prompt tokens the server's prefix cache held (usage.prompt_tokens_details.cached_tokens: SGLang with
+    # --enable-cache-report); None when the server did not say.
+    cached_tokens: int | None = None

@@ -13,8 +13,9 @@ typed chunks, which matters when hundreds of streams run at once, and it sees ``
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from draftgen.client.errors import RequestError, classify_error
@@ -39,6 +40,20 @@ TOKEN_ID_FIELDS: dict[str | None, dict[str, bool]] = {
     "sglext": {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True},
     "vllm": {"return_token_ids": True},
 }
+
+
+# SMG's routing-key header (its --routing-key-headers default). With ``--routing-key-override`` (sticky sessions) SMG
+# pins every request carrying one key to one worker, so a conversation's turns and a prompt's samples meet their
+# prefix in that worker's cache (docs/engines.md, "Behind SMG"); without it SMG ignores the header.
+ROUTING_KEY_HEADER = "x-smg-routing-key"
+
+
+def routing_key(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A conversation's key for a gateway's sticky routing: a hash of its messages up to its first user turn, which
+    each of its later turns (they carry it) and each sample of the same prompt share."""
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), len(messages) - 1)
+    text = json.dumps(list(messages[: first_user + 1]), sort_keys=True, ensure_ascii=False)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 class ServerClient:
@@ -73,6 +88,11 @@ class ServerClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def routing_headers(self, messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """The headers a chat request carries besides the body: a gateway (SMG) gets the conversation's routing
+        key; a server, none."""
+        return {ROUTING_KEY_HEADER: routing_key(messages)} if self.capabilities.engine == "smg" else {}
 
     async def close(self) -> None:
         await self.openai.close()  # closes the shared httpx2 client too
@@ -119,7 +139,9 @@ class ServerClient:
         if not isinstance(workers, list):
             return None
         return {
-            str(w["url"]): bool(w.get("is_healthy", True)) for w in workers if isinstance(w, dict) and w.get("url")
+            str(w["url"]): bool(w.get("is_healthy", True))
+            for w in workers
+            if isinstance(w, dict) and w.get("url")
         }
 
     # ----- chat ---------------------------------------------------------------------------------------
@@ -165,6 +187,8 @@ class ServerClient:
         if stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
+        if headers := self.routing_headers(messages):
+            kwargs["extra_headers"] = headers
         return kwargs
 
     async def chat(
@@ -178,11 +202,20 @@ class ServerClient:
         max_tokens: int | None = None,
         seed: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> ChatResult:
-        """One chat completion, whole (the openai SDK) or streamed (``stream_chat``); failures raise RequestError."""
+        """One chat completion, whole (the openai SDK) or streamed (``stream_chat``); failures raise RequestError.
+        ``on_first_token`` is called once a stream's first text arrives (never for a whole answer)."""
         if stream:
             return await self.stream_chat(
-                messages, sampling, model, timeout_s=timeout_s, max_tokens=max_tokens, seed=seed, tools=tools
+                messages,
+                sampling,
+                model,
+                timeout_s=timeout_s,
+                max_tokens=max_tokens,
+                seed=seed,
+                tools=tools,
+                on_first_token=on_first_token,
             )
         request = self.request_kwargs(
             messages, sampling, model, stream=False, max_tokens=max_tokens, seed=seed, tools=tools
@@ -210,26 +243,35 @@ class ServerClient:
         max_tokens: int | None = None,
         seed: int | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> ChatResult:
         """A streamed chat, its SSE bytes decoded as they arrive; also records whether ``data: [DONE]`` came.
 
         Once the loop check has found a repetition loop the stream is left there: its connection closes, and the
-        server (SGLang, the simulator) aborts the request, generating nothing more."""
+        server (SGLang, the simulator) aborts the request, generating nothing more. ``on_first_token`` is called
+        when the first text arrives: the server has prefilled the prompt (SGLang's prefix cache holds it then)."""
         kwargs = self.request_kwargs(
             messages, sampling, model, stream=True, max_tokens=max_tokens, seed=seed, tools=tools
         )
-        body = {k: v for k, v in kwargs.items() if k != "extra_body"}
+        body = {k: v for k, v in kwargs.items() if k not in ("extra_body", "extra_headers")}
         body.update(kwargs.get("extra_body", {}))
         answer = ChatAccumulator(
             self.url, stream=True, loop_rule=self.loop_rule, max_tokens=kwargs["max_tokens"]
         )
         decoder = SseDecoder()
         async with self.transport.stream(
-            "POST", CHAT_PATH, json=body, timeout_s=timeout_s or self.timeout_s
+            "POST",
+            CHAT_PATH,
+            json=body,
+            timeout_s=timeout_s or self.timeout_s,
+            headers=kwargs.get("extra_headers"),
         ) as reply:
             async for data in reply.aiter_bytes():
                 for event in decoder.feed(data):
                     answer.add_event(event)
+                if on_first_token is not None and answer.started:
+                    on_first_token()
+                    on_first_token = None
                 if answer.ended:
                     break
             else:

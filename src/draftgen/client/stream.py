@@ -52,6 +52,14 @@ def spec_from_sglext(sglext: Any) -> tuple[float | None, int | None]:
     return (float(length) if length is not None else None), (int(verify) if verify is not None else None)
 
 
+def cached_of(usage: Mapping[str, Any] | None) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``: what SGLang 0.5.23 sends, with ``--enable-cache-report``,
+    in a whole answer's usage and in a stream's usage chunk (without the flag the details are null)."""
+    details = usage.get("prompt_tokens_details") if usage else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if type(cached) is int else None
+
+
 def _id_list(value: Any) -> list[int] | None:
     """A list of token ids as sent, or None for anything else (an engine that sends none, or a malformed field)."""
     if isinstance(value, list) and all(type(v) is int for v in value):
@@ -106,6 +114,11 @@ class ChatAccumulator:
         self._calls: dict[int, dict[str, Any]] = {}  # the tool calls by index, as their deltas arrive
         self._max_tokens = max_tokens
         self.loop: TextLoop | None = None
+
+    @property
+    def started(self) -> bool:
+        """A stream's first reasoning or answer text has arrived."""
+        return bool(self._offsets)
 
     @property
     def ended(self) -> bool:
@@ -267,4 +280,5 @@ class ChatAccumulator:
             output_ids=output_ids,
             loop=loop,
             tool_calls=target_calls([self._calls[i] for i in sorted(self._calls)]),
+            cached_tokens=cached_of(usage),
         )

@@ -126,14 +126,20 @@ class Transport:
 
     @asynccontextmanager
     async def stream(
-        self, method: str, path: str, *, timeout_s: float, json: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout_s: float,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[httpx2.Response]:
         """A 200 answer whose body is read inside the block (``aiter_bytes``); any other status raises
         RequestError with the server's message. The deadline covers the whole block."""
         try:
             async with (
                 asyncio.timeout(timeout_s),
-                self.http.stream(method, self.url(path), json=json) as response,
+                self.http.stream(method, self.url(path), json=json, headers=headers) as response,
             ):
                 if response.status_code != 200:
                     text = (await response.aread()).decode("utf-8", errors="replace")

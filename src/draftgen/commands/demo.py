@@ -2,7 +2,8 @@
 
 benchmark → estimate → generate → validate, each a real notebook run with papermill (exactly what a user runs on
 the GPU node), against ``draftgen sim`` servers and the bundled synthetic prompts. Production settings
-(max_tokens 4096, temperature 0.6, top_p 0.95, thinking on, 64 in flight per server, shards of 500); only the
+(max_tokens 4096, temperature 0.6, top_p 0.95, thinking on, 64 in flight per server, answers streamed so the loop
+check ends a loop live, shards of 500); only the
 simulated clock runs faster, and every report states its times and rates on the simulated B200's clock (read from
 ``/sim/info``), so the figures are a B200's, not the sped-up clock's. The estimate also prices the job the seeds'
 script was planned for: 914K prompts on seven B200s, at production concurrency and at concurrency 1.

@@ -58,7 +58,9 @@ def _record_disk_full(plan: RunPlan, exc: Exception) -> None:
     recorder = step.disk_full_recorder() if step is not None else None
     if step is not None and recorder is not None:
         folder = step.output_folder(plan.parameters, plan.run_dir)
-        said = exc.reason if isinstance(exc, DiskFull) else exc  # DiskFull's own text names the notebook again
+        said = (
+            exc.reason if isinstance(exc, DiskFull) else exc
+        )  # DiskFull's own text names the notebook again
         recorder(folder, plan.executed_path, f"{type(exc).__name__}: {said}")
 
 

@@ -88,7 +88,7 @@ class GenerateConfig(FleetParams, SamplingParams):
         ("sampling (production settings)", "max_tokens temperature top_p top_k min_p enable_thinking"),
         (
             "dispatch",
-            "concurrency_per_server stream loop_check max_attempts backoff_base_s backoff_max_s hang_factor hang_min_s "
+            "concurrency_per_server stream loop_check affinity_hold_s max_attempts backoff_base_s backoff_max_s hang_factor hang_min_s "
             "server_silence_s server_down_after probe_interval_s probe_max_interval_s all_down_timeout_s "
             "wait_for_servers_s",
         ),
@@ -136,7 +136,13 @@ class GenerateConfig(FleetParams, SamplingParams):
     shard: str | list[int] = param(
         "", '"i/n": this process takes the prompts whose id hashes to i of n ("": all)'
     )
-    stream: bool = param(False, "stream responses (records TTFT; more client CPU)")
+    stream: bool = param(
+        True,
+        "stream responses: the loop check then ends a looping answer live, and TTFT is recorded (more client CPU)",
+        doc="stream responses: the loop check then ends a looping answer live (the server stops generating it), and "
+        "TTFT is recorded; costs client CPU (docs/figures.md); false: one whole body per answer, a loop found only "
+        "after the fact",
+    )
     loop_check: bool = param(
         True,
         "end an answer that falls into a repetition loop, stored up to its first repetition (streamed: live, the "
@@ -144,6 +150,15 @@ class GenerateConfig(FleetParams, SamplingParams):
         doc="end an answer that falls into a repetition loop and store it up to the end of the cycle's first "
         'repetition, flagged `repetition_loop` ("Repetition loops" below): streamed, the stream is closed there and '
         "the server stops generating; not streamed, the loop is found in the whole answer (nothing saved)",
+    )
+    affinity_hold_s: NonNegativeFloat = param(
+        10.0,
+        "a conversation's next turn and a prompt's next sample wait up to this long (s) for a free slot on the "
+        "server that holds their prefix before any server takes them (0: no affinity)",
+        doc="a conversation's next turn, and a prompt's next sample, wait up to this long for a free slot on the "
+        "server that served the previous one (its prefix cache holds their prefix), then any server takes them; "
+        "never while another server would sit idle, and never for a server that is down or slow "
+        '("Prefix affinity" below); 0: no affinity',
     )
     max_attempts: PositiveInt = param(
         5,

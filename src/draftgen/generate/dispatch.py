@@ -20,13 +20,14 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Container, Coroutine, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities, ChatResult
 from draftgen.client.retry import RetryPolicy, RetryTimers
 from draftgen.client.server import ServerClient
+from draftgen.generate.affinity import prefix_affinity
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
@@ -125,7 +126,7 @@ class Dispatcher:
         self.first_sent_at: float | None = None
         self.last_answer_at: float | None = None
         self._count_differs_noted = False
-        self._queue = WorkQueue()
+        self._queue = WorkQueue(prefix_affinity(config, self.servers, self.hedger.rates))
         window = max(64, 2 * config.concurrency_per_server * len(servers))
         self._intake = Intake(self._queue, turns=config.turns, window=window, skip=skip)
         self._timers: RetryTimers[Work] = RetryTimers(self._requeue)
@@ -215,7 +216,7 @@ class Dispatcher:
         while True:
             if not server.up:
                 await server.up_event.wait()
-            work = await self._queue.get()
+            work = await self._queue.get(server.url)
             self._intake.taken(work)
             if not server.up:  # went down while this worker waited for work
                 self._requeue(work)
@@ -249,6 +250,7 @@ class Dispatcher:
                     max_tokens=work.limit.max_tokens if work.limit is not None else None,
                     seed=sample_seed(prompt.id) if prompt.arm is not None else None,
                     tools=work.conversation.tools,
+                    on_first_token=self._queue.first_token_hook(work, server.url),
                 )
         except TimeoutError:
             if flight.running:  # its own deadline, not cut short by an eviction or the other copy's answer
@@ -346,7 +348,7 @@ class Dispatcher:
         if server.deadline.observe(result.completion_tokens, result.latency_s):
             self.events.note(server.url, server.deadline.learned_note())
         self.health.answered(server)
-        stats.count_answer(result.completion_tokens, result.spec_accept_length)
+        stats.count_answer(result)
         self._check_count(server, work, result)
         conversation = work.conversation
         label = conversation.label()
@@ -397,8 +399,7 @@ class Dispatcher:
     # ----- what the session shows ----------------------------------------------------------------------------
     def snapshot(self) -> FleetSnapshot:
         """The session's counters now, for progress.json and the progress bar."""
-        snapshot = fleet_snapshot(self.servers, self.completed, self.failed, len(self._timers), self.turns)
-        return replace(snapshot, trained_tokens=self.trained_tokens)
+        return fleet_snapshot(self, len(self._timers))
 
 
 def trained_part(result: ChatResult, max_length: int) -> int:
@@ -409,9 +410,8 @@ def trained_part(result: ChatResult, max_length: int) -> int:
     return min(made, max(0, max_length - result.prompt_tokens))
 
 
-def fleet_snapshot(
-    servers: list[Server], completed: int, failed: int, retrying: int, turns: int
-) -> FleetSnapshot:
+def fleet_snapshot(dispatcher: Dispatcher, retrying: int) -> FleetSnapshot:
+    """The dispatcher's counters and its servers' (``retrying``: requests waiting out a backoff)."""
     shown = tuple(
         ServerSnapshot(
             url=s.url,
@@ -423,14 +423,17 @@ def fleet_snapshot(
             accept_n=s.stats.accept_n,
             errors=s.stats.errors,
             downs=s.stats.downs,
+            cached_tokens=s.stats.cached_tokens,
+            cache_prompt_tokens=s.stats.cache_prompt_tokens,
         )
-        for s in servers
+        for s in dispatcher.servers
     )
     return FleetSnapshot(
-        completed=completed,
-        failed=failed,
+        completed=dispatcher.completed,
+        failed=dispatcher.failed,
         completion_tokens=sum(s.completion_tokens for s in shown),
         retrying=retrying,
         servers=shown,
-        turns_completed=turns,
+        turns_completed=dispatcher.turns,
+        trained_tokens=dispatcher.trained_tokens,
     )

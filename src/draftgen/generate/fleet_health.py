@@ -17,6 +17,7 @@ from typing import Protocol
 
 from draftgen.client import introspect
 from draftgen.client.errors import RequestError
+from draftgen.client.records import ChatResult
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.deadline import ServerDeadline
 from draftgen.generate.work import Flight, FlightState
@@ -41,13 +42,18 @@ class ServerStats:
     accept_n: int = 0
     hedges: int = 0  # copies of another server's running requests sent here
     hedge_wins: int = 0  # of those, answered here first (the answer kept is this server's)
+    cached_tokens: int = 0  # prompt tokens its prefix cache held, over the answers that said (cached_tokens)
+    cache_prompt_tokens: int = 0  # those answers' prompt tokens
 
-    def count_answer(self, completion_tokens: int | None, accept_length: float | None) -> None:
+    def count_answer(self, result: ChatResult) -> None:
         self.completed += 1
-        self.completion_tokens += completion_tokens or 0
-        if accept_length is not None:
-            self.accept_sum += accept_length
+        self.completion_tokens += result.completion_tokens or 0
+        if result.spec_accept_length is not None:
+            self.accept_sum += result.spec_accept_length
             self.accept_n += 1
+        if result.cached_tokens is not None and result.prompt_tokens is not None:
+            self.cached_tokens += result.cached_tokens
+            self.cache_prompt_tokens += result.prompt_tokens
 
 
 class ChatClient(Protocol):
@@ -66,6 +72,7 @@ class ChatClient(Protocol):
         max_tokens: int | None = None,
         seed: int | None = None,
         tools=None,
+        on_first_token: Callable[[], None] | None = None,
     ): ...
 
     async def get(self, path: str, timeout_s: float = 30.0) -> tuple[int | None, str]: ...

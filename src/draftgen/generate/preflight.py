@@ -209,8 +209,8 @@ def check_environment(config: GenerateConfig) -> list[Check]:
             Check(
                 "loop check",
                 "stream: false",
-                "info",
-                "a looping answer is found only once it ends at max_tokens (kept up to its first repetition, "
+                "warn",
+                "a looping answer runs on to max_tokens before the check sees it (kept up to its first repetition, "
                 "no GPU time saved); stream: true ends it live",
             )
         )

@@ -31,6 +31,7 @@ from draftgen.display.plots import Plot, completion_length_histogram, mean_band,
 from draftgen.display.table import Column, Table, format_value, with_specs
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
+from draftgen.generate.cache_share import cache_tables
 from draftgen.generate.gpu_time import gpu_seconds, kept_share_of
 from draftgen.generate.length_cap import BY_MAX_LENGTH, BY_MAX_TOKENS
 from draftgen.generate.preflight import load_estimate
@@ -255,6 +256,7 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.col("repetition_loops").sum(),
         pl.col("loop_tokens_saved").sum(),
     ).collect()
+    cache = cache_share(folders)["turn"]
     frame = on_clock(frame, clock).with_columns(
         pl.col("median_latency_s", "p99_latency_s").round(2),
         pl.lit(sum(_count(folder / FAILED) for folder in folders)).alias("failed"),
@@ -272,6 +274,10 @@ def summary(out_dir: RunDirs) -> pl.DataFrame:
         pl.lit(len(sessions)).alias("sessions"),
         pl.lit(sum(s.get("hedged", 0) for s in sessions)).alias("hedged"),
         pl.lit(sum(s.get("hedge_wins", 0) for s in sessions)).alias("hedge_wins"),
+        pl.lit(
+            round(cache["cached_tokens"].sum() / cache["prompt_tokens"].sum(), 4) if cache.height else None,
+            dtype=pl.Float64,
+        ).alias("cached_share"),
     )
     if clock.simulated:
         frame = frame.with_columns(
@@ -306,6 +312,12 @@ def per_server(out_dir: RunDirs) -> pl.DataFrame:
     return on_clock(frame, run_clock(out_dir)).with_columns(
         pl.col("tok_s").round(1), pl.col("span_s", "median_latency_s").round(2)
     )
+
+
+def cache_share(out_dir: RunDirs) -> dict[str, pl.DataFrame]:
+    """The share of prompt tokens the servers' prefix caches served, per server and per turn index (0: the first
+    answer), over the stored turns whose server reported it (``draftgen.generate.cache_share``)."""
+    return cache_tables(pl.concat([shards for _, shards in stored_shards(out_dir)], how="vertical_relaxed"))
 
 
 def acceptance(out_dir: RunDirs) -> pl.DataFrame:
@@ -709,9 +721,18 @@ SUMMARY_SPECS = (
     Column("sessions", "sessions", "int"),
     Column("hedged", "requests hedged at the tail", "int"),
     Column("hedge_wins", "hedges that won", "int"),
+    Column("cached_share", "prompt tokens served from the prefix cache", "percent"),
     Column("wall_clock_s", "wall time on the wall clock", "duration"),
     Column("clock_kept", "share of its clock the simulator kept", "percent"),
     Column("folders", "run folders", "int"),
+)
+CACHE_SPECS = (
+    Column("server", "server", "text"),
+    Column("turn", "turn (0: the first answer)", "int"),
+    Column("turns", "turns that reported it", "int"),
+    Column("prompt_tokens", "prompt tokens", "int"),
+    Column("cached_tokens", "served from the prefix cache", "int"),
+    Column("cached_share", "share", "percent"),
 )
 PER_SERVER_SPECS = (
     Column("folder", "folder", "text"),
@@ -767,6 +788,32 @@ def acceptance_view(out_dir: RunDirs) -> Table:
         with_specs(frame, ACCEPTANCE_SPECS),
         title="MTP acceptance per worker, from its /metrics counters",
         empty="no acceptance windows: acceptance_interval_s is 0, or the servers expose no /metrics",
+    )
+
+
+def cache_view(out_dir: RunDirs) -> Stack:
+    """The prefix cache's share of prompt tokens per server and per turn index (a run reused what a server had
+    prefilled: a conversation's history, a prompt's earlier sample)."""
+    empty = (
+        "no stored turn reported its cached tokens: the servers were not started with --enable-cache-report "
+        "(draftgen serve starts SGLang with it), or the engine does not report them"
+    )
+    tables = cache_share(out_dir)
+    by_server = tables["server"].with_columns(
+        pl.col("server").map_elements(short_label, return_dtype=pl.String)
+    )
+    return Stack(
+        (
+            Table(
+                by_server, with_specs(by_server, CACHE_SPECS), title="Prefix cache, per server", empty=empty
+            ),
+            Table(
+                tables["turn"],
+                with_specs(tables["turn"], CACHE_SPECS),
+                title="Prefix cache, per turn",
+                empty=empty,
+            ),
+        )
     )
 
 

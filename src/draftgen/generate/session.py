@@ -19,6 +19,7 @@ from typing import Any
 from draftgen.client.errors import RequestError
 from draftgen.client.records import ChatResult
 from draftgen.display.humanize import human_bytes, short_label
+from draftgen.generate.cache_share import CacheTally
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome
 from draftgen.generate.guard import CUT_AT_MAX_LENGTH, Guard, GuardSettings
@@ -131,6 +132,7 @@ class RunSession:
             None  # draftgen sim: the share of its clock the fleet kept this session
         )
         self.start_wave_idle_s: float | None = None  # wall seconds of capacity idle in the start-up wave
+        self.cache = CacheTally()  # the prefix cache's share per turn index, over the conversations stored
         try:
             self.store.flush()
         except BaseException:
@@ -149,6 +151,7 @@ class RunSession:
     ) -> None:
         if row is not None:
             self.store.add(row)
+            self.cache.add_row(row)
         self.bar.advance(result.completion_tokens or 0, conversation_done=row is not None)
         self.guard.observe(  # every turn is a sample; raises GuardTripped (a StopRun)
             id=label,
@@ -201,6 +204,7 @@ class RunSession:
             guard_totals=dict(self.guard.totals) | {CUT_AT_MAX_LENGTH: self.guard.cut_at_max_length},
             guard_seen=self.guard.seen,
             events=tuple(self.log.recent),
+            cache_by_turn=self.cache.by_turn(),
         )
         self.status.update(full, force=force)
 

@@ -46,6 +46,8 @@ class ServerSnapshot:
     accept_n: int
     errors: int
     downs: int
+    cached_tokens: int = 0  # prompt tokens its prefix cache held, over the answers that said
+    cache_prompt_tokens: int = 0  # those answers' prompt tokens
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class FleetSnapshot:
     events: tuple[tuple[float, str, str], ...] = ()  # (time, server, what), the most recent last
     turns_completed: int | None = None  # multi-turn runs: assistant turns finished this session
     trained_tokens: int | None = None  # completion tokens the trainer keeps (each turn's up to max_length)
+    # Per turn index of the conversations stored this session: (prompt tokens, cached tokens) of the turns whose
+    # server said (draftgen.generate.cache_share); empty when none did.
+    cache_by_turn: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,8 @@ class StatusWriter:
                     "tok_s": (server.completion_tokens - then[0]) / span if span > 0 else None,
                     "mean_accept": server.accept_sum / server.accept_n if server.accept_n else None,
                     "mean_accept_window": (server.accept_sum - then[1]) / window_n if window_n else None,
+                    "cached_tokens": server.cached_tokens,
+                    "cache_prompt_tokens": server.cache_prompt_tokens,
                 }
             )
         document: dict[str, Any] = {
@@ -221,6 +228,8 @@ class StatusWriter:
                 for at, server, what in snapshot.events[-EVENTS_SHOWN:]
             ],
         }
+        if snapshot.cache_by_turn:  # [prompt tokens, cached tokens] per turn index (stored conversations)
+            document["cache_by_turn"] = [list(pair) for pair in snapshot.cache_by_turn]
         if snapshot.turns_completed is not None:  # multi-turn: one request per assistant turn
             document["turns"] = {
                 "session_done": snapshot.turns_completed,

@@ -134,6 +134,11 @@ OUTPUT_SCHEMA = pl.Schema(
         "tools": pl.String,
         "turn_tool_calls": pl.List(pl.String),
         "tool_divergence": pl.String,
+        # Per generated turn: the server that answered it, and the prompt tokens its prefix cache held
+        # (usage.prompt_tokens_details.cached_tokens, SGLang's --enable-cache-report; a null element where the
+        # server did not say): draftgen.generate.cache_share.
+        "turn_server": pl.List(pl.String),
+        "turn_cached_tokens": pl.List(pl.Int64),
     }
 )
 FAILED_SCHEMA = pl.Schema(

@@ -185,6 +185,8 @@ class Conversation:
             "turn_prompt_shared": prompt_shared,
             "turn_max_tokens": [t.max_tokens for t in self.finished_turns],
             "turn_budget_by": [t.budget_by for t in self.finished_turns],
+            "turn_server": [r.server for r in results],
+            "turn_cached_tokens": [r.cached_tokens for r in results],
             "turns_set_aside": self.set_aside,
             "turns_set_aside_by": self.set_aside_by if self.set_aside else None,
             **self._tool_columns(extras),

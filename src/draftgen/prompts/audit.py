@@ -70,6 +70,7 @@ def reason_kind(reason: str) -> str:
 
 Conversation = tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]  # messages, tools
 
+
 @dataclass(frozen=True)
 class AuditSettings:
     """What the audit reads and how: generate's own parameters where they decide the same thing."""

@@ -41,8 +41,6 @@ def previous_path(final: Path) -> Path:
     return final.with_name(f".{final.name}{PREVIOUS_SUFFIX}")
 
 
-
-
 def fsync_tree(folder: Path) -> None:
     """fsync every file and folder under ``folder``, deepest first, then ``folder`` itself: written through open
     handles or not, its contents are on disk before it is published."""

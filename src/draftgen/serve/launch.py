@@ -61,6 +61,7 @@ def _sglang_argv(config: ServeConfig, port: int, tp: int) -> list[str]:
         reasoning_parser(config.model_family),
         "--enable-metrics",
         *_tool_call_parser(config),
+        "--enable-cache-report",  # usage.prompt_tokens_details.cached_tokens: generate stores it per turn
     ]
     if tp > 1:
         argv += ["--tp-size", str(tp)]
@@ -90,6 +91,7 @@ def _sim_argv(config: ServeConfig, port: int) -> list[str]:
         config.effective_sim_profile,
         "--speed",
         f"{config.sim_speed:g}",
+        "--enable-cache-report",
     ]
     if config.max_running_requests is not None:
         argv += ["--max-running-requests", str(config.max_running_requests)]

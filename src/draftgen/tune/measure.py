@@ -63,7 +63,9 @@ class JobResult:
     # The round's measuring time when this job ended (None: not set yet, or no clock).
     clock_s: float | None = None
     steady_tokens: tuple[float, ...] = ()  # per request finished while every slot was busy
-    steady_seconds: tuple[float, ...] = ()  # those requests' send → last byte (on the clock the simulator kept)
+    steady_seconds: tuple[
+        float, ...
+    ] = ()  # those requests' send → last byte (on the clock the simulator kept)
     steady_verify: tuple[int | None, ...] = ()  # their verify steps (sglext), None when not reported
     accept_length: float | None = None  # the level's acceptance, benchmark's first available source
     accept_source: str = ""

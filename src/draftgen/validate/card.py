@@ -10,15 +10,24 @@ them.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from draftgen.generate.cache_share import cache_tables, share
 from draftgen.generate.gpu_time import gpu_seconds, per_million
+from draftgen.generate.store import scan_shards
 from draftgen.rundir import write_json, write_text
 from draftgen.rundir.layout import EXPORT_CARD as CARD_FILE
-from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_HOLDOUT, EXPORT_PROMPTS, EXPORT_TOKENS
+from draftgen.rundir.layout import (
+    EXPORT_CONVERSATIONS,
+    EXPORT_HOLDOUT,
+    EXPORT_PROMPTS,
+    EXPORT_TOKENS,
+    shard_paths,
+)
 from draftgen.rundir.layout import EXPORT_INFO as INFO_FILE
 from draftgen.training.trainers import SpanTrainer
 from draftgen.validate.coverage import set_aside_counts
@@ -164,6 +173,28 @@ def generation_cost(manifests: list[dict[str, Any]], trained: int) -> dict[str, 
     }
 
 
+def prefix_cache(folders: Sequence[Path]) -> dict[str, Any]:
+    """The share of prompt tokens the servers' prefix caches served while the data was generated: overall, per
+    server and per turn index, over the turns whose server reported it (``draftgen.generate.cache_share``)."""
+    scans = [scan_shards(paths) for folder in folders if (paths := shard_paths(folder))]
+    if not scans:
+        return {"share": None, "by_server": [], "by_turn": []}
+    tables = cache_tables(pl.concat(scans, how="vertical_relaxed"))
+    by_turn = tables["turn"]
+    return {
+        "share": share(int(by_turn["cached_tokens"].sum()), int(by_turn["prompt_tokens"].sum())),
+        "by_server": tables["server"].to_dicts(),
+        "by_turn": by_turn.to_dicts(),
+    }
+
+
+def _cache_line(cache: dict[str, Any]) -> str:
+    if cache.get("share") is None:
+        return "not reported (servers without SGLang's --enable-cache-report)"
+    turns = ", ".join(f"turn {t['turn']} {t['cached_share']:.1%}" for t in cache["by_turn"])
+    return f"{cache['share']:.1%} of prompt tokens ({turns}; per server in `{INFO_FILE}`)"
+
+
 def _cost_line(cost: dict[str, Any]) -> str:
     per_m = cost.get("gpu_s_per_m_trained")
     if per_m is None:
@@ -239,6 +270,7 @@ def dataset_info(result: Any) -> dict[str, Any]:
         "token_source": counts["token_source"],
         "yield": counts["yield"],
         "cost": generation_cost(manifests, counts["yield"]["trained_tokens"]),
+        "prefix_cache": prefix_cache(result.output.directories),
         "files": files,
         "contents": file_contents(config, counts),
     }
@@ -388,6 +420,7 @@ Sampling: {sampling or "not recorded"}.
 | tokens | {tokens} |
 {tools_row}{aside_row}| **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
 | GPU-seconds per million trained tokens | {_cost_line(info.get("cost") or {})} |
+| prompt tokens served from the servers' prefix caches | {_cache_line(info.get("prefix_cache") or {})} |
 
 Train with {training}.
 

@@ -155,6 +155,9 @@ class ServerFigures:
     accept_window: float | None  # mean acceptance length over the rate window
     accept_session: float | None
     errors: int
+    cached_share: float | None = (
+        None  # prompt tokens its prefix cache served, of the answers that reported it
+    )
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,10 @@ class RunFigures:
     retrying: int
     servers: tuple[ServerFigures, ...]
     events: tuple[Event, ...]  # the last EVENTS_SHOWN
+    # The prefix cache's share of prompt tokens: over every answer that reported it, and per turn index over the
+    # conversations stored this session (docs/generate.md, "Prefix affinity"); None / () where none did.
+    cached_share: float | None = None
+    cached_share_by_turn: tuple[float | None, ...] = ()
 
 
 EVENTS_SHOWN = 10
@@ -224,6 +231,8 @@ def run_figures(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, no
         gpu_s_per_million = gpu_s / trained * 1e6
     running = verdict.code == RUNNING
     eta = progress.get("eta_s") if running else None
+    cache_prompt = sum(server.get("cache_prompt_tokens") or 0 for server in servers)
+    cached = sum(server.get("cached_tokens") or 0 for server in servers)
     guard = progress.get("guard", {})
     limits = guard.get("max_rates", {})
     return RunFigures(
@@ -259,14 +268,40 @@ def run_figures(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, no
                 accept_window=server.get("mean_accept_window"),
                 accept_session=server.get("mean_accept"),
                 errors=server.get("errors", 0),
+                cached_share=_share(server.get("cached_tokens"), server.get("cache_prompt_tokens")),
             )
             for server in servers
+        ),
+        cached_share=_share(cached, cache_prompt),
+        cached_share_by_turn=tuple(
+            _share(hit, prompt) for prompt, hit in progress.get("cache_by_turn") or ()
         ),
         events=tuple(
             Event(float(e.get("at", 0)), e.get("server", ""), e.get("what", ""))
             for e in progress.get("events", [])[-EVENTS_SHOWN:]
         ),
     )
+
+
+def _share(cached: int | None, prompt: int | None) -> float | None:
+    return cached / prompt if cached is not None and prompt else None
+
+
+def cache_text(f: RunFigures) -> str | None:
+    """ "31.4% of prompt tokens from the servers' prefix caches (by turn: 1st 0.2%, 2nd 88.0%)", or None."""
+    if f.cached_share is None:
+        return None
+    turns = ", ".join(
+        f"{_ordinal(i + 1)} {'—' if share is None else f'{share:.1%}'}"
+        for i, share in enumerate(f.cached_share_by_turn)
+    )
+    return f"{f.cached_share:.1%} of prompt tokens from the servers' prefix caches" + (
+        f" (by turn, stored conversations: {turns})" if turns else ""
+    )
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def format_progress(run_dir: Path, progress: dict[str, Any], verdict: Verdict, *, now: float) -> str:
@@ -298,6 +333,8 @@ def figures_text(run_dir: Path, verdict: Verdict, f: RunFigures) -> str:
             f"trained   {f.trained_tokens:,} trained tokens this session (each turn's up to the trainer's "
             f"max_length); {per_m} GPU-seconds per million trained tokens{on}"
         )
+    if (cache := cache_text(f)) is not None:
+        lines.append(f"cache     {cache}")
     if f.running:
         eta_text = "unknown (no completions in the window yet)"
         if f.eta_s is not None and f.eta_at is not None:
@@ -324,6 +361,7 @@ def figures_text(run_dir: Path, verdict: Verdict, f: RunFigures) -> str:
             "accept (window)",
             "accept (session)",
             "errors",
+            "cached",
         )
         rows = [header]
         for s in f.servers:
@@ -337,6 +375,7 @@ def figures_text(run_dir: Path, verdict: Verdict, f: RunFigures) -> str:
                     _fmt(s.accept_window, ".2f"),
                     _fmt(s.accept_session, ".2f"),
                     f"{s.errors:,}",
+                    _fmt(s.cached_share, ".1%"),
                 )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

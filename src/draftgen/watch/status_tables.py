@@ -17,7 +17,14 @@ import polars as pl
 from draftgen.display.headline import VERDICTS
 from draftgen.display.notes import Log
 from draftgen.display.table import Column, Table, figures_table, format_value
-from draftgen.watch.status import MANIFEST_NOTE, ManifestFigures, RunFigures, StatusReport, event_stamp
+from draftgen.watch.status import (
+    MANIFEST_NOTE,
+    ManifestFigures,
+    RunFigures,
+    StatusReport,
+    cache_text,
+    event_stamp,
+)
 
 SERVER_COLUMNS = (
     Column("server", kind="text"),
@@ -28,6 +35,7 @@ SERVER_COLUMNS = (
     Column("accept_window", "acceptance (rate window)", "number", digits=2),
     Column("accept_session", "acceptance (session)", "number", digits=2),
     Column("errors", kind="int"),
+    Column("cached_share", "prompt tokens from its prefix cache", "percent"),
 )
 VERDICT_COLOURS = {"RUNNING": VERDICTS["RUNNING"], "FINISHED": VERDICTS["PASS"]}  # any other: stopped (red)
 
@@ -79,6 +87,8 @@ def figures_view(f: RunFigures) -> Table:
         )
     if f.retrying:
         pairs.append(("requests waiting out a backoff", f.retrying, "int"))
+    if (cache := cache_text(f)) is not None:
+        pairs.append(("prefix cache", cache))
     note = f"tok/s, seconds and GPU-seconds on the servers' clock{clock}" if f.clock else ""
     return figures_table(pairs, title="The run", note=note)
 
@@ -95,6 +105,7 @@ def servers_view(f: RunFigures) -> Table:
             "accept_window": [s.accept_window for s in f.servers],
             "accept_session": [s.accept_session for s in f.servers],
             "errors": [s.errors for s in f.servers],
+            "cached_share": [s.cached_share for s in f.servers],
         },
         schema={
             "server": pl.String,
@@ -105,6 +116,7 @@ def servers_view(f: RunFigures) -> Table:
             "accept_window": pl.Float64,
             "accept_session": pl.Float64,
             "errors": pl.Int64,
+            "cached_share": pl.Float64,
         },
     )
     return Table(
