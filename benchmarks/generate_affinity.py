@@ -58,12 +58,15 @@ SERVERS = 7
 CONCURRENCY = 64
 SLOW_SERVER = 3
 ARMS = {"on": 10.0, "off": 0.0}  # affinity_hold_s
+# The generator's rows of other shapes (tools, the long chats' ShareGPT fields) are left out of the long sets: each
+# of those is one question (or three) behind its own pasted document.
+OTHER_SHAPES = {"agentic", "long_chat"}
 SMG_ARMS = {"keyed": ("--routing-key-override",), "cache_aware": ()}
 
 
 def conversations(path: Path, tokenizer: SimTokenizer, count: int, context_tokens: int) -> Path:
     """Three questions per conversation, each behind a pasted document of its own."""
-    firsts = list(synthetic_rows(count * 3, seed=48))
+    firsts = [r for r in synthetic_rows(count * 4, seed=48) if r["category"] not in OTHER_SHAPES][: count * 3]
     with open(path, "w") as out:
         for i in range(count):
             messages: list[dict[str, str]] = []
@@ -79,7 +82,8 @@ def conversations(path: Path, tokenizer: SimTokenizer, count: int, context_token
 
 def long_prompts(path: Path, tokenizer: SimTokenizer, count: int, long_tokens: int) -> Path:
     """The bundled prompts (cycled), each last user turn behind a pasted document of its own."""
-    bundled = [json.loads(line) for line in BUNDLED_PROMPTS.read_text().splitlines()]
+    rows = (json.loads(line) for line in BUNDLED_PROMPTS.read_text().splitlines())
+    bundled = [row for row in rows if row["category"] not in OTHER_SHAPES]
     with open(path, "w") as out:
         for i in range(count):
             messages = [dict(m) for m in bundled[i % len(bundled)]["messages"]]
