@@ -15,6 +15,7 @@ import pytest
 
 from draftgen.estimate.model import RateModel, estimate_wall
 from draftgen.params import ParameterError, build_config
+from draftgen.prompts.synthetic import CATEGORIES
 from draftgen.server_settings import ServerSettings, load_settings, sglang_problems
 from draftgen.sim.drafters import load_drafter
 from draftgen.sim.fleet import find_free_base_port
@@ -297,7 +298,7 @@ def test_the_verdict_files_and_plot(judged):
     # each candidate's acceptance by the prompts' category, against the baseline's in the same category
     categories = pl.read_parquet(f"{out}/verdict_by_category.parquet")
     assert set(categories["candidate"]) == set(table["candidate"])
-    assert set(categories["category"]) <= {"math", "code", "chat", "multi_turn", "system", "long"}
+    assert set(categories["category"]) <= set(CATEGORIES)
     baseline = categories.filter(pl.col("candidate") == verdict.baseline.label)
     assert (
         baseline["accept_vs_baseline"].drop_nulls().to_list()

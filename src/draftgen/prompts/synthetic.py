@@ -289,6 +289,7 @@ _KINDS = (
     # cap, the floor under a turn's budget and the prompt audit under the production parameters.
     (LONG_CHAT, None, 0.03),
 )
+CATEGORIES = tuple(name for name, _, _ in _KINDS)
 
 
 def _first_request(fields: dict) -> dict:
