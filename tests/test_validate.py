@@ -83,6 +83,7 @@ def _id_defects(tokenizer, clean: list[dict]) -> list[tuple[dict, str]]:  # type
         (partial, "ids_missing"),
         (foreign, "ids_unusable"),
         (other_text, "ids_unusable"),
+        # its answer lies past max_length: the trainer's loader drops it (a cut at max_length, not degenerate)
         (with_server_ids(long_prompt, tokenizer), "trainer_rejects"),
     ]
 
@@ -463,3 +464,26 @@ def test_the_gate_judges_truncation_and_garbage_against_their_own_thresholds(
     # the advice names the cause the flags show, not the truncation's
     assert "Most degenerate samples are empty_answer" in str(failed.value)
     assert "--reasoning-parser" in str(failed.value) and "raise max_tokens" not in str(failed.value)
+
+
+def test_an_answer_past_max_length_is_the_trainers_cut_not_a_tiny_mask(tmp_path, tokenizer_dir, tokenizer):
+    """A conversation longer than max_length (generated without generate's cap) leaves its answer outside the
+    trainer's window: dropped and counted as cut at max_length, never degenerate; an empty answer there still is."""
+    pasted = [{"role": "user", "content": "Pasted log line with some words. " * 300 + "What failed?"}]
+    rows = clean_rows(10)
+    rows.append(row("past", reasoning="Read the log. " * 5, content="The disk filled up. " * 5, messages=pasted))
+    rows.append(row("past-empty", reasoning="Read the log. " * 5, content="", messages=pasted))
+    write_generation(tmp_path / "gen", rows)
+    result = validate_generation(
+        _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out"), tokenizer=tokenizer, progress=False
+    )
+    by_id = {r["id"]: r for r in result.records.to_dicts()}
+    past = by_id["past"]
+    assert past["over_max_length"] and past["past_max_length"] and past["cut_at_max_length"] and past["dropped"]
+    assert not past["tiny_mask"]  # (trainer_rejects: its loader drops it, which is what the counts say)
+    assert by_id["past-empty"]["empty_answer"] and by_id["past-empty"]["dropped"]
+    assert result.counts["degenerate"] == 1  # the empty answer only
+    assert result.counts["cut_at_max_length"]["rows"] == 1
+    buckets = result.counts["yield"]["buckets"]
+    assert buckets["cut at max_length"] >= past["generated_tokens"]
+    assert all(not r["past_max_length"] for i, r in by_id.items() if i.startswith("clean"))

@@ -131,9 +131,8 @@ class SimFleet:
     model: str = MODEL
     seed: int = 0
     max_running_requests: int | None = None
-    server_args: Sequence[
-        str
-    ] = ()  # SGLang flags every server gets, e.g. ("--speculative-num-steps", "2", ...)
+    # SGLang flags every server gets, e.g. ("--speculative-num-steps", "2", ...)
+    server_args: Sequence[str] = ()
     work_dir: Path | None = None  # truth files and logs; a temporary folder when None
     host: str = "127.0.0.1"
     # The servers' tokenizer folder (their ids, prompt_tokens, completion_tokens); None: the tiny Qwen3-format

@@ -277,6 +277,15 @@ def _token_columns(tokens: TokenRows | None, masks: MaskBatch, frame: pl.DataFra
     )
 
 
+def past_max_length(masks: MaskBatch, generated: np.ndarray, config: ValidateConfig) -> np.ndarray:
+    """Per row: its answer lies past the trainer's max_length (a conversation that long, generated without
+    generate's cap), so the trainer's window leaves it nothing to train. The trainer's cut, not a defect: the row is
+    dropped and counted with the cuts at max_length, never as degenerate (tiny_mask stays off; trainer_rejects
+    says what the trainer's loader does with it, and counts.py does not call that a defect here)."""
+    window_empty = (masks.n_tokens > config.max_length) & (masks.mask_sum <= config.min_assistant_tokens)
+    return window_empty & (generated > config.min_assistant_tokens)
+
+
 def _rejected_by_trainer(masks: MaskBatch, config: ValidateConfig) -> np.ndarray:
     rules = config.mask_spec().rules
     if not isinstance(rules, SpanTrainer):
@@ -341,8 +350,10 @@ def flag_batch(
     """All flags for one batch, plus the mask figures: the per-sample record the report is built from.
     ``foreign``: per sample, whether its conversation holds assistant text the target did not write; ``tokens``:
     the rows' tokens as exported (server ids or re-tokenized; None: re-tokenized, ``masks`` are the export's)."""
+    token_columns = _token_columns(tokens, masks, frame)
+    past = past_max_length(masks, token_columns["generated_tokens"].fill_null(0).to_numpy(), config)
     flags = text_flags(frame, config, index, foreign).with_columns(
-        pl.Series("tiny_mask", masks.mask_sum <= config.min_assistant_tokens),
+        pl.Series("tiny_mask", (masks.mask_sum <= config.min_assistant_tokens) & ~past),
         pl.Series("over_max_length", masks.n_tokens > config.max_length),
         pl.Series("template_mismatch", np.array([m is not None for m in masks.mismatch], dtype=bool)),
         pl.Series(
@@ -382,7 +393,7 @@ def flag_batch(
                     "mismatch": pl.Series(masks.mismatch, dtype=pl.String),
                 }
             ),
-            _token_columns(tokens, masks, frame),
+            token_columns,
             flags,
             figures,
             frame.select(
@@ -396,9 +407,12 @@ def flag_batch(
     ).with_columns(
         pl.concat_list([pl.when(pl.col(f)).then(pl.lit(f)) for f in FLAGS]).list.drop_nulls().alias("flags"),
         pl.Series("cut_trained", cut),
-        pl.Series("cut_at_max_length", cut_at_max_length(frame, config.max_length)),
+        pl.Series("cut_at_max_length", cut_at_max_length(frame, config.max_length) | past),
+        pl.Series("past_max_length", past),
     )
-    dropped = pl.any_horizontal([_drops(f, config) for f in drop] or [pl.lit(False)])
+    dropped = pl.any_horizontal([_drops(f, config) for f in drop] or [pl.lit(False)]) | pl.col(
+        "past_max_length"
+    )
     # cut_trained: exported as a cut turn (one with a defect is dropped, like any row)
     return records.with_columns(dropped.alias("dropped")).with_columns(
         pl.col("cut_trained") & ~pl.col("dropped")

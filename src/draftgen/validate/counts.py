@@ -70,13 +70,20 @@ def count_flags(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
     trained_cut = cut & ~held
     key = "prompt_id" if "prompt_id" in columns else "id"
     # A sample cut inside its reasoning has no answer: that empty answer is the truncation's doing, not a defect.
-    defect = [pl.col(f) for f in drop if f not in LENGTH_FLAGS and f != "empty_answer"]
+    # A row whose answer lies past the trainer's window is the trainer's cut: its loader dropping it
+    # (trainer_rejects) is not a defect.
+    past = _column(columns, "past_max_length")
+    defect = [
+        pl.col(f) & ~past if f == "trainer_rejects" else pl.col(f)
+        for f in drop
+        if f not in LENGTH_FLAGS and f != "empty_answer"
+    ]
     if "empty_answer" in drop:
         defect.append(pl.col("empty_answer") & ~pl.col("truncated"))
-    degenerate = (pl.any_horizontal(defect) & pl.col("dropped")).sum() if defect else pl.lit(0)
+    defective = pl.any_horizontal(defect) if defect else pl.lit(False)
+    degenerate = (defective & pl.col("dropped")).sum()
     # Ran out of length budget: dropped only for length flags, or cut and trained as generated. Judged by cause:
     # a cut where the trainer's max_length set the budget is expected and never counts against the gate.
-    defective = pl.any_horizontal(defect) if defect else pl.lit(False)
     out_of_budget = (pl.col("dropped") & ~defective) | cut
     at_max_length = _column(columns, "cut_at_max_length")
     closing = pl.col("closing_tokens") if "closing_tokens" in columns else pl.lit(None, dtype=pl.Int64)
@@ -142,6 +149,7 @@ def token_yield(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
     if not columns:
         return empty
     held = _column(columns, "held_out")
+    past = _column(columns, "past_max_length")  # dropped: the trainer's window left the answer nothing
     kept = ~pl.col("dropped") & ~held
     generated, supervised = pl.col("generated_tokens"), pl.col("supervised_generated")
     cut = pl.min_horizontal(pl.col("cut_generated"), generated - supervised).clip(0)
@@ -154,6 +162,7 @@ def token_yield(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
             generated.filter(~pl.col("dropped") & held).sum().alias("withheld"),
             cut.filter(kept).sum().alias("cut"),
             (generated - supervised - cut).filter(kept).sum().alias("rest"),
+            generated.filter(pl.col("dropped") & past).sum().alias("past"),
         ],
     )
     if not totals["rows"]:
@@ -166,7 +175,7 @@ def token_yield(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
     ]
     first = pl.coalesce([pl.when(pl.col(f)).then(pl.lit(f)) for f in order] or [pl.lit("?")])
     by_flag = (
-        records.filter(pl.col("dropped"))
+        records.filter(pl.col("dropped") & ~past)
         .group_by(first.alias("flag"))
         .agg(generated.sum())
         .collect(engine="streaming")
@@ -174,7 +183,10 @@ def token_yield(records: pl.DataFrame | pl.LazyFrame, config: ValidateConfig) ->
     for flag, n in by_flag.iter_rows():
         if n:
             rest[dropped_bucket(flag)] = int(n)
-    for name, n in ((HELD_OUT, totals["withheld"]), (CUT_AT_MAX_LENGTH, totals["cut"])):
+    for name, n in (
+        (HELD_OUT, totals["withheld"]),
+        (CUT_AT_MAX_LENGTH, (totals["cut"] or 0) + (totals["past"] or 0)),
+    ):
         if n:
             rest[name] = int(n)
     if totals["rest"]:
