@@ -47,7 +47,7 @@ from plan_n_vs_separate import document
 from sim_generate import run_generate, sim_generate_config
 
 from draftgen.generate.report import summary
-from draftgen.prompts.synthetic import BUNDLED_PROMPTS, synthetic_rows, write_synthetic
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS, synthetic_rows, write_rows, write_synthetic
 from draftgen.serve.router import RouterProcess
 from draftgen.sim import SimFleet
 from draftgen.sim.profiles import get_profile
@@ -95,9 +95,14 @@ def long_prompts(path: Path, tokenizer: SimTokenizer, count: int, long_tokens: i
     return path
 
 
-def synthetic(path: Path, count: int) -> Path:
-    """``count`` synthetic prompts, as figure 4's script writes them."""
-    write_synthetic(path, count, seed=2)
+def synthetic(path: Path, count: int, shapes: str) -> Path:
+    """``count`` synthetic prompts, as figure 4's script writes them (``shapes`` "plain": the generator's rows of
+    other shapes left out, the set figure 4 was first measured on)."""
+    if shapes == "all":
+        write_synthetic(path, count, seed=2)
+    else:
+        rows = (r for r in synthetic_rows(count * 2, seed=2) if r["category"] not in OTHER_SHAPES)
+        write_rows(path, list(rows)[:count])
     return path
 
 
@@ -248,7 +253,7 @@ def set_files(
         # figure 4's set-up: 4,000 synthetic prompts, max_tokens 1024, speed 4, not streamed (the client's two
         # cores would otherwise be measured at that rate)
         "slow": (
-            synthetic(tmp / "fig4.jsonl", args.slow_prompts),
+            synthetic(tmp / "fig4.jsonl", args.slow_prompts, args.slow_shapes),
             {"max_tokens": 1024, "stream": False, "speed": 4.0},
         ),
     }
@@ -294,6 +299,12 @@ def main() -> None:
         "--ramp", type=float, default=10.0, help="slow: seconds left out of the steady window"
     )
     parser.add_argument("--slow-prompts", type=int, default=4000, help="the slow set's (figure 4's) prompts")
+    parser.add_argument(
+        "--slow-shapes",
+        choices=("all", "plain"),
+        default="all",
+        help="the slow set: the generator's every shape, or without its long chats and agentic rows",
+    )
     parser.add_argument("--smg", action="store_true", help="through SMG: cache_aware with and without keys")
     args = parser.parse_args()
     results: list[dict] = []
