@@ -451,3 +451,26 @@ def test_hang_deadline_off_or_without_usable_samples_keeps_the_hard_limit():
         blind.observe(None, 50.0)  # no usage reported: nothing to learn from
         blind.observe(0, 50.0)
     assert off.timeout_s() == 900.0 and blind.timeout_s() == 900.0
+
+
+def test_the_reports_empty_answers_are_the_guards_finished_turns_without_an_answer_or_a_call(tmp_path):
+    """A turn cut at its limit, a call, or a loop ended live has no answer by its cause: not an empty answer."""
+    import polars as pl
+    from validate_helpers import row, write_generation
+
+    from draftgen.generate.report import scan_results
+
+    cases = {
+        "empty": ("stop", ""),
+        "cut": ("length", None),
+        "call": ("tool_calls", ""),
+        "loop": ("repetition_loop", ""),
+    }
+    rows = [
+        row(name, reasoning="Thinking.", content=content, finish_reason=finish)
+        for name, (finish, content) in cases.items()
+    ]
+    rows.append(row("answered", reasoning="Thinking.", content="The answer."))
+    write_generation(tmp_path / "gen", rows)
+    scanned = scan_results(tmp_path / "gen").collect()
+    assert scanned.filter(pl.col("empty_answer"))["id"].to_list() == ["empty"]

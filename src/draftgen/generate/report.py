@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from draftgen.breakdown import Breakdowns, breakdown, breakdowns, ratio_interval
 from draftgen.client.clock import HardwareClock, fleet_clock, on_clock
+from draftgen.client.loops import REPETITION_LOOP
 from draftgen.display.breakdown_plots import acceptance_by_category, acceptance_by_length
 from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import duration_unit, short_label
@@ -92,7 +93,12 @@ def scan_results(out_dir: RunDirs) -> pl.LazyFrame:
             shards.select(
                 *REPORT_COLUMNS,
                 pl.col("turn_after").list.len().fill_null(1).cast(pl.Int64).alias("turns"),  # older shards: 1
-                (pl.col("content").fill_null("").str.strip_chars() == "").alias("empty_answer"),
+                # as the garbage guard counts them: a turn that finished with neither an answer nor a call (one
+                # cut at its limit or ended in a loop has none by its cause)
+                (
+                    (pl.col("content").fill_null("").str.strip_chars() == "")
+                    & ~pl.col("finish_reason").fill_null("").is_in(["length", "tool_calls", REPETITION_LOOP])
+                ).alias("empty_answer"),
                 (pl.col("reasoning_content").fill_null("").str.strip_chars() == "").alias("empty_reasoning"),
                 *_loop_columns(),
                 pl.lit(str(folder)).alias("folder"),
