@@ -471,7 +471,9 @@ def test_an_answer_past_max_length_is_the_trainers_cut_not_a_tiny_mask(tmp_path,
     trainer's window: dropped and counted as cut at max_length, never degenerate; an empty answer there still is."""
     pasted = [{"role": "user", "content": "Pasted log line with some words. " * 300 + "What failed?"}]
     rows = clean_rows(10)
-    rows.append(row("past", reasoning="Read the log. " * 5, content="The disk filled up. " * 5, messages=pasted))
+    rows.append(
+        row("past", reasoning="Read the log. " * 5, content="The disk filled up. " * 5, messages=pasted)
+    )
     rows.append(row("past-empty", reasoning="Read the log. " * 5, content="", messages=pasted))
     write_generation(tmp_path / "gen", rows)
     result = validate_generation(
@@ -479,7 +481,9 @@ def test_an_answer_past_max_length_is_the_trainers_cut_not_a_tiny_mask(tmp_path,
     )
     by_id = {r["id"]: r for r in result.records.to_dicts()}
     past = by_id["past"]
-    assert past["over_max_length"] and past["past_max_length"] and past["cut_at_max_length"] and past["dropped"]
+    assert (
+        past["over_max_length"] and past["past_max_length"] and past["cut_at_max_length"] and past["dropped"]
+    )
     assert not past["tiny_mask"]  # (trainer_rejects: its loader drops it, which is what the counts say)
     assert by_id["past-empty"]["empty_answer"] and by_id["past-empty"]["dropped"]
     assert result.counts["degenerate"] == 1  # the empty answer only
@@ -487,3 +491,17 @@ def test_an_answer_past_max_length_is_the_trainers_cut_not_a_tiny_mask(tmp_path,
     buckets = result.counts["yield"]["buckets"]
     assert buckets["cut at max_length"] >= past["generated_tokens"]
     assert all(not r["past_max_length"] for i, r in by_id.items() if i.startswith("clean"))
+
+
+def test_an_answer_past_max_length_is_kept_where_tiny_masks_are(tmp_path, tokenizer_dir, tokenizer):
+    pasted = [{"role": "user", "content": "Pasted log line with some words. " * 300 + "What failed?"}]
+    rows = [
+        *clean_rows(4),
+        row("past", reasoning="Read the log.", content="The disk filled up. " * 5, messages=pasted),
+    ]
+    write_generation(tmp_path / "gen", rows)
+    kept = ["over_max_length", "tiny_mask", "trainer_rejects"]
+    config = _config(tmp_path / "gen", tokenizer_dir, tmp_path / "out", keep_flagged=kept)
+    records = validate_generation(config, tokenizer=tokenizer, progress=False).records
+    past = records.filter(pl.col("id") == "past").row(0, named=True)
+    assert past["past_max_length"] and not past["dropped"]

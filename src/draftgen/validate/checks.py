@@ -280,7 +280,7 @@ def _token_columns(tokens: TokenRows | None, masks: MaskBatch, frame: pl.DataFra
 def past_max_length(masks: MaskBatch, generated: np.ndarray, config: ValidateConfig) -> np.ndarray:
     """Per row: its answer lies past the trainer's max_length (a conversation that long, generated without
     generate's cap), so the trainer's window leaves it nothing to train. The trainer's cut, not a defect: the row is
-    dropped and counted with the cuts at max_length, never as degenerate (tiny_mask stays off; trainer_rejects
+    dropped (kept where ``keep_flagged`` keeps tiny masks) and counted with the cuts at max_length, never as degenerate (tiny_mask stays off; trainer_rejects
     says what the trainer's loader does with it, and counts.py does not call that a defect here)."""
     window_empty = (masks.n_tokens > config.max_length) & (masks.mask_sum <= config.min_assistant_tokens)
     return window_empty & (generated > config.min_assistant_tokens)
@@ -410,9 +410,9 @@ def flag_batch(
         pl.Series("cut_at_max_length", cut_at_max_length(frame, config.max_length) | past),
         pl.Series("past_max_length", past),
     )
-    dropped = pl.any_horizontal([_drops(f, config) for f in drop] or [pl.lit(False)]) | pl.col(
-        "past_max_length"
-    )
+    dropped = pl.any_horizontal([_drops(f, config) for f in drop] or [pl.lit(False)])
+    if "tiny_mask" in drop:  # a row past the window trains as little as a tiny mask: kept only where those are
+        dropped = dropped | pl.col("past_max_length")
     # cut_trained: exported as a cut turn (one with a defect is dropped, like any row)
     return records.with_columns(dropped.alias("dropped")).with_columns(
         pl.col("cut_trained") & ~pl.col("dropped")
