@@ -14,12 +14,15 @@ import selectors
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities, ChatResult
+from draftgen.generate import GenerateConfig
 from draftgen.generate.dispatch import Dispatcher, DispatchOutcome, ServerPlan
 from draftgen.generate.length_cap import LengthCap
+from draftgen.params import build_config
 from draftgen.prompts.rows import PromptRow
 
 VIRTUAL_LIMIT_S = 30 * 24 * 3600.0  # a run still going after a virtual month is stuck
@@ -258,3 +261,21 @@ def dispatch(
         return outcome
 
     return run_virtual(session()), recorder, dispatcher
+
+
+def fake_config(folder: Path, **changes: object) -> GenerateConfig:
+    """A GenerateConfig for a dispatch on fake servers: one prompt file in ``folder``, no canary, no hedging."""
+    source = folder / "p.jsonl"
+    source.write_text('{"id": "x", "messages": [{"role": "user", "content": "q"}]}\n')
+    values: dict[str, object] = {
+        "servers": ["http://fake:1"],
+        "model": "m",
+        "prompts": str(source),
+        "out_dir": str(folder / "run"),
+        "max_tokens": 100,
+        "concurrency_per_server": 4,
+        "hedge_slow_ratio": 0.0,
+        "canary": False,
+        **changes,
+    }
+    return build_config(GenerateConfig, values)

@@ -10,41 +10,22 @@ import random
 from collections import Counter, defaultdict
 
 import pytest
-from dispatch_fakes import FakeServer, Reply, always, dispatch, prompts
+from dispatch_fakes import FakeServer, Reply, always, dispatch, fake_config, prompts
 
 from draftgen.client.errors import RequestError
-from draftgen.generate import GenerateConfig
 from draftgen.generate.affinity import AffinitySettings, PrefixAffinity
 from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.fleet_health import Server, ServerStats
 from draftgen.generate.hedge import RateBook
 from draftgen.generate.turns import Conversation
 from draftgen.generate.work import Home, TurnState, Work, WorkQueue
-from draftgen.params import build_config
 from draftgen.prompts.rows import PromptRow
 from draftgen.sampling_plan import Arm, sample_rows, sample_seed
 
 
 @pytest.fixture
 def make_config(tmp_path):
-    source = tmp_path / "p.jsonl"
-    source.write_text('{"id": "x", "messages": [{"role": "user", "content": "q"}]}\n')
-
-    def make(**changes: object) -> GenerateConfig:
-        values: dict[str, object] = {
-            "servers": ["http://fake:1"],
-            "model": "m",
-            "prompts": str(source),
-            "out_dir": str(tmp_path / "run"),
-            "max_tokens": 100,
-            "concurrency_per_server": 4,
-            "hedge_slow_ratio": 0.0,
-            "canary": False,
-        }
-        values.update(changes)
-        return build_config(GenerateConfig, values)
-
-    return make
+    return lambda **changes: fake_config(tmp_path, **changes)
 
 
 def with_samples(rows: list[PromptRow], answers: int) -> list[PromptRow]:

@@ -7,33 +7,16 @@ import random
 from collections import Counter
 
 import pytest
-from dispatch_fakes import FakeServer, Reply, always, dispatch, prompts
+from dispatch_fakes import FakeServer, Reply, always, dispatch, fake_config, prompts
 
 from draftgen.client.errors import RequestError
 from draftgen.generate import GenerateConfig
-from draftgen.params import build_config
 
 
 @pytest.fixture
 def make_config(tmp_path):
-    source = tmp_path / "p.jsonl"
-    source.write_text('{"id": "x", "messages": [{"role": "user", "content": "q"}]}\n')
-
     def make(**changes: object) -> GenerateConfig:
-        values: dict[str, object] = {
-            "servers": ["http://fake:1"],
-            "model": "m",
-            "prompts": str(source),
-            "out_dir": str(tmp_path / "run"),
-            "max_tokens": 100,
-            "concurrency_per_server": 4,
-            "backoff_base_s": 1.0,
-            "backoff_max_s": 8.0,
-            "hedge_slow_ratio": 0.0,
-            "canary": False,
-        }
-        values.update(changes)
-        return build_config(GenerateConfig, values)
+        return fake_config(tmp_path, **{"backoff_base_s": 1.0, "backoff_max_s": 8.0, **changes})
 
     return make
 
