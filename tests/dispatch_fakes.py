@@ -263,6 +263,22 @@ def dispatch(
     return run_virtual(session()), recorder, dispatcher
 
 
+# The randomized fault tests' tolerances, on the virtual clock: hangs found in tens of seconds, a server down after
+# two failures and probed every few seconds, the fleet never given up on, a slow server's tail hedged.
+FAULT_TOLERANCE: dict[str, object] = {
+    "request_timeout_s": 120.0,
+    "hang_factor": 3.0,
+    "hang_min_s": 10.0,
+    "max_attempts": 4,
+    "server_down_after": 2,
+    "server_silence_s": 30.0,
+    "probe_interval_s": 1.0,
+    "probe_max_interval_s": 4.0,
+    "all_down_timeout_s": 10_000.0,
+    "hedge_slow_ratio": 0.8,
+}
+
+
 def fake_config(folder: Path, **changes: object) -> GenerateConfig:
     """A GenerateConfig for a dispatch on fake servers: one prompt file in ``folder``, no canary, no hedging."""
     source = folder / "p.jsonl"

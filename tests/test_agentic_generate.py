@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +29,7 @@ from test_generate_multiturn import (
     sent_seed,
     write_rows,
 )
-from test_generate_notebook import _kernel_of, base_params, draftgen_run, start_run, wait_for_shards
+from test_generate_notebook import base_params, draftgen_run, sigkill_kernel_after_shards
 from test_router import _recording_proxy_module
 
 from draftgen.generate import preflight
@@ -489,16 +486,7 @@ def test_client_sigkilled_mid_agentic_conversation_then_resumed_stores_each_once
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=25.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=10, max_tokens=4096)
     run_dir = tmp_path / "out" / "generate" / "crash"
-    proc = start_run(tmp_path / "out", "crash", params)
-    try:
-        kernel = _kernel_of(proc)
-        wait_for_shards(run_dir, 2, proc)
-        kernel.send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    _, killed_at = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 2)
     before = {r["id"] for r in pl.read_parquet(run_dir / "shards").rows(named=True)}
     assert 0 < len(before) < len(rows)
     result = draftgen_run(tmp_path / "out", "crash", params, "--resume")

@@ -10,7 +10,7 @@ import random
 from collections import Counter, defaultdict
 
 import pytest
-from dispatch_fakes import FakeServer, Reply, always, dispatch, fake_config, prompts
+from dispatch_fakes import FAULT_TOLERANCE, FakeServer, Reply, always, dispatch, fake_config, prompts
 
 from draftgen.client.errors import RequestError
 from draftgen.generate.affinity import AffinitySettings, PrefixAffinity
@@ -301,16 +301,7 @@ def test_every_sample_and_turn_ends_exactly_once_with_affinity_under_random_faul
             rng.choice(servers).health_status = rng.choice((200, 200, 503))
 
     config = make_config(
-        request_timeout_s=120.0,
-        hang_factor=3.0,
-        hang_min_s=10.0,
-        max_attempts=4,
-        server_down_after=2,
-        server_silence_s=30.0,
-        probe_interval_s=1.0,
-        probe_max_interval_s=4.0,
-        all_down_timeout_s=10_000.0,
-        hedge_slow_ratio=0.8,
+        **FAULT_TOLERANCE,
         concurrency_per_server=rng.choice((1, 3, 8)),
         turns="all",
         affinity_hold_s=rng.choice((0.5, 5.0, 60.0)),

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import time
 from collections import Counter
 from pathlib import Path
 
 import polars as pl
 import pytest
 from sim_helpers import prompt_count
-from test_generate_notebook import _kernel_of, base_params, draftgen_run, start_run, wait_for_shards
+from test_generate_notebook import base_params, draftgen_run, sigkill_kernel_after_shards
 
 from draftgen.client.records import ChatResult
 from draftgen.generate import GenerateConfig, generate, preflight
@@ -410,16 +407,7 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=50, max_tokens=192)
     run_dir = tmp_path / "out" / "generate" / "crash"
-    proc = start_run(tmp_path / "out", "crash", params)
-    try:
-        kernel = _kernel_of(proc)
-        wait_for_shards(run_dir, 2, proc)
-        kernel.send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    _, killed_at = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 2)
     stored = {r["id"] for r in pl.read_parquet(run_dir / "shards").rows(named=True)}
     assert 0 < len(stored) < len(rows)
 

@@ -229,22 +229,30 @@ def _kernel_of(proc: subprocess.Popen) -> psutil.Process:
     raise AssertionError("no kernel process found")
 
 
+def sigkill_kernel_after_shards(out_root: Path, name: str, params: dict, shards: int) -> tuple[int, float]:
+    """Start ``draftgen run generate``, SIGKILL its kernel (the client itself: no flush, no goodbye) once ``shards``
+    shards are stored; the run's exit code and when the kernel was killed (time.time())."""
+    proc = start_run(out_root, name, params)
+    try:
+        kernel = _kernel_of(proc)
+        wait_for_shards(out_root / "generate" / name, shards, proc)
+        kernel.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, killed_at
+
+
 def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 1000, seed=9)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0)
     run_dir = tmp_path / "out" / "generate" / "crash"
-    proc = start_run(tmp_path / "out", "crash", params)
-    try:
-        kernel = _kernel_of(proc)
-        wait_for_shards(run_dir, 3, proc)
-        kernel.send_signal(signal.SIGKILL)  # the client itself dies: no flush, no goodbye
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
+    returncode, _ = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 3)
+    assert returncode != 0
     stored_before = read_done_ids(run_dir)
     assert 0 < len(stored_before) < 1000 and stored_before.n_unique() == len(stored_before)
     result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
