@@ -104,7 +104,7 @@ for _ in range(2):
     started = time.perf_counter()
     runner.forward(0.05)
     timings.append(time.perf_counter() - started)
-    open({flag!r}, "w").write("3")
+    open({flag!r}, "w").write("9")
 open({flag!r}, "w").write("100000")  # held still until the flag goes
 threading.Timer(0.3, os.remove, [{flag!r}]).start()
 started = time.perf_counter()
@@ -131,8 +131,9 @@ def test_a_slowed_server_runs_its_factor_plus_one_times_slower_while_the_flag_ex
     assert done.returncode == 0, done.stderr
     assert sitecustomize.SLOW_NOTE in done.stderr
     plain, slowed, held = (float(t) for t in done.stdout.split())
-    assert 0.05 <= plain < 0.1  # no flag file yet: the forward's own time
-    assert slowed >= 4 * 0.05  # 3 x its own duration more
+    # no flag file yet: the forward's own time, far below a slowed one (wide margin: CI's 2 cores are busy)
+    assert 0.05 <= plain < 0.25
+    assert slowed >= 10 * 0.05  # 9 x its own duration more
     assert 0.3 <= held < 60  # 100000 x 0.05 s would be 83 min: it ended when the flag was removed
     assert sitecustomize.slow_factor(str(flags / "absent")) == 0.0
     (flags / "junk").write_text("fast please")
