@@ -23,6 +23,11 @@ the turns that found a cached prefix; each ratio on ÷ off measured in the same 
 default: a later sample goes to its home once its first has streamed a token there); trained tokens are every
 completion token (``train_max_length`` 0) on the long sets, each turn's up to 4096 − its prompt on the others.
 
+``--scatter`` adds a control arm to each set: a prefix-blind placement (a conversation's next turn, and a prompt's
+later sample, go to a server drawn at random, as a router that ignores prefixes sends them; draftgen's own
+pull-based dispatcher keeps a next turn at home even without affinity, so "off" is not that). on ÷ scatter is what
+keeping work where its prefix is saves.
+
 ``--smg`` runs the sets through SMG instead (one gateway URL, 448 in flight): ``cache_aware`` as shipped, against
 ``cache_aware`` with ``--routing-key-override``, where generate's requests carry a routing key per conversation.
 
@@ -35,19 +40,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import polars as pl
-from generate_fleet_utilization import utilization
+from generate_fleet_utilization import OTHER_SHAPES, fresh_prompts_taken, synthetic, utilization
 from generate_tail_hedge import sim_clocks
 from plan_n_vs_separate import document
 from sim_generate import run_generate, sim_generate_config
 
+from draftgen.generate import dispatch
 from draftgen.generate.report import summary
-from draftgen.prompts.synthetic import BUNDLED_PROMPTS, synthetic_rows, write_rows, write_synthetic
+from draftgen.generate.work import Home, Work
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS, synthetic_rows
 from draftgen.serve.router import RouterProcess
 from draftgen.sim import SimFleet
 from draftgen.sim.profiles import get_profile
@@ -58,10 +66,50 @@ SERVERS = 7
 CONCURRENCY = 64
 SLOW_SERVER = 3
 ARMS = {"on": 10.0, "off": 0.0}  # affinity_hold_s
-# The generator's rows of other shapes (tools, the long chats' ShareGPT fields) are left out of the long sets: each
-# of those is one question (or three) behind its own pasted document.
-OTHER_SHAPES = {"agentic", "long_chat"}
+# The generator's rows of other shapes (OTHER_SHAPES: tools, the long chats' ShareGPT fields) are left out of the long
+# sets: each of those is one question (or three) behind its own pasted document.
 SMG_ARMS = {"keyed": ("--routing-key-override",), "cache_aware": ()}
+SCATTER = "scatter"  # the control arm's name (--scatter)
+
+
+class ScatteredHomes:
+    """The control arm's placement: work under way that has a prefix somewhere (a next turn, a later sample) is
+    given a home drawn at random among all servers, as a prefix-blind router would place it (at home one time in
+    seven). It waits in that lane as affinity's work does, so only the place differs from the "on" arm."""
+
+    def __init__(self, urls: list[str], hold_s: float) -> None:
+        self.hold_s = hold_s
+        self._urls = urls
+        self._draw = random.Random(0)
+        self._sampled: set[str] = set()
+
+    def home(self, work: Work) -> Home | None:
+        prompt = work.conversation.prompt
+        if work.prefer is not None:
+            return Home(self._draw.choice(self._urls))
+        if work.conversation.turn or work.attempts or prompt.prompt_id is None:
+            return None
+        if prompt.prompt_id not in self._sampled:  # its first sample: wherever a worker is free
+            return None
+        return Home(self._draw.choice(self._urls))
+
+    def taken(self, work: Work, url: str) -> None:
+        if work.conversation.prompt.prompt_id is not None:
+            self._sampled.add(work.conversation.prompt.prompt_id)
+
+    def can_host(self, url: str) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def scattered(hold_s: float):
+    """Generate runs in this process with ``ScatteredHomes`` as their placement policy."""
+    original = dispatch.prefix_affinity
+    dispatch.prefix_affinity = lambda config, servers, rates: ScatteredHomes([s.url for s in servers], hold_s)
+    try:
+        yield
+    finally:
+        dispatch.prefix_affinity = original
 
 
 def conversations(path: Path, tokenizer: SimTokenizer, count: int, context_tokens: int) -> Path:
@@ -92,17 +140,6 @@ def long_prompts(path: Path, tokenizer: SimTokenizer, count: int, long_tokens: i
                 f"{document(i, tokenizer, long_tokens)}\n\n{messages[last]['content']}"
             )
             out.write(json.dumps({"id": f"l{i:05d}", "messages": messages}) + "\n")
-    return path
-
-
-def synthetic(path: Path, count: int, shapes: str) -> Path:
-    """``count`` synthetic prompts, as figure 4's script writes them (``shapes`` "plain": the generator's rows of
-    other shapes left out, the set figure 4 was first measured on)."""
-    if shapes == "all":
-        write_synthetic(path, count, seed=2)
-    else:
-        rows = (r for r in synthetic_rows(count * 2, seed=2) if r["category"] not in OTHER_SHAPES)
-        write_rows(path, list(rows)[:count])
     return path
 
 
@@ -196,11 +233,17 @@ def run_arm(
             concurrency_per_server=concurrency,
             **changes,
         )
-        run_generate(config, progress=False)
+        with fresh_prompts_taken() as fresh:
+            run_generate(config, progress=False)
         time.sleep(0.5)  # the last truth lines
         after = sim_clocks(fleet)
         records = [r for r in fleet.truth() if r.get("kind") == "chat" and r.get("outcome") == "ok"]
-        util = utilization(fleet, records, CONCURRENCY, args.ramp) if set_name == "slow" else None
+        chats = [r for r in fleet.truth() if r.get("kind") == "chat"]
+        util = (
+            utilization(fleet, records, CONCURRENCY, args.ramp, occupancy=chats, last_fresh=max(fresh))
+            if set_name == "slow"
+            else None
+        )
     report = summary(work / "run").row(0, named=True)
     busy_s = sum(a["planned_s"] - b["planned_s"] for b, a in zip(before, after, strict=True)) * speed
     prompt_tokens = sum(r["prompt_tokens"] for r in records)
@@ -233,6 +276,8 @@ def run_arm(
         "utilization_steady": util["steady"] if util else None,
         "utilization_whole_run": util["whole_run"] if util else None,
         "prefill_share": round(util["prefill_share"], 4) if util else None,
+        "slots_filled": round(util["slots_filled"], 4) if util else None,
+        "utilization_accounted": round(util["steady_accounted"], 4) if util else None,
     }
 
 
@@ -259,9 +304,26 @@ def set_files(
     }
 
 
+def ratios(row: dict, against: dict) -> dict[str, float]:
+    """``row`` ÷ ``against`` for each figure both have."""
+    return {
+        key: round(row[key] / against[key], 4)
+        for key in (
+            "full_fleet_gpu_s_per_m_trained",
+            "steady_gpu_s_per_m_completion",
+            "gpu_s_per_m_trained",
+            "busy_s_per_m_trained",
+            "prefilled_tokens",
+        )
+        if row[key] and against[key]
+    }
+
+
 def print_row(set_name: str, arm: str, row: dict) -> None:
     util = (
-        f"; utilization {row['utilization_steady']:.3f} steady (prefill {row['prefill_share']:.1%} of the time)"
+        f"; utilization {row['utilization_steady']:.3f} steady (prefill {row['prefill_share']:.1%} of the time; "
+        f"slots filled {row['slots_filled']:.3f}; {row['utilization_accounted']:.3f} with the prefill and the mix's "
+        "acceptance allowed for)"
         if row["utilization_steady"]
         else ""
     )
@@ -306,6 +368,9 @@ def main() -> None:
         help="the slow set: the generator's every shape, or without its long chats and agentic rows",
     )
     parser.add_argument("--smg", action="store_true", help="through SMG: cache_aware with and without keys")
+    parser.add_argument(
+        "--scatter", action="store_true", help="a control arm: next turns and later samples placed at random"
+    )
     args = parser.parse_args()
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="draftgen-bench-") as tmp_name:
@@ -313,7 +378,7 @@ def main() -> None:
         args.tokenizer = default_tokenizer(tmp / "tokenizer")
         tokenizer = SimTokenizer(args.tokenizer)
         files = set_files(args, tmp, tokenizer)
-        arms = SMG_ARMS if args.smg else ARMS
+        arms = list(SMG_ARMS if args.smg else ARMS) + ([SCATTER] if args.scatter and not args.smg else [])
         print(
             f"{SERVERS} x {PROFILE} at speed {args.speed:g}, {CONCURRENCY} in flight per server, a fresh fleet per "
             f"run; {'through SMG' if args.smg else 'affinity_hold_s ' + ' vs '.join(f'{v:g}' for v in ARMS.values())}",
@@ -329,25 +394,20 @@ def main() -> None:
                     if args.smg:
                         hold, smg_args = ARMS["on"], SMG_ARMS[arm]
                     else:
-                        hold, smg_args = ARMS[arm], None
-                    rows[arm] = run_arm(args, work, set_name, Path(prompts), hold, smg_args, **dict(changes))
+                        hold, smg_args = ARMS.get(arm, ARMS["on"]), None
+                    with scattered(hold) if arm == SCATTER else contextlib.nullcontext():
+                        rows[arm] = run_arm(
+                            args, work, set_name, Path(prompts), hold, smg_args, **dict(changes)
+                        )
                     print_row(set_name, arm, rows[arm])
-                first, second = list(arms)
-                ratio = {
-                    key: round(rows[first][key] / rows[second][key], 4)
-                    for key in (
-                        "full_fleet_gpu_s_per_m_trained",
-                        "steady_gpu_s_per_m_completion",
-                        "gpu_s_per_m_trained",
-                        "busy_s_per_m_trained",
-                        "prefilled_tokens",
-                    )
-                    if rows[second][key] and rows[first][key]
-                }
+                first, second = arms[:2]
+                ratio = ratios(rows[first], rows[second])
                 print(f"  {set_name:13} {first} / {second}: {ratio}", flush=True)
-                results.append(
-                    {"set": set_name, "round": round_, **{a: rows[a] for a in arms}, "ratio": ratio}
-                )
+                result = {"set": set_name, "round": round_, **{a: rows[a] for a in arms}, "ratio": ratio}
+                if SCATTER in rows:
+                    result["ratio_scatter"] = ratios(rows[first], rows[SCATTER])
+                    print(f"  {set_name:13} {first} / {SCATTER}: {result['ratio_scatter']}", flush=True)
+                results.append(result)
     for set_name in args.sets.split(","):
         spans = []
         for key, label in (
@@ -356,13 +416,16 @@ def main() -> None:
             ("gpu_s_per_m_trained", "report"),
             ("busy_s_per_m_trained", "busy"),
         ):
-            values = [r["ratio"][key] for r in results if r["set"] == set_name and key in r["ratio"]]
-            if not values:
-                continue
-            spans.append(
-                f"{label} {min(values):.3f}–{max(values):.3f} (median {statistics.median(values):.3f})"
-            )
-        print(f"{set_name}: GPU-s per trained token {'/'.join(arms)}: " + "; ".join(spans))
+            for ratio_key, against in (("ratio", arms[1]), ("ratio_scatter", SCATTER)):
+                values = [
+                    r[ratio_key][key] for r in results if r["set"] == set_name and key in r.get(ratio_key, {})
+                ]
+                if values:
+                    spans.append(
+                        f"{label} ÷ {against} {min(values):.3f}–{max(values):.3f} "
+                        f"(median {statistics.median(values):.3f})"
+                    )
+        print(f"{set_name}: GPU-s per trained token, {arms[0]}: " + "; ".join(spans))
     print(json.dumps(results))
 
 
