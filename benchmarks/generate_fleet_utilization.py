@@ -122,8 +122,8 @@ def utilization(
     last_fresh: float | None = None,
 ) -> dict:
     """Tokens produced ÷ summed capacity over the steady window (``ramp`` s after the first request to
-    ``last_fresh``, the last fresh prompt taken, else the last send) and over the whole run (``whole_s``, else first request to last finish), per server too, from the
-    ground truth. ``records`` are the answered requests; ``occupancy`` (every chat request, any outcome) gives
+    ``last_fresh``, the last fresh prompt taken, else the last send) and over the whole run (``whole_s``, else
+    first request to last finish), per server too, from the ground truth. ``records`` are the answered requests; ``occupancy`` (every chat request, any outcome) gives
     each server's mean running batch, so a gap can be told apart: slots left empty (the dispatcher) or full
     slots producing less than the capacity assumes (acceptance, prefill)."""
     caps = capacities(fleet, concurrency)
