@@ -136,6 +136,11 @@ def utilization(
         by_server[record["server"]] += tokens_in(record, t0, t1)
         rows[record["server"]] += 1
     window = t1 - t0
+    if window <= 0:
+        raise SystemExit(
+            f"no steady window: the last fresh prompt was taken {t1 - t0 + ramp:.1f} s after the first request, "
+            f"within --ramp {ramp:g} s; use more prompts (--prompts) or a shorter --ramp"
+        )
     span = whole_s or max(r["finished"] for r in records) - min(r["arrival"] for r in records)
     # Prefill stalls a server's whole batch for its seconds, which the decode capacity above leaves out: the
     # share of the servers' time it took in the window is what utilization cannot reach.
@@ -150,12 +155,14 @@ def utilization(
     batches = [running_batch(held, url, t0, t1) for url in fleet.urls]
     in_flight = [running_batch(held, url, t0, t1, since="arrival") for url in fleet.urls]
     accepts = [achieved_acceptance(records, url, t0, t1) for url in fleet.urls]
+    measured = [a for a in accepts if a]
+    acceptance = sum(measured) / len(measured) if measured else profile.accept_mean
     return {
         "prefill_share": prefill / (window * fleet.servers),
         "batch_cap": batch_cap,
         "slots_filled": sum(min(b, batch_cap) for b in batches) / (batch_cap * fleet.servers),
         "in_flight": sum(in_flight) / fleet.servers,
-        "acceptance_achieved": sum(a for a in accepts if a) / max(1, sum(1 for a in accepts if a)),
+        "acceptance_achieved": acceptance,
         "acceptance_profile": profile.accept_mean,
         # what is left once the prefill's share of the time and the mix's acceptance are allowed for: the slots
         # the dispatcher (or the server's admission) left empty
@@ -163,7 +170,7 @@ def utilization(
         / window
         / capacity
         / (1 - prefill / (window * fleet.servers))
-        / (sum(a for a in accepts if a) / max(1, sum(1 for a in accepts if a)) / profile.accept_mean),
+        / (acceptance / profile.accept_mean),
         "steady": sum(by_server.values()) / window / capacity,
         "whole_run": sum(r["completion_tokens"] for r in records) / span / capacity,
         "window_s": window,

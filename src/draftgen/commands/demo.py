@@ -250,9 +250,8 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed,
         work_dir=out / DEMO_SIM,
         tokenizer=out / DEMO_TOKENIZER,
-        server_args=(
-            "--enable-cache-report",
-        ),  # as draftgen serve starts SGLang: the reports show the cache share
+        # as draftgen serve starts SGLang: the reports show the cache share
+        server_args=("--enable-cache-report",),
     ) as fleet:
         print(
             f"draftgen demo: {args.servers} simulated B200 + MTP servers at {args.speed:g}x speed: "

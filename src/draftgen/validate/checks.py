@@ -411,9 +411,8 @@ def flag_batch(
         pl.Series("past_max_length", past),
     )
     dropped = pl.any_horizontal([_drops(f, config) for f in drop] or [pl.lit(False)])
-    if (
-        "tiny_mask" in drop
-    ):  # a row past the window trains as little as a tiny mask: kept only where those are
+    # a row past the window trains as little as a tiny mask: kept only where those are
+    if "tiny_mask" in drop:
         dropped = dropped | pl.col("past_max_length")
     # cut_trained: exported as a cut turn (one with a defect is dropped, like any row)
     return records.with_columns(dropped.alias("dropped")).with_columns(
