@@ -702,14 +702,16 @@ def test_through_smg_a_conversation_stays_on_one_worker_only_with_sticky_session
 ) -> None:
     """generate sends each request to a gateway with its conversation's routing key (client.server.routing_key):
     with --routing-key-override SMG pins every turn of a conversation to one worker (where its prefix is cached);
-    as shipped it ignores the key, and round robin spreads the turns."""
+    as shipped it ignores the key, and round robin spreads the turns (five turns each: were placement random, a
+    conversation would stay on one of the two workers by chance with probability 1/16, and half of twelve would
+    about once in 20,000 runs)."""
     routed_gateway: Gateway = request.getfixturevalue(gateway)
     routed_gateway.clear()
     path = tmp_path / "p.jsonl"
     with open(path, "w") as out:
         for i in range(12):
             messages = []
-            for k in range(3):
+            for k in range(5):
                 if k:
                     messages.append({"role": "assistant", "content": "an older answer"})
                 messages.append({"role": "user", "content": f"conversation {i}, question {k}"})
