@@ -21,6 +21,8 @@ aiohttp does so itself for GETs only. A reset on a new connection is the server'
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -85,6 +87,13 @@ def _session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, trace_configs=[trace], middlewares=(resend_if_dropped,))
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The certificate store every client of the process shares: loading it takes 20 ms of CPU, 95% of building
+    a client, and a run builds one client per server in each phase (docs/testing.md)."""
+    return httpx2.create_ssl_context(trust_env=False)
+
+
 def http_client(api_key: str) -> httpx2.AsyncClient:
     """The client one server's requests share. ``trust_env`` off: servers are addressed by their own URL, never
     through a proxy an environment variable happens to name. The SDK is imported here, when a client is built, not
@@ -97,7 +106,7 @@ def http_client(api_key: str) -> httpx2.AsyncClient:
         timeout=None,
         limits=LIMITS,
         trust_env=False,
-        transport=AiohttpTransport(limits=LIMITS, trust_env=False, client=_session),
+        transport=AiohttpTransport(verify=_tls_context(), limits=LIMITS, trust_env=False, client=_session),
     )
 
 

@@ -54,7 +54,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR",
         help="a Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json with a chat_template) whose "
-        "ids the servers report (default: the tiny Qwen3-format tokenizer, built into the work dir)",
+        "ids the servers report (default: the tiny Qwen3-format tokenizer, copied into the work dir from the user's cache)",
     )
     parser.add_argument(
         "--tool-call-parser",

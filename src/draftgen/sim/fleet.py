@@ -185,7 +185,7 @@ class SimFleet:
             self.tokenizer = default_tokenizer(self.work_dir / "tokenizer")
         else:
             try:
-                SimTokenizer(self.tokenizer)
+                SimTokenizer.load(self.tokenizer)
             except TokenizerFolderError as exc:
                 raise FleetError(str(exc)) from exc
         picked = self.base_port is None

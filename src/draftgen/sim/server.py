@@ -107,7 +107,7 @@ class SimServer:
         )
         self.metrics = ServerMetrics(self.engine, config.model)
         self.accept_probs = profile.position_probabilities()
-        self.tokenizer = SimTokenizer(config.tokenizer or default_tokenizer())
+        self.tokenizer = SimTokenizer.load(config.tokenizer or default_tokenizer())
         self.fault_rng = random.Random(config.seed ^ config.port)
         self.healthy = False
         self.started = time.time()
@@ -595,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         if args.tokenizer is not None:
-            SimTokenizer(args.tokenizer)  # a bad folder fails here, in one line, before the port opens
+            SimTokenizer.load(args.tokenizer)  # a bad folder fails here, in one line, before the port opens
     except TokenizerFolderError as exc:
         print(f"draftgen sim: error: {exc}", file=sys.stderr)
         return 2

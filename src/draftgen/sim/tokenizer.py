@@ -34,6 +34,17 @@ def _raise(message: str) -> None:
     raise TokenizerFolderError(f"the chat template raised: {message}")
 
 
+_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_mtime_ns, status.st_size
+
+
 class SimTokenizer:
     """Encode, decode and render chat prompts with one tokenizer folder; per-token text cached."""
 
@@ -82,7 +93,17 @@ class SimTokenizer:
         self._template = self._compile(template)
         self._pieces: dict[int, str] = {}
         self._units: dict[str, tuple[int, ...]] = {}
-        self.separable = self._check_separable()
+
+    @classmethod
+    def load(cls, folder: str | Path) -> SimTokenizer:
+        """The process's one tokenizer for ``folder`` as its files are now: a server checks its folder before it
+        listens and then serves with it, and a fleet checks the same folder at every start (50 ms each)."""
+        folder = Path(folder)
+        key = (str(folder.resolve()), *(_stamp(folder / name) for name in _FILES))
+        loaded = _LOADED.get(key)
+        if loaded is None:
+            loaded = _LOADED[key] = cls(folder)
+        return loaded
 
     @staticmethod
     def _compile(source: str) -> Any:
@@ -139,8 +160,10 @@ class SimTokenizer:
             return self.encode("".join(units))
         return [i for unit in units for i in self.encode_unit(unit)]
 
-    def _check_separable(self) -> bool:
-        """Whether unit-by-unit encoding equals encoding the whole text, on samples of the simulator's filler."""
+    @cached_property
+    def separable(self) -> bool:
+        """Whether unit-by-unit encoding equals encoding the whole text, on samples of the simulator's filler
+        (checked when first needed: 25 ms)."""
         import random
 
         from draftgen.sim.textgen import THINK_END, _units, _words
@@ -184,14 +207,20 @@ class SimTokenizer:
         return tuple(chars) if None not in chars else None  # type: ignore[arg-type]
 
 
+_LOADED: dict[tuple, SimTokenizer] = {}
+
+
 def default_tokenizer(folder: Path | None = None) -> Path:
-    """The tiny Qwen3-format tokenizer (``draftgen tokenizer --vocab tiny``), built into ``folder`` unless it is
-    already there (a new temporary folder when None): every simulated server offers token ids."""
-    import tempfile
+    """The tiny Qwen3-format tokenizer (``draftgen tokenizer --vocab tiny``), copied into ``folder`` unless it is
+    already there (None: the machine's cached copy, read in place): every simulated server offers token ids."""
+    import shutil
 
-    from draftgen.training.local_tokenizer import build_tiny_tokenizer
+    from draftgen.training.local_tokenizer import cached_tiny_tokenizer
 
-    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="draftgen-sim-tokenizer-"))
+    cached = cached_tiny_tokenizer()
+    if folder is None:
+        return cached
+    folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
-        build_tiny_tokenizer(folder, overwrite=True)
+        shutil.copytree(cached, folder, dirs_exist_ok=True)
     return folder

@@ -12,9 +12,12 @@ chat template (``data/qwen3_chat_template.jinja``) in ``tokenizer_config.json``:
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -142,6 +145,49 @@ def build_tiny_tokenizer(
     }
     write_json(out / "tokenizer_config.json", config, indent=2, ensure_ascii=False, end="\n")
     return out
+
+
+def cache_root() -> Path:
+    """Where draftgen keeps what it can rebuild: ``$DRAFTGEN_CACHE``, else ``$XDG_CACHE_HOME/draftgen``, else
+    ``~/.cache/draftgen``."""
+    if explicit := os.environ.get("DRAFTGEN_CACHE"):
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "draftgen"
+
+
+def _tiny_inputs_key(vocab_size: int) -> str:
+    """A digest of everything the default tiny tokenizer is trained from: this module, the simulator's filler text,
+    the bundled prompts and the chat template. A change to any of them names a new folder."""
+    from draftgen.sim import textgen
+
+    digest = hashlib.blake2b(str(vocab_size).encode(), digest_size=10)
+    template = resources.files("draftgen").joinpath("data/qwen3_chat_template.jinja")
+    for source in (Path(__file__), Path(textgen.__file__), BUNDLED_PROMPTS):
+        digest.update(source.read_bytes())
+    digest.update(template.read_bytes())
+    return digest.hexdigest()
+
+
+def cached_tiny_tokenizer(vocab_size: int = 2048) -> Path:
+    """The default tiny tokenizer, trained once per machine into ``cache_root()`` and read from there after:
+    training takes about 0.4 CPU-seconds, and every simulated server and fleet without a folder of its own needs
+    one. Built aside and renamed into place, so servers starting at once never read half a folder; where the cache
+    cannot be written, built into a new temporary folder."""
+    folder = cache_root() / f"tiny-tokenizer-{_tiny_inputs_key(vocab_size)}"
+    if (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        return folder
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
+    except OSError:
+        return build_tiny_tokenizer(tempfile.mkdtemp(prefix="draftgen-tokenizer-"), vocab_size=vocab_size)
+    build_tiny_tokenizer(staging, vocab_size=vocab_size, overwrite=True)
+    try:
+        staging.rename(folder)
+    except OSError:  # another process put its copy there first: the same files
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
 
 
 def qwen3_vocabulary_dir() -> Path:
