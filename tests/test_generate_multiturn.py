@@ -400,7 +400,7 @@ def test_a_failed_turn_sends_the_conversation_to_failed_parquet_with_its_turn(si
 def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, tmp_path):
     rows = [
         r
-        for r in conversations(500, seed=4)
+        for r in conversations(300, seed=4)
         if len(answer_points(normalize_record(r, 1).messages, "all")) > 1
     ]
     prompts = write_rows(tmp_path / "p.jsonl", rows)

@@ -111,9 +111,9 @@ def prompts_2000(tmp_path: Path) -> Path:
 
 
 # ----- the main job -----------------------------------------------------------------------------------------
-def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
-    sim_fleet, tmp_path, prompts_2000, monkeypatch
-):
+def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(sim_fleet, tmp_path, monkeypatch):
+    prompts_1000 = tmp_path / "prompts.jsonl"
+    write_synthetic(prompts_1000, 1000, seed=7)
     secret = "sk-draftgen-test-" + os.urandom(8).hex()
     monkeypatch.setenv("DRAFTGEN_TEST_API_KEY", secret)
     fleet = sim_fleet(servers=7, profile="instant")
@@ -132,19 +132,19 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
         )
     )
     params = base_params(
-        fleet, prompts_2000, batch_save_size=250, api_key_env="DRAFTGEN_TEST_API_KEY", estimate=str(estimate)
+        fleet, prompts_1000, batch_save_size=125, api_key_env="DRAFTGEN_TEST_API_KEY", estimate=str(estimate)
     )
     result = draftgen_run(tmp_path / "out", "seven", params)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "out" / "generate" / "seven"
-    valid = valid_ids(prompts_2000)  # the generator's long chats plant a few exact duplicates: skipped
-    assert 1990 <= len(valid) < 2000
+    valid = valid_ids(prompts_1000)  # the generator's long chats plant a few exact duplicates: skipped
+    assert 990 <= len(valid) < 1000
     assert_exactly_once(run_dir, valid)
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete" and manifest["counts"] == {
         "done": len(valid),
         "failed": 0,
-        "rejected": 2000 - len(valid),
+        "rejected": 1000 - len(valid),
     }
     rejected = pl.read_parquet(run_dir / "rejected.parquet")["reason"].to_list()
     assert all(reason.startswith("duplicate of ") for reason in rejected)
@@ -194,7 +194,7 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(
 
 def test_server_killed_mid_run_and_restarted_loses_nothing(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 1200, seed=8)
+    write_synthetic(prompts, 600, seed=8)
     fleet = sim_fleet(servers=7, profile="b200-mtp", speed=5.0)  # slow enough to outlast the restart
     run_dir = tmp_path / "out" / "generate" / "kill"
     proc = start_run(
@@ -247,26 +247,26 @@ def sigkill_kernel_after_shards(out_root: Path, name: str, params: dict, shards:
 
 def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 1000, seed=9)
+    write_synthetic(prompts, 600, seed=9)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0)
     run_dir = tmp_path / "out" / "generate" / "crash"
     returncode, _ = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 3)
     assert returncode != 0
     stored_before = read_done_ids(run_dir)
-    assert 0 < len(stored_before) < 1000 and stored_before.n_unique() == len(stored_before)
+    assert 0 < len(stored_before) < 600 and stored_before.n_unique() == len(stored_before)
     result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_exactly_once(run_dir, valid_ids(prompts))
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete"
-    assert manifest["sessions"][-1]["completed"] == 1000 - len(stored_before)  # only the rest was generated
+    assert manifest["sessions"][-1]["completed"] == 600 - len(stored_before)  # only the rest was generated
     assert "already stored" in notebook_text(run_dir)
 
 
 def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 800, seed=10)
+    write_synthetic(prompts, 500, seed=10)
     fleet = sim_fleet(
         servers=3,
         profile="b200-mtp",

@@ -1,6 +1,6 @@
 """Every file a step writes is declared once (draftgen.rundir.layout) and the docs' tables say the same, checked on
-what a short ``draftgen demo`` writes (two simulated GPUs, 20 prompts: the four notebooks as ``make demo`` runs
-them), with every kernel audited so that no cell but the step's ``run(config)`` writes a file
+what a short ``draftgen demo`` writes (two simulated GPUs, 20 prompts, one benchmark round: the four notebooks as
+``make demo`` runs them), with every kernel audited so that no cell but the step's ``run(config)`` writes a file
 (tests/write_audit.py). The same notebook run by plain papermill, as JupyterLab runs it top to bottom, leaves the
 same folder; monitor writes nothing, in the run it watches or anywhere.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import papermill
 import pytest
+import yaml
 from layout_helpers import files_in, layout_shape, missing
 from write_audit import cell_writes, events, kernel_env
 
@@ -40,6 +41,7 @@ def test_a_demo_writes_the_declared_layout_and_no_cell_but_the_steps_run_writes(
     """One test, so one demo: a module fixture would run it again on every worker that takes one of the module's
     tests (make test's --dist worksteal)."""
     demo = run_demo(tmp_path)
+    assert yaml.safe_load((demo.out / "benchmark" / "parameters.yaml").read_text())["rounds"] == 1  # --rounds
     every_file_is_declared_and_every_file_always_written_is_there(demo)
     the_docs_tables_list_what_the_demo_wrote(demo)
     no_cell_but_the_steps_run_writes_a_file(demo)
@@ -47,11 +49,21 @@ def test_a_demo_writes_the_declared_layout_and_no_cell_but_the_steps_run_writes(
     monitor_writes_nothing_in_the_run_it_watches_or_anywhere(demo)
 
 
+def test_a_demo_with_no_benchmark_rounds_is_refused_before_anything_starts(tmp_path):
+    command = [sys.executable, "-m", "draftgen", "demo", "--out", str(tmp_path / "demo"), "--rounds", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--rounds must be > 0, got 0" in done.stderr
+    assert not (tmp_path / "demo").exists()
+
+
 def run_demo(tmp: Path) -> Demo:
     """``draftgen demo`` into ``tmp/demo``, every kernel's writes logged (write_audit)."""
     out = tmp / "demo"
     env, log = kernel_env(tmp / "audit", out, dict(os.environ))
-    command = [sys.executable, "-m", "draftgen", "demo", "--out", str(out), "--servers", "2", "--limit", "20"]
+    command = [
+        *(sys.executable, "-m", "draftgen", "demo", "--out", str(out)),
+        *("--servers", "2", "--limit", "20", "--rounds", "1"),  # every step, each as short as it goes
+    ]
     command += ["--speed", "10"]  # the files, not the figures, are under test: a faster clock waits less
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, f"draftgen demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

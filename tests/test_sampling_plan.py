@@ -108,7 +108,7 @@ def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a
     sim_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 400, seed=21)
+    write_synthetic(prompts, 240, seed=21)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(
         fleet,

@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from draftgen.runner import RunPlan, execute, headline, resolve_notebook
 from draftgen.sim.fleet import SimFleet
 from draftgen.steps import get_step
 
+BENCHMARK_ROUNDS = 3.0  # each concurrency level measured over this many rounds of its requests
 SEEDS_PROMPTS = 914_000  # the last run's prompt set (~900K samples), on seven B200s
 SEEDS_JOB = "the seeds' job: 914K prompts, 7 B200 × 64 in flight"
 SEEDS_PLAN = "the seeds' plan: 914K prompts, 7 B200 at concurrency 1"
@@ -70,30 +72,45 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--limit", type=int, default=0, help="generate only the first N prompts (default: all 2,000)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=float,
+        default=BENCHMARK_ROUNDS,
+        help="the benchmark's rounds at each concurrency level (default %(default)g; 1 measures in about half the "
+        "time, with wider intervals)",
+    )
     parser.add_argument("--keep", action="store_true", help="refuse to replace an existing output folder")
     parser.set_defaults(handler=run)
 
 
-def _benchmark_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the command line sets in the steps' parameters."""
+
+    limit: int = 0
+    rounds: float = BENCHMARK_ROUNDS
+
+
+def _benchmark_parameters(urls: list[str], out: Path, options: DemoOptions) -> dict[str, Any]:
     # One GPU stands for all: the servers are identical and independent, and streaming 7 x 64 sped-up simulated
     # servers would measure this machine's two cores, not the simulated B200s.
     return {
         "servers": urls[:1],
         "model": MODEL,
         "concurrencies": [1, 16, 48, 64],
-        "rounds": 3.0,
+        "rounds": options.rounds,
         "warmup_requests": 2,
     }
 
 
-def _estimate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+def _estimate_parameters(urls: list[str], out: Path, options: DemoOptions) -> dict[str, Any]:
     # The estimate reads the benchmark on the simulated B200's clock (benchmark.json records the sim speed), so an
     # assumed fleet (the old plan's) is typed in real units, as on the GPU node.
     seeds = {"gpus": 7, "num_prompts": SEEDS_PROMPTS}
     return {
         "benchmark_dir": str(out / "benchmark"),
         "prompts": "synthetic",
-        "limit": limit,
+        "limit": options.limit,
         # generate's tokenizer: the turns it would set aside under the trainer's max_length are not priced
         "tokenizer": str(out / DEMO_TOKENIZER),
         "gpus": len(urls),
@@ -105,25 +122,25 @@ def _estimate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, An
     }
 
 
-def _generate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+def _generate_parameters(urls: list[str], out: Path, options: DemoOptions) -> dict[str, Any]:
     return {
         "servers": urls,
         "model": MODEL,
         "prompts": "synthetic",
-        "limit": limit,
+        "limit": options.limit,
         "estimate": str(out / "estimate" / ESTIMATE),
         # the target's tokenizer: each turn's max_tokens is capped at the trainer's max_length − its prompt
         "tokenizer": str(out / DEMO_TOKENIZER),
     }
 
 
-def _validate_parameters(urls: list[str], out: Path, limit: int) -> dict[str, Any]:
+def _validate_parameters(urls: list[str], out: Path, options: DemoOptions) -> dict[str, Any]:
     return {"generation_dir": str(out / "generate"), "tokenizer": str(out / DEMO_TOKENIZER)}
 
 
 # The pipeline the demo runs, in order: each step's notebook with these parameters (the fleet's URLs, the demo's
-# folder, --limit) over its own; the step's folder is <out>/<step>.
-PIPELINE: tuple[tuple[str, Callable[[list[str], Path, int], dict[str, Any]]], ...] = (
+# folder, --limit, --rounds) over its own; the step's folder is <out>/<step>.
+PIPELINE: tuple[tuple[str, Callable[[list[str], Path, DemoOptions], dict[str, Any]]], ...] = (
     ("benchmark", _benchmark_parameters),
     ("estimate", _estimate_parameters),
     ("generate", _generate_parameters),
@@ -228,8 +245,11 @@ def _summary(out: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftgen.training.local_tokenizer import build_tiny_tokenizer
+    from draftgen.sim.tokenizer import default_tokenizer
 
+    if args.rounds <= 0:
+        raise ValueError(f"--rounds must be > 0, got {args.rounds:g}")
+    options = DemoOptions(limit=args.limit, rounds=args.rounds)
     out: Path = resolve_path(args.out)  # relative: under the project root, like every run folder
     if out.exists():
         if args.keep:
@@ -239,10 +259,10 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True)
     started = time.perf_counter()
     print(
-        "draftgen demo: building a tiny Qwen3-format tokenizer for the servers' token ids and the loss-mask checks "
-        "(no download)"
+        "draftgen demo: a tiny Qwen3-format tokenizer for the servers' token ids and the loss-mask checks (trained "
+        "once per machine, no download)"
     )
-    build_tiny_tokenizer(out / DEMO_TOKENIZER, overwrite=True)
+    default_tokenizer(out / DEMO_TOKENIZER)  # trained once per machine, then copied
     # The servers speak validate's tokenizer, so the ids they report are the ids validate reads.
     with SimFleet(
         servers=args.servers,
@@ -262,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
                 notebook=resolve_notebook(step),
                 run_dir=out / step,
                 parameters={
-                    **parameters_of(fleet.urls, out, args.limit),
+                    **parameters_of(fleet.urls, out, options),
                     **get_step(step).run_parameters(out / step, resume=False),
                 },
                 name=step,
