@@ -35,6 +35,8 @@ def _raise(message: str) -> None:
 
 
 _FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+# SimTokenizer.load: (folder, its files' stamps) -> the tokenizer loaded from them
+_LOADED: dict[tuple, SimTokenizer] = {}
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
@@ -205,9 +207,6 @@ class SimTokenizer:
                     return left, right
         chars = [self.tokenizer.token_to_id(c) for c in name]
         return tuple(chars) if None not in chars else None  # type: ignore[arg-type]
-
-
-_LOADED: dict[tuple, SimTokenizer] = {}
 
 
 def default_tokenizer(folder: Path | None = None) -> Path:

@@ -175,19 +175,26 @@ def cached_tiny_tokenizer(vocab_size: int = 2048) -> Path:
     one. Built aside and renamed into place, so servers starting at once never read half a folder; where the cache
     cannot be written, built into a new temporary folder."""
     folder = cache_root() / f"tiny-tokenizer-{_tiny_inputs_key(vocab_size)}"
-    if (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file():
+    if _whole(folder):
         return folder
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     except OSError:
         return build_tiny_tokenizer(tempfile.mkdtemp(prefix="draftgen-tokenizer-"), vocab_size=vocab_size)
-    build_tiny_tokenizer(staging, vocab_size=vocab_size, overwrite=True)
     try:
+        build_tiny_tokenizer(staging, vocab_size=vocab_size, overwrite=True)
         staging.rename(folder)
-    except OSError:  # another process put its copy there first: the same files
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        lost_the_race = isinstance(exc, OSError) and _whole(folder)  # another process's copy, the same files
+        if not lost_the_race:
+            raise
     return folder
+
+
+def _whole(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file()
 
 
 def qwen3_vocabulary_dir() -> Path:
