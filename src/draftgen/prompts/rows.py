@@ -24,7 +24,7 @@ from typing import Any
 import polars as pl
 
 from draftgen.paths import resolve_path, root_note
-from draftgen.prompts.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.bundled import BUNDLED_PROMPTS
 from draftgen.training.tools import ToolFormatError, normalize_calls, normalize_tools, tool_names
 
 ROLES = ("system", "user", "assistant", "tool")

@@ -12,6 +12,10 @@ import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from draftgen.prompts.bundled import BUNDLED_COUNT as BUNDLED_COUNT  # where tests and scripts have found them
+from draftgen.prompts.bundled import BUNDLED_PROMPTS as BUNDLED_PROMPTS
+from draftgen.prompts.bundled import BUNDLED_SEED as BUNDLED_SEED
+from draftgen.prompts.long_chat import long_chat_rows
 from draftgen.rundir import replace_file
 
 _NAMES = ("Ada", "Bao", "Chidi", "Dana", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lena")
@@ -307,10 +311,6 @@ def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
     weights = [k[2] for k in _KINDS]
     builders = {k[0]: k[1] for k in _KINDS}
     seen: set[str] = set()
-    from draftgen.prompts.long_chat import (
-        long_chat_rows,  # it reads prompts.rows, which names the bundled file
-    )
-
     long_chats = long_chat_rows(n, seed)  # a stream of its own, drawn from only where a long chat is picked
     index = 0
     while index < n:
@@ -349,8 +349,3 @@ def write_rows(path: Path, rows: Iterable[dict]) -> int:
 
 def write_synthetic(path: Path, n: int, seed: int = 0) -> int:
     return write_rows(path, synthetic_rows(n, seed))
-
-
-BUNDLED_PROMPTS = Path(__file__).parent.parent / "data" / "synthetic_prompts.jsonl"
-BUNDLED_COUNT = 2000
-BUNDLED_SEED = 0

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 
-from draftgen.prompts.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.bundled import BUNDLED_PROMPTS
 from draftgen.rundir import replace_file, write_json
 
 ENDOFTEXT = "<|endoftext|>"
