@@ -22,7 +22,7 @@ from pathlib import Path
 from draftgen.client.loops import PIECES, LoopDetector, LoopRule, TextLoopCheck
 from draftgen.client.sse import SseDecoder
 from draftgen.client.stream import ChatAccumulator
-from draftgen.sim.textgen import filler_text
+from draftgen.sim.filler import filler_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,80 +20,10 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from draftgen.sim.filler import OPENERS, filler_units, filler_words
+from draftgen.sim.tokenizer import THINK_END, SimTokenizer
 from draftgen.sim.toolcalls import SimCall, call_text
-
-if TYPE_CHECKING:
-    from draftgen.sim.tokenizer import SimTokenizer
-
-THINK_END = "</think>"
-
-_WORDS = (
-    "the",
-    "so",
-    "we",
-    "need",
-    "to",
-    "check",
-    "this",
-    "value",
-    "first",
-    "then",
-    "compute",
-    "sum",
-    "of",
-    "each",
-    "term",
-    "and",
-    "which",
-    "gives",
-    "us",
-    "result",
-    "wait",
-    "let",
-    "me",
-    "verify",
-    "again",
-    "case",
-    "if",
-    "it",
-    "is",
-    "equal",
-    "when",
-    "number",
-    "list",
-    "function",
-    "returns",
-    "loop",
-    "over",
-    "index",
-    "string",
-    "answer",
-    "because",
-    "since",
-    "hence",
-    "step",
-    "two",
-    "three",
-    "four",
-    "half",
-    "twice",
-    "hmm",
-    "actually",
-    "maybe",
-    "consider",
-    "edge",
-    "input",
-    "output",
-    "test",
-    "works",
-    "fine",
-    "good",
-    "right",
-)
-_OPENERS = ("Okay,", "Alright,", "Let", "So", "First,", "Hmm,")
-_PUNCT = (",", ".", ":", "?")
 
 
 def request_seed(payload: object, seed: int | None) -> int:
@@ -159,47 +89,6 @@ class CompletionPlan:
         return reasoning, answer
 
 
-def _words(rng: random.Random, count: int, opener: str | None, *, continuing: bool = False) -> list[str]:
-    """``count`` words of filler text, with punctuation and occasional newlines; ``continuing`` text starts with a
-    space so it never fuses with the text before it."""
-    out: list[str] = []
-    since_newline = 0
-    while len(out) < count:
-        if not out and opener:
-            out.append(opener)
-            continue
-        if since_newline > 24 and rng.random() < 0.08:
-            out.append("\n")
-            since_newline = 0
-            continue
-        word = rng.choice(_WORDS)
-        if rng.random() < 0.12 and len(word) < 8:
-            word += rng.choice(_PUNCT)
-        needs_space = (out and out[-1] != "\n") or (not out and continuing)
-        out.append((" " if needs_space else "") + word)
-        since_newline += 1
-    return out[:count]
-
-
-def filler_text(seed: int, words: int) -> str:
-    """Reasoning-style filler of about ``words`` words, for training a tokenizer on text like the simulator's
-    (``draftgen.training.local_tokenizer``): needs no tokenizer itself."""
-    rng = random.Random(seed)
-    return "".join(_words(rng, words, rng.choice(_OPENERS)))
-
-
-def _units(words: Sequence[str]) -> list[str]:
-    """Filler words grouped so that no tokenizer merge crosses a unit's edge: a newline joins the word before it
-    (Qwen-style pre-tokenizers take punctuation + newline as one piece); every unit but the first starts a piece."""
-    units: list[str] = []
-    for word in words:
-        if word == "\n" and units:
-            units[-1] += word
-        else:
-            units.append(word)
-    return units
-
-
 FILLER_CHUNK = 12  # words drawn at a time: fixed, so a shorter filler is always a prefix of a longer one
 ANSWER_BEFORE_CALLS = 16  # at most this many tokens of answer before a completion's tool calls
 
@@ -213,7 +102,9 @@ def _filler(
     count = 0
     while count < tokens:
         first = not units
-        for unit in _units(_words(rng, FILLER_CHUNK, opener if first else None, continuing=not first)):
+        for unit in filler_units(
+            filler_words(rng, FILLER_CHUNK, opener if first else None, continuing=not first)
+        ):
             units.append(unit)
             count += len(tokenizer.encode_unit(unit))
             if count >= tokens:
@@ -227,7 +118,7 @@ def _cycle(rng: random.Random, tokenizer: SimTokenizer, tokens: int) -> tuple[li
     units: list[str] = []
     count = 0
     while count < tokens:
-        for unit in _units(_words(rng, FILLER_CHUNK, None, continuing=True)):
+        for unit in filler_units(filler_words(rng, FILLER_CHUNK, None, continuing=True)):
             if unit.startswith("\n"):
                 continue
             units.append(unit)
@@ -303,7 +194,7 @@ def plan_completion(
     else:
         answer_length = _lognormal_length(rng, answer_median, sigma)
         reasoning_length = _lognormal_length(rng, reasoning_median, sigma)
-        opener = rng.choice(_OPENERS)
+        opener = rng.choice(OPENERS)
         units: list[str] = []
         spent, answering = 0, not enable_thinking
         if enable_thinking:

@@ -10,11 +10,14 @@ folder, and the ids the simulator reports are the ids validate's tokenizer would
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from draftgen.sim.filler import filler_units, filler_words
 
 THINK_END = "</think>"
 
@@ -149,7 +152,7 @@ class SimTokenizer:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_unit(self, unit: str) -> tuple[int, ...]:
-        """The ids of one filler unit (``textgen._units``), cached: the simulator's text comes from a small set."""
+        """The ids of one filler unit (``filler.filler_units``), cached: the simulator's text comes from a small set."""
         ids = self._units.get(unit)
         if ids is None:
             ids = self._units[unit] = tuple(self.encode(unit))
@@ -166,15 +169,17 @@ class SimTokenizer:
     def separable(self) -> bool:
         """Whether unit-by-unit encoding equals encoding the whole text, on samples of the simulator's filler
         (checked when first needed: 25 ms)."""
-        import random
-
-        from draftgen.sim.textgen import THINK_END, _units, _words
-
         rng = random.Random(0)
         for _ in range(8):
-            words = _words(rng, 300, "Okay,")
-            units = [*_units(words), "\n", THINK_END, "\n\n", *_units(_words(rng, 50, None))]
-            units = _units(units)
+            words = filler_words(rng, 300, "Okay,")
+            units = [
+                *filler_units(words),
+                "\n",
+                THINK_END,
+                "\n\n",
+                *filler_units(filler_words(rng, 50, None)),
+            ]
+            units = filler_units(units)
             if [i for u in units for i in self.encode(u)] != self.encode("".join(units)):
                 return False
         return True

@@ -72,7 +72,7 @@ def _training_texts(prompts: Path) -> Iterator[str]:
     yield from ["\n\n"] * 64
     # Text in the style of the simulator's completions, so a demo's simulated answers tokenize about as compactly
     # as the simulator counts them (a real target tokenizer does the same for real text).
-    from draftgen.sim.textgen import filler_text
+    from draftgen.sim.filler import filler_text  # loads the sim package (its fleet): only to build one
 
     for seed in range(64):
         yield filler_text(seed, 600)
@@ -159,11 +159,11 @@ def cache_root() -> Path:
 def _tiny_inputs_key(vocab_size: int) -> str:
     """A digest of everything the default tiny tokenizer is trained from: this module, the simulator's filler text,
     the bundled prompts and the chat template. A change to any of them names a new folder."""
-    from draftgen.sim import textgen
+    from draftgen.sim import filler  # loads the sim package (its fleet): only to find the tiny tokenizer
 
     digest = hashlib.blake2b(str(vocab_size).encode(), digest_size=10)
     template = resources.files("draftgen").joinpath("data/qwen3_chat_template.jinja")
-    for source in (Path(__file__), Path(textgen.__file__), BUNDLED_PROMPTS):
+    for source in (Path(__file__), Path(filler.__file__), BUNDLED_PROMPTS):
         digest.update(source.read_bytes())
     digest.update(template.read_bytes())
     return digest.hexdigest()
