@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from draftgen.sglang_rules.adaptive import (
     DEFAULT_TABLE,
@@ -22,9 +21,7 @@ from draftgen.sglang_rules.adaptive import (
     slot_for,
     slot_start,
 )
-
-if TYPE_CHECKING:
-    from draftgen.sim.profiles import SpecCosts
+from draftgen.sim.spec_costs import SpecCosts
 
 
 def chain_probabilities(costs: SpecCosts, steps: int) -> tuple[float, ...]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, fields, replace
 
 from draftgen.sglang_rules import adaptive, hybrid_memory, speculation
 from draftgen.sim import drafters
-from draftgen.sim.profiles import MemoryModel, Profile, SpecCosts
+from draftgen.sim.profiles import MemoryModel, Profile
+from draftgen.sim.spec_costs import SpecCosts
 
 GIB = 1 << 30
 
