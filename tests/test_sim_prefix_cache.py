@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from sim_helpers import post_json, prompt_ids, truth_for
 
+from draftgen.sim.core import ServerConfig, SimServer
 from draftgen.sim.engine import SimRequest
 from draftgen.sim.prefix_cache import CHUNK, CacheSettings, PrefixCache
 from draftgen.sim.profiles import get_profile
-from draftgen.sim.server import ServerConfig, SimServer
 
 LONG = [
     {
@@ -76,7 +76,7 @@ def _charged_steps(tokenizer_dir: Path, cache: CacheSettings, batches: list[list
                 requests = []
                 for i, text in enumerate(batch):
                     ids = server.tokenizer.encode(text)
-                    request = server.new_request(
+                    request = server.planner.new_request(
                         f"r{len(done)}-{i}",
                         "chat",
                         prompt_tokens=len(ids),

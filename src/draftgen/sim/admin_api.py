@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from draftgen.sim.server import SimServer
+    from draftgen.sim.core import SimServer
 
 
 class AdminApi:
@@ -28,7 +28,8 @@ class AdminApi:
 
     async def sim_truth(self, request: web.Request) -> web.Response:
         since = int(request.query.get("since", "0"))
-        return web.json_response({"records": self.sim.truth[since:], "next": len(self.sim.truth)})
+        records = self.sim.truth.records
+        return web.json_response({"records": records[since:], "next": len(records)})
 
     async def sim_info(self, _: web.Request) -> web.Response:
         profile = self.sim.profile

@@ -21,7 +21,7 @@ from draftgen.sim.textgen import THINK_END, request_seed
 from draftgen.sim.wire import BadRequest, sse
 
 if TYPE_CHECKING:
-    from draftgen.sim.server import SimServer
+    from draftgen.sim.core import SimServer
 
 # SGLang's /health_generate gives up after 20 s without scheduler output (simulated seconds here).
 HEALTH_GENERATE_TIMEOUT_S = 20.0
@@ -61,7 +61,7 @@ class NativeApi:
     async def health_generate(self, _: web.Request) -> web.Response:
         if not self.sim.healthy:
             return web.Response(status=503)
-        probe = self.sim.new_request(
+        probe = self.sim.planner.new_request(
             "health-" + uuid.uuid4().hex[:8],
             "health",
             prompt_tokens=4,

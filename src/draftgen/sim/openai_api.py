@@ -30,7 +30,7 @@ from draftgen.sim.toolcalls import call_id
 from draftgen.sim.wire import BadRequest, sse
 
 if TYPE_CHECKING:
-    from draftgen.sim.server import SimServer
+    from draftgen.sim.core import SimServer
 
 
 class OpenAIApi:
