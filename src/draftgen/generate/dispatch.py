@@ -33,11 +33,11 @@ from draftgen.generate.deadline import HangPolicy, ServerDeadline
 from draftgen.generate.events import DispatchEvents, StopRun
 from draftgen.generate.fleet_health import ChatClient, FleetHealth, Server, ServerStats
 from draftgen.generate.hedge import HedgePolicy, TailHedger
-from draftgen.generate.length_cap import BY_MAX_TOKENS, LengthCap, TurnLimit
+from draftgen.generate.length_cap import LengthCap, TurnLimit
 from draftgen.generate.status_file import FleetSnapshot, ServerSnapshot
+from draftgen.generate.turn_settings import TurnSettings
 from draftgen.generate.work import Flight, FlightState, Intake, TurnState, Work, WorkQueue
 from draftgen.prompts.rows import PromptRow, RejectedRow
-from draftgen.sampling_plan import arm_sampling, sample_seed
 
 MAIN_POLL_S = 0.2
 
@@ -104,15 +104,11 @@ class Dispatcher:
         length_cap: LengthCap | None = None,
     ):
         self.config = config
-        self.length_cap = length_cap  # None: every turn is sent with its arm's max_tokens
+        self.settings = TurnSettings(config, length_cap)
         self.events = events
         self.policy = RetryPolicy(config.max_attempts, config.backoff_base_s, config.backoff_max_s)
         self.rng = rng or random.Random()
-        # Each arm's sampling (no plan: the run's); the hang deadline allows for the longest arm's max_tokens.
-        self._sampling = {None: config.sampling} | {
-            arm.name: arm_sampling(config.sampling, arm) for arm in config.sampling_plan
-        }
-        longest = max(s.max_tokens for s in self._sampling.values())
+        longest = self.settings.longest_max_tokens
         hang = HangPolicy(config.request_timeout_s, longest, config.hang_factor, config.hang_min_s)
         self.servers = [
             Server(i, client, ServerDeadline(hang), ServerStats(client.url))
@@ -125,7 +121,6 @@ class Dispatcher:
         self.trained_tokens = 0  # completion tokens the trainer keeps: each turn's up to train_max_length
         self.first_sent_at: float | None = None
         self.last_answer_at: float | None = None
-        self._count_differs_noted = False
         self._queue = WorkQueue(prefix_affinity(config, self.servers, self.hedger.rates))
         window = max(64, 2 * config.concurrency_per_server * len(servers))
         self._intake = Intake(self._queue, turns=config.turns, window=window, skip=skip)
@@ -240,15 +235,14 @@ class Dispatcher:
         try:
             async with asyncio.timeout(timeout_s) as scope:
                 flight.scope = scope
-                prompt = work.conversation.prompt
                 result = await server.client.chat(
                     work.conversation.wire_request(),
-                    self._sampling[prompt.arm],
+                    self.settings.sampling(work),
                     config.model,
                     stream=config.stream,
                     timeout_s=config.request_timeout_s + 30.0,
                     max_tokens=work.limit.max_tokens if work.limit is not None else None,
-                    seed=sample_seed(prompt.id) if prompt.arm is not None else None,
+                    seed=self.settings.seed(work),
                     tools=work.conversation.tools,
                     on_first_token=self._queue.first_token_hook(work, server.url),
                 )
@@ -276,27 +270,18 @@ class Dispatcher:
 
     # ----- the trainer's max_length ------------------------------------------------------------------------
     def _limit(self, work: Work) -> bool:
-        """Give the turn its max_tokens, min(max_tokens, max_length − prompt tokens), once per turn (retries and
-        hedged copies send the same); False when it is set aside: nothing it generated could train, or less than
-        the run's floor (min_turn_budget)."""
-        if self.length_cap is None or work.limit is not None:
+        """False when the turn is set aside, not sent: nothing it generated could train, or less than the run's
+        floor (min_turn_budget)."""
+        limit = self.settings.limit(work)
+        if limit is None or limit.set_aside_by is None:
             return True
-        conversation = work.conversation
-        sampling = self._sampling[conversation.prompt.arm]
-        limit = self.length_cap.limit(
-            conversation.request(), sampling.max_tokens, sampling.enable_thinking, conversation.tools
-        )
-        if limit.set_aside_by is not None:
-            self._set_aside(work, limit)
-            return False
-        work.limit = limit
-        return True
+        self._set_aside(work, limit)
+        return False
 
     def _set_aside(self, work: Work, limit: TurnLimit) -> None:
-        assert self.length_cap is not None
         conversation = work.conversation
         label, first = conversation.label(), conversation.turn == 0
-        reason = limit.reason(self.length_cap.max_length)
+        reason = self.settings.set_aside_reason(limit)
         conversation.set_aside_rest(limit.set_aside_by)
         work.state = TurnState.SET_ASIDE
         self.set_aside += 1
@@ -305,22 +290,6 @@ class Dispatcher:
         rejected = conversation.rejected_row(reason) if first else None
         self._tell(self.events.set_aside, label, reason, row, rejected, limit.set_aside_by)
         self._intake.ended()
-
-    def _check_count(self, server: Server, work: Work, result: ChatResult) -> None:
-        """The first turn whose prompt the server counted otherwise than the tokenizer did is noted (once)."""
-        limit = work.limit
-        if limit is None or limit.prompt_tokens is None or result.prompt_tokens is None:
-            return
-        if self._count_differs_noted:
-            return
-        if result.prompt_tokens != limit.prompt_tokens:
-            self._count_differs_noted = True
-            self.events.note(
-                server.url,
-                f"{work.conversation.label()}: the server counted {result.prompt_tokens:,} prompt tokens, the "
-                f"tokenizer {limit.prompt_tokens:,}: is tokenizer the served model's? (max_tokens is capped on "
-                "the tokenizer's count)",
-            )
 
     # ----- what an answer or a failure decides ---------------------------------------------------------------
     def _settle(
@@ -349,11 +318,11 @@ class Dispatcher:
             self.events.note(server.url, server.deadline.learned_note())
         self.health.answered(server)
         stats.count_answer(result)
-        self._check_count(server, work, result)
+        if (note := self.settings.count_differs(work, result)) is not None:
+            self.events.note(server.url, note)
         conversation = work.conversation
         label = conversation.label()
-        sent = work.limit.max_tokens if work.limit else self._sampling[conversation.prompt.arm].max_tokens
-        budget_by = work.limit.budget_by if work.limit else BY_MAX_TOKENS
+        sent, budget_by = self.settings.sent(work)
         conversation.record(result, work.attempts, sent, budget_by)
         self.turns += 1
         self.trained_tokens += trained_part(result, config.train_max_length)
@@ -365,7 +334,7 @@ class Dispatcher:
         else:  # the next turn goes back to the queue: whichever server pulls it next answers it
             work.next_turn()
             self._requeue(work)
-        thinking = self._sampling[conversation.prompt.arm].enable_thinking
+        thinking = self.settings.sampling(work).enable_thinking
         self._tell(self.events.kept, server.url, label, result, row, thinking, budget_by)
         if row is not None:
             self._intake.ended()
