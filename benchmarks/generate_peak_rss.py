@@ -42,11 +42,12 @@ async def main():
     baseline = process.memory_info().rss
     threading.Thread(target=sample, daemon=True).start()
     from draftgen.generate import dispatch
-    original = dispatch.Dispatcher._on_success
+    original = dispatch.Dispatcher._keep
     def counting(self, *a, **k):
-        state["done"] += 1
-        return original(self, *a, **k)
-    dispatch.Dispatcher._on_success = counting
+        kept = original(self, *a, **k)
+        state["done"] = self.completed  # conversations stored (a multi-turn one once, at its last turn)
+        return kept
+    dispatch.Dispatcher._keep = counting
     result = await generate(config, plan, progress=False)
     state["stop"] = True
     return baseline, result
