@@ -99,18 +99,32 @@ class DrafterSpace(Params):
         return self
 
     def settings(self) -> list[ServerSettings]:
-        common = {
-            "speculative_algorithm": self.speculative_algorithm,
-            "speculative_draft_model_path": self.speculative_draft_model_path,
-        }
-        if self.speculative_algorithm == DFLASH:
-            return [ServerSettings(**common, speculative_num_draft_tokens=b) for b in self.block_sizes]
-        return [
-            ServerSettings(
-                **common, speculative_num_steps=s, speculative_eagle_topk=k, speculative_num_draft_tokens=d
-            )
-            for s, k, d in self.spec_candidates
-        ]
+        algorithm, path = self.speculative_algorithm, self.speculative_draft_model_path
+        if algorithm == DFLASH:
+            return [
+                ServerSettings(
+                    speculative_algorithm=algorithm,
+                    speculative_draft_model_path=path,
+                    speculative_num_draft_tokens=b,
+                )
+                for b in self.block_sizes
+            ]
+        return [chain_settings(algorithm, triple, path) for triple in self.spec_candidates]
+
+
+def chain_settings(
+    algorithm: str, triple: list[int], draft_model_path: str = "", *, adaptive: bool = False
+) -> ServerSettings:
+    """[steps, topk, draft tokens] of ``algorithm`` as SGLang's flags ("" path: none, as NEXTN needs)."""
+    steps, topk, drafts = triple
+    return ServerSettings(
+        speculative_algorithm=algorithm,
+        speculative_num_steps=steps,
+        speculative_eagle_topk=topk,
+        speculative_num_draft_tokens=drafts,
+        speculative_draft_model_path=draft_model_path or None,
+        speculative_adaptive=adaptive,
+    )
 
 
 @dataclass(frozen=True)
@@ -325,23 +339,9 @@ class TuneConfig(ServerParams, SamplingParams):
                 )
             refused += _sim_drafter_problems(self.drafters)
         named = [
-            (f"spec_candidates[{i}] {triple}", settings)
-            for i, (triple, settings) in enumerate(zip(self.spec_candidates, self._static(), strict=True))
+            *self._space(),
+            (f"verdict_baseline {self.verdict_baseline}", self.verdict_baseline_settings()),
         ]
-        named += [
-            (f"adaptive_steps[{i}] {steps}", settings)
-            for i, (steps, settings) in enumerate(zip(self.adaptive_steps, self._adaptive(), strict=True))
-        ]
-        named += [
-            (f"ngram_draft_tokens[{i}] {drafts}", settings)
-            for i, (drafts, settings) in enumerate(zip(self.ngram_draft_tokens, self._ngram(), strict=True))
-        ]
-        named += [
-            (f"drafters[{i}] {settings.label.split(',')[0]}", settings)
-            for i, drafter in enumerate(self.drafters)
-            for settings in drafter.settings()
-        ]
-        named += [(f"verdict_baseline {self.verdict_baseline}", self.verdict_baseline_settings())]
         for name, settings in named:
             for reason in sglang_problems(
                 settings,
@@ -362,30 +362,32 @@ class TuneConfig(ServerParams, SamplingParams):
     def settings_path(self) -> Path:
         return Path(self.settings_file) if self.settings_file else Path(self.out_dir) / SETTINGS
 
-    def _static(self) -> list[ServerSettings]:
-        return [
-            ServerSettings(
-                speculative_algorithm=self.speculative_algorithm,
-                speculative_num_steps=steps,
-                speculative_eagle_topk=topk,
-                speculative_num_draft_tokens=drafts,
-                speculative_draft_model_path=self.speculative_draft_model_path or None,
-            )
-            for steps, topk, drafts in self.spec_candidates
+    def _space(self) -> list[tuple[str, ServerSettings]]:
+        """The race's speculative settings but off, each named by the parameter that gives it: spec_candidates,
+        adaptive_steps (SGLang resolves them to top-k 1 and steps + 1 draft tokens), ngram_draft_tokens, drafters."""
+        algorithm, path = self.speculative_algorithm, self.speculative_draft_model_path
+        named = [
+            (f"spec_candidates[{i}] {triple}", chain_settings(algorithm, triple, path))
+            for i, triple in enumerate(self.spec_candidates)
         ]
-
-    def _adaptive(self) -> list[ServerSettings]:
-        """SGLang's adaptive speculation from each start: top-k 1 and steps + 1 draft tokens, as it resolves them."""
-        return [
-            ServerSettings(
-                speculative_algorithm=self.speculative_algorithm,
-                speculative_num_steps=steps,
-                speculative_eagle_topk=1,
-                speculative_num_draft_tokens=steps + 1,
-                speculative_draft_model_path=self.speculative_draft_model_path or None,
-                speculative_adaptive=True,
+        named += [
+            (
+                f"adaptive_steps[{i}] {steps}",
+                chain_settings(algorithm, [steps, 1, steps + 1], path, adaptive=True),
             )
-            for steps in self.adaptive_steps
+            for i, steps in enumerate(self.adaptive_steps)
+        ]
+        named += [
+            (
+                f"ngram_draft_tokens[{i}] {drafts}",
+                ServerSettings(speculative_algorithm=NGRAM, speculative_num_draft_tokens=drafts),
+            )
+            for i, drafts in enumerate(self.ngram_draft_tokens)
+        ]
+        return named + [
+            (f"drafters[{i}] {settings.label.split(',')[0]}", settings)
+            for i, drafter in enumerate(self.drafters)
+            for settings in drafter.settings()
         ]
 
     def verdict_baseline_settings(self) -> ServerSettings:
@@ -417,20 +419,10 @@ class TuneConfig(ServerParams, SamplingParams):
             for i, spec in enumerate(specs)
         ]
 
-    def _ngram(self) -> list[ServerSettings]:
-        return [
-            ServerSettings(speculative_algorithm=NGRAM, speculative_num_draft_tokens=drafts)
-            for drafts in self.ngram_draft_tokens
-        ]
-
     def candidates(self) -> list[Candidate]:
-        specs: list[ServerSettings] = []
-        if self.mtp_off:
-            specs.append(SPECULATION_OFF)
-        specs += self._static() + self._adaptive() + self._ngram()
-        specs += [s for drafter in self.drafters for s in drafter.settings()]
+        specs = [SPECULATION_OFF] if self.mtp_off else []
         out = []
-        for spec in specs:
+        for spec in specs + [settings for _, settings in self._space()]:
             for cap in self.max_running_requests:
                 settings = spec.model_copy(
                     update={"max_running_requests": cap, "mem_fraction_static": self.mem_fraction_static}
