@@ -39,7 +39,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the ter
 
 @dataclass
 class _Member:
-    """Run-time state of one supervised process (private to the supervisor)."""
+    """One supervised process (private to the supervisor): its run-time state, how it is shown, what its failure
+    says and when it may come back."""
 
     spec: LaunchSpec
     log_path: Path
@@ -54,6 +55,72 @@ class _Member:
     failures_in_row: int = 0
     history: list[str] = field(default_factory=list)  # stages seen in this attempt, for messages
     failure: str = ""  # why the last failed attempt failed (the start's summary names it)
+
+    def row(self, now: float) -> StatusRow:
+        return StatusRow(
+            name=self.spec.name,
+            port=self.spec.port,
+            gpus=self.spec.gpus,
+            stage=self.stage,
+            detail=self.detail,
+            in_stage_s=now - self.stage_since,
+            up_s=now - self.started_at
+            if self.started_at is not None and self.stage != ProcessStage.FAILED
+            else None,
+            restarts=self.restarts,
+            pid=self.process.pid if self.process is not None and self.process.returncode is None else None,
+        )
+
+    def summary(self) -> ServerStart:
+        """This server in the start's outcome."""
+        ready = self.stage == StartupStage.READY
+        return ServerStart(
+            url=self.spec.url,
+            ready=ready,
+            ready_s=self.ready_at - self.started_at
+            if ready and self.ready_at is not None and self.started_at is not None
+            else None,
+            restarts=self.restarts,
+            failure=self.failure,
+            log_path=self.log_path,
+        )
+
+    def failure_lines(self, reason: str, config: ServeConfig) -> list[str]:
+        """What a failed attempt says (``reason``: "timeout" or "exited"), its log's tail last; keeps the why in
+        ``failure``."""
+        process = self.process
+        assert process is not None and self.started_at is not None
+        after = time.monotonic() - self.started_at
+        was = "was ready" if self.ready_at is not None else f"stages seen: {' → '.join(self.history)}"
+        if reason == "timeout":
+            why = (
+                f"not ready after {config.startup_timeout_s:g}s "
+                f"(stuck at {self.stage.value}: {self.stage.meaning})"
+            )
+            headline = f"{self.spec.label}: {why}; stopping it"
+        else:
+            why = f"exited with code {process.returncode} after {after:.1f}s ({was})"
+            headline = f"{self.spec.label}: {why}"
+        tail = log_tail(self.log_path, config.log_tail_lines, self.log_offset)
+        if any("address already in use" in line.lower() for line in tail):
+            taken = f"; port {self.spec.port} is taken by another process"
+            why += taken
+            headline += taken
+        self.failure = why
+        return [
+            headline,
+            f"  last {len(tail)} lines of {self.log_path}:",
+            *(f"    | {line}" for line in tail),
+        ]
+
+    def restart_delay(self, config: ServeConfig) -> float | None:
+        """The back-off before the next attempt, doubling with each failure in a row; None: not restarted."""
+        if self.ready_at is not None and time.monotonic() - self.ready_at >= STABLE_AFTER_S:
+            self.failures_in_row = 0
+        self.failures_in_row += 1
+        if not config.restart or self.failures_in_row > config.max_restarts:
+            return None
+        return min(MAX_BACKOFF_S, config.restart_backoff_s * 2 ** (self.failures_in_row - 1))
 
 
 def _clock_stamp() -> str:
@@ -119,22 +186,7 @@ class Supervisor:
 
     def _rows(self) -> list[StatusRow]:
         now = time.monotonic()
-        return [
-            StatusRow(
-                name=m.spec.name,
-                port=m.spec.port,
-                gpus=m.spec.gpus,
-                stage=m.stage,
-                detail=m.detail,
-                in_stage_s=now - m.stage_since,
-                up_s=now - m.started_at
-                if m.started_at is not None and m.stage != ProcessStage.FAILED
-                else None,
-                restarts=m.restarts,
-                pid=m.process.pid if m.process is not None and m.process.returncode is None else None,
-            )
-            for m in self._members()
-        ]
+        return [m.row(now) for m in self._members()]
 
     def _set_stage(self, member: _Member, stage: Stage, detail: str = "", announce: bool = True) -> None:
         if stage == member.stage and detail == member.detail:
@@ -177,10 +229,12 @@ class Supervisor:
             reason = await self._watch(member)
             if reason == "stop":
                 return
-            self._report_failure(member, reason)
             assert member.process is not None
+            self._event("\n".join(member.failure_lines(reason, self.config)))
+            code = "timeout" if reason == "timeout" else f"code {member.process.returncode}"
+            self._set_stage(member, ProcessStage.EXITED, code, announce=False)
             await stop_group(member.process, self.config.stop_grace_s)  # children left behind hold GPU memory
-            delay = self._restart_delay(member)
+            delay = member.restart_delay(self.config)
             if delay is None:
                 if self.config.restart:
                     why = f"gave up after {member.failures_in_row} failures in a row (--max-restarts)"
@@ -233,44 +287,6 @@ class Supervisor:
         await self._first_of(process.wait(), self._stop.wait())
         return "stop" if self._stop.is_set() else "exited"
 
-    def _report_failure(self, member: _Member, reason: str) -> None:
-        process = member.process
-        assert process is not None and member.started_at is not None
-        after = time.monotonic() - member.started_at
-        was = "was ready" if member.ready_at is not None else f"stages seen: {' → '.join(member.history)}"
-        if reason == "timeout":
-            why = (
-                f"not ready after {self.config.startup_timeout_s:g}s "
-                f"(stuck at {member.stage.value}: {member.stage.meaning})"
-            )
-            headline = f"{member.spec.label}: {why}; stopping it"
-        else:
-            why = f"exited with code {process.returncode} after {after:.1f}s ({was})"
-            headline = f"{member.spec.label}: {why}"
-        tail = log_tail(member.log_path, self.config.log_tail_lines, member.log_offset)
-        if any("address already in use" in line.lower() for line in tail):
-            taken = f"; port {member.spec.port} is taken by another process"
-            why += taken
-            headline += taken
-        member.failure = why
-        lines = [headline, f"  last {len(tail)} lines of {member.log_path}:"]
-        lines += [f"    | {line}" for line in tail]
-        self._event("\n".join(lines))
-        self._set_stage(
-            member,
-            ProcessStage.EXITED,
-            "timeout" if reason == "timeout" else f"code {process.returncode}",
-            announce=False,
-        )
-
-    def _restart_delay(self, member: _Member) -> float | None:
-        if member.ready_at is not None and time.monotonic() - member.ready_at >= STABLE_AFTER_S:
-            member.failures_in_row = 0
-        member.failures_in_row += 1
-        if not self.config.restart or member.failures_in_row > self.config.max_restarts:
-            return None
-        return min(MAX_BACKOFF_S, self.config.restart_backoff_s * 2 ** (member.failures_in_row - 1))
-
     # ----- the fleet ------------------------------------------------------------------------------------------
     async def _coordinate(self, group: asyncio.TaskGroup) -> None:
         announced = False
@@ -318,19 +334,7 @@ class Supervisor:
         self._event(message + ". Ctrl-C stops every server.\n" + startup_text(self._starts()))
 
     def _starts(self) -> list[ServerStart]:
-        return [
-            ServerStart(
-                url=m.spec.url,
-                ready=m.stage == StartupStage.READY,
-                ready_s=m.ready_at - m.started_at
-                if m.stage == StartupStage.READY and m.ready_at is not None and m.started_at is not None
-                else None,
-                restarts=m.restarts,
-                failure=m.failure,
-                log_path=m.log_path,
-            )
-            for m in self._servers
-        ]
+        return [m.summary() for m in self._servers]
 
     def _publish(self, urls: list[str], what: str) -> None:
         if urls == self._last_written:
