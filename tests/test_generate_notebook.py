@@ -301,7 +301,7 @@ def test_guard_halts_within_the_first_batch_when_answers_are_empty(sim_fleet, tm
     params = base_params(fleet, prompts_2000, batch_save_size=500, canary=False)
     result = draftgen_run(tmp_path / "out", "garbage", params)
     run_dir = tmp_path / "out" / "generate" / "garbage"
-    assert result.returncode != 0
+    assert result.returncode == 1  # the run ran and came out wrong (draftgen.exit_codes)
     text = notebook_text(run_dir)
     assert "GuardTripped" in text and "empty reasoning" in text
     assert "syn-7-" in text  # example ids named
@@ -316,7 +316,8 @@ def test_canary_catches_empty_answers_before_the_run(sim_fleet, tmp_path, prompt
     fleet = sim_fleet(servers=2, profile="instant", faults=["empty_answer_rate=1.0"])
     result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_2000))
     run_dir = tmp_path / "out" / "generate" / "canary"
-    assert result.returncode != 0
+    assert result.returncode == 3 and "refused before any work" in result.stderr  # preflight: nothing sent
+    assert (run_dir / ".refused").exists()  # the name stays free
     text = notebook_text(run_dir)
     assert "PreflightError" in text and "canary" in text and "empty reasoning" in text
     assert not list((run_dir / "shards").glob("*.parquet"))
@@ -358,11 +359,15 @@ def mixed_prompts(tmp_path: Path) -> Path:
     return path
 
 
-def test_malformed_rows_abort_before_any_request_naming_rows(sim_fleet, tmp_path, mixed_prompts):
+def test_malformed_rows_abort_before_any_request_then_the_same_name_sets_them_aside(
+    sim_fleet, tmp_path, mixed_prompts
+):
+    """Above max_rejected_rate preflight refuses, naming rows (exit 3, nothing sent, the name left free); the same
+    command with the rate raised then runs in that folder, setting the malformed rows aside."""
     fleet = sim_fleet(servers=2, profile="instant")
     result = draftgen_run(tmp_path / "out", "bad", base_params(fleet, mixed_prompts))
     run_dir = tmp_path / "out" / "generate" / "bad"
-    assert result.returncode != 0
+    assert result.returncode == 3 and "--name bad is free" in result.stderr
     text = notebook_text(run_dir)
     assert "PreflightError" in text and "malformed rows" in text and "max_rejected_rate" in text
     assert "row 8: invalid JSON" in text
@@ -371,13 +376,11 @@ def test_malformed_rows_abort_before_any_request_naming_rows(sim_fleet, tmp_path
     assert not list((run_dir / "shards").glob("*.parquet"))
     chats = [truth for truth in fleet.truth() if truth["kind"] == "chat"]
     assert len(chats) <= 2 * 2  # only preflight's probe and canary per server: no prompt was sent
+    assert (run_dir / ".refused").exists()
 
-
-def test_malformed_rows_set_aside_and_the_rest_generated(sim_fleet, tmp_path, mixed_prompts):
-    fleet = sim_fleet(servers=2, profile="instant")
-    result = draftgen_run(tmp_path / "out", "mixed", base_params(fleet, mixed_prompts, max_rejected_rate=0.5))
-    run_dir = tmp_path / "out" / "generate" / "mixed"
+    result = draftgen_run(tmp_path / "out", "bad", base_params(fleet, mixed_prompts, max_rejected_rate=0.5))
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not (run_dir / ".refused").exists()
     assert_exactly_once(run_dir, valid_ids(mixed_prompts))
     assert len(valid_ids(mixed_prompts)) == 120
     rejected = pl.read_parquet(run_dir / "rejected.parquet")

@@ -23,8 +23,7 @@ from draftgen.notebook_params import (
     notebook_type,
     render_parameters_cell,
 )
-from draftgen.params import NotebookCell, Params, PositiveInt, load_params_files, param
-from draftgen.paths import ProjectPath
+from draftgen.params import NotebookCell, Params, PositiveInt, ProjectPath, load_params_files, param
 from draftgen.runner import applicable_parameters, check_parameters, config_class, declared_parameters
 from draftgen.training.trainers import Trainer
 

@@ -164,11 +164,13 @@ def test_papermill_kernel_in_notebooks_writes_under_the_root(validate_project):
     assert not (root / "notebooks" / "outputs").exists(), "a run folder landed under notebooks/"
 
 
-def test_draftgen_run_from_a_subfolder_writes_under_the_root(validate_project):
+def test_draftgen_run_from_a_subfolder_reads_and_writes_under_the_root(validate_project):
     root = validate_project
     env = {k: v for k, v in os.environ.items() if k != ROOT_ENV}
+    (root / "params").mkdir()
+    (root / "params" / "val.yaml").write_text("generation_dir: outputs/gen\n")
     command = [sys.executable, "-m", "draftgen", "run", "validate", "--name", "rel", "--no-html"]
-    command += ["-p", "generation_dir", "outputs/gen", "-p", "tokenizer", "models/tok"]
+    command += ["-f", "params/val.yaml", "-p", "tokenizer", "models/tok"]  # -f too: under the root
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=300, cwd=root / "outputs", env=env
     )
@@ -177,3 +179,108 @@ def test_draftgen_run_from_a_subfolder_writes_under_the_root(validate_project):
     assert (run_dir / ".complete").exists(), result.stdout
     assert json.loads((run_dir / "summary.json").read_text())["passed"] is True
     assert not (root / "outputs" / "outputs").exists()
+
+
+# ----- every command: the same rule (docs/design.md#paths) -----------------------------------------------------
+COMMAND_PATHS = [
+    (["status", "outputs/generate/x"], {"run_dir": "outputs/generate/x"}),
+    (["run", "validate", "-f", "params/a.yaml", "--out-root", "runs"], {"out_root": "runs"}),
+    (["run", "validate"], {"out_root": "outputs"}),
+    (["tune", "-f", "params/a.yaml"], {"out_root": "outputs"}),
+    (["sim", "--work-dir", "w", "--tokenizer", "models/tok"], {"work_dir": "w", "tokenizer": "models/tok"}),
+    (["prompts", "--n", "1", "--out", "data/p.jsonl"], {"out": "data/p.jsonl"}),
+    (["tokenizer", "--out", "models/tok"], {"out": "models/tok"}),
+    (["demo"], {"out": "outputs/demo"}),
+    (["demo", "--out", "d"], {"out": "d"}),
+]
+
+
+@pytest.mark.parametrize(
+    "argv, paths", COMMAND_PATHS, ids=lambda v: " ".join(v) if isinstance(v, list) else ""
+)
+def test_every_commands_relative_paths_are_under_the_root(project, argv, paths):
+    from draftgen.cli import build_parser
+
+    args = build_parser(argv).parse_args(argv)  # parsed in notebooks/, a folder below the root
+    for dest, given in paths.items():
+        assert getattr(args, dest) == project / given, dest
+    if argv[0] in ("run", "tune") and "-f" in argv:
+        assert args.parameters_file == [project / "params" / "a.yaml"]
+
+
+def test_serve_paths_are_under_the_root(project):
+    from draftgen.cli import build_parser
+    from draftgen.commands.serve import build_config as serve_config
+
+    argv = ["serve", "--engine", "sim", "--gpus", "0"]
+    assert serve_config(build_parser(argv).parse_args(argv)).out_dir == project / "outputs" / "serve"
+    argv += ["--out", "runs/serve", "--settings", "runs/s.yaml"]
+    assert build_parser(argv).parse_args(argv).settings == project / "runs" / "s.yaml"
+    assert (
+        serve_config(build_parser(argv[:-2]).parse_args(argv[:-2])).run_dir.parent
+        == project / "runs" / "serve"
+    )
+
+
+def test_no_command_reads_a_path_from_the_working_directory():
+    """A flag typed ``pathlib.Path`` would be read from the shell's folder: every path flag is ``resolve_path``."""
+    import argparse
+
+    from draftgen.cli import build_parser
+
+    def parsers(parser: argparse.ArgumentParser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for inner in action.choices.values():
+                    yield from parsers(inner)
+
+    typed = [
+        (parser.prog, action.dest, action.type)
+        for parser in parsers(build_parser())
+        for action in parser._actions
+        if action.type is not None
+    ]
+    assert [t for t in typed if t[2] is Path] == []
+    assert {(prog, dest) for prog, dest, kind in typed if kind is resolve_path} >= {
+        ("draftgen status", "run_dir"),
+        ("draftgen run", "parameters_file"),
+        ("draftgen serve", "out_dir"),
+        ("draftgen serve", "settings"),
+        ("draftgen sim", "work_dir"),
+    }
+
+
+def test_serve_starts_servers_and_checks_interpreters_in_the_root(project):
+    """A relative --python (or --model) means the file under the root, in serve's checks and its servers alike."""
+    import asyncio
+
+    from draftgen.serve.launch import LaunchSpec
+    from draftgen.serve.preflight import importable
+    from draftgen.serve.process import spawn
+
+    (project / "env" / "bin").mkdir(parents=True)
+    (project / "env" / "bin" / "python").symlink_to(sys.executable)
+    assert importable("env/bin/python", "json")  # found from notebooks/, a folder below the root
+    argv = ("env/bin/python", "-c", "import os; print('cwd', os.getcwd())")
+    spec = LaunchSpec("server-1", "server", 1, "http://127.0.0.1:1", (0,), argv, (), "/health")
+
+    async def started() -> int:
+        return await (await spawn(spec, project / "server.log")).wait()
+
+    assert asyncio.run(started()) == 0
+    assert f"cwd {project}" in (project / "server.log").read_text()
+
+
+def test_status_from_a_subfolder_reads_the_run_under_the_root(project):
+    from draftgen.watch import progress_file
+
+    run = project / "outputs" / "generate" / "r"
+    run.mkdir(parents=True)
+    progress_file.write_progress(run, {"state": "finished", "detail": "complete", "heartbeat_at": 1.0})
+    env = {k: v for k, v in os.environ.items() if k != ROOT_ENV}
+    command = [sys.executable, "-m", "draftgen", "status", "outputs/generate/r"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=60, cwd=project / "notebooks", env=env
+    )
+    assert done.returncode == 0 and "FINISHED" in done.stdout, done.stdout + done.stderr

@@ -599,7 +599,7 @@ def test_killing_serve_itself_leaves_no_orphan(serve) -> None:  # type: ignore[n
     assert run.survivors() == []
 
 
-def test_port_already_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_port_already_in_use_is_one_line_and_exit_3(tmp_path: Path) -> None:
     base = find_free_base_port(2)
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", base + 1))
@@ -613,7 +613,7 @@ def test_port_already_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
             text=True,
             timeout=WAIT_S,
         )
-    assert result.returncode == 2, result
+    assert result.returncode == 3, result  # refused before anything started (draftgen.exit_codes)
     err = result.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("draftgen serve: error: port"), result.stderr
     assert f"port {base + 1} on 127.0.0.1 already in use" in err[0]

@@ -142,7 +142,7 @@ def test_bad_sim_arguments_give_one_line_and_exit_2(capsys, args, message):
     assert "Traceback" not in captured.err + captured.out
 
 
-def test_port_in_use_gives_one_line_and_exit_2(tmp_path):
+def test_port_in_use_gives_one_line_and_exit_3(tmp_path):
     base = find_free_base_port(3)
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", base + 1))  # the second port of the range
@@ -154,7 +154,7 @@ def test_port_in_use_gives_one_line_and_exit_2(tmp_path):
             text=True,
             timeout=60,
         )
-    assert result.returncode == 2, result
+    assert result.returncode == 3, result  # refused before anything started (draftgen.exit_codes)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"port {base + 1} already in use" in lines[0], result.stderr
     assert "Traceback" not in result.stderr

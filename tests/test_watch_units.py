@@ -328,7 +328,7 @@ def test_status_imports_only_its_own_command(tmp_path):
         "print(code, sorted(m for m in ('aiohttp', 'httpx2', 'openai', 'pydantic', 'polars', 'papermill') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "4 []", result.stdout + result.stderr  # 4: still running
 
 
 def test_multi_turn_runs_report_turns(tmp_path, capsys):

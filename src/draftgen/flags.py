@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from draftgen.params import Config, Params, Problem, find_problems
+from draftgen.paths import resolve_path
 
 EXTRA = "-- EXTRA"  # how the positional arguments after -- are named
 
@@ -81,7 +82,10 @@ def add_flags(
         elif typing.get_origin(kind) is list:
             options.update(action="append", type=flag.parse or _unwrapped(typing.get_args(kind)[0]))
         else:
-            options["type"] = flag.parse or (kind if kind in (int, float, Path) else str)
+            # a path flag means what every relative path does: under the project root (draftgen.paths)
+            options["type"] = flag.parse or (
+                resolve_path if kind is Path else kind if kind in (int, float) else str
+            )
         if flag.metavar and options.get("action") in (None, "append"):
             options["metavar"] = flag.metavar
         container = groups[flag.group]

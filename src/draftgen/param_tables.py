@@ -9,6 +9,7 @@ A page marks each table with a pair of comments naming its source::
     <!-- files -->                                 what each step's run folder holds (draftgen.rundir.layout)
     <!-- files: generate -->                       one step's folder as a tree, each file with what it holds
     <!-- files: demo -->                           draftgen demo's folder as a tree
+    <!-- exit codes -->                            every command's exit codes (draftgen.exit_codes)
     ...
     <!-- end parameters -->                        (end faults, end shared parameters)
 
@@ -35,6 +36,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from draftgen.exit_codes import markdown_table
 from draftgen.notebook_params import notebook_literal, notebook_value
 from draftgen.params import SHARED_PARAMETERS, Params
 from draftgen.rundir import layout, write_text
@@ -47,7 +49,8 @@ DOCS = REPO_ROOT / "docs"
 LONG_LITERAL = 60  # characters: a longer list default shows its first and last items
 README = REPO_ROOT / "README.md"
 _BLOCK = re.compile(
-    r"<!-- (parameters|faults|shared parameters|files)(?:: ([^>]*?))? -->\n(.*?)<!-- end \1 -->\n", re.S
+    r"<!-- (parameters|faults|shared parameters|files|exit codes)(?:: ([^>]*?))? -->\n(.*?)<!-- end \1 -->\n",
+    re.S,
 )
 _OPTIONS = re.compile(r"<!-- options: ([\w-]+) -->\n(.*?)<!-- end options -->\n", re.S)
 _SECTION = re.compile(r'^(\w+)(?: "([^"]*)")?$')
@@ -187,6 +190,7 @@ RENDERERS: dict[str, Callable[[str], str]] = {
     "faults": faults_table,
     "shared parameters": shared_parameters_line,
     "files": files_table,
+    "exit codes": markdown_table,
 }
 
 
@@ -232,7 +236,10 @@ def options_problems(table: str, parser: argparse.ArgumentParser) -> list[str]:
         for flag in re.findall(r"`(--[\w*-]+)", cells[0]):
             documented[flag] = cells[1] if len(cells) > 1 else ""
     problems = []
-    actions = [a for a in parser._actions if a.option_strings and "--help" not in a.option_strings]
+    # --help and --debug are every command's, documented once (docs/design.md, "The command line")
+    actions = [
+        a for a in parser._actions if a.option_strings and not {"--help", "--debug"} & set(a.option_strings)
+    ]
     for action in actions:
         flag = max(action.option_strings, key=len)
         row_default = next(

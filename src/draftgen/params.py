@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic.fields import FieldInfo
 
 from draftgen.defaults import MODEL, fleet_urls
+from draftgen.paths import resolve_parameter
 from draftgen.server_settings import SettingsFile
 from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
 from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
@@ -32,6 +33,8 @@ from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trai
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+# A path parameter of a notebook config: resolved against the project root when the config is built (draftgen.paths).
+ProjectPath = Annotated[str, AfterValidator(resolve_parameter)]
 
 Config = TypeVar("Config", bound="Params")
 

@@ -17,9 +17,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
-
-from pydantic import AfterValidator
 
 ROOT_ENV = "DRAFTGEN_ROOT"
 # A project root holds notebooks/ and at least one of these beside it.
@@ -58,7 +55,3 @@ def root_note(value: str | Path) -> str:
     if not value or Path(value).expanduser().is_absolute():
         return ""
     return f"; relative paths are read from the project root {project_root()}"
-
-
-# A path parameter of a notebook config: resolved against the project root when the config is built.
-ProjectPath = Annotated[str, AfterValidator(resolve_parameter)]

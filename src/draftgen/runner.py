@@ -3,7 +3,9 @@ demo), or its ``run(config)`` in this process (``draftgen tune``). One runner, s
 ``parameters.yaml``, its ``.complete`` marker and the never-overwrite rule are the same whichever face runs it.
 
 Parameters are checked against the notebook's declared parameters and its config class before a kernel starts,
-so a typo or a wrong type costs a second, not a GPU-hour. A finished run is never overwritten. The step's
+so a typo or a wrong type costs a second, not a GPU-hour. A finished run is never overwritten. A new run that a check
+before any work refused (``exit_codes.Refused``: the servers, the inputs) leaves its folder marked ``.refused``: the
+name stays free, and the next run of that name starts over there. The step's
 ``run(config)`` opens its folder and marks it finished itself (``draftgen.rundir.run_folder``), in the kernel as
 in JupyterLab; the runner does so only for a run folder the step does not write (monitor's, or one whose
 ``out_dir`` points elsewhere), and adds the executed notebook and report.html.
@@ -17,6 +19,7 @@ import asyncio
 import difflib
 import inspect
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -27,11 +30,12 @@ from typing import Any
 
 import yaml
 
+from draftgen.exit_codes import Refused, refusal_names
 from draftgen.params import SHARED_PARAMETERS, ParameterError, Params, build_config, load_params_files
 from draftgen.paths import project_root, resolve_path
 from draftgen.rundir import RunFolderLease, finish_run, is_disk_full
-from draftgen.rundir.layout import REPORT_HTML
-from draftgen.rundir.run_folder import is_finished, record_parameters
+from draftgen.rundir.layout import LOCK, REPORT_HTML
+from draftgen.rundir.run_folder import is_finished, record_parameters, record_refusal, was_refused
 from draftgen.steps import Step, get_step
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +70,7 @@ class RunPlan:
 
 def resolve_notebook(name_or_path: str) -> Path:
     """``generate`` → notebooks/generate.ipynb (from the project root, else the source checkout)."""
-    candidate = Path(name_or_path)
+    candidate = resolve_path(name_or_path)
     if candidate.suffix == ".ipynb":
         if candidate.exists():
             return candidate
@@ -176,9 +180,9 @@ def add_parameter_options(parser: argparse.ArgumentParser) -> None:
         "--parameters-file",
         action="append",
         default=[],
-        type=Path,
+        type=resolve_path,
         metavar="YAML",
-        help="parameter file; repeat to merge left to right",
+        help="parameter file; repeat to merge left to right (relative: under the project root)",
     )
     parser.add_argument(
         "-p",
@@ -196,8 +200,8 @@ def add_run_folder_options(parser: argparse.ArgumentParser, resume_help: str) ->
     parser.add_argument("--name", help="run folder name (default: <params-file>-<timestamp>)")
     parser.add_argument(
         "--out-root",
-        type=Path,
-        default=Path("outputs"),
+        type=resolve_path,
+        default="outputs",
         help="root of run folders (default outputs; relative: under the project root, docs/design.md#paths)",
     )
     parser.add_argument("--resume", action="store_true", help=resume_help)
@@ -238,7 +242,7 @@ def plan_run(
         raise ValueError(
             f"run {run_dir} already finished; pick another --name (finished runs are never overwritten)"
         )
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume and not was_refused(run_dir):
         raise ValueError(
             f"run {run_dir} exists but did not finish; pass --resume to continue it, or another --name"
         )
@@ -277,15 +281,52 @@ def local_kernel_config(socket_dir: Path) -> Any:
     return Config({"KernelManager": {"transport": "ipc", "ip": str(socket_dir / "kernel")}})
 
 
+def plan_folders(plan: RunPlan) -> list[Path]:
+    """The run folder, and the step's output folder when a parameter puts it elsewhere."""
+    folders = {resolve_path(plan.run_dir)}
+    if plan.step is not None:
+        folders.add(resolve_path(plan.step.output_folder(plan.parameters, plan.run_dir)))
+    return sorted(folders)
+
+
+def new_folders(plan: RunPlan) -> list[Path]:
+    """The plan's folders that hold no run yet: missing, empty, or left by a refused run. A refusal gives these
+    back (``mark_refused``); a folder with work in it stays the run's, for ``--resume``."""
+    return [f for f in plan_folders(plan) if not f.exists() or not any(f.iterdir()) or was_refused(f)]
+
+
+def is_refusal(plan: RunPlan, exc: BaseException) -> bool:
+    """Whether ``exc`` is a refusal (``exit_codes.Refused``), raised here or in the notebook's kernel: papermill's
+    error names the kernel's exception class only, so the step's modules (which define the refusals it raises) are
+    imported to know the names."""
+    if isinstance(exc, Refused):
+        return True
+    name = getattr(exc, "ename", None)
+    if not name:
+        return False
+    if plan.step is not None:
+        plan.step.run_function()
+    return name in refusal_names()
+
+
+def mark_refused(folders: list[Path], exc: BaseException) -> None:
+    """Mark each of ``folders`` (new before the run) as left by a refused run: its name stays free."""
+    said = getattr(exc, "evalue", None) or str(exc)
+    for folder in folders:
+        record_refusal(folder, said)
+
+
 def open_run_folder(plan: RunPlan) -> None:
     """Create the run folder (and the step's output folder, when a parameter puts it elsewhere) and clear what
     interrupted writes left there, under the folder's lease for that moment (``rundir.lease``): every step's
-    folder is opened the same way. Another process writing there is refused (``RunFolderBusy``)."""
-    folders = {plan.run_dir}
-    if plan.step is not None:
-        folders.add(resolve_path(plan.step.output_folder(plan.parameters, plan.run_dir)))
-    for folder in sorted(folders):
-        RunFolderLease.acquire(folder, advice="pick another --name").release()
+    folder is opened the same way. Another process writing there is refused (``RunFolderBusy``). A folder a
+    refused run left is emptied first: the run starts over there."""
+    for folder in plan_folders(plan):
+        with RunFolderLease.acquire(folder, advice="pick another --name"):
+            if was_refused(folder):
+                for item in folder.iterdir():
+                    if item.name != LOCK:
+                        shutil.rmtree(item) if item.is_dir() else item.unlink()
 
 
 def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_output: bool = True) -> RunPlan:
@@ -301,6 +342,7 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
     from draftgen.rundir import notebook_io
 
     assert plan.notebook is not None, "a command's run goes through run_here"
+    fresh = new_folders(plan)
     open_run_folder(plan)
     notebook_io.register()
     if not plan.step_owns_folder:
@@ -318,6 +360,8 @@ def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_ou
                 config=local_kernel_config(Path(sockets)),
             )
     except BaseException as exc:
+        if is_refusal(plan, exc):
+            mark_refused(fresh, exc)
         if html and plan.executed_path.exists() and not is_disk_full(exc):
             try:  # the report of a failed run is a courtesy: it never hides the notebook's own error
                 write_html(plan.executed_path, plan.html_path)
@@ -340,12 +384,17 @@ def run_here(plan: RunPlan) -> Any:
     A command-line entry point: an async step is run with ``asyncio.run``."""
     assert plan.step is not None and plan.notebook is None, "run_here runs a step, not a notebook"
     config = build_config(plan.step.config_class(), plan.parameters)
+    fresh = new_folders(plan)
     open_run_folder(plan)
     if not plan.step_owns_folder:
         record_parameters(plan.run_dir, plan.parameters)
-    result = plan.step.run_function()(config)
-    if inspect.iscoroutine(result):
-        result = asyncio.run(result)
+    try:
+        result = plan.step.run_function()(config)
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+    except Refused as exc:
+        mark_refused(fresh, exc)
+        raise
     if not plan.step_owns_folder:
         finish_run(plan.run_dir)
     return result

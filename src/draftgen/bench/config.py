@@ -13,12 +13,12 @@ from draftgen.params import (
     FleetParams,
     NotebookCell,
     PositiveInt,
+    ProjectPath,
     SamplingParams,
     TunedSettings,
     WarmupRequests,
     param,
 )
-from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.sampling_plan import SamplingPlan, arm_sampling
 

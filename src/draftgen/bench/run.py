@@ -34,6 +34,7 @@ from draftgen.client.metrics import (
 from draftgen.client.records import Capabilities
 from draftgen.client.retry import PROBE_RETRY, retrying
 from draftgen.client.server import ServerClient
+from draftgen.exit_codes import Refused
 from draftgen.prompts.rows import PromptRow
 from draftgen.rundir.layout import BENCH_LEVELS
 from draftgen.sampling_plan import sample_seed
@@ -43,7 +44,7 @@ LAG_PROBE_INTERVAL_S = 0.05
 STOP_POLL_INTERVAL_S = 0.05  # how often a level asks SendLimit.stop_sending between finishes
 
 
-class BenchmarkError(RuntimeError):
+class BenchmarkError(Refused):
     """The benchmark cannot start (a server unreachable, the model not served): nothing was measured."""
 
 

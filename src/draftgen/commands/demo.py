@@ -24,6 +24,7 @@ from typing import Any
 from draftgen.defaults import FLEET_SIZE, MODEL
 from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
+from draftgen.exit_codes import ExitCode
 from draftgen.paths import resolve_path
 from draftgen.rundir.layout import (
     DEMO_SIM,
@@ -55,7 +56,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "→ validate notebooks on the bundled synthetic prompts with production settings. Writes outputs/demo/.",
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("outputs/demo"), help="output folder (default outputs/demo)"
+        "--out", type=resolve_path, default="outputs/demo", help="output folder (default outputs/demo)"
     )
     parser.add_argument(
         "--servers",
@@ -250,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds <= 0:
         raise ValueError(f"--rounds must be > 0, got {args.rounds:g}")
     options = DemoOptions(limit=args.limit, rounds=args.rounds)
-    out: Path = resolve_path(args.out)  # relative: under the project root, like every run folder
+    out: Path = args.out  # relative: under the project root, like every run folder
     if out.exists():
         if args.keep:
             raise ValueError(f"{out} exists; remove it or drop --keep")
@@ -299,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 print(f"draftgen demo: see {plan.executed_path} and {plan.html_path}", file=sys.stderr)
-                return 1
+                return ExitCode.FAILED
             block = headline(plan)
             if block:
                 print(block)
@@ -313,4 +314,4 @@ def run(args: argparse.Namespace) -> int:
     for line in _summary(out):
         print("  " + line)
     print(f"  reports  : {', '.join(str(out / s / REPORT_HTML) for s in STEPS)}")
-    return 0
+    return ExitCode.OK

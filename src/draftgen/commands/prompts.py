@@ -8,6 +8,9 @@ import json
 import sys
 from pathlib import Path
 
+from draftgen.exit_codes import ExitCode
+from draftgen.paths import resolve_path
+
 SHAPES = ("mixed", "long-chat")
 
 
@@ -22,7 +25,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "and the extra fields real sets carry. `draftgen prompts audit FILE` describes a prompt file instead.",
     )
     parser.add_argument("--n", type=int, help="number of rows (required to write)")
-    parser.add_argument("--out", type=Path, help="output .jsonl path (required to write)")
+    parser.add_argument("--out", type=resolve_path, help="output .jsonl path (required to write)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--shape", choices=SHAPES, default="mixed", help="mixed (default, the bundled set's) or long-chat"
@@ -101,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     rows = long_chat_rows if args.shape == "long-chat" else synthetic_rows
     count = write_rows(args.out, rows(args.n, args.seed))
     print(f"wrote {count} prompts to {args.out}")
-    return 0
+    return ExitCode.OK
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -140,13 +143,13 @@ def run_audit(args: argparse.Namespace) -> int:
         print()
     else:
         print(AuditReport(audit, args.max_rejected_rate))
-    return 1 if any(f.status == "warn" for f in findings(audit, args.max_rejected_rate)) else 0
+    warned = any(f.status == "warn" for f in findings(audit, args.max_rejected_rate))
+    return ExitCode.FAILED if warned else ExitCode.OK
 
 
 def _length_cap(args: argparse.Namespace):
     """generate's own length cap, from the tokenizer folder (the same rule generate sends each turn by)."""
     from draftgen.generate.length_cap import LengthCap, tokenizer_counter
-    from draftgen.paths import resolve_path
 
     if not args.max_length:
         raise ValueError("--tokenizer needs --max-length > 0 (the trainer's max_length to count against)")

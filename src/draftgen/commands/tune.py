@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 from draftgen.cli import CommandError
+from draftgen.exit_codes import ExitCode, Refused
 from draftgen.params import build_config
-from draftgen.paths import resolve_path
 from draftgen.rundir import RunFolderError
 from draftgen.runner import (
     add_parameter_options,
@@ -55,25 +55,27 @@ def run(args: argparse.Namespace) -> int:
         values,
         step=step,
         name=args.name,
-        out_root=resolve_path(args.out_root),
+        out_root=args.out_root,
         resume=args.resume,
         label=run_label(args),
     )
     print(f"draftgen tune: → {plan.run_dir}", flush=True)
     try:
         tuned = run_here(plan)
-    except RunFolderError as exc:  # another process writes there, or the folder cannot be made
+    except Refused:  # a check before any work (a port busy, SGLang missing), or another process writes there
+        raise
+    except RunFolderError as exc:  # the folder cannot be made
         raise CommandError(str(exc)) from None
     print(report.startup_view(tuned.run))
     if tuned.verdict is not None:
         print(verdict_report.format_table(tuned.verdict))
         print(verdict_report.headline(tuned.verdict))
     if tuned.table is None:  # race off: the verdict alone, where a tie is an answer too
-        return 0 if tuned.answered else 1
+        return ExitCode.OK if tuned.answered else ExitCode.FAILED
     print(report.format_table(tuned.table))
     if not tuned.answered:
         print("draftgen tune: no candidate could be measured; see the failures above")
-        return 1
+        return ExitCode.FAILED
     info = tuned.info
     print(
         f"draftgen tune: chosen {info['chosen_label']} at concurrency {info['concurrency']}: "
@@ -87,4 +89,4 @@ def run(args: argparse.Namespace) -> int:
     )
     settings = tuned.run.config.settings_path
     print(f"draftgen tune: settings written to {settings}; launch: draftgen serve --settings {settings} ...")
-    return 0
+    return ExitCode.OK

@@ -22,12 +22,12 @@ from draftgen.params import (
     Params,
     PositiveFloat,
     PositiveInt,
+    ProjectPath,
     TrainMaxLength,
     TunedSettings,
     Turns,
     param,
 )
-from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.rundir.layout import BENCH_RESULTS
 from draftgen.sampling_plan import SamplingPlan

@@ -21,13 +21,13 @@ from draftgen.params import (
     NotebookCell,
     PositiveFloat,
     PositiveInt,
+    ProjectPath,
     SamplingParams,
     TrainerName,
     TrainMaxLength,
     Turns,
     param,
 )
-from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.sampling_plan import SamplingPlan
 

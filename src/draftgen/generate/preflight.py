@@ -32,6 +32,7 @@ from draftgen.client.retry import PROBE_RETRY, retrying
 from draftgen.client.server import ServerClient
 from draftgen.display.checks import checks_html as grouped_checks_html
 from draftgen.display.checks import checks_text as grouped_checks_text
+from draftgen.exit_codes import Refused
 from draftgen.generate.acceptance import describe_source
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
@@ -167,7 +168,9 @@ class Plan:
         )
 
 
-class PreflightError(RuntimeError):
+class PreflightError(Refused):
+    """A check before the first prompt failed: nothing was sent (exit code REFUSED)."""
+
     def __init__(self, checks: list[Check]):
         self.checks = checks
         failed = [c for c in checks if c.status == "fail"]

@@ -15,6 +15,9 @@ from pathlib import Path
 PARAMETERS = "parameters.yaml"  # the parameters the step ran with
 COMPLETE_MARKER = ".complete"  # a finished run: never overwritten
 LOCK = ".lock"  # held by the run folder's lease (draftgen.rundir.lease)
+REFUSED_MARKER = (
+    ".refused"  # a check before any work refused the run: the next run of that name starts over here
+)
 
 # ----- a notebook's run (draftgen.runner): the executed notebook, under its own name, and its report --------------
 REPORT_HTML = "report.html"  # the executed notebook without its code
@@ -165,6 +168,11 @@ RUN_FILES = (  # every run folder, whichever step and face
     Entry(PARAMETERS, "the parameters the step ran with"),
     Entry(COMPLETE_MARKER, "the run finished: the folder is never written again"),
     Entry(LOCK, "the lease: held with flock by the one process writing here"),
+    Entry(
+        REFUSED_MARKER,
+        "why a check refused it before any work: its name is free",
+        "a new run was refused",
+    ),
 )
 NOTEBOOK_FILES = (  # a notebook's run (draftgen run, the demo) beside RUN_FILES: a command's run has neither
     Entry("<step>.ipynb", "the executed notebook, named as its notebook"),

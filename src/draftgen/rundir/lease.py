@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from draftgen.exit_codes import Refused
 from draftgen.rundir.layout import LOCK
 from draftgen.rundir.publish import recover_publishes_in
 from draftgen.rundir.write import remove_leftovers
@@ -26,8 +27,8 @@ class RunFolderError(RuntimeError):
     """A run folder cannot be used as asked; the message names the file or folder and what to do."""
 
 
-class RunFolderBusy(RunFolderError):
-    """Another lease holds the folder."""
+class RunFolderBusy(RunFolderError, Refused):
+    """Another lease holds the folder (exit code REFUSED: wait for it, or stop it)."""
 
 
 class RunFolderLease:

@@ -5,7 +5,9 @@ refused, never overwritten; what interrupted writes left is cleared under the fo
 step runs with are recorded (``parameters.yaml``). ``finish_run`` marks the folder finished, the last thing
 ``run(config)`` does once the step's whole work is written. ``draftgen run`` (papermill), ``draftgen tune``, the
 demo and a notebook run top to bottom in JupyterLab all reach the folder through these, so each leaves the same
-shape; the runner adds only the executed notebook and its report.
+shape; the runner adds only the executed notebook and its report. A new run that a check refused before any work
+is marked ``.refused`` (``record_refusal``, by the runner): its name is free, and the next ``open_run`` there
+removes the mark.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from draftgen.rundir.layout import COMPLETE_MARKER, PARAMETERS
+from draftgen.rundir.layout import COMPLETE_MARKER, PARAMETERS, REFUSED_MARKER
 from draftgen.rundir.lease import RunFolderError, RunFolderLease
 from draftgen.rundir.write import write_text
 
@@ -41,9 +43,24 @@ def open_run(folder: str | Path, parameters: Mapping[str, Any], *, advice: str =
     ``parameters.yaml``. Returns the folder."""
     folder = Path(folder)
     refuse_finished(folder, advice)
-    RunFolderLease.acquire(folder, advice=advice).release()
+    with RunFolderLease.acquire(folder, advice=advice):
+        (folder / REFUSED_MARKER).unlink(
+            missing_ok=True
+        )  # a run is under way here now: no longer a free name
     record_parameters(folder, parameters)
     return folder
+
+
+def was_refused(folder: str | Path) -> bool:
+    """Whether ``folder`` holds only what a refused new run left (``.refused``): its name is free again."""
+    return (Path(folder) / REFUSED_MARKER).exists()
+
+
+def record_refusal(folder: str | Path, reason: str) -> None:
+    """Mark ``folder``, new before a run that a check refused before any work, as free for the next run of its
+    name (``.refused``, holding the time and the reason). Nothing is written where the folder was never made."""
+    if Path(folder).is_dir():
+        write_text(Path(folder) / REFUSED_MARKER, f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} {reason}\n")
 
 
 def record_parameters(folder: str | Path, parameters: Mapping[str, Any]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from draftgen.defaults import BASE_PORT, FLEET_SIZE, MODEL
 from draftgen.flags import EXTRA, Flag, spelling
@@ -30,6 +30,7 @@ from draftgen.params import (
     _unset_if_empty,
     param,
 )
+from draftgen.paths import resolve_path
 from draftgen.server_settings import MTP_DEFAULT, ServerSettings, load_settings
 from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, FAMILIES
 from draftgen.sim.faults import FAULT_KEYS, parse_faults
@@ -92,7 +93,7 @@ def _settings_file(value: Any) -> Any:
     """A settings file's path (the command line's --settings) → the settings it holds."""
     if isinstance(value, (str, Path)):
         try:
-            return load_settings(value)
+            return load_settings(resolve_path(value))
         except FileNotFoundError as exc:
             raise ValueError(str(exc)) from None
     return value
@@ -238,7 +239,7 @@ SERVE_FLAGS = (
     Flag("mtp", "--no-mtp", WHAT, negates=True, note="leave speculative decoding (MTP, NEXTN 3/1/4) off"),
     Flag("mem_fraction", "--mem-fraction", WHAT, "F"),
     Flag("max_running_requests", "--max-running-requests", WHAT, "N"),
-    Flag("settings", "--settings", WHAT, "FILE", parse=Path),
+    Flag("settings", "--settings", WHAT, "FILE", parse=resolve_path),
     Flag("engine", "--engine", WHAT),
     Flag("model_family", "--model-family", WHAT, "FAMILY"),
     Flag("python", "--python", WHAT, "PATH"),
@@ -286,7 +287,9 @@ class ServeConfig(ServerParams):
     router_metrics_port: Port | None = param(
         None, "the router's own Prometheus /metrics port (default: the router port + 1)"
     )
-    out_dir: Path = param(Path("outputs/serve"), "runs folder")
+    out_dir: Annotated[Path, AfterValidator(resolve_path)] = param(
+        Path("outputs/serve"), "runs folder (relative: under the project root)"
+    )
     run_name: str = param(..., "run folder name")
     poll_interval_s: PositiveFloat = param(1.0, "seconds between health probes")
     probe_timeout_s: PositiveFloat = param(PROBE_TIMEOUT_S, "seconds one probe may take")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from draftgen.paths import project_root
 from draftgen.serve.launch import LaunchSpec, shell_line
 
 _PR_SET_PDEATHSIG = 1
@@ -44,7 +45,8 @@ def _open_log(spec: LaunchSpec, log_path: Path) -> BinaryIO:
 
 
 async def spawn(spec: LaunchSpec, log_path: Path) -> asyncio.subprocess.Process:
-    """Start ``spec`` in a new session (so its own process group), stdout and stderr appended to ``log_path``."""
+    """Start ``spec`` in a new session (so its own process group), stdout and stderr appended to ``log_path``, in
+    the project root (docs/design.md#paths)."""
     with _open_log(spec, log_path) as log:
         try:
             return await asyncio.create_subprocess_exec(
@@ -53,6 +55,7 @@ async def spawn(spec: LaunchSpec, log_path: Path) -> asyncio.subprocess.Process:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **dict(spec.env)},
+                cwd=project_root(),  # a relative --model or --python means what any relative path does
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )

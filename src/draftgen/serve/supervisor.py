@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftgen.client.introspect import Readiness, StartupStage
+from draftgen.exit_codes import ExitCode
 from draftgen.rundir.layout import SERVERS
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.launch import LaunchSpec
@@ -30,8 +31,8 @@ from draftgen.serve.startup import StartupWatch, wait_until_ready
 from draftgen.serve.summary import ServerStart, startup_text
 from draftgen.serve.view import LineView, StatusRow
 
-EXIT_OK = 0
-EXIT_ALL_FAILED = 1
+EXIT_OK = ExitCode.OK  # stopped as asked
+EXIT_ALL_FAILED = ExitCode.FAILED  # every server failed: nothing left to supervise
 MAX_BACKOFF_S = 300.0
 STABLE_AFTER_S = 600.0  # a server ready this long has its run of failures forgotten
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or ssh session went away

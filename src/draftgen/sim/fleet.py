@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftgen.defaults import MODEL
+from draftgen.exit_codes import Refused
 from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, TOOL_CALL_PARSER
 from draftgen.sim.defaults import EXIT_PORT_IN_USE, PARENT_PID_ENV
 from draftgen.sim.faults import parse_faults
@@ -31,8 +32,8 @@ class FleetError(RuntimeError):
     """A server could not be started; the message names it and quotes its log."""
 
 
-class PortInUse(FleetError):
-    """A server's port was taken by another process."""
+class PortInUse(FleetError, Refused):
+    """A server's port was taken by another process (exit code REFUSED)."""
 
 
 PORT_PICKS = 5  # base ports a fleet that picks its own tries before giving up

@@ -29,13 +29,13 @@ from draftgen.params import (
     Params,
     PositiveFloat,
     PositiveInt,
+    ProjectPath,
     RequestTimeout,
     SamplingParams,
     WarmupRequests,
     _unset_if_empty,
     param,
 )
-from draftgen.paths import ProjectPath
 from draftgen.prompts.rows import SYNTHETIC, check_prompt_source, prompt_source_path
 from draftgen.rundir.layout import SETTINGS
 from draftgen.serve.config import ServerParams

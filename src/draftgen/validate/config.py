@@ -12,11 +12,11 @@ from draftgen.params import (
     NotebookCell,
     Params,
     PositiveInt,
+    ProjectPath,
     TrainerName,
     _unset_if_empty,
     param,
 )
-from draftgen.paths import ProjectPath
 from draftgen.training.masks import MaskSpec
 from draftgen.training.trainers import DEFAULT_TRAINER, LEGACY_CONVENTIONS, Trainer
 

@@ -22,8 +22,8 @@ from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import short_label
 from draftgen.display.plots import Plot, completion_length_histogram, mean_band, message
 from draftgen.display.table import format_value
-from draftgen.params import NotebookCell, Params, param
-from draftgen.paths import ProjectPath, root_note
+from draftgen.params import NotebookCell, Params, ProjectPath, param
+from draftgen.paths import root_note
 from draftgen.rundir.layout import MANIFEST, shard_paths
 from draftgen.watch.progress_file import read_history, read_progress
 from draftgen.watch.status import RUNNING, judge, status_report

@@ -20,16 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from draftgen.display.humanize import duration
+from draftgen.exit_codes import ExitCode
 from draftgen.rundir.layout import LOCK, MANIFEST
 from draftgen.watch.progress_file import process_start_ticks, read_progress, stale_after_s
 
-# Exit codes of ``draftgen status`` (documented in docs/generate.md).
-RUNNING = 0  # the writer is alive and its heartbeat fresh
-FINISHED = 1  # the run finished (every prompt done or failed)
-USAGE = 2  # not a run folder (the CLI's usual error code)
-STOPPED = 3  # the run stopped early and said so: interrupted, halted (guard, servers down, disk full), failed
-GONE = 4  # the run says running but its process is gone (killed, crashed, machine down)
-NOT_RESPONDING = 5  # the process is alive but its heartbeat is stale (hung event loop, stopped with SIGSTOP)
+# The verdicts' exit codes (draftgen.exit_codes: one table for every command). A finished run is 0, so
+# `draftgen status RUN && next-step` goes on only after it; one still going is 4, so a script waits while it sees 4.
+FINISHED = ExitCode.OK  # the run finished (every prompt done or failed)
+STOPPED = (
+    ExitCode.FAILED
+)  # the run stopped early and said so: interrupted, halted (guard, servers down, disk full)
+GONE = ExitCode.FAILED  # the run says running but its process is gone (killed, crashed, machine down)
+RUNNING = ExitCode.RUNNING  # the writer is alive and its heartbeat fresh
+NOT_RESPONDING = ExitCode.NOT_RESPONDING  # alive, heartbeat stale (hung event loop, stopped with SIGSTOP)
 
 
 @dataclass(frozen=True)
