@@ -48,7 +48,7 @@ SGLANG_BIN   := $(SGLANG_VENV)/bin
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
 SGLANG_REQS  := tests_sglang/requirements.txt
 
-.PHONY: demo test test-real test-sglang test-browser lint format clean lock lock-check
+.PHONY: demo lab test test-real test-sglang test-browser lint format clean lock lock-check
 
 $(UV):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
@@ -77,6 +77,15 @@ $(STAMP): pyproject.toml uv.lock | lock-check
 
 demo: $(STAMP)
 	$(BIN)/draftgen demo
+
+# JupyterLab (the lab extra, from the lock) into .venv, then the notebooks in it: a headless run never needs it.
+LAB_STAMP := $(VENV)/.lab-stamp
+$(LAB_STAMP): $(STAMP) pyproject.toml uv.lock
+	$(call install_venv,dev lab)
+	@touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	$(BIN)/jupyter lab notebooks
 
 # The suite mostly waits on simulated servers: its tests run on TEST_WORKERS workers at once, then the few that
 # compare measured times or rates with the simulator's truth run on their own, five at once (each mostly waits),

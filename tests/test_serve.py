@@ -248,7 +248,7 @@ def test_sglang_engine_refuses_an_interpreter_without_sglang(
     fake.write_text("#!/bin/sh\nexit 1\n")  # "cannot import" whatever it is asked
     fake.chmod(0o755)
     code = main(["serve", "--model", "m", "--gpus", "0", "--python", str(fake), "--out", str(tmp_path / "o")])
-    assert code == 2
+    assert code == 3  # refused before anything started
     err = capsys.readouterr().err
     assert f"sglang is not importable by {fake}" in err
     assert not (tmp_path / "o").exists()  # nothing started, nothing written
