@@ -323,10 +323,13 @@ def open_run_folder(plan: RunPlan) -> None:
     refused run left is emptied first: the run starts over there."""
     for folder in plan_folders(plan):
         with RunFolderLease.acquire(folder, advice="pick another --name"):
-            if was_refused(folder):
-                for item in folder.iterdir():
-                    if item.name != LOCK:
-                        shutil.rmtree(item) if item.is_dir() else item.unlink()
+            if not was_refused(folder):
+                continue
+            for item in folder.iterdir():
+                if item.is_dir():
+                    shutil.rmtree(item)
+                elif item.name != LOCK:
+                    item.unlink()
 
 
 def execute(plan: RunPlan, *, kernel: str = "python3", html: bool = True, log_output: bool = True) -> RunPlan:
