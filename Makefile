@@ -18,7 +18,7 @@ COMPILE_SRC    := -m compileall -q src
 
 # The lock (docs/testing.md, "The lock"): uv.lock, resolved from pyproject.toml by `make lock`, is what .venv installs
 # (its export with the extras each target needs) and what the GPU node installs: requirements.txt, its export with
-# the router extra, committed for plain pip. `make lock-check` (offline, under a second) fails when uv.lock no longer
+# the router extra, committed for plain pip. `make lock-check` (offline, a second or two) fails when uv.lock no longer
 # matches pyproject.toml or requirements.txt is not its export; every install into .venv and `make test` run it first.
 EXPORT      := $(UV) export --frozen --quiet --no-emit-project --no-header
 NODE_REQS   := requirements.txt
