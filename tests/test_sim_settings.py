@@ -290,7 +290,8 @@ def test_adaptive_server_drafts_more_alone_and_less_in_a_full_batch(sim_fleet):
         batch = list(pool.map(chat, range(1, 97)))
     # alone the slot of one climbs from 3 to 5 steps: more than 3/1/4's 3.6 tokens per verify
     assert alone["spec_accept_length"] > 3.8
-    assert len(alone["spec_correct_drafts_histogram"]) == 8  # up to 7 drafts + the bonus token
+    # SGLang's list is as long as the most drafts a verify accepted + 1 (up to 7 drafts): past 3/1/4's three here
+    assert 4 < len(alone["spec_correct_drafts_histogram"]) <= 8 and alone["spec_correct_drafts_histogram"][-1]
     assert alone["spec_num_proposed_drafts"] > 3 * alone["spec_verify_ct"]
     # 48 at once: the slot of 32 drafts one step (1/1/2's 1.93); a client that lags on a loaded machine leaves some
     # verifies in the slot of 8 (up to three steps), so the bound is below 3/1/4's 3.6, not at 1.93

@@ -29,7 +29,7 @@ SCHEMA = {
         *("turn_prompt_tokens", "turn_completion_tokens"),
         *("turn_prompt_shared", "turn_prompt_ids", "turn_output_ids", "turn_budget_by"),
         *("message_extras", "tools", "turn_tool_calls", "tool_divergence"),
-        *("turn_server", "turn_cached_tokens"),
+        *("turn_server", "turn_cached_tokens", "turn_drafts_histogram"),
     )
 }
 WEATHER = {

@@ -87,3 +87,6 @@ class ChatResult:
     # Prompt tokens the server's prefix cache held (usage.prompt_tokens_details.cached_tokens: SGLang with
     # --enable-cache-report); None when the server did not say.
     cached_tokens: int | None = None
+    # SGLang 0.5.23's sglext.spec_tokens_details.spec_correct_drafts_histogram: element k counts the verify steps
+    # that accepted exactly k drafts (docs/engines.md); None when the server sent none.
+    drafts_histogram: list[int] | None = None

@@ -39,17 +39,31 @@ def reasoning_of(message: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-def spec_from_sglext(sglext: Any) -> tuple[float | None, int | None]:
-    """(accept length, verify steps) of SGLang's per-request ``sglext.spec_tokens_details`` (a list when n > 1)."""
+def _spec_details(sglext: Any) -> dict[str, Any] | None:
+    """The first choice's ``sglext.spec_tokens_details`` (a list of them when n > 1), or None."""
     if not isinstance(sglext, dict):
-        return None, None
+        return None
     details = sglext.get("spec_tokens_details")
     if isinstance(details, list):
         details = details[0] if details else None
-    if not isinstance(details, dict):
+    return details if isinstance(details, dict) else None
+
+
+def spec_from_sglext(sglext: Any) -> tuple[float | None, int | None]:
+    """(accept length, verify steps) of SGLang's per-request ``sglext.spec_tokens_details`` (a list when n > 1)."""
+    details = _spec_details(sglext)
+    if details is None:
         return None, None
     length, verify = details.get("spec_accept_length"), details.get("spec_verify_ct")
     return (float(length) if length is not None else None), (int(verify) if verify is not None else None)
+
+
+def drafts_histogram_of(sglext: Any) -> list[int] | None:
+    """SGLang 0.5.23's ``spec_correct_drafts_histogram``: element k counts the request's verify steps that accepted
+    exactly k drafts (the bonus token not counted), as long as the largest k seen + 1. None when the server sent
+    none, or something else (an empty list: the request had no verify step)."""
+    details = _spec_details(sglext)
+    return _int_list(details.get("spec_correct_drafts_histogram")) if details is not None else None
 
 
 def cached_of(usage: Mapping[str, Any] | None) -> int | None:
@@ -60,8 +74,9 @@ def cached_of(usage: Mapping[str, Any] | None) -> int | None:
     return cached if type(cached) is int else None
 
 
-def _id_list(value: Any) -> list[int] | None:
-    """A list of token ids as sent, or None for anything else (an engine that sends none, or a malformed field)."""
+def _int_list(value: Any) -> list[int] | None:
+    """A list of ints (token ids, counts) as sent, or None for anything else (an engine that sends none, or a
+    malformed field)."""
     if isinstance(value, list) and all(type(v) is int for v in value):
         return value
     return None
@@ -74,7 +89,7 @@ def ids_from_sglext(sglext: Any) -> tuple[list[int] | None, list[int] | None]:
         return None, None
     outputs = sglext.get("output_ids")
     first = outputs[0] if isinstance(outputs, list) and outputs else None
-    return _id_list(sglext.get("input_ids")), _id_list(first)
+    return _int_list(sglext.get("input_ids")), _int_list(first)
 
 
 class ChatAccumulator:
@@ -191,7 +206,7 @@ class ChatAccumulator:
                 self._output_ids = []
             self._output_ids.extend(token_ids)
         elif not streamed and token_ids is not None:
-            self._output_ids = _id_list(token_ids)
+            self._output_ids = _int_list(token_ids)
 
     def _take_call(self, call: Mapping[str, Any], position: int) -> None:
         """One tool call, or one delta of a streamed one: the first piece of a call names it, the rest add argument
@@ -242,7 +257,7 @@ class ChatAccumulator:
         self._sglext = body.get("sglext") or self._sglext
         prompt_ids = body.get("prompt_token_ids")
         if prompt_ids is not None:
-            self._prompt_ids = _id_list(prompt_ids)
+            self._prompt_ids = _int_list(prompt_ids)
 
     def result(self) -> ChatResult:
         loop = self._loop_end()
@@ -253,7 +268,7 @@ class ChatAccumulator:
         usage = self._usage
         reasoning, content = "".join(self._reasoning), "".join(self._content)
         finish_reason = self._finish_reason
-        output_ids = output_ids if output_ids is not None else _id_list(self._output_ids)
+        output_ids = output_ids if output_ids is not None else _int_list(self._output_ids)
         if loop is not None:
             # kept: up to the end of the cycle's first repetition, over the reasoning then the answer
             keep = loop.loop.kept_chars
@@ -281,4 +296,5 @@ class ChatAccumulator:
             loop=loop,
             tool_calls=target_calls([self._calls[i] for i in sorted(self._calls)]),
             cached_tokens=cached_of(usage),
+            drafts_histogram=drafts_histogram_of(self._sglext),
         )

@@ -29,7 +29,10 @@ from draftgen.display.headline import Headline, Stat
 from draftgen.display.humanize import duration_unit, short_label
 from draftgen.display.notes import Notes, Stack
 from draftgen.display.plots import Plot, completion_length_histogram, mean_band, save
+from draftgen.display.position_plots import acceptance_by_position
 from draftgen.display.table import Column, Table, format_value, with_specs
+from draftgen.draft_positions import COLUMN as DRAFTS_HISTOGRAM
+from draftgen.draft_positions import DraftPositions, from_rows
 from draftgen.generate.acceptance import per_worker as acceptance_per_worker
 from draftgen.generate.acceptance import read_samples
 from draftgen.generate.cache_share import cache_tables
@@ -43,6 +46,7 @@ from draftgen.rundir.layout import (
     GENERATE_PLOT_ACCEPTANCE,
     GENERATE_PLOT_BY_CATEGORY,
     GENERATE_PLOT_BY_LENGTH,
+    GENERATE_PLOT_BY_POSITION,
     GENERATE_PLOT_FINISH_REASONS,
     GENERATE_PLOT_LENGTHS,
     GENERATE_PLOT_THROUGHPUT,
@@ -404,6 +408,19 @@ def plot_acceptance_by_length(out_dir: RunDirs, save_to: str | Path | None = Non
     return _save(acceptance_by_length(table, "generated turns"), home, GENERATE_PLOT_BY_LENGTH)
 
 
+def draft_positions(out_dir: RunDirs) -> DraftPositions:
+    """Every stored turn's drafts histogram (SGLang's spec_correct_drafts_histogram) summed: acceptance per draft
+    position (draftgen.draft_positions); no turns where the servers sent none."""
+    frames = [shards.select(DRAFTS_HISTOGRAM) for _, shards in stored_shards(out_dir)]
+    return from_rows(pl.concat(frames))
+
+
+def plot_acceptance_by_position(out_dir: RunDirs, save_to: str | Path | None = None) -> Plot:
+    """The share of verify steps whose k-th draft was accepted, per position k, from the drafts histograms."""
+    home = plots_home(out_dir, save_to)
+    return _save(acceptance_by_position(draft_positions(out_dir)), home, GENERATE_PLOT_BY_POSITION)
+
+
 def finish_reasons(out_dir: RunDirs) -> pl.DataFrame:
     """How each generated turn ended, every turn of a conversation (a row's own ``finish_reason`` is its last
     turn's): max_tokens cuts turns, so a conversation cut in its middle turn counts that cut."""
@@ -762,6 +779,26 @@ ACCEPTANCE_SPECS = (
     Column("max_window", "highest window", "number", 2),
     Column("span_s", "span", "duration"),
 )
+
+
+POSITION_SPECS = (
+    Column("position", "draft position", "int"),
+    Column("accepted", "verify steps that accepted it", "int"),
+    Column("share", "of all verify steps", "percent"),
+    Column("given_previous", "of those that accepted the draft before it", "percent"),
+)
+
+
+def draft_positions_view(out_dir: RunDirs) -> Table:
+    """Acceptance per draft position, from every stored turn's drafts histogram."""
+    positions = draft_positions(out_dir)
+    frame = positions.table()
+    return Table(
+        frame,
+        with_specs(frame, POSITION_SPECS),
+        title=f"Acceptance per draft position ({positions.verify_steps:,} verify steps of {positions.turns:,} turns)",
+        empty="no drafts histogram: the servers sent none (SGLang 0.5.23 with return_spec_tokens_details)",
+    )
 
 
 def summary_view(out_dir: RunDirs) -> Table:

@@ -42,6 +42,7 @@ def _plots(config: GenerateConfig) -> dict[str, Callable[[], Plot]]:
         layout.GENERATE_PLOT_LENGTHS: lambda: report.plot_completion_lengths(out, config.max_tokens),
         layout.GENERATE_PLOT_BY_CATEGORY: lambda: report.plot_acceptance_by_category(out),
         layout.GENERATE_PLOT_BY_LENGTH: lambda: report.plot_acceptance_by_length(out),
+        layout.GENERATE_PLOT_BY_POSITION: lambda: report.plot_acceptance_by_position(out),
     }
 
 

@@ -139,6 +139,9 @@ OUTPUT_SCHEMA = pl.Schema(
         # server did not say): draftgen.generate.cache_share.
         "turn_server": pl.List(pl.String),
         "turn_cached_tokens": pl.List(pl.Int64),
+        # Per generated turn: SGLang's spec_correct_drafts_histogram (element k: the turn's verify steps that accepted
+        # exactly k drafts; docs/engines.md), a null element where its server sent none: draftgen.draft_positions.
+        "turn_drafts_histogram": pl.List(pl.List(pl.Int64)),
     }
 )
 FAILED_SCHEMA = pl.Schema(

@@ -43,6 +43,7 @@ GENERATE_PLOT_FINISH_REASONS = "finish_reasons"
 GENERATE_PLOT_LENGTHS = "completion_lengths"
 GENERATE_PLOT_BY_CATEGORY = "acceptance_by_category"
 GENERATE_PLOT_BY_LENGTH = "acceptance_by_length"
+GENERATE_PLOT_BY_POSITION = "acceptance_by_position"
 
 
 def shard_name(seq: int) -> str:
@@ -216,6 +217,9 @@ GENERATE_FILES = (
     plot(GENERATE_PLOT_LENGTHS, "completion lengths per turn", folder=PLOTS),
     plot(GENERATE_PLOT_BY_CATEGORY, "acceptance length by prompt category", folder=PLOTS),
     plot(GENERATE_PLOT_BY_LENGTH, "acceptance length by output length", folder=PLOTS),
+    plot(
+        GENERATE_PLOT_BY_POSITION, "acceptance per draft position (SGLang's drafts histogram)", folder=PLOTS
+    ),
 )
 VALIDATE_FILES = (
     Entry(VALIDATE_RECORDS, "one record per sample: its flags, mask sum, lengths"),

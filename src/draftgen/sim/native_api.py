@@ -261,8 +261,11 @@ class NativeApi:
             meta["request_finished_ts"] = finished
             decode_s = finished - first_token
             meta["decode_throughput"] = request.emitted / decode_s if decode_s > 0 else 0.0
-        if self.sim.profile.speculative:
-            meta.update(self.sim.spec_fields(request, self.sim.faults.sglang_version))
+        shape = self.sim.faults.sglang_version
+        # 0.5.23 adds them once the request is finished, and only after a verify step (tokenizer_manager's
+        # _calculate_spec_decoding_metrics); the older shapes' timing is not modelled
+        if self.sim.profile.speculative and (shape != "0.5.23" or (done and request.verify_steps > 0)):
+            meta.update(self.sim.spec_fields(request, shape))
         if done or first:
             meta["response_sent_to_client_ts"] = now
         text = "".join(request.plan.tokens[:shown])

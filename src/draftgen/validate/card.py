@@ -16,6 +16,8 @@ from typing import Any
 
 import polars as pl
 
+from draftgen.draft_positions import COLUMN as DRAFTS_HISTOGRAM
+from draftgen.draft_positions import from_histograms, from_rows
 from draftgen.generate.cache_share import cache_tables, share
 from draftgen.generate.gpu_time import gpu_seconds, per_million
 from draftgen.generate.store import scan_shards
@@ -188,6 +190,27 @@ def prefix_cache(folders: Sequence[Path]) -> dict[str, Any]:
     }
 
 
+def draft_positions(folders: Sequence[Path]) -> dict[str, Any]:
+    """Acceptance per draft position while the data was generated: every stored turn's drafts histogram (SGLang's
+    spec_correct_drafts_histogram) summed (``draftgen.draft_positions``); no turns where the servers sent none."""
+    scans = [
+        scan_shards(paths).select(DRAFTS_HISTOGRAM) for folder in folders if (paths := shard_paths(folder))
+    ]
+    if not scans:
+        return from_histograms([]).as_dict()
+    return from_rows(pl.concat(scans)).as_dict()
+
+
+def _positions_line(positions: dict[str, Any]) -> str:
+    shares = positions.get("share_by_position") or []
+    if not shares:
+        return (
+            "not reported (servers that send no drafts histogram: SGLang 0.5.23 with speculation sends one)"
+        )
+    listed = ", ".join(f"{k} {share:.1%}" for k, share in enumerate(shares, start=1))
+    return f"{listed} of {positions['verify_steps']:,} verify steps (the share whose k-th draft was accepted)"
+
+
 def _cache_line(cache: dict[str, Any]) -> str:
     if cache.get("share") is None:
         return "not reported (servers without SGLang's --enable-cache-report)"
@@ -271,6 +294,7 @@ def dataset_info(result: Any) -> dict[str, Any]:
         "yield": counts["yield"],
         "cost": generation_cost(manifests, counts["yield"]["trained_tokens"]),
         "prefix_cache": prefix_cache(result.output.directories),
+        "draft_positions": draft_positions(result.output.directories),
         "files": files,
         "contents": file_contents(config, counts),
     }
@@ -421,6 +445,7 @@ Sampling: {sampling or "not recorded"}.
 {tools_row}{aside_row}| **trained tokens**: generated tokens an exported row supervises | **{made.get("trained_tokens", 0):,}** of {made.get("generated_tokens", 0):,} generated (**{share}**) |
 | GPU-seconds per million trained tokens | {_cost_line(info.get("cost") or {})} |
 | prompt tokens served from the servers' prefix caches | {_cache_line(info.get("prefix_cache") or {})} |
+| acceptance per draft position while generating | {_positions_line(info.get("draft_positions") or {})} |
 
 Train with {training}.
 
