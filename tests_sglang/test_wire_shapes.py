@@ -1,7 +1,7 @@
 """Keep the simulator honest: one set of requests to ``draftgen sim`` and to real SGLang 0.5.23, the same shapes.
 
 The set (``wire_shapes.CASES``): streaming and not, thinking on and off, truncation, token ids (body fields and
-headers), ``return_spec_tokens_details`` on a speculative server, an error body, ``/generate`` (plain, streamed,
+headers), ``return_spec_tokens_details`` on a speculative server, top-k logprobs, an error body, ``/generate`` (plain, streamed,
 speculative), and ``/metrics`` names. Each real case goes to the tier's shared servers (``plain``: the designed
 model; ``spec``: NGRAM); the simulator runs two servers of its own on the same tokenizer (b200-mtp's NEXTN, and
 the instant profile without speculation). Shapes — keys, nesting, JSON types, stream event order — must agree except where

@@ -25,6 +25,7 @@ PROMPT = [{"role": "user", "content": "Tell me something about the weather today
 IDS = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
 SPEC = {"return_spec_tokens_details": True}
 STREAM = {"stream": True, "stream_options": {"include_usage": True}}
+LOGPROBS = {"logprobs": True, "top_logprobs": 3}
 # Room to finish on their own: the designed model stops after 13 tokens, the simulator's plain server (profile
 # instant, a few dozen tokens) far below this, so both sides answer with the same finish and the same chunk kinds.
 # The "spec" cases run into max_tokens on both sides (NGRAM serves the random model, which never stops).
@@ -72,6 +73,13 @@ CASES = (
     Case("chat stream ids", "plain", "/v1/chat/completions", _chat(True, ROOM, **STREAM, **IDS)),
     Case("chat spec", "spec", "/v1/chat/completions", _chat(True, 16, **SPEC, **IDS)),
     Case("chat stream spec", "spec", "/v1/chat/completions", _chat(True, 16, **STREAM, **SPEC, **IDS)),
+    Case("chat logprobs", "plain", "/v1/chat/completions", _chat(True, ROOM, **LOGPROBS)),
+    Case("chat logprobs no top", "plain", "/v1/chat/completions", _chat(True, ROOM, logprobs=True)),
+    # Cut inside the answer: every step's logprobs ride on its text chunk. A step with no text of its own
+    # (</think>, the stop token) gets a chunk of its own, or rides on the step before when SGLang sends the two
+    # outputs as one (which depends on timing); a stream that stops at 4 answer tokens has no such step.
+    Case("chat stream logprobs", "plain", "/v1/chat/completions", _chat(False, 4, **STREAM, **LOGPROBS)),
+    Case("chat spec logprobs", "spec", "/v1/chat/completions", _chat(False, 16, **SPEC, **LOGPROBS)),
     Case("chat empty messages", "plain", "/v1/chat/completions", {"model": "default", "messages": []}),
     Case(
         "generate",

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from draftgen.sim.categories import classify
 from draftgen.sim.engine import SimRequest
+from draftgen.sim.logprobs import ALTERNATIVES, LogprobModel
 from draftgen.sim.temperature import temperature_of
 from draftgen.sim.textgen import request_seed
 from draftgen.sim.toolcalls import call_id
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 class OpenAIApi:
     def __init__(self, sim: SimServer):
         self.sim = sim
+        self._logprobs: LogprobModel | None = None  # built on the first request that asks for logprobs
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -139,6 +141,9 @@ class OpenAIApi:
             "output_ids": bool(body.get("return_output_ids_in_sglext"))
             or headers.get("x-sglext-return-output-ids") == "1",
             "seed": seed,
+            # SGLang 0.5.23: return_logprob=logprobs, top_logprobs_num=top_logprobs or 0
+            "logprobs": bool(body.get("logprobs")),
+            "top_logprobs": _top_logprobs(body.get("top_logprobs")),
             "calls": self.sim.plan_calls(tools, messages, seed),
             "ignore_eos": bool(body.get("ignore_eos")),
             "category": classify(messages, tools),
@@ -216,6 +221,19 @@ class OpenAIApi:
             "weight_versions": [{"version": "default", "start": 0, "end": request.emitted}],
         }
 
+    def _logprobs_of(self, request: SimRequest, parsed: dict, start: int, end: int) -> dict | None:
+        """``{"content": [...]}`` for generated tokens ``start``..``end`` (the stop token included), or None when
+        the request did not ask (SGLang sends ``logprobs: null`` then) or there are none."""
+        if not parsed["logprobs"] or end <= start:
+            return None
+        if self._logprobs is None:
+            tokenizer = self.sim.tokenizer
+            texts = (tokenizer.text_of(i) for i in range(min(ALTERNATIVES, tokenizer.vocab_size)))
+            self._logprobs = LogprobModel.from_texts([t for t in texts if t])
+        ids = request.plan.output_ids(end)[start:]  # the stop token included
+        texts = [self.sim.tokenizer.text_of(i) for i in ids]
+        return {"content": self._logprobs.entries(request.seed or 0, texts, start, parsed["top_logprobs"])}
+
     def _choice(self, request: SimRequest, parsed: dict, index: int) -> dict:
         reasoning, content = self._texts(request, parsed, 0, request.shown_tokens)
         finish_reason, matched = self._finish_reason(request)
@@ -230,7 +248,9 @@ class OpenAIApi:
         return {
             "index": index,
             "message": message,
-            "logprobs": None,
+            "logprobs": self._logprobs_of(request, parsed, 0, request.emitted)
+            if parsed["logprobs"]
+            else None,
             "finish_reason": finish_reason,
             "matched_stop": matched,
         }
@@ -253,7 +273,12 @@ class OpenAIApi:
         return body
 
     def _chunk(
-        self, request: SimRequest, parsed: dict, delta: dict, finish: tuple[str | None, int | None]
+        self,
+        request: SimRequest,
+        parsed: dict,
+        delta: dict,
+        finish: tuple[str | None, int | None],
+        logprobs: dict | None = None,
     ) -> dict:
         return {
             "id": request.rid,
@@ -264,7 +289,7 @@ class OpenAIApi:
                 {
                     "index": 0,
                     "delta": delta,
-                    "logprobs": None,
+                    "logprobs": logprobs,
                     "finish_reason": finish[0],
                     "matched_stop": finish[1],
                 }
@@ -288,22 +313,30 @@ class OpenAIApi:
         async with self.sim.event_stream(http, request) as response:
             first = {"reasoning_content": None, "role": "assistant", "content": ""}
             await response.write(sse(self._chunk(request, parsed, first, (None, None))))
-            sent = 0
+            sent = scored = 0  # tokens shown, and tokens whose logprobs went out
             while True:
                 await request.progress.wait()
                 request.progress.clear()
                 upto = request.shown_tokens
+                # a step's logprobs ride on its first text chunk, else on a chunk of their own (SGLang's flush)
+                logprobs = self._logprobs_of(request, parsed, scored, request.emitted)
+                scored = request.emitted
                 if upto > sent:
                     reasoning, content = self._texts(request, parsed, sent, upto)
                     if reasoning:
                         delta = {"reasoning_content": reasoning}
-                        await response.write(sse(self._chunk(request, parsed, delta, (None, None))))
+                        await response.write(sse(self._chunk(request, parsed, delta, (None, None), logprobs)))
+                        logprobs = None
                     if content:
                         delta = {"reasoning_content": None, "content": content}
-                        await response.write(sse(self._chunk(request, parsed, delta, (None, None))))
+                        await response.write(sse(self._chunk(request, parsed, delta, (None, None), logprobs)))
+                        logprobs = None
                     for delta in _call_deltas(self._tool_calls(request)):
                         await response.write(sse(self._chunk(request, parsed, delta, (None, None))))
                     sent = upto
+                if logprobs is not None:
+                    delta = {"reasoning_content": None}
+                    await response.write(sse(self._chunk(request, parsed, delta, (None, None), logprobs)))
                 if request.done.is_set():
                     break
             finish = self._chunk(request, parsed, {"reasoning_content": None}, self._finish_reason(request))
@@ -315,6 +348,15 @@ class OpenAIApi:
                 usage = self._usage([request], parsed)
                 await response.write(sse(self._tail_chunk(request, parsed, usage=usage)))
         return response
+
+
+def _top_logprobs(value: object) -> int:
+    """The request's ``top_logprobs`` (null or absent: 0), or 400."""
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"top_logprobs must be a non-negative integer, got {value!r}")
+    return value
 
 
 def _tools(value: object) -> list[dict]:

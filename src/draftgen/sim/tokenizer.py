@@ -194,6 +194,10 @@ class SimTokenizer:
             text = self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=True)
         return text
 
+    def text_of(self, token_id: int) -> str:
+        """One token's text as SGLang's logprobs name it: special tokens too (``<|im_end|>``), not cached."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def split(self, token_id: int) -> tuple[int, ...] | None:
         """Smaller vocabulary tokens that decode to the same text as ``token_id`` (a non-canonical spelling), or
         None when it cannot be split (a one-byte or an added token).
