@@ -290,12 +290,16 @@ async def probe(client: ServerClient, model: str, sampling: SamplingParams) -> C
     The first request carries every extra, the token-id fields in the engine's own flavour included; a 400/422
     (transformers serve: "Unexpected fields"; vLLM with speculative decoding: min_p "not yet supported") steps
     back through ``PROBE_STEPS`` down to plain OpenAI fields. Any other failure, or a 400/422 on the plain request
-    (a wrong model name), raises. Token ids count as offered only when the answer carried output ids.
+    (a wrong model name), raises. Token ids count as offered only when the answer carried output ids. A client
+    that wants logprobs (``entropy_top_k``) asks first with them too, and drops them alone first; they count as
+    answered only when the answer carried them.
     """
     engine = await detect_engine(client)
     ids = await model_ids(client)
     flavour = TOKEN_ID_FLAVOURS.get(engine.name)
     steps = [s for s in PROBE_STEPS if flavour is not None or not s["ids"]]
+    if client.entropy_top_k:  # logprobs wanted: asked with everything first, and dropped alone first
+        steps = [{**steps[0], "logprobs": True}, *steps]
     for index, step in enumerate(steps):
         client.capabilities = Capabilities(
             engine=engine.name,
@@ -307,6 +311,7 @@ async def probe(client: ServerClient, model: str, sampling: SamplingParams) -> C
             template_kwargs=step["template_kwargs"],
             spec_details=step["spec_details"],
             token_ids=flavour if step["ids"] else None,
+            logprobs=step.get("logprobs", False),
         )
         try:
             result = await client.chat(
@@ -324,6 +329,7 @@ async def probe(client: ServerClient, model: str, sampling: SamplingParams) -> C
             client.capabilities,
             spec_details=step["spec_details"] and result.spec_verify_ct is not None,
             token_ids=client.capabilities.token_ids if result.output_ids is not None else None,
+            logprobs=client.capabilities.logprobs and result.entropy is not None,
         )
         break
     return client.capabilities

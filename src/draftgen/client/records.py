@@ -28,6 +28,8 @@ class Capabilities:
     # Where the server's own prompt and output token ids come from: "sglext" (SGLang's return_*_ids_in_sglext),
     # "vllm" (return_token_ids) or None (the engine sends none: validate re-tokenizes the text).
     token_ids: str | None = None
+    # Answers top_logprobs (asked for only when the client wants an entropy summary: client.entropy)
+    logprobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,6 @@ class ChatResult:
     # SGLang 0.5.23's sglext.spec_tokens_details.spec_correct_drafts_histogram: element k counts the verify steps
     # that accepted exactly k drafts (docs/engines.md); None when the server sent none.
     drafts_histogram: list[int] | None = None
+    # How flat the target's next-token distribution was over the answer (client.entropy: tokens, mean, p10, p50,
+    # p90 of each token's top-k entropy, nats); None when logprobs were not asked for or not sent.
+    entropy: dict[str, float | int] | None = None

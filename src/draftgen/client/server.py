@@ -68,11 +68,15 @@ class ServerClient:
         timeout_s: float = 1800.0,
         capabilities: Capabilities | None = None,
         loop_rule: LoopRule | None = None,
+        entropy_top_k: int = 0,
     ):
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
         self.capabilities = capabilities or Capabilities(engine="unknown")
         self.loop_rule = loop_rule  # chat answers are checked for repetition loops (client.loops) when given
+        # > 0: chat requests ask for that many top_logprobs (where the probe found them accepted), and each answer's
+        # per-token entropy is summarised (client.entropy)
+        self.entropy_top_k = entropy_top_k
         # The SDK is imported here, not with this module: it costs 2 s of CPU (docs/design.md).
         from openai import AsyncOpenAI
 
@@ -169,6 +173,9 @@ class ServerClient:
         }
         if seed is not None:
             kwargs["seed"] = seed
+        if caps.logprobs and self.entropy_top_k:
+            kwargs["logprobs"] = True
+            kwargs["top_logprobs"] = self.entropy_top_k
         if tools:
             kwargs["tools"] = [dict(tool) for tool in tools]
         extra: dict[str, Any] = {}
@@ -190,6 +197,10 @@ class ServerClient:
         if headers := self.routing_headers(messages):
             kwargs["extra_headers"] = headers
         return kwargs
+
+    @staticmethod
+    def _asks_logprobs(request: Mapping[str, Any]) -> bool:
+        return bool(request.get("top_logprobs"))
 
     async def chat(
         self,
@@ -221,7 +232,11 @@ class ServerClient:
             messages, sampling, model, stream=False, max_tokens=max_tokens, seed=seed, tools=tools
         )
         answer = ChatAccumulator(
-            self.url, stream=False, loop_rule=self.loop_rule, max_tokens=request["max_tokens"]
+            self.url,
+            stream=False,
+            loop_rule=self.loop_rule,
+            max_tokens=request["max_tokens"],
+            entropy=self._asks_logprobs(request),
         )
         try:
             async with asyncio.timeout(timeout_s or self.timeout_s):
@@ -256,7 +271,11 @@ class ServerClient:
         body = {k: v for k, v in kwargs.items() if k not in ("extra_body", "extra_headers")}
         body.update(kwargs.get("extra_body", {}))
         answer = ChatAccumulator(
-            self.url, stream=True, loop_rule=self.loop_rule, max_tokens=kwargs["max_tokens"]
+            self.url,
+            stream=True,
+            loop_rule=self.loop_rule,
+            max_tokens=kwargs["max_tokens"],
+            entropy=self._asks_logprobs(kwargs),
         )
         decoder = SseDecoder()
         async with self.transport.stream(

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from draftgen.client.entropy import EntropySummary
 from draftgen.client.errors import RequestError
 from draftgen.client.loops import REPETITION_LOOP, LoopRule, TextLoop, TextLoopCheck
 from draftgen.client.records import ChatResult, LoopEnd
@@ -109,6 +110,7 @@ class ChatAccumulator:
         started_at: float | None = None,
         loop_rule: LoopRule | None = None,
         max_tokens: int | None = None,
+        entropy: bool = False,
     ) -> None:
         self.server = server
         self.stream = stream
@@ -129,6 +131,8 @@ class ChatAccumulator:
         self._calls: dict[int, dict[str, Any]] = {}  # the tool calls by index, as their deltas arrive
         self._max_tokens = max_tokens
         self.loop: TextLoop | None = None
+        # the answer's top-k logprobs folded per token into a summary (client.entropy); None: not asked for
+        self._entropy = EntropySummary() if entropy else None
 
     @property
     def started(self) -> bool:
@@ -150,6 +154,8 @@ class ChatAccumulator:
         self._note_envelope(body)
         ids = choice.get("token_ids")
         self._take_delta(reasoning_of(message), message.get("content"), ids, streamed=False)
+        if self._entropy is not None:
+            self._entropy.add(choice.get("logprobs"))
         for index, call in enumerate(message.get("tool_calls") or ()):
             self._take_call(call, index)
         self._finish_reason = choice.get("finish_reason")
@@ -184,6 +190,8 @@ class ChatAccumulator:
             )
             for position, call in enumerate(delta.get("tool_calls") or ()):
                 self._take_call(call, position)
+            if self._entropy is not None and not self.ended:
+                self._entropy.add(choice.get("logprobs"))
             if choice.get("finish_reason") is not None:
                 self._finish_reason = choice["finish_reason"]
 
@@ -297,4 +305,5 @@ class ChatAccumulator:
             tool_calls=target_calls([self._calls[i] for i in sorted(self._calls)]),
             cached_tokens=cached_of(usage),
             drafts_histogram=drafts_histogram_of(self._sglext),
+            entropy=self._entropy.summary() if self._entropy is not None and loop is None else None,
         )

@@ -88,7 +88,7 @@ class GenerateConfig(FleetParams, SamplingParams):
         ("sampling (production settings)", "max_tokens temperature top_p top_k min_p enable_thinking"),
         (
             "dispatch",
-            "concurrency_per_server stream loop_check affinity_hold_s max_attempts backoff_base_s backoff_max_s hang_factor hang_min_s "
+            "concurrency_per_server stream loop_check entropy_top_k affinity_hold_s max_attempts backoff_base_s backoff_max_s hang_factor hang_min_s "
             "server_silence_s server_down_after probe_interval_s probe_max_interval_s all_down_timeout_s "
             "wait_for_servers_s",
         ),
@@ -150,6 +150,15 @@ class GenerateConfig(FleetParams, SamplingParams):
         doc="end an answer that falls into a repetition loop and store it up to the end of the cycle's first "
         'repetition, flagged `repetition_loop` ("Repetition loops" below): streamed, the stream is closed there and '
         "the server stops generating; not streamed, the loop is found in the whole answer (nothing saved)",
+    )
+    entropy_top_k: Annotated[int, Field(ge=0, le=20)] = param(
+        0,
+        "ask for this many top_logprobs per token and store each turn's entropy summary (turn_entropy); 0: off",
+        doc="ask each answer for its top `entropy_top_k` logprobs per token (OpenAI's `logprobs`, `top_logprobs`; an "
+        "engine that refuses the sampling extras is not asked) and store each turn's **top-k entropy summary** "
+        '(`turn_entropy`: tokens, mean, p10, p50, p90, in nats; "Target flatness" below), so data can later be '
+        "selected by how flat the target was without a second run; 0: not asked, nothing stored. What it costs: "
+        "docs/figures.md",
     )
     affinity_hold_s: NonNegativeFloat = param(
         10.0,
@@ -288,6 +297,12 @@ class GenerateConfig(FleetParams, SamplingParams):
         if self.guard_min_results > self.guard_window:
             raise ValueError(
                 f"guard_min_results ({self.guard_min_results}) must be <= guard_window ({self.guard_window})"
+            )
+        if self.entropy_top_k and not self.stream:
+            raise ValueError(
+                f"entropy_top_k ({self.entropy_top_k}) needs stream: true: a whole answer is read through the "
+                "openai SDK, whose objects for top-k logprobs cost 10-50 times the client CPU per token "
+                "(docs/figures.md); set stream: true, or entropy_top_k: 0"
             )
         return self
 

@@ -61,6 +61,7 @@ def server_clients(config: GenerateConfig, api_key: str = "EMPTY") -> ClientFact
         timeout_s=config.request_timeout_s + 30.0,
         capabilities=plan.capabilities,
         loop_rule=config.loop_rule,
+        entropy_top_k=config.entropy_top_k,
     )
 
 

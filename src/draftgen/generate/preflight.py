@@ -416,7 +416,10 @@ async def check_server(
     config: GenerateConfig, url: str, api_key: str, cap_load: CapLoad | None = None
 ) -> tuple[str, list[Check], Capabilities | None]:
     """``cap_load``: the length cap being loaded, whose tokenizer the canary's prompt count is compared with."""
-    async with ServerClient(url, api_key=api_key, timeout_s=config.request_timeout_s) as client:
+    # entropy_top_k: the probe asks for the logprobs too, so an engine that refuses them steps back with the extras
+    async with ServerClient(
+        url, api_key=api_key, timeout_s=config.request_timeout_s, entropy_top_k=config.entropy_top_k
+    ) as client:
         checks, caps = await _server_checks(config, client, cap_load)
         return client.url, checks, caps
 
@@ -494,6 +497,8 @@ async def _server_checks(
     notes.append(describe_token_ids(caps))
     if not caps.extra_fields:
         notes.append("top_k/min_p not accepted: not sent")
+    if config.entropy_top_k and not caps.logprobs:
+        notes.append("top_logprobs not answered: no entropy summary (turn_entropy)")
     if not caps.template_kwargs:
         notes.append(
             "chat_template_kwargs not accepted: enable_thinking not sent (the template's default applies)"

@@ -31,6 +31,7 @@ from typing import Any
 import polars as pl
 
 from draftgen.client.clock import WALL, HardwareClock
+from draftgen.client.entropy import FIELDS as ENTROPY_FIELDS
 from draftgen.client.records import Capabilities
 from draftgen.generate.config import FINGERPRINT_SINCE, GenerateConfig
 from draftgen.rundir import (
@@ -65,6 +66,8 @@ LOOP = pl.Struct(
         "max_tokens": pl.Int64,  # what the request asked for: a loop runs to it, left alone
     }
 )
+# A turn's top-k entropy summary (draftgen.client.entropy: the tokens read, then the mean and quantiles, nats)
+ENTROPY = pl.Struct({name: pl.Int64 if name == "tokens" else pl.Float64 for name in ENTROPY_FIELDS})
 OUTPUT_SCHEMA = pl.Schema(
     {
         "id": pl.String,
@@ -142,6 +145,9 @@ OUTPUT_SCHEMA = pl.Schema(
         # Per generated turn: SGLang's spec_correct_drafts_histogram (element k: the turn's verify steps that accepted
         # exactly k drafts; docs/engines.md), a null element where its server sent none: draftgen.draft_positions.
         "turn_drafts_histogram": pl.List(pl.List(pl.Int64)),
+        # Per generated turn, with entropy_top_k: how flat the target's next-token distribution was (each token's
+        # top-k entropy in nats, summarised: draftgen.client.entropy), a null element where none was read.
+        "turn_entropy": pl.List(ENTROPY),
     }
 )
 FAILED_SCHEMA = pl.Schema(

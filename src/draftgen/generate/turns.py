@@ -188,6 +188,7 @@ class Conversation:
             "turn_server": [r.server for r in results],
             "turn_cached_tokens": [r.cached_tokens for r in results],
             "turn_drafts_histogram": [r.drafts_histogram for r in results],
+            "turn_entropy": [r.entropy for r in results],
             "turns_set_aside": self.set_aside,
             "turns_set_aside_by": self.set_aside_by if self.set_aside else None,
             **self._tool_columns(extras),
