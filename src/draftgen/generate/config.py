@@ -154,11 +154,11 @@ class GenerateConfig(FleetParams, SamplingParams):
     entropy_top_k: Annotated[int, Field(ge=0, le=20)] = param(
         0,
         "ask for this many top_logprobs per token and store each turn's entropy summary (turn_entropy); 0: off",
-        doc="ask each answer for its top `entropy_top_k` logprobs per token (OpenAI's `logprobs`, `top_logprobs`; an "
-        "engine that refuses the sampling extras is not asked) and store each turn's **top-k entropy summary** "
+        doc="ask each answer for its top `entropy_top_k` logprobs per token (OpenAI's `logprobs`, `top_logprobs`; "
+        "preflight's probe finds whether each server answers them) and store each turn's **top-k entropy summary** "
         '(`turn_entropy`: tokens, mean, p10, p50, p90, in nats; "Target flatness" below), so data can later be '
-        "selected by how flat the target was without a second run; 0: not asked, nothing stored. What it costs: "
-        "docs/figures.md",
+        "selected by how flat the target was without a second run; needs `stream: true`; 0: not asked, nothing "
+        "stored",
     )
     affinity_hold_s: NonNegativeFloat = param(
         10.0,
