@@ -310,7 +310,8 @@ class SimServer:
         histogram = [0] * width
         for gained in request.draws[:verify]:
             histogram[min(gained, width) - 1] += 1
-        if shape == "0.5.23":  # SGLang 0.5.23 grows the list as drafts are accepted: as long as the most seen + 1
+        # SGLang 0.5.23 grows the list as drafts are accepted: as long as the most drafts a step accepted + 1
+        if shape == "0.5.23":
             while histogram and histogram[-1] == 0:
                 histogram.pop()
         fields: dict[str, object] = {"spec_verify_ct": verify}

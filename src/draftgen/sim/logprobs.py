@@ -17,6 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from draftgen.sim.wire import BadRequest
+
+if TYPE_CHECKING:
+    from draftgen.sim.tokenizer import SimTokenizer
 
 ALTERNATIVES = 4096  # vocabulary tokens the alternatives are drawn from (the first of the vocabulary)
 FALL_OFF = 0.5  # each alternative's probability is this share of the one before it
@@ -82,3 +88,29 @@ class LogprobModel:
             {"token": token, "bytes": raw, "logprob": logprob} for logprob, token, raw in alternatives[:top]
         ]
         return entry
+
+
+def asked_top(body: dict) -> int | None:
+    """What a chat request asks for, as SGLang 0.5.23 reads it (``return_logprob=logprobs``,
+    ``top_logprobs_num=top_logprobs or 0``): None without ``logprobs``, else the alternatives per token; a
+    ``top_logprobs`` that is not a non-negative integer is a 400."""
+    top = body.get("top_logprobs")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or top < 0):
+        raise BadRequest(f"top_logprobs must be a non-negative integer, got {top!r}")
+    return (top or 0) if body.get("logprobs") else None
+
+
+class ServerLogprobs:
+    """One server's logprobs: its tokenizer names the tokens; the alternatives' model is built on first use."""
+
+    def __init__(self, tokenizer: SimTokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._model: LogprobModel | None = None
+
+    def choice(self, seed: int, ids: Sequence[int], start: int, top: int) -> dict[str, object]:
+        """A choice's ``logprobs`` for the generated ``ids`` from position ``start`` on: ``{"content": [...]}``."""
+        tokenizer = self._tokenizer
+        if self._model is None:
+            texts = (tokenizer.text_of(i) for i in range(min(ALTERNATIVES, tokenizer.vocab_size)))
+            self._model = LogprobModel.from_texts([t for t in texts if t])
+        return {"content": self._model.entries(seed, [tokenizer.text_of(i) for i in ids], start, top)}

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from draftgen.sim.categories import classify
 from draftgen.sim.engine import SimRequest
-from draftgen.sim.logprobs import ALTERNATIVES, LogprobModel
+from draftgen.sim.logprobs import ServerLogprobs, asked_top
 from draftgen.sim.temperature import temperature_of
 from draftgen.sim.textgen import request_seed
 from draftgen.sim.toolcalls import call_id
@@ -33,11 +33,13 @@ from draftgen.sim.wire import BadRequest, sse
 if TYPE_CHECKING:
     from draftgen.sim.core import SimServer
 
+Finish = tuple[str | None, int | None]  # a chunk's finish_reason and matched_stop
+
 
 class OpenAIApi:
     def __init__(self, sim: SimServer):
         self.sim = sim
-        self._logprobs: LogprobModel | None = None  # built on the first request that asks for logprobs
+        self._logprobs = ServerLogprobs(sim.tokenizer)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -141,9 +143,7 @@ class OpenAIApi:
             "output_ids": bool(body.get("return_output_ids_in_sglext"))
             or headers.get("x-sglext-return-output-ids") == "1",
             "seed": seed,
-            # SGLang 0.5.23: return_logprob=logprobs, top_logprobs_num=top_logprobs or 0
-            "logprobs": bool(body.get("logprobs")),
-            "top_logprobs": _top_logprobs(body.get("top_logprobs")),
+            "top_logprobs": asked_top(body),  # None: no logprobs asked for
             "calls": self.sim.plan_calls(tools, messages, seed),
             "ignore_eos": bool(body.get("ignore_eos")),
             "category": classify(messages, tools),
@@ -224,15 +224,10 @@ class OpenAIApi:
     def _logprobs_of(self, request: SimRequest, parsed: dict, start: int, end: int) -> dict | None:
         """``{"content": [...]}`` for generated tokens ``start``..``end`` (the stop token included), or None when
         the request did not ask (SGLang sends ``logprobs: null`` then) or there are none."""
-        if not parsed["logprobs"] or end <= start:
+        if parsed["top_logprobs"] is None or end <= start:
             return None
-        if self._logprobs is None:
-            tokenizer = self.sim.tokenizer
-            texts = (tokenizer.text_of(i) for i in range(min(ALTERNATIVES, tokenizer.vocab_size)))
-            self._logprobs = LogprobModel.from_texts([t for t in texts if t])
         ids = request.plan.output_ids(end)[start:]  # the stop token included
-        texts = [self.sim.tokenizer.text_of(i) for i in ids]
-        return {"content": self._logprobs.entries(request.seed or 0, texts, start, parsed["top_logprobs"])}
+        return self._logprobs.choice(request.seed or 0, ids, start, parsed["top_logprobs"])
 
     def _choice(self, request: SimRequest, parsed: dict, index: int) -> dict:
         reasoning, content = self._texts(request, parsed, 0, request.shown_tokens)
@@ -248,9 +243,7 @@ class OpenAIApi:
         return {
             "index": index,
             "message": message,
-            "logprobs": self._logprobs_of(request, parsed, 0, request.emitted)
-            if parsed["logprobs"]
-            else None,
+            "logprobs": self._logprobs_of(request, parsed, 0, request.emitted),
             "finish_reason": finish_reason,
             "matched_stop": matched,
         }
@@ -273,12 +266,7 @@ class OpenAIApi:
         return body
 
     def _chunk(
-        self,
-        request: SimRequest,
-        parsed: dict,
-        delta: dict,
-        finish: tuple[str | None, int | None],
-        logprobs: dict | None = None,
+        self, request: SimRequest, parsed: dict, delta: dict, finish: Finish, logprobs: dict | None = None
     ) -> dict:
         return {
             "id": request.rid,
@@ -348,15 +336,6 @@ class OpenAIApi:
                 usage = self._usage([request], parsed)
                 await response.write(sse(self._tail_chunk(request, parsed, usage=usage)))
         return response
-
-
-def _top_logprobs(value: object) -> int:
-    """The request's ``top_logprobs`` (null or absent: 0), or 400."""
-    if value is None:
-        return 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadRequest(f"top_logprobs must be a non-negative integer, got {value!r}")
-    return value
 
 
 def _tools(value: object) -> list[dict]:
