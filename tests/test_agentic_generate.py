@@ -326,7 +326,7 @@ def test_the_mixed_file_generated_turn_by_turn_then_validated_and_exported(
             "tokenizer": str(tokenizer_dir),
             "out_dir": str(tmp_path / "val"),
             "holdout_share": 0.0,
-            "max_length": 8192,
+            "train_max_length": 8192,
             "min_assistant_tokens": 1,
             "max_truncated_share": 1.0,
         },

@@ -53,7 +53,7 @@ def validated(tmp_path: Path, tokenizer_dir: Path, tokenizer, rows: str, paramet
             "generation_dir": str(folder),
             "tokenizer": str(tokenizer_dir),
             "out_dir": str(tmp_path / "out"),
-            "max_length": 512,
+            "train_max_length": 512,
             "holdout_share": 0.0,
             "rows": rows,
         },

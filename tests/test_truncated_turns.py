@@ -201,7 +201,9 @@ def test_every_generated_token_lands_in_one_bucket(tmp_path, tokenizer_dir, toke
     defect = with_server_ids(row("empty-0", reasoning="Let me think. " * 8, content=""), tokenizer)
     long = with_server_ids(row("long-0", reasoning="Think. " * 10, content="A long answer. " * 60), tokenizer)
     write_generation(tmp_path / "gen", [*rows, defect, long])
-    config = _config(tokenizer_dir, tmp_path / "gen", tmp_path / "out", max_length=160, holdout_share=0.2)
+    config = _config(
+        tokenizer_dir, tmp_path / "gen", tmp_path / "out", train_max_length=160, holdout_share=0.2
+    )
     result = validate_generation(config, tokenizer=tokenizer, progress=False)
     made = result.counts["yield"]
     buckets = made["buckets"]

@@ -41,7 +41,7 @@ def _config(generation: Path, tokenizer_dir: Path, out: Path, **overrides) -> Va
         "generation_dir": str(generation),
         "tokenizer": str(tokenizer_dir),
         "out_dir": str(out),
-        "max_length": 512,
+        "train_max_length": 512,
         "duplicate_answer_min_prompts": 3,
         "holdout_share": 0.0,  # exact counts; the held-out split has tests of its own
         **overrides,

@@ -64,7 +64,7 @@ def _validate(
             "out_dir": str(out_dir),
             "trainer": trainer,
             "rows": rows,
-            "max_length": max_length,
+            "train_max_length": max_length,
             "keep_flagged": list(FLAGS),  # every sample is exported: the oracle sees flagged ones too
             "holdout_share": 0.0,
             "max_degenerate_share": 1.0,
@@ -713,7 +713,7 @@ def _dflash_export(
             "tokenizer": tokenizer_dir,
             "out_dir": str(out_dir),
             "trainer": "specforge-dflash-qwen3.5",
-            "max_length": max_length,
+            "train_max_length": max_length,
             "max_degenerate_share": 1.0,
             "max_truncated_share": 1.0,
             "keep_flagged": keep,

@@ -282,6 +282,8 @@ def past_max_length(masks: MaskBatch, generated: np.ndarray, config: ValidateCon
     generate's cap), so the trainer's window leaves it nothing to train. The trainer's cut, not a defect: the row is
     dropped (kept where ``keep_flagged`` keeps tiny masks) and counted with the cuts at max_length, never as degenerate (tiny_mask stays off; trainer_rejects
     says what the trainer's loader does with it, and counts.py does not call that a defect here)."""
+    if config.max_length is None:
+        return np.zeros(len(masks.n_tokens), dtype=bool)
     window_empty = (masks.n_tokens > config.max_length) & (masks.mask_sum <= config.min_assistant_tokens)
     return window_empty & (generated > config.min_assistant_tokens)
 
@@ -312,11 +314,11 @@ def _last_turn(frame: pl.DataFrame, column: str, turn_column: str) -> pl.Expr:
     return pl.lit(None)
 
 
-def cut_at_max_length(frame: pl.DataFrame, max_length: int) -> np.ndarray:
+def cut_at_max_length(frame: pl.DataFrame, max_length: int | None) -> np.ndarray:
     """Per row: its (last) turn was cut where the trainer's max_length set its budget — an expected cut, never
     judged against the run (generate.length_cap). Rows from shards that did not record the budget's cause count so
     when their prompt and completion together reached max_length."""
-    if "finish_reason" not in frame.columns:
+    if "finish_reason" not in frame.columns or max_length is None:
         return np.zeros(frame.height, dtype=bool)
     by = _last_turn(frame, "budget_by", "turn_budget_by")
     reached = (
@@ -354,7 +356,7 @@ def flag_batch(
     past = past_max_length(masks, token_columns["generated_tokens"].fill_null(0).to_numpy(), config)
     flags = text_flags(frame, config, index, foreign).with_columns(
         pl.Series("tiny_mask", (masks.mask_sum <= config.min_assistant_tokens) & ~past),
-        pl.Series("over_max_length", masks.n_tokens > config.max_length),
+        pl.Series("over_max_length", masks.n_tokens > (config.max_length or np.iinfo(np.int64).max)),
         pl.Series("template_mismatch", np.array([m is not None for m in masks.mismatch], dtype=bool)),
         pl.Series(
             "retokenized_differs",

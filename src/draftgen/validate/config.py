@@ -14,6 +14,7 @@ from draftgen.params import (
     PositiveInt,
     ProjectPath,
     TrainerName,
+    TrainMaxLength,
     _unset_if_empty,
     param,
 )
@@ -126,15 +127,22 @@ class ValidateConfig(Params):
         (
             "",
             "generation_dir prompt_file tokenizer out_dir trainer mask_convention enable_thinking "
-            "rows token_ids min_assistant_tokens max_length duplicate_answer_min_prompts max_degenerate_share "
+            "rows token_ids min_assistant_tokens train_max_length duplicate_answer_min_prompts max_degenerate_share "
             "max_truncated_share train_truncated train_loops keep_flagged holdout_share export_jsonl export_prompts export_tokens "
             "batch_size examples_per_flag",
         ),
-        help={"enable_thinking": "the generation's setting: thinking on expects non-empty reasoning"},
+        help={
+            "enable_thinking": "the generation's setting: thinking on expects non-empty reasoning",
+            "train_max_length": "the trainer's max_length: longer rendered samples are flagged over_max_length and "
+            "cut there, as the trainer cuts them (0: no cut)",
+        },
         doc={
+            "train_max_length": "the trainer's max_length, the shared value generate caps each turn at: longer "
+            "rendered samples are over_max_length; SpecForge trainers cut input_ids and loss_mask here, and so does "
+            "the export (0: no cut)",
             "trainer": "whose loss mask to reproduce, token for token: "
             + ", ".join(t.value for t in Trainer)
-            + ' ("The loss mask, exactly" below)'
+            + ' ("The loss mask, exactly" below)',
         },
     )
 
@@ -172,12 +180,7 @@ class ValidateConfig(Params):
     min_assistant_tokens: Annotated[int, Field(ge=0)] = param(
         16, "tiny_mask when the loss mask covers this many tokens or fewer"
     )
-    max_length: PositiveInt = param(
-        4096,
-        "training max_length: longer rendered samples are flagged over_max_length",
-        doc="the trainer's max_length: longer rendered samples are over_max_length; SpecForge trainers cut "
-        "input_ids and loss_mask here, as they do",
-    )
+    train_max_length: TrainMaxLength
     duplicate_answer_min_prompts: Annotated[int, Field(ge=2)] = param(
         10, "duplicate_answer when this many prompts share one exact answer"
     )
@@ -307,6 +310,11 @@ class ValidateConfig(Params):
             and "truncated" in self.drop_flags
             and (self.export_prompts or self.export_tokens)
         )
+
+    @property
+    def max_length(self) -> int | None:
+        """The trainer's max_length (None: train_max_length 0, no cut)."""
+        return self.train_max_length or None
 
     def mask_spec(self) -> MaskSpec:
         return MaskSpec(
