@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from draftgen.defaults import CONCURRENCY_PER_SERVER
 from draftgen.exit_codes import ExitCode
 from draftgen.flags import add_flags, config_from_flags, given_values
 from draftgen.paths import resolve_path
@@ -16,7 +17,6 @@ from draftgen.serve.preflight import check_engine, check_ports, check_router, ch
 from draftgen.serve.records import write_commands
 from draftgen.serve.supervisor import Supervisor
 from draftgen.serve.view import LineView, TableView
-from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
             "(refused → 503 → 200 on /health_generate), write RUN/servers.yaml for papermill -f, and keep "
             "them running until Ctrl-C. Arguments after -- go to every server unchanged."
         ),
-        epilog="Example: draftgen serve --model /dev/shm/Qwen3.6-27B --gpus 0-6 --max-running-requests 64",
+        epilog="Example: draftgen serve --model /dev/shm/Qwen3.6-27B --gpus 0-6 --python /opt/sglang/bin/python",
     )
     groups = {flag.group: None for flag in SERVE_FLAGS}
     sections = {group: parser.add_argument_group(group) for group in groups}
@@ -49,15 +49,11 @@ def build_config(args: argparse.Namespace) -> ServeConfig:
 
 def _notes(config: ServeConfig) -> list[str]:
     notes = [f"--engine sim ignores {item}" for item in ignored_options(config)]
-    if (
-        config.engine == "sglang"
-        and config.mtp
-        and config.max_running_requests is None
-        and not config.settings
-    ):
+    if config.batch_cap is not None and config.batch_cap < CONCURRENCY_PER_SERVER:
         notes.append(
-            f"with speculative decoding SGLang runs at most {SPEC_DEFAULT_MAX_RUNNING} requests per server unless "
-            f"--max-running-requests is set; more in flight only queue"
+            f"--max-running-requests {config.batch_cap} is below the {CONCURRENCY_PER_SERVER} requests generate keeps "
+            "in flight per server by default: its preflight refuses these servers unless concurrency_per_server is "
+            f"{config.batch_cap} or less"
         )
     return notes
 

@@ -9,6 +9,7 @@ the serve command by its flags (``--tp``), tune's notebook by the parameter name
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections import Counter
@@ -16,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-from draftgen.defaults import BASE_PORT, FLEET_SIZE, MODEL
+from draftgen.defaults import BASE_PORT, CONCURRENCY_PER_SERVER, FLEET_SIZE, MODEL, SGLANG_PYTHON_ENV
 from draftgen.flags import EXTRA, Flag, spelling
 from draftgen.params import (
     NOTEBOOK_MODEL,
@@ -40,6 +41,8 @@ ENGINES = ("sglang", "sim")
 DEFAULT_ROUTER_PORT = 30100
 ROUTER_MODULE = "smg"  # SMG, SGLang's gateway: `python -m smg launch` (PyPI smg, a Rust binary in the wheel)
 ROUTER_PIN = "smg==1.13.0"  # the release docs/engines.md measured: pyproject's `router` extra pins the same
+# SMG runs in draftgen's own environment, where the `router` extra installs it (SGLang's has its own pins).
+ROUTER_PYTHON = sys.executable
 # SMG's names (`smg launch --help`, --policy) for the policies that spread one model over equal workers.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "least_load", "power_of_two", "random")
 LOCAL_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::", "")
@@ -118,7 +121,11 @@ class ServerParams(Params):
     tp: PositiveInt = param(1, "GPUs per server, taken in order from the GPU list")
     base_port: Port = param(BASE_PORT, "GPU group i's server listens on the base port + i")
     host: str = param("127.0.0.1", "bind address of the servers (0.0.0.0 for other nodes)")
-    python: str = param("", 'interpreter that runs the servers ("": this one)')
+    python: str = param(
+        "",
+        f'SGLang\'s interpreter, in its own environment ("": ${SGLANG_PYTHON_ENV} if set, else this one; engine '
+        "sim: this one)",
+    )
     model_family: Literal[FAMILIES] = param(
         DEFAULT_FAMILY,
         "the model's family: picks SGLang's --reasoning-parser and --tool-call-parser (qwen3_5: Qwen3.5/3.6, "
@@ -155,8 +162,12 @@ class ServerParams(Params):
 
     @field_validator("python")
     @classmethod
-    def _python(cls, path: str) -> str:
-        return path or sys.executable
+    def _python(cls, path: str, info: ValidationInfo) -> str:
+        if path:
+            return path
+        if info.data.get("engine") == "sglang":
+            return os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
+        return sys.executable  # the simulator is draftgen's: it runs in draftgen's environment
 
     @field_validator("sim_profile")
     @classmethod
@@ -271,7 +282,11 @@ class ServeConfig(ServerParams):
 
     mtp: bool = param(True, "speculative decoding: MTP, NEXTN 3/1/4")
     mem_fraction: float | None = param(None, "--mem-fraction-static (e.g. 0.85)", gt=0, lt=1)
-    max_running_requests: PositiveInt | None = param(None, "batch cap per server (SGLang's: 48 with MTP)")
+    max_running_requests: PositiveInt | None = param(
+        None,
+        f"batch cap per server (MTP on: {CONCURRENCY_PER_SERVER}, the requests generate keeps in flight per "
+        "server; MTP off: SGLang's own)",
+    )
     settings: Annotated[ServerSettings | None, BeforeValidator(_settings_file)] = param(
         None,
         "speculative settings and batch cap chosen by draftgen tune (replaces --no-mtp, --mem-fraction, "
@@ -376,6 +391,15 @@ class ServeConfig(ServerParams):
                 )
             )
         return problems
+
+    @property
+    def batch_cap(self) -> int | None:
+        """The --max-running-requests each server starts with: the one given; with MTP on (no --settings, which
+        names its own), the production concurrency, so every request generate keeps in flight runs at once (SGLang's
+        own default with speculation is lower); None: SGLang's own."""
+        if self.max_running_requests is not None or self.settings is not None:
+            return self.max_running_requests
+        return CONCURRENCY_PER_SERVER if self.mtp else None
 
     @property
     def router_url(self) -> str:

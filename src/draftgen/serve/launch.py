@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass
 
 from draftgen.client.introspect import HEALTH_GENERATE
-from draftgen.serve.config import MTP_ARGS, ServeConfig
+from draftgen.serve.config import MTP_ARGS, ROUTER_PYTHON, ServeConfig
 from draftgen.sglang_rules.parsers import reasoning_parser, tool_call_parser
 
 
@@ -69,8 +69,8 @@ def _sglang_argv(config: ServeConfig, port: int, tp: int) -> list[str]:
         return argv + config.settings.sglang_args() + list(config.extra_args)
     if config.mem_fraction is not None:
         argv += ["--mem-fraction-static", f"{config.mem_fraction:g}"]
-    if config.max_running_requests is not None:
-        argv += ["--max-running-requests", str(config.max_running_requests)]
+    if config.batch_cap is not None:
+        argv += ["--max-running-requests", str(config.batch_cap)]
     if config.mtp:
         argv += list(MTP_ARGS)
     return argv + list(config.extra_args)
@@ -87,14 +87,16 @@ def _sim_argv(config: ServeConfig, port: int) -> list[str]:
         config.host,
         "--model",
         config.served_model,
+        "--model-path",
+        config.model,
         "--profile",
         config.effective_sim_profile,
         "--speed",
         f"{config.sim_speed:g}",
         "--enable-cache-report",
     ]
-    if config.max_running_requests is not None:
-        argv += ["--max-running-requests", str(config.max_running_requests)]
+    if config.batch_cap is not None:
+        argv += ["--max-running-requests", str(config.batch_cap)]
     argv += _tool_call_parser(config)
     if config.settings is not None:
         argv += config.settings.sim_args()
@@ -138,8 +140,8 @@ def router_argv(
 ) -> list[str]:
     """SMG, SGLang's gateway (PyPI ``smg``: a Rust binary in a Python wheel), in front of ``workers``.
 
-    ``python -m smg launch`` is the ``smg launch`` command run by the interpreter ``--python`` names, so one
-    check (``import smg``) tells whether it can start. Its Prometheus metrics listen on their own port
+    ``python -m smg launch`` is the ``smg launch`` command run by draftgen's own interpreter (the ``router`` extra
+    installs SMG in draftgen's environment), so one check (``import smg``) tells whether it can start. Its Prometheus metrics listen on their own port
     (``--prometheus-port``; 29000 when not given, which two gateways on one machine would fight over), not on
     the API port. The policy names are SMG's own (:data:`draftgen.serve.config.ROUTER_POLICIES`).
     """
@@ -166,7 +168,7 @@ def router_argv(
 def router_spec(config: ServeConfig) -> LaunchSpec:
     """SMG in front of this node's servers and any --router-worker URLs."""
     argv = router_argv(
-        config.python,
+        ROUTER_PYTHON,
         [*config.urls, *config.router_workers],
         host=config.host,
         port=config.router_port,

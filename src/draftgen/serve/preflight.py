@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 from pathlib import Path
 
+from draftgen.defaults import SGLANG_PYTHON_ENV
 from draftgen.exit_codes import Refused
-from draftgen.paths import project_root, resolve_path
-from draftgen.serve.config import ROUTER_MODULE, ROUTER_PIN, ServeConfig
+from draftgen.paths import resolve_path
+from draftgen.serve.config import ROUTER_MODULE, ROUTER_PIN, ROUTER_PYTHON, ServeConfig
+from draftgen.serve.environment import described, probe
 
 
 class ServeRefused(Refused):
@@ -39,26 +40,28 @@ def check_ports(host: str, ports: list[int]) -> None:
         )
 
 
-def importable(python: str, module: str) -> bool:
-    """Whether ``python`` (another environment's interpreter, possibly) can import ``module``."""
-    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
-    try:
-        done = subprocess.run([python, "-c", code], capture_output=True, timeout=60, cwd=project_root())
-        return done.returncode == 0
-    except FileNotFoundError:
-        raise ValueError(f"--python {python}: no such interpreter") from None
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ValueError(f"--python {python}: cannot run it ({exc})") from None
-
-
 def check_engine(config: ServeConfig) -> None:
-    """For real SGLang: the interpreter can import sglang, and a local model path exists."""
+    """For real SGLang: the interpreter's environment has sglang, with the openai its pin asks for (draftgen's
+    openai>=3 beside it means the two environments were merged), and a local model path exists. One short
+    subprocess: seconds before any GPU is touched (``draftgen.serve.environment``)."""
     if config.engine != "sglang":
         return
-    if not importable(config.python, "sglang"):
+    env = probe(config.python, "sglang", "openai")
+    where = described(config.python)
+    if not env.importable.get("sglang"):
         raise ServeRefused(
-            f"sglang is not importable by {config.python}; install it there (pip install 'sglang[all]') or "
-            f"pass --python /path/to/sglang-env/bin/python (try --engine sim to rehearse without a GPU)"
+            f"{where} has no sglang: SGLang lives in an environment of its own (it pins openai==2.8.0, draftgen "
+            f"needs openai>=3); pass --python /path/to/sglang-env/bin/python or export "
+            f'{SGLANG_PYTHON_ENV}=/path/to/sglang-env/bin/python (README, "On the GPU node"; '
+            "--engine sim rehearses without a GPU)"
+        )
+    pin, have = env.pinned("openai"), env.versions.get("openai")
+    if pin is not None and have != pin:
+        raise ServeRefused(
+            f"{where} has sglang {env.versions.get('sglang')} with openai {have or '(none)'}, but sglang pins "
+            f"openai=={pin}: SGLang's environment was changed (draftgen installed into it? draftgen, openai>=3, "
+            f"belongs in its own); restore it with `{config.python} -m pip install 'openai=={pin}'`, or point "
+            "--python at an environment with SGLang alone"
         )
     looks_local = config.model.startswith(("/", "./", "../", "~"))
     if looks_local and not resolve_path(config.model).exists():
@@ -66,12 +69,13 @@ def check_engine(config: ServeConfig) -> None:
 
 
 def check_router(config: ServeConfig) -> None:
-    """With --router: SMG importable by the interpreter that will run it, else the command that installs it."""
-    if config.router and not importable(config.python, ROUTER_MODULE):
+    """With --router: SMG importable by draftgen's own interpreter (the ``router`` extra installs it there, and serve
+    runs it there), else the command that installs it."""
+    if config.router and not probe(ROUTER_PYTHON, ROUTER_MODULE).importable.get(ROUTER_MODULE):
         raise ServeRefused(
-            f"--router: SMG ({ROUTER_MODULE}) is not importable by {config.python}; install it there with "
-            f"`{config.python} -m pip install '{ROUTER_PIN}'` (in draftgen's own environment: "
-            "pip install -e '.[router]'), or leave out --router"
+            f"--router: {described(ROUTER_PYTHON)} has no SMG ({ROUTER_MODULE}); install draftgen's router extra "
+            f"there (pip install -e '.[router]' in this checkout, or `{ROUTER_PYTHON} -m pip install "
+            f"'{ROUTER_PIN}'`), or leave out --router"
         )
 
 

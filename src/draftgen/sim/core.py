@@ -51,12 +51,23 @@ class ServerConfig:
     seed: int = 0  # salts fault draws (which request fails), never the completion text
     max_running_requests: int | None = None  # overrides the profile, like --max-running-requests
     tokenizer: Path | None = (
-        None  # a Hugging Face tokenizer folder; None: the tiny Qwen3-format one, built here
+        None  # a Hugging Face tokenizer folder; None: the model path's, else the tiny Qwen3-format one
     )
+    # SGLang's --model-path: what /server_info and /model_info report the model (and tokenizer) loaded from; a
+    # local folder holding a tokenizer is spoken unless ``tokenizer`` says otherwise. None: ``model``, as SGLang's
+    # served name is its model path unless --served-model-name says otherwise.
+    model_path: str | None = None
     # --disable-radix-cache, --enable-cache-report
     cache: CacheSettings = field(default_factory=CacheSettings)
     # --tool-call-parser: None (SGLang's default) leaves tool calls as text in content (draftgen.sim.toolcalls)
     tool_call_parser: str | None = None
+
+
+def model_tokenizer(config: ServerConfig) -> Path | None:
+    """The model path's folder when it holds a tokenizer (SGLang loads its tokenizer from there): None otherwise,
+    a Hugging Face id or a path this machine lacks included."""
+    folder = Path(config.model_path or config.model).expanduser()
+    return folder if (folder / "tokenizer.json").is_file() else None
 
 
 class SimServer:
@@ -82,7 +93,7 @@ class SimServer:
             prefix_cache=prefix_cache,
         )
         self.metrics = ServerMetrics(self.engine, config.model)
-        self.tokenizer = SimTokenizer.load(config.tokenizer or default_tokenizer())
+        self.tokenizer = SimTokenizer.load(config.tokenizer or model_tokenizer(config) or default_tokenizer())
         self.planner = RequestPlanner(profile, self.tokenizer, config.faults)
         self.fault_rng = random.Random(config.seed ^ config.port)
         self.healthy = False

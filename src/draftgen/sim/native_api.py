@@ -102,7 +102,8 @@ class NativeApi:
         spec = self.sim.profile.speculative
         return web.json_response(
             {
-                "model_path": self.sim.config.model,
+                "model_path": self.sim.config.model_path or self.sim.config.model,
+                "tokenizer_path": self.sim.config.model_path or self.sim.config.model,
                 "served_model_name": self.sim.config.model,
                 "host": self.sim.config.host,
                 "port": self.sim.config.port,
@@ -133,7 +134,7 @@ class NativeApi:
 
     async def model_info(self, _: web.Request) -> web.Response:
         """SGLang's model description: paths, a generation model, its weight version and HF model type."""
-        model = self.sim.config.model
+        model = self.sim.config.model_path or self.sim.config.model
         return web.json_response(
             {
                 "model_path": model,

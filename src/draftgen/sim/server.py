@@ -24,7 +24,7 @@ from aiohttp import web
 
 from draftgen.defaults import MODEL
 from draftgen.sim.admin_api import AdminApi
-from draftgen.sim.core import ServerConfig, SimServer
+from draftgen.sim.core import ServerConfig, SimServer, model_tokenizer
 from draftgen.sim.defaults import EXIT_PORT_IN_USE, EXIT_STARTUP_FAILED, PARENT_PID_ENV
 from draftgen.sim.faults import Faults, parse_faults
 from draftgen.sim.native_api import NativeApi
@@ -94,7 +94,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--model", default=MODEL, help="the served model name (SGLang's --served-model-name)")
+    parser.add_argument(
+        "--model-path",
+        default=None,
+        help="SGLang's --model-path: reported in /server_info and /model_info; a local folder with a tokenizer is "
+        "spoken unless --tokenizer says otherwise (default: --model)",
+    )
     parser.add_argument("--profile", default="b200-mtp")
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--fault", action="append", default=[])
@@ -152,12 +158,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         truth_path=args.truth,
         seed=args.seed,
         tokenizer=args.tokenizer,
+        model_path=args.model_path,
         cache=cache_settings(args),
         tool_call_parser=args.tool_call_parser or None,
     )
     try:
-        if args.tokenizer is not None:
-            SimTokenizer.load(args.tokenizer)  # a bad folder fails here, in one line, before the port opens
+        if args.tokenizer is not None or model_tokenizer(config) is not None:
+            # a bad folder fails here, in one line, before the port opens
+            SimTokenizer.load(args.tokenizer or model_tokenizer(config))
     except TokenizerFolderError as exc:
         print(f"draftgen sim: error: {exc}", file=sys.stderr)
         return 2
