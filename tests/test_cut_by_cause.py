@@ -15,6 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from draftgen.defaults import CONCURRENCY_PER_SERVER
 from draftgen.generate import GenerateConfig, GuardTripped, generate, preflight
 from draftgen.generate.guard import Guard, GuardSettings
 from draftgen.generate.length_cap import SET_ASIDE
@@ -79,7 +80,8 @@ def _validate(generation: Path, tokenizer: Path, out: Path):  # type: ignore[no-
 def test_the_trainers_cut_on_long_conversations_neither_halts_the_run_nor_fails_validate(
     sim_fleet, sim_tokenizer_dir, long_chats, tmp_path
 ):
-    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=50.0)  # the B200 profile's answer lengths
+    # the B200 profile's answer lengths; the batch cap serve starts SGLang with, which the production concurrency needs
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=50.0, max_running_requests=CONCURRENCY_PER_SERVER)
     config = _production(fleet.urls, long_chats, tmp_path / "run", sim_tokenizer_dir)
     assert (config.max_tokens, config.train_max_length, config.concurrency_per_server) == (4096, 4096, 64)
     result = _run(config)
@@ -144,7 +146,7 @@ def test_answers_cut_by_max_tokens_still_halt_the_run_and_fail_validate(
     sim_fleet, sim_tokenizer_dir, long_chats, tmp_path
 ):
     # max_tokens 48: far below any turn's room, so every cut is by max_tokens (thinking runs past 48 tokens).
-    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=50.0)
+    fleet = sim_fleet(servers=2, profile="b200-mtp", speed=50.0, max_running_requests=CONCURRENCY_PER_SERVER)
     config = _production(fleet.urls, long_chats, tmp_path / "run", sim_tokenizer_dir, max_tokens=48)
     with pytest.raises(GuardTripped) as halted:
         _run(config)

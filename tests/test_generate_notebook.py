@@ -6,10 +6,12 @@ takes about two minutes on two cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import polars as pl
 import psutil
 import pytest
 from generate_helpers import run_command
+from sim_helpers import post
 
 from draftgen.display.headline import MARKER
 from draftgen.generate.store import read_done_ids, read_manifest
@@ -264,6 +267,44 @@ def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     assert "already stored" in notebook_text(run_dir)
 
 
+class OtherClient:
+    """Another client on the same servers (a second shard's run, a benchmark): keeps ``per_server`` long requests
+    in flight on each server until stopped, so generate's requests queue there beyond the batch cap (which
+    preflight made sure is not below generate's own concurrency) and meet the servers' 429s. Its requests' ids
+    start with ``other-``."""
+
+    def __init__(self, urls: list[str], per_server: int):
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._loop, args=(url, f"other-{i}-{k}"), daemon=True)
+            for i, url in enumerate(urls)
+            for k in range(per_server)
+        ]
+
+    def _loop(self, url: str, name: str) -> None:
+        sent = 0
+        while not self.stop.is_set():
+            body = {
+                "model": "Qwen/Qwen3.6-27B",
+                "messages": [{"role": "user", "content": "Write a long story."}],
+                "max_tokens": 4096,
+                "rid": f"{name}-{sent}",
+            }
+            sent += 1
+            with contextlib.suppress(OSError):  # its own 500s, 429s and hangs (timed out) are not this test's
+                post(f"{url}/v1/chat/completions", body, timeout=5.0)
+
+    def __enter__(self) -> OtherClient:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=10.0)
+
+
 def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 500, seed=10)
@@ -271,7 +312,7 @@ def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
         servers=3,
         profile="b200-mtp",
         speed=50.0,
-        max_running_requests=4,
+        max_running_requests=12,
         faults=["error_rate=0.05", "hang_rate=0.03", "overload=5"],
     )
     params = base_params(
@@ -285,13 +326,20 @@ def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
         max_attempts=30,
         canary=False,
     )
-    result = draftgen_run(tmp_path / "out", "faults", params)
+    with OtherClient(
+        fleet.urls, per_server=8
+    ):  # 8 of each server's 12 slots taken: generate's 12 queue there
+        result = draftgen_run(tmp_path / "out", "faults", params)
     run_dir = tmp_path / "out" / "generate" / "faults"
     assert result.returncode == 0, result.stderr[-3000:]
     assert_exactly_once(run_dir, valid_ids(prompts))
     assert not (run_dir / "failed.parquet").exists()
-    outcomes = {r["outcome"] for r in fleet.truth()}
-    assert {"error_500", "hung", "overloaded"} <= outcomes  # every fault really happened
+    outcomes = {r["outcome"] for r in fleet.truth() if not r["rid"].startswith("other-")}
+    assert {
+        "error_500",
+        "hung",
+        "overloaded",
+    } <= outcomes  # every fault really happened to generate's requests
     attempts = pl.scan_parquet(sorted((run_dir / "shards").glob("*.parquet"))).select("attempts").collect()
     assert attempts["attempts"].max() > 1
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import polars as pl
 import pytest
+from aiohttp import web
 
 from draftgen.generate import PreflightError, generate, preflight
 from draftgen.generate.config import GenerateConfig
@@ -95,3 +97,153 @@ def test_preflight_warns_that_a_loop_check_without_streaming_saves_no_gpu_time(t
     assert not [
         c for c in check_environment(make(servers, tmp_path, loop_check=False)) if c.check == "loop check"
     ]
+
+
+# ----- what the config leaves to the servers, and the bad starts refused in seconds --------------------------------
+def sglang_like(model: str, *, model_path: str | None = None, models_status: int = 200) -> web.Application:
+    """The GETs a real SGLang 0.5.23 server answers before any chat, in its shapes: one card whose id and root are
+    the served name (``--served-model-name``, else ``--model-path``), the resolved launch arguments in /server_info,
+    and no /sim/info. ``models_status`` 500 stands for transformers serve, which lists nothing there."""
+    path = model_path or model
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(_: web.Request) -> web.Response:
+        if models_status != 200:
+            return web.json_response({"error": "Internal Server Error"}, status=models_status)
+        card = {"id": model, "object": "model", "owned_by": "sglang", "root": model, "max_model_len": 262144}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def info(_: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "model_path": path,
+                "tokenizer_path": path,
+                "served_model_name": model,
+                "max_running_requests": 64,
+                "speculative_algorithm": "EAGLE",
+                "internal_states": [{"effective_max_running_requests_per_dp": 64}],
+                "version": "0.5.23",
+            }
+        )
+
+    app = web.Application()
+    app.add_routes(
+        [
+            web.get("/health", health),
+            web.get("/health_generate", health),
+            web.get("/v1/models", models),
+            web.get("/server_info", info),
+        ]
+    )
+    return app
+
+
+def _refused(apps: list[web.Application], tmp_path, **changes) -> tuple[PreflightError, float]:
+    """Preflight against ``apps`` (each on a free port): the error it raised, and how long it took."""
+
+    async def go() -> tuple[PreflightError, float]:
+        runners, urls = [], []
+        for app in apps:
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
+        started = time.perf_counter()
+        try:
+            with pytest.raises(PreflightError) as caught:
+                await preflight(make(urls, tmp_path, **changes))
+            return caught.value, time.perf_counter() - started
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def test_model_left_empty_is_refused_naming_each_servers_list_when_they_disagree(tmp_path):
+    apps = [sglang_like("/dev/shm/Qwen3.6-27B"), sglang_like("qwen")]  # one launched with --served-model-name
+    error, took = _refused(apps, tmp_path, model="", tokenizer=str(tmp_path))
+    (row,) = [c for c in error.checks if c.status == "fail"]
+    assert (
+        row.check == "model" and "lists '/dev/shm/Qwen3.6-27B'" in row.detail and "lists 'qwen'" in row.detail
+    )
+    assert "-p model NAME" in row.detail  # the fix
+    assert took < 10 and not (tmp_path / "run" / "shards").exists()  # seconds; nothing sent, nothing stored
+
+
+def test_model_left_empty_is_refused_when_a_server_lists_none(tmp_path):
+    error, _ = _refused([sglang_like("m", models_status=500)], tmp_path, model="", tokenizer=str(tmp_path))
+    (row,) = [c for c in error.checks if c.status == "fail"]
+    assert row.check == "model" and "lists none (GET /v1/models answered 500)" in row.detail
+    assert "set model to the name to use (-p model NAME)" in row.detail
+
+
+def test_real_servers_without_a_tokenizer_are_refused_naming_the_fix(tmp_path):
+    """The trainer's cap needs a tokenizer: real engines whose model folder is not on this machine, and none given,
+    are refused before anything is sent (a run made without the cap resumes without it)."""
+    missing = str(tmp_path / "elsewhere" / "Qwen3.6-27B")
+    error, took = _refused([sglang_like(missing)] * 2, tmp_path, model="")
+    failed = [c for c in error.checks if c.status == "fail"]
+    assert [(c.check, c.target) for c in failed] == [("tokenizer", "(none)")]
+    assert f"the servers loaded {missing}, not a folder on this machine" in failed[0].detail
+    assert (
+        "-p tokenizer /path/to/model-folder" in failed[0].detail
+        and "-p train_max_length 0" in failed[0].detail
+    )
+    assert any(c.check == "model" and c.status == "ok" and missing in c.detail for c in error.checks)
+    assert took < 10
+    # without the cap (train_max_length 0) nothing needs the tokenizer: the same servers get past this row
+    error, _ = _refused([sglang_like(missing)], tmp_path, model="", train_max_length=0)
+    assert not [c for c in error.checks if c.check == "tokenizer"]
+
+
+def test_the_servers_model_folder_is_taken_as_the_tokenizer_and_the_model_name_from_their_list(
+    sim_fleet, tokenizer_dir, tmp_path
+):
+    """Servers launched on a local model folder (``draftgen serve --model DIR`` starts the simulator with that
+    --model-path) name it in /server_info: generate takes it as the tokenizer, and the one name they list as
+    the model; the run made with both is recorded with both."""
+    fleet = sim_fleet(
+        servers=2,
+        profile="instant",
+        model=str(tokenizer_dir),
+        server_args=("--model-path", str(tokenizer_dir)),
+        tokenizer=tokenizer_dir,
+    )
+    config = make(fleet.urls, tmp_path, model="", limit=6, max_tokens=64)
+    assert config.model is None and config.tokenizer == ""
+    plan = asyncio.run(preflight(config))
+    try:
+        assert plan.config.model == str(tokenizer_dir) and plan.config.tokenizer == str(tokenizer_dir)
+        assert plan.config.length_cap == config.train_max_length
+        said = [(c.check, c.status, c.detail) for c in plan.checks if c.check in ("tokenizer", "model")]
+        assert any(
+            check == "tokenizer" and status == "ok" and "the model folder the servers loaded" in detail
+            for check, status, detail in said
+        ), said
+        assert (
+            "model",
+            "ok",
+            f'"" → {str(tokenizer_dir)!r}: the one model every server lists in GET /v1/models',
+        ) in said
+    finally:
+        plan.release()
+
+
+def test_a_batch_cap_below_the_concurrency_is_refused_naming_the_cap_and_both_fixes(sim_fleet, tmp_path):
+    fleet = sim_fleet(servers=1, profile="b200-mtp", speed=50.0)  # SGLang's own cap with MTP: 48
+    started = time.perf_counter()
+    with pytest.raises(PreflightError) as caught:
+        asyncio.run(preflight(make(fleet.urls, tmp_path, concurrency_per_server=64, canary=False)))
+    assert time.perf_counter() - started < 30
+    (row,) = [c for c in caught.value.checks if c.status == "fail"]
+    assert (row.check, row.target) == ("batch cap", fleet.urls[0])
+    assert "runs 48 at once, fewer than concurrency_per_server 64" in row.detail
+    assert "--max-running-requests 64" in row.detail and "-p concurrency_per_server 48" in row.detail
+    plan = asyncio.run(preflight(make(fleet.urls, tmp_path, concurrency_per_server=48, canary=False)))
+    plan.release()
+    assert [c.status for c in plan.checks if c.check == "batch cap"] == ["ok"]

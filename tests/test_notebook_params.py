@@ -156,7 +156,7 @@ PIPELINE = ("benchmark", "estimate", "generate", "validate")
 
 @pytest.mark.parametrize(
     ("params_file", "notebook"),
-    [(f, nb) for f in ("b200x7", "sim", "smoke") for nb in PIPELINE] + [("tune", "tune")],
+    [(f, nb) for f in ("b200x7", "sim") for nb in PIPELINE] + [("tune", "tune")],
 )
 def test_params_files_pass_draftgen_runs_checks_over_the_rendered_defaults(params_file, notebook):
     path = next(p for p in NOTEBOOKS if p.stem == notebook)

@@ -533,6 +533,9 @@ def _generate_config(gateway: Gateway, tmp_path: Path, prompts: int, seed: int) 
         {
             "servers": [gateway.router.url],
             "model": MODEL,
+            # behind SMG the simulated workers look like real engines (no /sim/info) whose model folder this machine
+            # lacks: the trainer's cap, which would need the tokenizer, is not these tests' subject
+            "train_max_length": 0,
             "prompts": str(path),
             "out_dir": str(tmp_path / "gen"),
             "max_tokens": 256,
@@ -721,6 +724,9 @@ def test_through_smg_a_conversation_stays_on_one_worker_only_with_sticky_session
         {
             "servers": [routed_gateway.router.url],
             "model": MODEL,
+            # behind SMG the simulated workers look like real engines (no /sim/info) whose model folder this machine
+            # lacks: the trainer's cap, which would need the tokenizer, is not these tests' subject
+            "train_max_length": 0,
             "prompts": str(path),
             "out_dir": str(tmp_path / "gen"),
             "max_tokens": 32,

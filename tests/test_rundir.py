@@ -343,6 +343,7 @@ def test_preflight_hands_its_lease_to_the_run_and_a_second_opener_is_refused_the
 def test_a_plan_not_run_lets_go_with_release_and_a_spent_plan_opens_the_folder_again(tmp_path):
     config = make_config(tmp_path / "run")
     plan = Plan(
+        config=config,
         servers=[],
         checks=[],
         scan=PromptScan(),

@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 
 from draftgen import defaults
 from draftgen.commands import demo, serve, sim
+from draftgen.generate.config import GenerateConfig
 from draftgen.params import NOTEBOOK_FLEET, NOTEBOOK_MODEL, SHARED_PARAMETERS, Params
 from draftgen.serve.config import ServeConfig
 from draftgen.server_settings import MTP_DEFAULT
@@ -26,6 +27,7 @@ from draftgen.sim.fleet import SimFleet
 from draftgen.sim.server import parse_args as sim_server_args
 from draftgen.steps import STEPS
 from draftgen.tune.config import TuneConfig
+from draftgen.validate.config import ValidateConfig
 
 PARAMS = Path(__file__).resolve().parents[1] / "params"
 
@@ -120,11 +122,27 @@ def test_fleet_port_and_model_are_one_value_everywhere():
     assert "(default 30000)" in sim_parser.format_help().replace("\n", " ").replace("  ", " ")
 
 
-@pytest.mark.parametrize("name", ["b200x7", "sim", "smoke"])
-def test_the_pipeline_params_files_name_the_one_fleet_and_model(name):
+@pytest.mark.parametrize(("name", "model"), [("b200x7", ""), ("sim", defaults.MODEL)])
+def test_the_pipeline_params_files_name_the_one_fleet_and_model(name, model):
+    """The production file leaves the model to the servers ("": the one they all list); the simulated fleet's
+    file names the simulator's. Both keep the production concurrency, which serve's batch cap matches."""
     values = yaml.safe_load((PARAMS / f"{name}.yaml").read_text())
     assert values["servers"] == defaults.fleet_urls()
-    assert values["model"] == defaults.MODEL
+    assert values["model"] == model
+    assert values["concurrency_per_server"] == defaults.CONCURRENCY_PER_SERVER
+    assert ServeConfig(model="m", gpus="0", run_name="r").batch_cap == defaults.CONCURRENCY_PER_SERVER
+    assert ServeConfig(model="m", gpus="0", run_name="r", mtp=False).batch_cap is None  # SGLang's own
+
+
+def test_the_production_file_names_the_trainer_and_its_max_length_as_every_step_declares_them():
+    """train_max_length and trainer: one name each, read by generate (the cap) and validate (the masks, the cut)
+    alike, at the values they declare."""
+    values = yaml.safe_load((PARAMS / "b200x7.yaml").read_text())
+    for name in ("train_max_length", "trainer"):
+        assert name in SHARED_PARAMETERS
+        for config in (GenerateConfig, ValidateConfig):
+            assert config.model_fields[name].default == values[name], (config.__name__, name)
+    assert "max_length" not in ValidateConfig.model_fields  # no second name for the same number
 
 
 def _definition_default(name: str) -> Any:

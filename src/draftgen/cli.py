@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "draftgen.commands.demo",
     "draftgen.commands.serve",
     "draftgen.commands.run",
+    "draftgen.commands.smoke",
     "draftgen.commands.tune",
     "draftgen.commands.tokenizer",
     "draftgen.commands.status",

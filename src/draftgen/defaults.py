@@ -9,12 +9,18 @@ each notebook parameter's default is its declaration in the step's config (``dra
 
 from __future__ import annotations
 
-# The target model's served name: what the simulator serves and the notebooks ask for (on the real node, whatever
-# the servers' /v1/models report, by default the --model-path given to SGLang).
+# The target model's served name: what the simulator serves unless told another. The notebooks' `model` is "" by
+# default: the one name every server reports in /v1/models (SGLang's --model-path unless --served-model-name).
 MODEL = "Qwen/Qwen3.6-27B"
 HOST = "127.0.0.1"
 BASE_PORT = 30000  # the first server's port: serve, tune's candidates, the simulated fleet
 FLEET_SIZE = 7  # servers of the production node, one per GPU
+# The production concurrency: requests generate keeps in flight per server (and the estimate prices), and so the batch
+# cap `draftgen serve` starts SGLang with when MTP is on (SGLang's own default there is 48: 16 of 64 would only queue).
+CONCURRENCY_PER_SERVER = 64
+# SGLang's Python when it lives in an environment of its own (docs/serve.md, "Two environments"): `draftgen serve`'s
+# default for --python with --engine sglang.
+SGLANG_PYTHON_ENV = "DRAFTGEN_SGLANG_PYTHON"
 
 
 def fleet_urls(servers: int = FLEET_SIZE, base_port: int = BASE_PORT, host: str = HOST) -> list[str]:

@@ -24,7 +24,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
-from draftgen.defaults import MODEL, fleet_urls
+from draftgen.defaults import CONCURRENCY_PER_SERVER, MODEL, fleet_urls
 from draftgen.paths import resolve_parameter
 from draftgen.server_settings import SettingsFile
 from draftgen.sglang_rules.speculation import SPEC_DEFAULT_MAX_RUNNING
@@ -70,8 +70,9 @@ SHARED_PARAMETERS = frozenset(
 )
 
 
-# What the notebooks show for the fleet's required fields: the simulated fleet of params/sim.yaml
-# (`draftgen sim` with its defaults), so a notebook opened in JupyterLab runs against it as is.
+# What the notebooks show for the fleet's required field: the simulated fleet of params/sim.yaml
+# (`draftgen sim` with its defaults), so a notebook opened in JupyterLab runs against it as is. Tune's `model` (the
+# path SGLang loads) shows the simulator's model name.
 NOTEBOOK_FLEET = fleet_urls()
 NOTEBOOK_MODEL = MODEL
 
@@ -221,10 +222,15 @@ Servers = Annotated[
     AfterValidator(_check_urls),
     param(..., "base URLs: one per SGLang server, or one router URL", notebook=NOTEBOOK_FLEET, min_length=1),
 ]
+# "" (None) is resolved before anything is sent: the one model every server lists in GET /v1/models, so the name the
+# servers serve and the name the notebooks ask for cannot disagree, whoever launched the servers
+# (draftgen.client.served).
 ServedModel = Annotated[
-    str,
+    str | None,
+    BeforeValidator(_unset_if_empty),
     param(
-        ..., "served model name, as the servers' /v1/models report it", notebook=NOTEBOOK_MODEL, min_length=1
+        None,
+        'served model name, as the servers\' /v1/models report it ("": the one model every server lists)',
     ),
 ]
 ApiKeyEnv = Annotated[
@@ -252,10 +258,11 @@ EnableThinking = Annotated[bool, param(True, "Qwen3 thinking (reasoning_content 
 ConcurrencyPerServer = Annotated[
     PositiveInt,
     param(
-        64,
+        CONCURRENCY_PER_SERVER,
         "requests kept in flight per server",
-        doc=f"requests in flight per server (SGLang runs {SPEC_DEFAULT_MAX_RUNNING} at once with MTP unless its "
-        "--max-running-requests is set; the rest queue there and keep the batch full)",
+        doc=f"requests in flight per server; no server may run fewer at once (SGLang runs {SPEC_DEFAULT_MAX_RUNNING} "
+        f"with MTP unless --max-running-requests says otherwise; draftgen serve starts it with "
+        f"{CONCURRENCY_PER_SERVER})",
     ),
 ]
 Limit = Annotated[int, param(0, "take the first N valid prompts (0: all)", ge=0)]

@@ -33,6 +33,7 @@ from draftgen.client.metrics import (
 )
 from draftgen.client.records import Capabilities
 from draftgen.client.retry import PROBE_RETRY, retrying
+from draftgen.client.served import ModelNotResolved, one_model, read_served
 from draftgen.client.server import ServerClient
 from draftgen.exit_codes import Refused
 from draftgen.prompts.rows import PromptRow
@@ -51,6 +52,7 @@ class BenchmarkError(Refused):
 # ----- server facts ---------------------------------------------------------------------------------------------
 async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfig) -> ServerFacts:
     models = await introspect.served_models(client)
+    assert config.model is not None, "run_benchmark fills in the model first"
     served = models.serves(config.model)
     if served is None:
         status = (await introspect.health(client)).status
@@ -91,6 +93,19 @@ async def _server_facts(index: int, client: ServerClient, config: BenchmarkConfi
         clock_factor=clock.factor,
         hardware=clock.hardware,
     )
+
+
+async def _with_served_model(config: BenchmarkConfig, clients: list[ServerClient]) -> BenchmarkConfig:
+    """``model: ""``: the one model every server lists in GET /v1/models (``draftgen.client.served``)."""
+    if config.model is not None:
+        return config
+    fleet = await asyncio.gather(*(read_served(client) for client in clients))
+    try:
+        name = one_model(fleet)
+    except ModelNotResolved as exc:
+        raise BenchmarkError(str(exc)) from None
+    print(f'model: "" → {name!r}, the one model every server lists', flush=True)
+    return config.model_copy(update={"model": name})
 
 
 async def read_server_facts(index: int, client: ServerClient, config: BenchmarkConfig) -> ServerFacts:
@@ -477,6 +492,7 @@ async def run_benchmark(config: BenchmarkConfig) -> BenchmarkRun:
     ]
     started_at = time.time()
     try:
+        config = await _with_served_model(config, clients)
         found = await asyncio.gather(
             *(_server_facts(i, c, config) for i, c in enumerate(clients)), return_exceptions=True
         )

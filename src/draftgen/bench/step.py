@@ -18,6 +18,7 @@ from draftgen.bench.report import BenchmarkReport
 from draftgen.bench.run import run_benchmark
 from draftgen.display.plots import Plot, save
 from draftgen.rundir import finish_run, layout, open_run
+from draftgen.rundir.run_folder import record_parameters
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ def _figures(config: BenchmarkConfig) -> dict[str, Callable[[BenchmarkReport], F
 async def run(config: BenchmarkConfig) -> BenchmarkResult:
     """Benchmark the fleet as ``config`` says and write the whole run folder, ``config.out_dir``."""
     out = open_run(config.out_dir, config.public_dict())
-    bench = report.build_report(await run_benchmark(config))
+    measured = await run_benchmark(config)
+    record_parameters(out, measured.config.public_dict())  # with the model the servers named, if left ""
+    bench = report.build_report(measured)
     report.save_report(bench, out)
     plots = {name: save(draw(bench), out, name) for name, draw in _figures(config).items()}
     finish_run(out)

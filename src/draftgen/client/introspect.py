@@ -115,10 +115,12 @@ async def simulator_pid(client: ServerClient, timeout_s: float = 5.0) -> int | N
 
 @dataclass(frozen=True)
 class ModelList:
-    """``GET /v1/models``: the served names and the status that came with them (None: unreachable)."""
+    """``GET /v1/models``: the served names and the status that came with them (None: unreachable), and each
+    card's ``root`` (SGLang: the served name again; vLLM: the model path)."""
 
     ids: tuple[str, ...]
     status: int | None
+    roots: tuple[str, ...] = ()
 
     def serves(self, model: str) -> bool | None:
         """Whether ``model`` is served; None when the server lists nothing (transformers serve answers 500): then
@@ -132,7 +134,7 @@ async def served_models(client: ServerClient) -> ModelList:
     if status == 200:
         with contextlib.suppress(json.JSONDecodeError):
             data = json.loads(text)
-    return ModelList(parse_model_ids(data), status)
+    return ModelList(parse_model_ids(data), status, parse_model_roots(data))
 
 
 async def model_ids(client: ServerClient) -> tuple[str, ...]:
@@ -144,6 +146,13 @@ def parse_model_ids(data: Any) -> tuple[str, ...]:
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         return ()
     return tuple(str(item.get("id")) for item in data["data"] if isinstance(item, dict))
+
+
+def parse_model_roots(data: Any) -> tuple[str, ...]:
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        return ()
+    roots = (item.get("root") for item in data["data"] if isinstance(item, dict))
+    return tuple(root for root in roots if isinstance(root, str) and root)
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,13 @@ class ServerInfo:
         if isinstance(value, int) and value > 0:
             return value
         return None
+
+    @property
+    def model_folders(self) -> tuple[str, ...]:
+        """Where the server loaded its model and tokenizer from (SGLang's resolved ``model_path`` and
+        ``tokenizer_path``: a local folder or a Hugging Face id), each once, in that order."""
+        values = [self.raw.get(key) for key in ("tokenizer_path", "model_path")]
+        return tuple(dict.fromkeys(v for v in values if isinstance(v, str) and v))
 
     @property
     def speculative_algorithm(self) -> str | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftgen.defaults import FLEET_SIZE, MODEL
+from draftgen.defaults import CONCURRENCY_PER_SERVER, FLEET_SIZE, MODEL
 from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.exit_codes import ExitCode
@@ -271,8 +271,10 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed,
         work_dir=out / DEMO_SIM,
         tokenizer=out / DEMO_TOKENIZER,
-        # as draftgen serve starts SGLang: the reports show the cache share
+        # as draftgen serve starts SGLang: the reports show the cache share, and every request generate keeps in
+        # flight runs at once
         server_args=("--enable-cache-report",),
+        max_running_requests=CONCURRENCY_PER_SERVER,
     ) as fleet:
         print(
             f"draftgen demo: {args.servers} simulated B200 + MTP servers at {args.speed:g}x speed: "

@@ -4,7 +4,9 @@ Rows: the environment (API key variable, estimate file), the run folder (lock, f
 its filesystem for the projected output), the
 prompt file (readable, malformed rows set aside in rejected.parquet, abort above ``max_rejected_rate``), and per
 server: reachable, healthy (/health, /health_generate), serving ``model`` (/v1/models), engine and capabilities
-(``ServerClient.probe``), batch cap, and one canary request that must come back with reasoning AND an answer.
+(``ServerClient.probe``), batch cap (not below ``concurrency_per_server``), and one canary request that must come
+back with reasoning AND an answer. Before all but the environment and the servers' health, what the config leaves
+to the servers is filled in from them (``draftgen.generate.resolve``: the model name, the tokenizer folder).
 Any "fail" row stops the run (``PreflightError``, whose message is the whole table) and lets go of the run
 folder; a plan that passed keeps the folder's lease, opened once here, for generate's session (``Plan.store``).
 """
@@ -29,16 +31,20 @@ from draftgen.client.clock import WALL, HardwareClock, fleet_clock, read_clock
 from draftgen.client.errors import RequestError
 from draftgen.client.records import Capabilities
 from draftgen.client.retry import PROBE_RETRY, retrying
+from draftgen.client.served import ServedFacts, read_served
 from draftgen.client.server import ServerClient
+from draftgen.defaults import CONCURRENCY_PER_SERVER
 from draftgen.display.checks import checks_html as grouped_checks_html
 from draftgen.display.checks import checks_text as grouped_checks_text
 from draftgen.exit_codes import Refused
 from draftgen.generate.acceptance import describe_source
+from draftgen.generate.check import Check
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.disk import prompt_bytes_per_row, space_need
 from draftgen.generate.dispatch import ServerPlan
 from draftgen.generate.guard import classify
 from draftgen.generate.length_cap import LengthCap, prompt_counter
+from draftgen.generate.resolve import fill_in
 from draftgen.generate.source import prompt_source
 from draftgen.generate.store import (
     FingerprintMismatch,
@@ -72,14 +78,6 @@ CANARY_PROMPTS = (
     "Is 91 a prime number? Answer yes or no.",
 )
 HEALTH_POLL_S = 2.0
-
-
-@dataclass(frozen=True)
-class Check:
-    check: str
-    target: str
-    status: str  # "ok", "info", "warn", "fail"
-    detail: str
 
 
 PROMPT_SAMPLE = 10_000  # prompts whose length the max_length check reads
@@ -127,9 +125,11 @@ class PromptScan:
 
 @dataclass(frozen=True)
 class Plan:
-    """What preflight found: the servers to use (with capabilities) and the work to do, and the run folder, still
-    held by its lease (``store``), for generate to write without opening it again."""
+    """What preflight found: the config to run (the one given, with what it left to the servers filled in), the
+    servers to use (with capabilities) and the work to do, and the run folder, still held by its lease (``store``),
+    for generate to write without opening it again."""
 
+    config: GenerateConfig
     servers: list[ServerPlan]
     checks: list[Check]
     scan: PromptScan
@@ -139,6 +139,12 @@ class Plan:
     length_cap: LengthCap | None = field(
         default=None, repr=False, compare=False
     )  # train_max_length + tokenizer
+    requested: GenerateConfig | None = field(default=None, repr=False, compare=False)  # as given to preflight
+
+    def run_config(self, given: GenerateConfig) -> GenerateConfig:
+        """The config a run of this plan uses: ``config`` when ``given`` is the one preflight checked (filled in
+        from the servers), else ``given`` as it is (which the run then refuses: preflight did not check it)."""
+        return self.config if self.requested is not None and given == self.requested else given
 
     @property
     def todo(self) -> int:
@@ -412,56 +418,69 @@ async def _wait_healthy(client: ServerClient, wait_s: float) -> int | None:
 CapLoad = Awaitable[tuple[LengthCap | None, Check | None]]
 
 
+async def reach_server(
+    config: GenerateConfig, url: str, api_key: str
+) -> tuple[list[Check], ServedFacts | None]:
+    """Is the server up and generating, and what does it serve (``ServedFacts``; None when it is not up)."""
+    async with ServerClient(url, api_key=api_key, timeout_s=config.request_timeout_s) as client:
+        checks: list[Check] = []
+        status = await _wait_healthy(client, config.wait_for_servers_s)
+        if status is None:
+            checks.append(
+                Check(
+                    "reachable",
+                    client.url,
+                    "fail",
+                    "connection refused or timed out: is the server running? "
+                    "(SGLang opens its port only after loading the weights; see wait_for_servers_s)",
+                )
+            )
+            return checks, None
+        if status != 200:
+            checks.append(
+                Check("healthy", client.url, "fail", f"/health answered {status} (still warming up?)")
+            )
+            return checks, None
+        generating = await introspect.health(client, generate=True, timeout_s=60.0)
+        if not generating.ok:
+            checks.append(
+                Check(
+                    "healthy",
+                    client.url,
+                    "fail",
+                    f"/health answered 200 but /health_generate {generating.status}: it cannot generate; restart it",
+                )
+            )
+            return checks, None
+        healthy_note = (
+            "/health and /health_generate 200"
+            if generating.generates  # vLLM, transformers serve: no such endpoint; the probe and canary generate
+            else "/health 200 (no /health_generate on this engine: the probe and canary prove it generates)"
+        )
+        checks.append(Check("healthy", client.url, "ok", healthy_note))
+        return checks, await read_served(client)
+
+
 async def check_server(
-    config: GenerateConfig, url: str, api_key: str, cap_load: CapLoad | None = None
+    config: GenerateConfig, facts: ServedFacts, api_key: str, cap_load: CapLoad | None = None
 ) -> tuple[str, list[Check], Capabilities | None]:
-    """``cap_load``: the length cap being loaded, whose tokenizer the canary's prompt count is compared with."""
+    """A server that is up, with ``model`` known: serving it, probe, engine, batch cap, canary. ``cap_load``: the
+    length cap being loaded, whose tokenizer the canary's prompt count is compared with."""
     # entropy_top_k: the probe asks for the logprobs too, so an engine that refuses them steps back with the extras
     async with ServerClient(
-        url, api_key=api_key, timeout_s=config.request_timeout_s, entropy_top_k=config.entropy_top_k
+        facts.url, api_key=api_key, timeout_s=config.request_timeout_s, entropy_top_k=config.entropy_top_k
     ) as client:
-        checks, caps = await _server_checks(config, client, cap_load)
+        checks, caps = await _server_checks(config, client, facts, cap_load)
         return client.url, checks, caps
 
 
 async def _server_checks(
-    config: GenerateConfig, client: ServerClient, cap_load: CapLoad | None = None
+    config: GenerateConfig, client: ServerClient, facts: ServedFacts, cap_load: CapLoad | None = None
 ) -> tuple[list[Check], Capabilities | None]:
     checks: list[Check] = []
     url = client.url
-    status = await _wait_healthy(client, config.wait_for_servers_s)
-    if status is None:
-        checks.append(
-            Check(
-                "reachable",
-                url,
-                "fail",
-                "connection refused or timed out: is the server running? "
-                "(SGLang opens its port only after loading the weights; see wait_for_servers_s)",
-            )
-        )
-        return checks, None
-    if status != 200:
-        checks.append(Check("healthy", url, "fail", f"/health answered {status} (still warming up?)"))
-        return checks, None
-    generating = await introspect.health(client, generate=True, timeout_s=60.0)
-    if not generating.ok:
-        checks.append(
-            Check(
-                "healthy",
-                url,
-                "fail",
-                f"/health answered 200 but /health_generate {generating.status}: it cannot generate; restart it",
-            )
-        )
-        return checks, None
-    healthy_note = (
-        "/health and /health_generate 200"
-        if generating.generates  # vLLM, transformers serve: no such endpoint; the probe and canary generate
-        else "/health 200 (no /health_generate on this engine: the probe and canary prove it generates)"
-    )
-    checks.append(Check("healthy", url, "ok", healthy_note))
-    models = await introspect.served_models(client)
+    assert config.model is not None, "preflight fills in the model before it checks the servers"
+    models = facts.models
     served = models.serves(config.model)
     if served is None:  # transformers serve answers 500 here: the probe's request names the model instead
         checks.append(
@@ -479,7 +498,8 @@ async def _server_checks(
                 "model",
                 url,
                 "fail",
-                f"serves {list(models.ids)}, not {config.model!r}: set model to the name /v1/models reports",
+                f"serves {list(models.ids)}, not {config.model!r}: set model to the name /v1/models reports "
+                '(or "": the one model every server lists)',
             )
         )
         return checks, None
@@ -509,19 +529,26 @@ async def _server_checks(
     probe_status = "warn" if dropped else "ok"
     checks.append(Check("engine", url, probe_status, "; ".join(notes)))
     cap = introspect.batch_cap(await introspect.server_info(client), caps)
-    if cap is not None and cap < config.concurrency_per_server:
-        checks.append(
-            Check(
-                "batch cap",
-                url,
-                "info",
-                f"runs {cap} at once; the other "
-                f"{config.concurrency_per_server - cap} of concurrency_per_server queue there (keeps it full)",
-            )
-        )
+    if cap is not None:
+        checks.append(batch_cap_check(url, cap, config.concurrency_per_server))
     if config.canary:
         checks.extend(await canary(client, config, cap_load))
     return checks, caps
+
+
+def batch_cap_check(url: str, cap: int, concurrency: int) -> Check:
+    """A server that runs fewer requests at once than generate keeps in flight there is refused: the rest would
+    wait in its queue, and the run would go at the cap's pace while the estimate priced the concurrency."""
+    if cap >= concurrency:
+        return Check("batch cap", url, "ok", f"runs {cap} at once (concurrency_per_server {concurrency})")
+    return Check(
+        "batch cap",
+        url,
+        "fail",
+        f"runs {cap} at once, fewer than concurrency_per_server {concurrency}: start the server with "
+        f"--max-running-requests {concurrency} or more (draftgen serve starts SGLang with {CONCURRENCY_PER_SERVER} "
+        f"when MTP is on), or set concurrency_per_server to {cap} (-p concurrency_per_server {cap})",
+    )
 
 
 def describe_token_ids(caps: Capabilities) -> str:
@@ -719,10 +746,19 @@ async def tool_canaries(config: GenerateConfig, plans: list[ServerPlan], api_key
 # ----- the whole preflight ---------------------------------------------------------------------------------
 async def preflight(config: GenerateConfig) -> Plan:
     """Run every check (servers concurrently, the prompt scan in a thread); raise PreflightError on any fail."""
+    requested = config
     checks = check_environment(config)
     api_key = "EMPTY"
     if not any(c.check == "api key" and c.status == "fail" for c in checks):
         api_key = config.api_key() if config.api_key_env else "EMPTY"
+    reached = await asyncio.gather(*(reach_server(config, url, api_key) for url in config.servers))
+    for server_checks, _ in reached:
+        checks.extend(server_checks)
+    up = [facts for _, facts in reached if facts is not None]
+    config, filled = fill_in(config, up)
+    checks.extend(filled)
+    if any(c.status == "fail" for c in filled):
+        raise PreflightError(checks)  # nothing else can be checked without them
     scan = PromptScan()
     store: RunStore | None = None
     try:
@@ -737,7 +773,7 @@ async def preflight(config: GenerateConfig) -> Plan:
     try:
         cap_task = asyncio.ensure_future(load_length_cap(config))
         server_task = asyncio.gather(
-            *(check_server(config, url, api_key, asyncio.shield(cap_task)) for url in config.servers)
+            *(check_server(config, facts, api_key, asyncio.shield(cap_task)) for facts in up)
         )
         scan_task = asyncio.to_thread(scan_prompts, config, store.done_ids if store else set())
         audit_task = asyncio.ensure_future(audit_checks(config, cap_task))
@@ -778,6 +814,7 @@ async def preflight(config: GenerateConfig) -> Plan:
         raise
     # The run folder stays leased: generate's session writes through this store (the lock is never let go between).
     return Plan(
+        config=config,
         servers=plans,
         checks=checks,
         scan=scan,
@@ -785,6 +822,7 @@ async def preflight(config: GenerateConfig) -> Plan:
         clock=clock,
         store=store,
         length_cap=length_cap,
+        requested=requested,
     )
 
 

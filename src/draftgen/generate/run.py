@@ -184,7 +184,9 @@ async def _dispatch(session: RunSession, config: GenerateConfig, plan: Plan, rng
 async def generate(
     config: GenerateConfig, plan: Plan, *, progress: bool = True, rng: random.Random | None = None
 ) -> RunResult:
-    """Run (or resume) the generation described by ``config`` on the servers preflight approved."""
+    """Run (or resume) the generation described by ``config`` on the servers preflight approved (``config`` as
+    given to preflight: what it filled in from the servers, the model and the tokenizer, is taken from the plan)."""
+    config = plan.run_config(config)
     session = RunSession(config, plan, progress=progress)
     store = session.store
     try:

@@ -1,9 +1,9 @@
 """The generate step, whole: generate.ipynb (and any other face) calls ``run`` and then only shows its result.
 
-``run`` opens the run folder (``draftgen.rundir.run_folder``), runs preflight (shown before anything is sent) and
-one session, saves every plot under ``out_dir/plots/`` and marks the folder finished once every prompt is stored,
-so a notebook run by papermill or top to bottom in JupyterLab leaves the same folder (docs/design.md, "What each
-step writes"). A session that stops early (interrupted, halted, a full disk) raises; one that ends with prompts in
+``run`` opens the run folder (``draftgen.rundir.run_folder``), runs preflight (shown before anything is sent; it
+fills in what the config leaves to the servers, recorded in parameters.yaml) and one session, saves every plot
+under ``out_dir/plots/`` and marks the folder finished once every prompt is stored, so a notebook run by papermill
+or top to bottom in JupyterLab leaves the same folder (docs/design.md, "What each step writes"). A session that stops early (interrupted, halted, a full disk) raises; one that ends with prompts in
 failed.parquet returns: both leave the folder unfinished, for a resume that retries what is missing.
 """
 
@@ -19,6 +19,7 @@ from draftgen.generate.config import GenerateConfig
 from draftgen.generate.preflight import Plan, preflight
 from draftgen.generate.run import RunResult, generate
 from draftgen.rundir import finish_run, layout, open_run
+from draftgen.rundir.run_folder import record_parameters
 
 COMPLETE = "complete"  # RunResult.status when every prompt is stored
 
@@ -52,6 +53,8 @@ async def run(config: GenerateConfig, show: Callable[[object], None] = print) ->
     out = open_run(config.out_dir, config.public_dict())
     plan = await preflight(config)
     show(plan)
+    config = plan.config  # what the config left to the servers (model, tokenizer), filled in
+    record_parameters(out, config.public_dict())
     result = await generate(config, plan)
     show(Notes((str(result),), title="the session"))
     plots = {name: draw() for name, draw in _plots(config).items()}
