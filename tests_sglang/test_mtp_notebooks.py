@@ -23,6 +23,8 @@ from test_benchmark_sglang import GENERATED, VERIFY, counter, scrapes_around
 from test_mtp_server import designed, hybrid_tokenizer
 from tiny_qwen3 import DESIGNED_ANSWER, DESIGNED_REASONING, IM_END, THINK_CLOSE
 
+from draftgen.defaults import CONCURRENCY_PER_SERVER
+
 
 def test_benchmark_acceptance_from_sglext_equals_sglangs_metrics_under_nextn(mtp_benchmark_run, models):
     run_dir, proxy = mtp_benchmark_run.run_dir, mtp_benchmark_run.proxy
@@ -48,14 +50,14 @@ def test_benchmark_acceptance_from_sglext_equals_sglangs_metrics_under_nextn(mtp
 
 
 def test_the_batch_cap_draftgen_reads_is_the_one_sglang_resolved(mtp_benchmark_run, mtp_server):
-    """SGLang keeps ``max_running_requests`` 48 (its default with speculation) in its arguments and runs at most
-    21: the mamba state pool's limit, which it logs. The benchmark must report the 21."""
+    """SGLang keeps ``max_running_requests`` 64 (serve's with MTP on) in its arguments and runs at most 21: the
+    mamba state pool's limit, which it logs. The benchmark must report the 21."""
     results = pl.read_parquet(mtp_benchmark_run.run_dir / "results.parquet")
     assert set(results["max_running_requests"].to_list()) == {MAMBA_CAPPED_RUNNING}
     log = mtp_server.server_log.read_text(errors="replace")
     assert f"max_running_requests={MAMBA_CAPPED_RUNNING}," in log
     [info] = mtp_benchmark_run.proxy.exchanges("/server_info", "GET")[:1]
-    assert json.loads(info.response_body)["max_running_requests"] == 48
+    assert json.loads(info.response_body)["max_running_requests"] == CONCURRENCY_PER_SERVER
 
 
 def test_the_estimate_prices_the_hybrids_measured_acceptance_and_cap(

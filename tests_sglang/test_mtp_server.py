@@ -18,6 +18,8 @@ from mtp_runs import MAMBA_CAPPED_RUNNING, MTP_SERVED_MODEL
 from tiny_qwen3 import DESIGNED_ANSWER, DESIGNED_REASONING, designed_chain
 from tiny_qwen3_5 import SPEC_STEPS, chain_start, designed_verify_steps
 
+from draftgen.defaults import CONCURRENCY_PER_SERVER
+
 PROMPT = "What is the answer?"
 
 
@@ -65,7 +67,8 @@ def test_serve_started_nextn_and_sglang_resolved_the_hybrid_settings(mtp_server)
         assert resolved in log, resolved
     info = requests.get(f"{mtp_server.url}/server_info", timeout=30).json()
     assert info["speculative_algorithm"] == "EAGLE" and info["mamba_radix_cache_strategy"] == "no_buffer"
-    assert info["max_running_requests"] == 48  # the argument SGLang set for speculation...
+    # the argument serve starts it with when MTP is on (the production concurrency; SGLang's own default is 48)...
+    assert info["max_running_requests"] == CONCURRENCY_PER_SERVER
     [state] = info["internal_states"]
     assert state["effective_max_running_requests_per_dp"] == MAMBA_CAPPED_RUNNING  # ...and the cap it runs
 

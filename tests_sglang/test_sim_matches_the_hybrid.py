@@ -104,6 +104,24 @@ def test_server_info_fields_and_the_resolved_speculation_agree(mtp_server, sim_u
     assert all(a.startswith("Qwen3_5For") for a in real_model["architectures"] + sim_model["architectures"])
 
 
+def test_the_model_list_names_the_served_model_as_sglang_does(mtp_server, sim_url, models):
+    """One card whose id and root are the served name (SGLang's --served-model-name, else its --model-path), the
+    folder in /server_info's model_path: what a notebook's ``model: ""`` resolves from (draftgen.client.served).
+    The real server was started with --served-model-name, the simulator without one (its path is its name)."""
+    for url, name, path in (
+        (mtp_server.url, MTP_SERVED_MODEL, str(models.hybrid)),
+        (sim_url, "Qwen/Qwen3.6-27B", "Qwen/Qwen3.6-27B"),
+    ):
+        [card] = requests.get(f"{url}/v1/models", timeout=30).json()["data"]
+        assert (card["id"], card["root"], card["object"], card["owned_by"]) == (name, name, "model", "sglang")
+        info = requests.get(f"{url}/server_info", timeout=30).json()
+        assert (info["served_model_name"], info["model_path"], info["tokenizer_path"]) == (
+            name,
+            path,
+            path,
+        ), url
+
+
 def test_every_metric_the_simulator_exposes_exists_on_the_hybrid_with_its_type(mtp_server, sim_url):
     for url, model in ((mtp_server.url, MTP_SERVED_MODEL), (sim_url, "m")):  # every series observed once
         chat(url, model, "Count me.", thinking=False, max_tokens=8, return_spec_tokens_details=True)

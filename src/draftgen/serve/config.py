@@ -125,6 +125,7 @@ class ServerParams(Params):
         "",
         f'SGLang\'s interpreter, in its own environment ("": ${SGLANG_PYTHON_ENV} if set, else this one; engine '
         "sim: this one)",
+        validate_default=True,
     )
     model_family: Literal[FAMILIES] = param(
         DEFAULT_FAMILY,
