@@ -234,11 +234,13 @@ class GenerateConfig(FleetParams, SamplingParams):
     tokenizer: ProjectPath = param(
         "",
         "the target model's folder (tokenizer.json + chat template): counts each turn's prompt to cap its "
-        'max_tokens at train_max_length ("": no cap; preflight only warns)',
+        'max_tokens at train_max_length ("": the folder the servers loaded, if on this machine; else real servers '
+        "are refused)",
         doc="the target model's folder (tokenizer.json + chat template), local files only: each turn's prompt is "
         "counted with it, rendered as the server renders it, and the turn is sent with max_tokens = min(max_tokens, "
-        'train_max_length − prompt tokens) ("Nothing generated past max_length" below); "": no cap, preflight only '
-        "warns when max_tokens + the prompts reach past train_max_length",
+        'train_max_length − prompt tokens) ("Nothing generated past max_length" below); "": the model folder the '
+        "servers loaded when it is on this machine, else real servers are refused and simulated ones run uncapped "
+        '("Preflight" below)',
     )
     estimate: ProjectPath = param(
         "", "path to estimate.json from estimate.ipynb: planned vs actual at the end"
