@@ -6,6 +6,7 @@ algorithm names come from ``sglang_rules`` only.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from draftgen.cli import build_parser, main
 from draftgen.flags import EXTRA
 from draftgen.params import ParameterError, build_config
+from draftgen.serve import preflight as serve_preflight
 from draftgen.serve.config import ROUTER_PIN, SERVE_FLAGS, ServeConfig, ServerParams
 from draftgen.sglang_rules.speculation import SPECULATIVE_ALGORITHMS
 from draftgen.tune.config import TuneConfig
@@ -135,31 +137,24 @@ def test_tune_names_the_same_problems_by_its_parameter_names():
     ]
 
 
-def test_router_preflight_names_the_install_command_when_smg_is_missing(tmp_path, capsys):
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\nexit 1\n")  # "cannot import" whatever it is asked
-    fake.chmod(0o755)
-    code = main(
-        [
-            "serve",
-            "--engine",
-            "sim",
-            "--gpus",
-            "0",
-            "--router",
-            "--python",
-            str(fake),
-            "--out",
-            str(tmp_path / "o"),
-        ]
+def test_router_preflight_names_the_install_command_when_smg_is_missing(tmp_path, capsys, monkeypatch):
+    """SMG runs in draftgen's own environment (the router extra installs it there): one without it is named, with
+    the command that installs it, before anything starts. Here draftgen's interpreter is stood in for by a venv
+    without SMG; ``--python`` (SGLang's, or the simulator's) plays no part."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True, timeout=120
     )
+    bare = str(tmp_path / "env" / "bin" / "python")
+    monkeypatch.setattr(serve_preflight, "ROUTER_PYTHON", bare)
+    code = main(["serve", "--engine", "sim", "--gpus", "0", "--router", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and len(err) == 1, err  # refused before anything started
-    assert f"{fake} -m pip install '{ROUTER_PIN}'" in err[0] and "pip install -e '.[router]'" in err[0]
+    assert f"{bare} has no SMG (smg)" in err[0]
+    assert f"{bare} -m pip install '{ROUTER_PIN}'" in err[0] and "pip install -e '.[router]'" in err[0]
     assert not (tmp_path / "o").exists()  # nothing started, nothing written
+    monkeypatch.undo()
     assert (
-        main(["serve", "--engine", "sim", "--gpus", "0", "--router", "--python", sys.executable, "--dry-run"])
-        == 0
+        main(["serve", "--engine", "sim", "--gpus", "0", "--router", "--python", str(bare), "--dry-run"]) == 0
     )
 
 

@@ -29,7 +29,7 @@ def _config(generation: Path, tokenizer_dir: Path, out: Path, **overrides) -> Va
         "generation_dir": str(generation),
         "tokenizer": str(tokenizer_dir),
         "out_dir": str(out),
-        "max_length": 512,
+        "train_max_length": 512,
         "duplicate_answer_min_prompts": 3,
         "holdout_share": 0.2,  # some held-out rows, so the held-out counts are compared too
         **overrides,

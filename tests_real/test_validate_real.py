@@ -26,7 +26,7 @@ def test_validate_reads_every_row_and_renders_prompts_as_the_servers_did(generat
             "tokenizer": generate_run.params["model"],
             "enable_thinking": False,
             "mask_convention": "think_in_prompt",
-            "max_length": 2048,
+            "train_max_length": 2048,
             "max_degenerate_share": 1.0,
             "max_truncated_share": 1.0,
             "export_tokens": True,
