@@ -202,6 +202,7 @@ def test_the_readme_runbook_runs_as_written_to_a_published_export(scratch) -> No
                 serve = Serve(command, root, env, root / "serve.log")
                 serve.wait_ready(root / "outputs" / "serve" / "node" / "servers.yaml")
                 continue
+            started = time.perf_counter()
             done = subprocess.run(
                 ["bash", "-c", command],
                 cwd=root,
@@ -210,6 +211,7 @@ def test_the_readme_runbook_runs_as_written_to_a_published_export(scratch) -> No
                 text=True,
                 timeout=STEP_TIMEOUT_S,
             )
+            print(f"  exit {done.returncode} after {time.perf_counter() - started:.0f} s", flush=True)
             accepted = next((codes for start, codes in ACCEPTED.items() if command.startswith(start)), (0,))
             assert done.returncode in accepted, (
                 f"runbook line {index + 1} exited {done.returncode}: {command}\n"
