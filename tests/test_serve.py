@@ -202,6 +202,58 @@ def test_dry_run_sim_engine_picks_the_profile_from_mtp(capsys: pytest.CaptureFix
     assert profile("--no-mtp", "--sim-profile", "instant") == ["instant", "instant"]
     _, argv = dry_run(capsys, "--engine", "sim", "--gpus", "0", "--sim-fault", "load_delay=2")[0]
     assert options(argv[3:])["--fault"] == ["load_delay=2"]
+    # as SGLang is started: --model is the path it loads (and its served name unless --served-model-name says
+    # otherwise), and MTP on brings the production batch cap
+    _, argv = dry_run(
+        capsys, "--engine", "sim", "--gpus", "0", "--model", "/m/Q", "--", "--served-model-name", "q"
+    )[0]
+    flags = options(argv[3:])
+    assert (flags["--model-path"], flags["--model"]) == (["/m/Q"], ["q"])
+    assert flags["--max-running-requests"] == [str(CONCURRENCY_PER_SERVER)]
+
+
+def test_a_simulated_server_reports_its_model_path_and_speaks_the_tokenizer_there(tmp_path: Path) -> None:
+    """SGLang loads its tokenizer from --model-path and names that folder in /server_info (model_path,
+    tokenizer_path) while /v1/models lists the served name: the simulator started as serve starts it (no
+    --tokenizer) does the same. The folder's tokenizer is a smaller vocabulary than the default one, so the prompt
+    count says which one the server spoke."""
+    from draftgen.client.introspect import parse_model_ids, parse_model_roots
+    from draftgen.sim.tokenizer import SimTokenizer, default_tokenizer
+    from draftgen.training.local_tokenizer import build_tiny_tokenizer
+
+    model = build_tiny_tokenizer(tmp_path / "Qwen3.6-27B", vocab_size=700)
+    messages = [
+        {"role": "user", "content": "Explain how a speculative decoding drafter is trained, briefly."}
+    ]
+    ours, default = SimTokenizer(str(model)), SimTokenizer(str(default_tokenizer()))
+    counts = [len(t.encode(t.render(messages, True, None))) for t in (ours, default)]
+    assert counts[0] != counts[1]  # the two tokenizers tell themselves apart
+    port = find_free_base_port(1)
+    argv = [sys.executable, "-m", "draftgen.sim.server", "--port", str(port), "--profile", "instant"]
+    server = subprocess.Popen([*argv, "--model", "q", "--model-path", str(model)], start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while http_status(f"{url}/health") != 200:
+            assert server.poll() is None and time.monotonic() < deadline, "the simulated server did not start"
+            time.sleep(0.1)
+        listed = json.loads(urllib.request.urlopen(f"{url}/v1/models", timeout=10).read())
+        info = json.loads(urllib.request.urlopen(f"{url}/server_info", timeout=10).read())
+        body = json.dumps({"model": "q", "messages": messages, "max_tokens": 4}).encode()
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
+        answer = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert parse_model_ids(listed) == parse_model_roots(listed) == ("q",)
+    assert (info["model_path"], info["tokenizer_path"], info["served_model_name"]) == (
+        str(model),
+        str(model),
+        "q",
+    )
+    assert answer["usage"]["prompt_tokens"] == counts[0]
 
 
 @pytest.mark.parametrize(
