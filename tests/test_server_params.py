@@ -150,7 +150,7 @@ def test_router_preflight_names_the_install_command_when_smg_is_missing(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and len(err) == 1, err  # refused before anything started
     assert f"{bare} has no SMG (smg)" in err[0]
-    assert f"{bare} -m pip install '{ROUTER_PIN}'" in err[0] and "pip install -e '.[router]'" in err[0]
+    assert f"{bare} -m pip install '{ROUTER_PIN}'" in err[0] and "requirements.txt holds it" in err[0]
     assert not (tmp_path / "o").exists()  # nothing started, nothing written
     monkeypatch.undo()
     assert (

@@ -2,7 +2,7 @@
 
 SGLang 0.5.23 pins ``openai==2.8.0`` and draftgen needs ``openai>=3``, so each lives in its own environment
 (README, "On the GPU node"). A wrong ``--python`` (or ``$DRAFTGEN_SGLANG_PYTHON``) is one line naming the
-environment and the fix, exit code 2, in seconds and before a server starts. The environments here are real venvs;
+environment and the fix, exit code 3 (refused), in seconds and before a server starts. The environments here are real venvs;
 the ones "with SGLang" hold SGLang's package metadata (its name, version and pins) and an importable ``sglang``
 package, which is all the check reads (the SGLang tier checks the real one: tests_sglang/test_environments.py).
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from draftgen.cli import main
 from draftgen.defaults import SGLANG_PYTHON_ENV
+from draftgen.exit_codes import ExitCode
 from draftgen.serve.config import ServeConfig
 from draftgen.serve.preflight import check_engine, check_router
 
@@ -58,17 +59,17 @@ def test_an_environment_without_sglang_is_named_with_the_fix(tmp_path, capsys, m
     plain = venv(tmp_path / "plain")
     code, took = _serve(tmp_path, "--python", plain)
     err = capsys.readouterr().err
-    assert code == 2 and took < 30
+    assert code == ExitCode.REFUSED and took < 30
     assert f"--python {plain} has no sglang" in err
     assert "pass --python /path/to/sglang-env/bin/python" in err and f"export {SGLANG_PYTHON_ENV}=" in err
     assert not (tmp_path / "o").exists()  # nothing started, nothing written
 
     monkeypatch.setenv(SGLANG_PYTHON_ENV, plain)  # the documented default, when --python is not given
-    assert _serve(tmp_path)[0] == 2
+    assert _serve(tmp_path)[0] == ExitCode.REFUSED
     assert f"${SGLANG_PYTHON_ENV} ({plain}) has no sglang" in capsys.readouterr().err
 
     monkeypatch.delenv(SGLANG_PYTHON_ENV)  # neither: draftgen's own interpreter, which has no SGLang
-    assert _serve(tmp_path)[0] == 2
+    assert _serve(tmp_path)[0] == ExitCode.REFUSED
     assert f"this Python ({sys.executable}, draftgen's environment) has no sglang" in capsys.readouterr().err
 
 
@@ -77,7 +78,7 @@ def test_sglangs_environment_with_draftgens_openai_is_refused_naming_the_pin(tmp
     merged = venv(tmp_path / "merged", {"sglang": SGLANG, "openai": ("3.2.0", [])})
     code, took = _serve(tmp_path, "--python", merged)
     err = capsys.readouterr().err
-    assert code == 2 and took < 30
+    assert code == ExitCode.REFUSED and took < 30
     assert f"--python {merged} has sglang 0.5.23 with openai 3.2.0, but sglang pins openai==2.8.0" in err
     assert f"`{merged} -m pip install 'openai==2.8.0'`" in err
 

@@ -3,7 +3,7 @@ kept) passes, draftgen's own environment (no SGLang) is refused naming the fix, 
 starts. The check's other answers (SGLang's environment with draftgen's openai in it) are tests/test_two_environments.py.
 
 The passing start is stopped by the next check instead of starting a server: its port is held here, so serve ends
-at "port ... already in use" (exit 2), which it reaches only past the environment's check.
+at "port ... already in use" (exit 3, refused), which it reaches only past the environment's check.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ def test_sglangs_environment_passes_and_draftgens_is_refused(draftgen, tmp_path)
         held.bind(("127.0.0.1", port))
         held.listen()
         done, took = _serve(draftgen, str(SGLANG_PYTHON), tmp_path, port, tmp_path / "a")
-        assert done.returncode == 2 and took < 30, done.stderr
+        assert done.returncode == 3 and took < 30, done.stderr  # refused: nothing started
         assert f"port {port} on 127.0.0.1 already in use" in done.stderr, done.stderr  # past the environment
 
         own = str(Path(draftgen).with_name("python"))  # draftgen's environment: no SGLang there
         done, took = _serve(draftgen, own, tmp_path, port, tmp_path / "b")
-    assert done.returncode == 2 and took < 30, done.stderr
+    assert done.returncode == 3 and took < 30, done.stderr  # refused: nothing started
     assert (
         f"this Python ({own}, draftgen's environment) has no sglang" in done.stderr
         and "pass --python /path/to/sglang-env/bin/python" in done.stderr

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from draftgen.exit_codes import ExitCode
 from draftgen.paths import resolve_path
 from draftgen.rundir.layout import MANIFEST, PARAMETERS
 from draftgen.runner import (
@@ -26,6 +27,7 @@ from draftgen.runner import (
     declared_parameters,
     execute,
     headline,
+    is_refusal,
     plan_run,
     resolve_notebook,
     taken_parameters,
@@ -42,15 +44,16 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         help="generate then validate on enough prompts to arm the garbage guard, with the production settings",
         description="Run generate on the first prompts of the file (twice guard_min_results: the garbage guard "
         "is armed), with the settings of the -f files (production max_tokens), then validate on that folder; "
-        "minutes on the GPU node, before benchmark. Exit code 0 when both passed, 1 when one failed.",
+        "minutes on the GPU node, before benchmark. Exit code 0 when both passed, 1 when one failed, 3 when a "
+        "check before any work refused (nothing was sent).",
     )
     add_parameter_options(parser)
     parser.add_argument("--name", default="smoke", help="both run folders' name (default smoke)")
     parser.add_argument(
         "--out-root",
-        type=Path,
-        default=Path("outputs"),
-        help="root of run folders (default outputs; relative: under the project root)",
+        type=resolve_path,
+        default="outputs",
+        help="root of run folders (default outputs; relative: under the project root, docs/design.md#paths)",
     )
     parser.add_argument("--no-html", action="store_true", help="skip the HTML reports")
     parser.set_defaults(handler=run)
@@ -87,8 +90,8 @@ def validate_parameters(given: dict[str, Any], generation_dir: Path, tokenizer: 
     return values
 
 
-def _run(plan: RunPlan, html: bool) -> str | None:
-    """Execute one step's notebook; None when it passed, else why it failed (the notebook's own error)."""
+def _run(plan: RunPlan, html: bool) -> tuple[ExitCode, str]:
+    """Execute one step's notebook: OK, or FAILED / REFUSED (a check before any work) with the notebook's error."""
     print(f"draftgen smoke: {plan.notebook} → {plan.run_dir}", flush=True)
     try:
         execute(plan, html=html)
@@ -97,11 +100,12 @@ def _run(plan: RunPlan, html: bool) -> str | None:
         if block:
             print("\n" + block + "\n", file=sys.stderr)
         said = getattr(exc, "evalue", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        return f"{getattr(exc, 'ename', type(exc).__name__)}: {said}"
+        code = ExitCode.REFUSED if is_refusal(plan, exc) else ExitCode.FAILED
+        return code, f"{getattr(exc, 'ename', type(exc).__name__)}: {said}"
     block = headline(plan)
     if block:
         print("\n" + block + "\n")
-    return None
+    return ExitCode.OK, ""
 
 
 def _recorded(run_dir: Path, name: str) -> Any:
@@ -123,7 +127,7 @@ def answered_turns(run_dir: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     given = cli_parameters(args)
-    out_root = resolve_path(args.out_root)
+    out_root = args.out_root
     generate = resolve_notebook("generate")
     generate_values = taken_parameters(
         declared_parameters(generate), generate_parameters(given), command="smoke", step="generate"
@@ -135,20 +139,25 @@ def run(args: argparse.Namespace) -> int:
         validate, {}, name=args.name, out_root=out_root
     )  # a finished validate folder is refused up front
 
-    failed = _run(generate_plan, not args.no_html)
+    code, said = _run(generate_plan, not args.no_html)
     need = guard_min_results(given)
     turns = answered_turns(generate_plan.run_dir)
-    if failed is not None:
-        print(f"draftgen smoke: FAIL at generate ({turns:,} turns answered): {failed}", file=sys.stderr)
+    if code != ExitCode.OK:
+        what = (
+            "REFUSED before generating"
+            if code == ExitCode.REFUSED
+            else f"FAIL at generate ({turns:,} turns answered)"
+        )
+        print(f"draftgen smoke: {what}: {said}", file=sys.stderr)
         print(f"draftgen smoke: see {generate_plan.executed_path}", file=sys.stderr)
-        return 1
+        return code
     if turns < need:
         print(
             f"draftgen smoke: FAIL: only {turns:,} turns were answered, fewer than guard_min_results {need}, so the "
             "garbage guard never armed: give a prompt file with more prompts",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     tokenizer = given.get("tokenizer") or _recorded(generate_plan.run_dir, "tokenizer")
     if not tokenizer:
         print(
@@ -156,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
             "-p tokenizer /path/to/model-folder",
             file=sys.stderr,
         )
-        return 1
+        return ExitCode.FAILED
     values = taken_parameters(
         declared_parameters(validate),
         validate_parameters(given, generate_plan.run_dir, tokenizer),
@@ -165,13 +174,13 @@ def run(args: argparse.Namespace) -> int:
     )
     check_parameters(validate, values)
     validate_plan = plan_run(validate, values, name=args.name, out_root=out_root)
-    failed = _run(validate_plan, not args.no_html)
-    if failed is not None:
-        print(f"draftgen smoke: FAIL at validate: {failed}", file=sys.stderr)
+    code, said = _run(validate_plan, not args.no_html)
+    if code != ExitCode.OK:
+        print(f"draftgen smoke: FAIL at validate: {said}", file=sys.stderr)
         print(f"draftgen smoke: see {validate_plan.executed_path}", file=sys.stderr)
-        return 1
+        return code
     print(
         f"draftgen smoke: PASS — {turns:,} turns answered with the garbage guard armed (from result {need}), "
         f"validate's gate passed: {generate_plan.run_dir}, {validate_plan.run_dir}"
     )
-    return 0
+    return ExitCode.OK

@@ -73,9 +73,8 @@ def check_router(config: ServeConfig) -> None:
     runs it there), else the command that installs it."""
     if config.router and not probe(ROUTER_PYTHON, ROUTER_MODULE).importable.get(ROUTER_MODULE):
         raise ServeRefused(
-            f"--router: {described(ROUTER_PYTHON)} has no SMG ({ROUTER_MODULE}); install draftgen's router extra "
-            f"there (pip install -e '.[router]' in this checkout, or `{ROUTER_PYTHON} -m pip install "
-            f"'{ROUTER_PIN}'`), or leave out --router"
+            f"--router: {described(ROUTER_PYTHON)} has no SMG ({ROUTER_MODULE}); install it there (this checkout's "
+            f"requirements.txt holds it, or `{ROUTER_PYTHON} -m pip install '{ROUTER_PIN}'`), or leave out --router"
         )
 
 
