@@ -255,13 +255,13 @@ def test_serve_starts_servers_and_checks_interpreters_in_the_root(project):
     """A relative --python (or --model) means the file under the root, in serve's checks and its servers alike."""
     import asyncio
 
+    from draftgen.serve.environment import probe
     from draftgen.serve.launch import LaunchSpec
-    from draftgen.serve.preflight import importable
     from draftgen.serve.process import spawn
 
     (project / "env" / "bin").mkdir(parents=True)
     (project / "env" / "bin" / "python").symlink_to(sys.executable)
-    assert importable("env/bin/python", "json")  # found from notebooks/, a folder below the root
+    assert probe("env/bin/python", "json").importable["json"]  # found from notebooks/, a folder below the root
     argv = ("env/bin/python", "-c", "import os; print('cwd', os.getcwd())")
     spec = LaunchSpec("server-1", "server", 1, "http://127.0.0.1:1", (0,), argv, (), "/health")
 

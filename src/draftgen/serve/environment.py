@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from draftgen.defaults import SGLANG_PYTHON_ENV
+from draftgen.exit_codes import Refused
 from draftgen.paths import project_root
 
 # Run by the other interpreter: the versions of the packages asked for, and the pins SGLang's metadata declares.
@@ -39,6 +40,11 @@ print(json.dumps({
 PROBE_TIMEOUT_S = 60.0
 
 
+class EnvironmentRefused(Refused):
+    """The interpreter is there but does not run (a broken environment): nothing was started (exit code REFUSED).
+    A path with no interpreter at all is a mistake on the command line (ValueError)."""
+
+
 @dataclass(frozen=True)
 class Environment:
     """One interpreter's packages: version by distribution name (None: not installed), what imports, SGLang's
@@ -60,7 +66,8 @@ class Environment:
 
 
 def probe(python: str, *names: str) -> Environment:
-    """Ask ``python`` which of ``names`` it has (ValueError when it cannot be run)."""
+    """Ask ``python`` which of ``names`` it has (ValueError: no such interpreter; EnvironmentRefused: it does not
+    run)."""
     try:
         done = subprocess.run(
             [python, "-c", _PROBE, *names],
@@ -72,12 +79,12 @@ def probe(python: str, *names: str) -> Environment:
     except FileNotFoundError:
         raise ValueError(f"{described(python)}: no such interpreter") from None
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ValueError(f"{described(python)}: cannot run it ({exc})") from None
+        raise EnvironmentRefused(f"{described(python)}: cannot run it ({exc})") from None
     try:
         data = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
-        raise ValueError(f"{described(python)}: cannot run it ({tail[0][:200]})") from None
+        raise EnvironmentRefused(f"{described(python)}: cannot run it ({tail[0][:200]})") from None
     return Environment(python, data["versions"], data["importable"], tuple(data["sglang_requires"]))
 
 
