@@ -261,7 +261,9 @@ def test_serve_starts_servers_and_checks_interpreters_in_the_root(project):
 
     (project / "env" / "bin").mkdir(parents=True)
     (project / "env" / "bin" / "python").symlink_to(sys.executable)
-    assert probe("env/bin/python", "json").importable["json"]  # found from notebooks/, a folder below the root
+    assert probe("env/bin/python", "json").importable[
+        "json"
+    ]  # found from notebooks/, a folder below the root
     argv = ("env/bin/python", "-c", "import os; print('cwd', os.getcwd())")
     spec = LaunchSpec("server-1", "server", 1, "http://127.0.0.1:1", (0,), argv, (), "/health")
 
