@@ -19,7 +19,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import polars as pl
@@ -121,6 +123,25 @@ def fit_rate_model(occupancy: pl.DataFrame, max_running: int | None, source: str
     return RateFit(model=model, points=table, note=note)
 
 
+def with_answer_tokens(requests: pl.DataFrame) -> pl.DataFrame:
+    """``requests`` with ``answer_tokens``: of each request's completion tokens, those after its reasoning, counted as
+    its share of characters that came as answer text (``content_chars`` of ``content_chars + reasoning_chars``; 0
+    where the benchmark recorded no characters). The chat template keeps only this part of an earlier turn, and a
+    turn that ends in tool calls writes its reasoning and the calls instead of it."""
+    if not {"content_chars", "reasoning_chars"} <= set(requests.columns):
+        return requests.with_columns(pl.lit(0, pl.Int64).alias("answer_tokens"))
+    chars = pl.col("content_chars") + pl.col("reasoning_chars")
+    share = pl.when(chars > 0).then(pl.col("content_chars") / chars).otherwise(0.0)
+    return requests.with_columns(
+        (pl.col("completion_tokens").fill_null(0) * share).round().cast(pl.Int64).alias("answer_tokens")
+    )
+
+
+def kept_answers(tokens: np.ndarray, answers: np.ndarray, limit: float) -> np.ndarray:
+    """The answer tokens left of each completion cut at ``limit`` (the reasoning comes first)."""
+    return np.clip(answers - np.maximum(tokens - limit, 0.0), 0.0, None)
+
+
 @dataclass(frozen=True)
 class LengthSample:
     """Measured completion lengths, grouped by prompt (a prompt measured twice counts once in resampling)."""
@@ -132,6 +153,7 @@ class LengthSample:
     _groups: tuple[np.ndarray, ...] = field(default=(), repr=False)
     max_length: int = 0  # the trainer's max_length each request was capped at (0: none)
     set_aside: int = 0  # requests whose prompt alone reached max_length: generate sends none of them
+    answers: np.ndarray | None = None  # of ``tokens``, those after the reasoning (None: not measured)
 
     @classmethod
     def from_requests(cls, requests: pl.DataFrame, max_tokens: int, max_length: int = 0) -> LengthSample:
@@ -156,14 +178,18 @@ class LengthSample:
         order: dict[str, list[int]] = {}
         for i, pid in enumerate(ids):
             order.setdefault(pid, []).append(i)
+        tokens = ok["completion_tokens"].to_numpy().astype(float)
+        measured = {"content_chars", "reasoning_chars"} <= set(ok.columns)
+        answers = with_answer_tokens(ok)["answer_tokens"].to_numpy().astype(float) if measured else None
         return cls(
             prompt_ids=tuple(order),
-            tokens=ok["completion_tokens"].to_numpy().astype(float),
+            tokens=tokens,
             truncated=ok["truncated"].to_numpy().astype(bool),
             max_tokens=max_tokens,
             _groups=tuple(np.asarray(v) for v in order.values()),
             max_length=max_length,
             set_aside=set_aside,
+            answers=None if answers is None else np.minimum(answers, tokens),
         )
 
     @property
@@ -178,6 +204,14 @@ class LengthSample:
         """Mean completion length per prompt with every request clipped at ``max_tokens``."""
         clipped = np.minimum(self.tokens, max_tokens)
         return np.asarray([clipped[g].mean() for g in self._groups])
+
+    def answers_per_prompt(self, max_tokens: int) -> np.ndarray:
+        """Mean answer tokens (after the reasoning) per prompt, every request cut at ``max_tokens``; zeros when the
+        benchmark did not measure them."""
+        if self.answers is None:
+            return np.zeros(len(self._groups))
+        kept = kept_answers(self.tokens, self.answers, max_tokens)
+        return np.asarray([kept[g].mean() for g in self._groups])
 
     def truncated_rate(self, max_tokens: int) -> float:
         if max_tokens >= self.max_tokens:
@@ -257,6 +291,157 @@ class WallTime:
         return self.wall_s - self.steady_s
 
 
+@dataclass(frozen=True)
+class Conversations:
+    """The conversations a run sends, as the fleet simulation plays them: a slot runs one conversation's turns one
+    after another, as generate sends them, each turn's completion clipped at its room (the tokens the trainer's
+    max_length leaves after its prompt, which shrinks turn by turn; inf: the full max_tokens). A turn that answers
+    with tool calls writes its reasoning and those calls (``calls``: their tokens), not a text answer.
+    ``ordered``: they are the whole set in generate's order (else a uniform sample, drawn at random)."""
+
+    rooms: np.ndarray  # every turn's room, conversation after conversation
+    turns: np.ndarray  # each conversation's turns (≥ 1)
+    weights: np.ndarray  # each conversation's probability
+    calls: np.ndarray | None = None  # every turn's tool-call tokens (0: a text answer); None: all in text
+    ordered: bool = False
+    # ordered: where each version of the whole set begins in ``turns`` (the versions the prompt audit drew)
+    versions: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+
+    @classmethod
+    def of(
+        cls,
+        rooms: Sequence[Sequence[float]],
+        calls: Sequence[Sequence[int]] = (),
+        ordered: bool = False,
+        draws: int = 1,
+    ) -> Conversations:
+        """Conversations given by their turns' rooms (and call tokens), each as likely: the prompt audit's, ``draws``
+        versions of its counted conversations one after another (a conversation that sends nothing: no rooms)."""
+        if calls and [len(c) for c in calls] != [len(r) for r in rooms]:
+            raise ValueError("give one call count per turn of every conversation, or none")
+        if draws < 1 or len(rooms) % draws:
+            raise ValueError(f"{len(rooms)} conversations are not {draws} versions of one set")
+        size = len(rooms) // draws
+        sending = [i for i, r in enumerate(rooms) if len(r)]
+        if not sending:
+            raise ValueError("no conversation sends a turn")
+        turns = np.fromiter((len(rooms[i]) for i in sending), dtype=np.int64, count=len(sending))
+        flat_calls = np.concatenate([np.asarray(calls[i], dtype=float) for i in sending]) if calls else None
+        return cls(
+            rooms=np.concatenate([np.asarray(rooms[i], dtype=float) for i in sending]),
+            turns=turns,
+            weights=np.full(turns.size, 1.0 / turns.size),
+            calls=flat_calls if flat_calls is not None and flat_calls.any() else None,
+            ordered=ordered,
+            versions=np.searchsorted(np.asarray(sending), np.arange(draws) * size),
+        )
+
+    @classmethod
+    def uncapped(cls, counts: Mapping[int, int]) -> Conversations:
+        """Conversations of ``k`` turns, ``counts[k]`` of them, every turn with the full max_tokens."""
+        kept = {k: n for k, n in counts.items() if k > 0 and n > 0}
+        if not kept:
+            raise ValueError("every conversation needs at least one turn")
+        turns = np.fromiter(kept, dtype=np.int64)
+        weights = np.fromiter(kept.values(), dtype=float)
+        return cls(rooms=np.full(int(turns.sum()), np.inf), turns=turns, weights=weights / weights.sum())
+
+    @property
+    def trivial(self) -> bool:
+        """One turn each with the full max_tokens, in text: independent requests, nothing to model."""
+        return bool((self.turns == 1).all() and np.isinf(self.rooms).all() and self.calls is None)
+
+    @cached_property
+    def mean_turns(self) -> float:
+        return float(np.dot(self.turns, self.weights))
+
+    @cached_property
+    def _firsts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.turns)[:-1]])
+
+    @cached_property
+    def _clip_tables(self) -> tuple[_ClipTable | None, _ClipTable | None]:
+        """(text turns, call turns), each as a table of its rooms (a call turn's less its calls: min(v + c, room) =
+        min(v, room − c) + c) that clips any draw in one search."""
+        shares = np.repeat(self.weights, self.turns)
+        shares = shares / shares.sum()
+        calls = np.zeros(self.rooms.size) if self.calls is None else self.calls
+        called = calls > 0
+        return tuple(  # type: ignore[return-value]
+            _ClipTable.of(
+                self.rooms[mask] - calls[mask], shares[mask], float(np.dot(calls[mask], shares[mask]))
+            )
+            if mask.any()
+            else None
+            for mask in (~called, called)
+        )
+
+    def mean_work(
+        self,
+        work: np.ndarray,
+        tokens: np.ndarray,
+        weights: np.ndarray | None = None,
+        answers: np.ndarray | None = None,
+    ) -> float:
+        """The mean work of one turn, exactly: each draw (``tokens``, its ``work`` in proportion; a call turn writes
+        ``tokens − answers`` and its calls) clipped at each turn's room, every turn weighted alike within its
+        conversation's probability."""
+        draw_weights = np.full(work.size, 1.0 / work.size) if weights is None else weights
+        text, called = self._clip_tables
+        total = np.zeros(tokens.size)
+        if text is not None:
+            total += text.sums(tokens)
+        if called is not None:
+            total += called.sums(tokens if answers is None else tokens - answers)
+        return float(np.dot(total * _work_ratio(work, tokens), draw_weights))
+
+    def draw(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``count`` conversations (ordered: the last ``count`` of one version of the set, drawn at random, in order;
+        else drawn by their probability): every turn's room and call tokens in order, and each one's turns."""
+        if self.ordered:
+            version = int(rng.integers(self.versions.size))
+            start = int(self.versions[version])
+            end = int(self.versions[version + 1]) if version + 1 < self.versions.size else self.turns.size
+            picks = start + (np.arange(count) - count) % (end - start)
+        else:
+            picks = rng.choice(self.turns.size, size=count, replace=True, p=self.weights)
+        counts = self.turns[picks]
+        offsets = np.repeat(self._firsts[picks] - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        index = offsets + np.arange(int(counts.sum()))
+        calls = np.zeros(index.size) if self.calls is None else self.calls[index]
+        return self.rooms[index], calls, counts
+
+
+@dataclass(frozen=True)
+class _ClipTable:
+    """Rooms sorted with their running sums: Σ share · min(v, room) + added for any v in one binary search."""
+
+    rooms: np.ndarray
+    below_sum: np.ndarray  # Σ share · room over the rooms before each position (inf rooms never count)
+    below_share: np.ndarray  # Σ share over the same
+    added: float  # Σ share · what every turn adds (its calls)
+
+    @classmethod
+    def of(cls, rooms: np.ndarray, shares: np.ndarray, added: float) -> _ClipTable:
+        order = np.argsort(rooms)
+        rooms, shares = rooms[order], shares[order]
+        return cls(
+            rooms=rooms,
+            below_sum=np.concatenate([[0.0], np.cumsum(np.where(np.isfinite(rooms), rooms * shares, 0.0))]),
+            below_share=np.concatenate([[0.0], np.cumsum(shares)]),
+            added=added,
+        )
+
+    def sums(self, values: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(self.rooms, values, side="left")  # the rooms smaller than each value clip it
+        return self.below_sum[at] + (self.below_share[-1] - self.below_share[at]) * values + self.added
+
+
+def _work_ratio(work: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Work per token of each draw (1 where it has no tokens)."""
+    return np.divide(work, tokens, out=np.ones_like(work, dtype=float), where=tokens > 0)
+
+
 def estimate_wall(
     per_prompt: np.ndarray,
     num_prompts: int,
@@ -265,31 +450,44 @@ def estimate_wall(
     rate: RateModel,
     rng: np.random.Generator,
     repeats: int = 3,
-    turns: np.ndarray | None = None,
+    conversations: Conversations | None = None,
     weights: np.ndarray | None = None,
+    tokens: np.ndarray | None = None,
+    answers: np.ndarray | None = None,
 ) -> WallTime:
     """Expected wall time for ``num_prompts`` requests whose lengths follow ``per_prompt``.
 
     wall = all tokens at the steady full-batch rate + the tail (ramp and drain) measured in the simulation of
     the first ``exact`` requests, as the simulation's wall time minus its own tokens at the steady rate. Taking
-    the tail this way keeps the random draw of lengths from moving the steady part. With ``turns`` (answers per
-    conversation, sampled from the prompt file; generate's ``turns: all``) the simulated jobs are conversations:
-    one slot runs a conversation's requests one after another, so their lengths add up. With ``weights`` (a
-    sampling plan's arms pooled: ``draftgen.estimate.arms``) each length is drawn with its probability.
+    the tail this way keeps the random draw of lengths from moving the steady part. With ``conversations`` (the
+    prompt file's, generate's ``turns: all``, each turn with its room under the trainer's max_length) the simulated
+    jobs are conversations: one slot runs a conversation's requests one after another, so their lengths add up,
+    each a draw clipped at its turn's room (``tokens``: each draw's tokens where ``per_prompt`` is work, the rate
+    curve's units; the work is clipped in proportion; a turn that answers with tool calls writes the draw's tokens
+    less its ``answers`` and the calls). With ``weights`` (a sampling plan's arms pooled:
+    ``draftgen.estimate.arms``) each length is drawn with its probability.
     """
     if num_prompts < 1:
         raise ValueError("num_prompts must be >= 1")
-    mean = float(per_prompt.mean() if weights is None else np.dot(per_prompt, weights))
+    tokens = per_prompt if tokens is None else tokens
+    if conversations is None:
+        mean = float(per_prompt.mean() if weights is None else np.dot(per_prompt, weights))
+    else:
+        mean = conversations.mean_work(per_prompt, tokens, weights, answers)
     fleet_rate = servers * rate.tok_s(concurrency)
     per_server = math.ceil(num_prompts / servers)
     exact = min(num_prompts, servers * min(per_server, max(EXACT_ROUNDS * concurrency, EXACT_MIN_PER_SERVER)))
+    ratio = _work_ratio(per_prompt, tokens)
+    reasoning = tokens if answers is None else tokens - answers
     tails = []
     for _ in range(repeats):
-        if turns is None:
+        if conversations is None:
             lengths = jobs = rng.choice(per_prompt, size=exact, replace=True, p=weights)
         else:
-            counts = rng.choice(turns, size=max(1, round(exact / float(turns.mean()))), replace=True)
-            lengths = rng.choice(per_prompt, size=int(counts.sum()), replace=True, p=weights)
+            rooms, calls, counts = conversations.draw(rng, max(1, round(exact / conversations.mean_turns)))
+            picks = rng.choice(per_prompt.size, size=rooms.size, replace=True, p=weights)
+            written = np.where(calls > 0, reasoning[picks] + calls, tokens[picks])
+            lengths = np.minimum(written, rooms) * ratio[picks]
             jobs = np.add.reduceat(lengths, np.concatenate([[0], np.cumsum(counts)[:-1]]))
         tails.append(simulate_fleet(jobs, servers, concurrency, rate) - float(lengths.sum()) / fleet_rate)
     total = num_prompts * mean
@@ -306,15 +504,29 @@ def bootstrap_walls(
     servers: int,
     concurrency: int,
     rng: np.random.Generator,
-    turns: np.ndarray | None = None,
+    conversations: Conversations | None = None,
     weights: np.ndarray | None = None,
+    tokens: np.ndarray | None = None,
+    answers: np.ndarray | None = None,
 ) -> np.ndarray:
     """One wall time per resample: prompts resampled with replacement (each with its weight), each paired with
     one resampled rate."""
+    tokens = per_prompt if tokens is None else tokens
     out = []
     for rate in rates:
-        resample = rng.choice(per_prompt, size=per_prompt.size, replace=True, p=weights)
-        wall = estimate_wall(resample, num_prompts, servers, concurrency, rate, rng, repeats=1, turns=turns)
+        picks = rng.choice(per_prompt.size, size=per_prompt.size, replace=True, p=weights)
+        wall = estimate_wall(
+            per_prompt[picks],
+            num_prompts,
+            servers,
+            concurrency,
+            rate,
+            rng,
+            repeats=1,
+            conversations=conversations,
+            tokens=tokens[picks],
+            answers=None if answers is None else answers[picks],
+        )
         out.append(wall.wall_s)
     return np.asarray(out)
 
