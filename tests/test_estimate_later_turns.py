@@ -16,8 +16,9 @@ import polars as pl
 import pytest
 
 from draftgen.estimate.config import EstimateConfig
+from draftgen.estimate.conversations import Conversations
 from draftgen.estimate.inputs import load_benchmark, measured_answers, sent_conversations
-from draftgen.estimate.model import Conversations, LengthSample, RateModel, estimate_wall, with_answer_tokens
+from draftgen.estimate.model import LengthSample, RateModel, estimate_wall, with_answer_tokens
 from draftgen.estimate.plan import run_estimate
 from draftgen.generate.length_cap import BELOW_FLOOR, NO_ROOM, LengthCap
 from draftgen.params import build_config

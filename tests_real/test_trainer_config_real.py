@@ -3,13 +3,16 @@
 validate runs as a user preparing DFlash data runs it (the DFlash trainer, on the real servers' output), and
 SpecForge's own config loader (``specforge.config.load_config``, what ``specforge train -c`` calls first) reads
 ``export/specforge.yaml`` as written: its data source is the export's pre-tokenized rows, which SpecForge's own
-prompt builder, given the config's path and max_length, keeps unchanged; the documented override adds what the
-training cluster must (its capture servers); the held-out prompts it names are the export's.
+prompt builder, given the config's path and max_length, keeps unchanged; ``specforge train --plan`` plans the run
+once the training cluster's addresses are added as the header says; the held-out prompts it names are the
+export's.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -24,6 +27,12 @@ from draftgen.validate.config import ValidateConfig
 from draftgen.validate.pipeline import finalize_export, validate_generation
 
 MAX_LENGTH = 96  # the tiny servers' answers are short: every row fits
+# what the config's header says the training cluster adds: its capture servers and Mooncake
+CLUSTER = [
+    "deployment.disaggregated.server_urls=[http://127.0.0.1:30000]",
+    "deployment.disaggregated.mooncake_metadata_server=http://127.0.0.1:35880/metadata",
+    "deployment.disaggregated.mooncake_master_server_addr=127.0.0.1:35551",
+]
 
 
 def test_specforge_reads_the_exported_config_and_its_paths_are_the_exports_files(
@@ -66,8 +75,17 @@ def test_specforge_reads_the_exported_config_and_its_paths_are_the_exports_files
     kept = dflash_prompts(Path(loaded.data.prompts_path), tokenizer, loaded.data.max_length)
     assert kept == [(r["input_ids"], r["loss_mask"]) for r in ours]
 
-    # what the header says to add, added as it says (a dotted override), still reads
-    served = load_config(str(path), ["deployment.disaggregated.server_urls=[http://127.0.0.1:30000]"])
+    # `specforge train --plan` resolves the run (the DFlash algorithm, its launch plan) without starting it: as
+    # written it stops at what the header says to add, the training cluster's Mooncake; with that added as dotted
+    # overrides, the plan is made
+    train = [sys.executable, "-m", "specforge.cli", "train", "-c", str(path), "--plan"]
+    bare = subprocess.run(train, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert bare.returncode != 0 and "Mooncake endpoints must be provided" in bare.stderr, bare.stderr[-2000:]
+    planned = subprocess.run([*train, *CLUSTER], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    plan = json.loads(planned.stdout[planned.stdout.index("{") :])
+    assert plan["kind"] == "supervisor" and {c["label"] for c in plan["commands"]} == {"producer", "consumer"}
+    served = load_config(str(path), CLUSTER)
     assert served.deployment.disaggregated.server_urls == ["http://127.0.0.1:30000"]
 
     # the comments name the other files, which are there

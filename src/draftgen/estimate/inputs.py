@@ -17,7 +17,8 @@ import numpy as np
 import polars as pl
 
 from draftgen.client.clock import WALL, HardwareClock, on_clock, on_kept_clock
-from draftgen.estimate.model import Conversations, with_answer_tokens
+from draftgen.estimate.conversations import Conversations
+from draftgen.estimate.model import with_answer_tokens
 from draftgen.paths import resolve_path
 from draftgen.prompts.answer_lengths import AnswerLengths
 from draftgen.prompts.audit import NEAR_LIMIT_BESIDE_A_RUN, AuditSettings, PromptAudit, audit_prompts

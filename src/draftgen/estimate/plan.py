@@ -16,6 +16,7 @@ import polars as pl
 
 from draftgen.estimate.arms import PlanDraws, PricedPlan, price_plan
 from draftgen.estimate.config import EstimateConfig, ScenarioSpec
+from draftgen.estimate.conversations import Conversations
 from draftgen.estimate.inputs import (
     BenchmarkData,
     audit_prompt_set,
@@ -27,7 +28,6 @@ from draftgen.estimate.inputs import (
     sent_conversations,
 )
 from draftgen.estimate.model import (
-    Conversations,
     LengthSample,
     RateFit,
     RateModel,
