@@ -10,8 +10,11 @@ its inputs, each ratio taken within this one run:
   is left between this and 1 is the model; what it moves from the first ratio is the benchmark's sample.
 * rate: the run's own turns replayed through the benchmark's fitted rate curve, each conversation in one slot in
   the file's order (``estimate.model.simulate_fleet``), ÷ the generation's span on the clock its simulators kept.
+* the benchmark's sample: its mean completion ÷ the set's; and with ``--seeds N``, how far the mean of such a
+  sample (the benchmark's own sampler, as many prompts, N seeds) spreads, over the set's one-turn prompts, whose
+  answer in the run is the one the benchmark measured for the same prompt (the simulator answers a prompt alike).
 
-    .venv/bin/python benchmarks/estimate_vs_run.py outputs/demo
+    .venv/bin/python benchmarks/estimate_vs_run.py outputs/demo [--seeds 30]
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def _text_turns(shards: pl.DataFrame, think_end: int, full_room: int) -> tuple[n
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("demo", type=Path, help="a finished draftgen demo folder")
+    parser.add_argument(
+        "--seeds", type=int, default=0, help="spread of a benchmark sample's mean over N seeds"
+    )
     args = parser.parse_args()
     demo = args.demo
     estimate = json.loads((demo / "estimate" / ESTIMATE).read_text())
@@ -91,6 +97,29 @@ def main() -> None:
     replay = simulate_fleet(jobs, int(estimate["servers"]), int(estimate["concurrency_per_server"]), rate)
     print(
         f"  rate: run's span / its turns replayed on the fitted curve   {span / replay:.3f}  ({replay:,.1f} s)"
+    )
+
+    measured = data.requests.filter(pl.col("ok"))["completion_tokens"]
+    print(f"  the benchmark's sample: its mean / the set's text turns'   {measured.mean() / own.mean():.3f}")
+    if args.seeds:
+        _sample_spread(shards, config.prompt_path, measured.len(), args.seeds)
+
+
+def _sample_spread(shards: pl.DataFrame, prompts: Path, count: int, seeds: int) -> None:
+    """The mean answer length of the one-turn prompts a benchmark sample of ``count`` would hold, ÷ all of theirs."""
+    from draftgen.bench.sample import sample_prompts
+
+    one_turn = shards.filter(pl.col("turn_after").list.len() == 1)
+    answered = dict(zip(one_turn["id"], one_turn["completion_tokens"], strict=True))
+    whole = float(np.mean(list(answered.values())))
+    means = []
+    for seed in range(seeds):
+        picked = [answered[r.id] for r in sample_prompts(prompts, count, seed=seed).rows if r.id in answered]
+        means.append(float(np.mean(picked)) / whole)
+    spread = np.asarray(means)
+    print(
+        f"  a {count}-prompt sample's mean / the set's, over {seeds} seeds: seed 0 {spread[0]:.3f}, "
+        f"sd {spread.std():.3f}, range {spread.min():.3f}–{spread.max():.3f}"
     )
 
 
