@@ -8,9 +8,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from draftgen.estimate.arms import PlanDraws
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.model import (
+    Conversations,
     LengthSample,
     RateModel,
     estimate_wall,
@@ -296,12 +296,12 @@ def test_the_estimate_prices_the_conversations_generate_sends(tmp_path, tokenize
 
 
 def test_each_draw_is_clipped_at_the_rooms_the_trainers_max_length_leaves():
-    draws = PlanDraws(work=np.array([100.0, 1000.0]), tokens=np.array([100.0, 1000.0]), weights=None)
-    rooms = np.array([50.0, np.inf, np.inf, 500.0])
-    within = draws.within(rooms)
-    assert within.tokens.tolist() == [50.0, 100.0, 100.0, 100.0, 50.0, 1000.0, 1000.0, 500.0]
-    assert within.weights is not None and within.weights.sum() == pytest.approx(1.0)
-    assert within.mean_tokens == pytest.approx((87.5 + 637.5) / 2)
-    # more rooms than quantile points: taken among the rooms (an inf never becomes NaN between two infs)
-    many = draws.within(np.concatenate([np.full(300, np.inf), np.arange(1.0, 101.0)]), points=16)
-    assert not np.isnan(many.tokens).any() and many.tokens.size == 32
+    tokens = np.array([100.0, 1000.0])
+    turns = Conversations.of([[50.0], [np.inf], [np.inf], [500.0]])  # four one-turn conversations
+    # draw 100: (50 + 100 + 100 + 100) / 4; draw 1000: (50 + 1000 + 1000 + 500) / 4
+    assert turns.mean_work(tokens, tokens) == pytest.approx((87.5 + 637.5) / 2)
+    assert turns.mean_work(tokens, tokens, np.array([0.25, 0.75])) == pytest.approx(
+        0.25 * 87.5 + 0.75 * 637.5
+    )
+    # work clipped in proportion: an arm whose tokens cost twice the benchmark's
+    assert turns.mean_work(2 * tokens, tokens) == pytest.approx(87.5 + 637.5)

@@ -13,7 +13,7 @@ from draftgen.cli import main
 from draftgen.generate.length_cap import tokenizer_counter
 from draftgen.prompts.long_chat import OPENERS, long_chat_conversations, long_chat_rows
 from draftgen.prompts.rows import PromptRow, folded, iter_prompts, normalize_record
-from draftgen.prompts.synthetic import BUNDLED_PROMPTS
+from draftgen.prompts.synthetic import BUNDLED_PROMPTS, SINGLE_TURN, synthetic_rows
 from draftgen.training.local_tokenizer import build_qwen3_tokenizer
 
 N = 1000
@@ -119,3 +119,15 @@ def test_command_writes_the_shape_and_keeps_the_default_byte_identical(tmp_path:
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == list(long_chat_rows(40, seed=2))
     assert all(isinstance(item, PromptRow) for item in iter_prompts(out, keep_duplicates=True))
+
+
+def test_the_single_turn_shape_asks_one_question_of_the_mixed_kinds(tmp_path: Path):
+    out = tmp_path / "plain.jsonl"
+    assert main(["prompts", "--n", "300", "--shape", "single-turn", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 300 and {row["category"] for row in rows} == set(SINGLE_TURN)
+    for item in iter_prompts(out):
+        assert isinstance(item, PromptRow) and not item.tools
+        assert [m["role"] for m in item.messages if m["role"] != "system"] == ["user"]
+    with pytest.raises(ValueError, match="kinds must be some of"):
+        next(synthetic_rows(3, kinds=("poetry",)))

@@ -26,6 +26,7 @@ from draftgen.display.humanize import duration
 from draftgen.estimate.config import OLD_PLAN_FLEET
 from draftgen.exit_codes import ExitCode
 from draftgen.paths import resolve_path
+from draftgen.prompts.rows import SYNTHETIC
 from draftgen.rundir.layout import (
     DEMO_SIM,
     DEMO_TOKENIZER,
@@ -74,6 +75,12 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "--limit", type=int, default=0, help="generate only the first N prompts (default: all 2,000)"
     )
     parser.add_argument(
+        "--prompts",
+        default=SYNTHETIC,
+        help='the prompt file benchmark, estimate and generate read (default "synthetic": the bundled set; '
+        "e.g. one of draftgen prompts --shape single-turn)",
+    )
+    parser.add_argument(
         "--rounds",
         type=float,
         default=BENCHMARK_ROUNDS,
@@ -90,6 +97,7 @@ class DemoOptions:
 
     limit: int = 0
     rounds: float = BENCHMARK_ROUNDS
+    prompts: str = SYNTHETIC
 
 
 def _benchmark_parameters(urls: list[str], out: Path, options: DemoOptions) -> dict[str, Any]:
@@ -98,6 +106,7 @@ def _benchmark_parameters(urls: list[str], out: Path, options: DemoOptions) -> d
     return {
         "servers": urls[:1],
         "model": MODEL,
+        "prompts": options.prompts,
         "concurrencies": [1, 16, 48, 64],
         "rounds": options.rounds,
         "warmup_requests": 2,
@@ -110,7 +119,7 @@ def _estimate_parameters(urls: list[str], out: Path, options: DemoOptions) -> di
     seeds = {"gpus": 7, "num_prompts": SEEDS_PROMPTS}
     return {
         "benchmark_dir": str(out / "benchmark"),
-        "prompts": "synthetic",
+        "prompts": options.prompts,
         "limit": options.limit,
         # generate's tokenizer: the turns it would set aside under the trainer's max_length are not priced
         "tokenizer": str(out / DEMO_TOKENIZER),
@@ -127,7 +136,7 @@ def _generate_parameters(urls: list[str], out: Path, options: DemoOptions) -> di
     return {
         "servers": urls,
         "model": MODEL,
-        "prompts": "synthetic",
+        "prompts": options.prompts,
         "limit": options.limit,
         "estimate": str(out / "estimate" / ESTIMATE),
         # the target's tokenizer: each turn's max_tokens is capped at the trainer's max_length − its prompt
@@ -250,7 +259,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.rounds <= 0:
         raise ValueError(f"--rounds must be > 0, got {args.rounds:g}")
-    options = DemoOptions(limit=args.limit, rounds=args.rounds)
+    prompts = args.prompts if args.prompts == SYNTHETIC else str(resolve_path(args.prompts))
+    options = DemoOptions(limit=args.limit, rounds=args.rounds, prompts=prompts)
     out: Path = args.out  # relative: under the project root, like every run folder
     if out.exists():
         if args.keep:

@@ -11,7 +11,7 @@ from pathlib import Path
 from draftgen.exit_codes import ExitCode
 from draftgen.paths import resolve_path
 
-SHAPES = ("mixed", "long-chat")
+SHAPES = ("mixed", "long-chat", "single-turn")
 
 
 def add_command(subparsers: argparse._SubParsersAction) -> None:
@@ -22,13 +22,17 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
         "the bundled set's): {id, category, messages} math, code, chat, multi-turn, system-prompted and long rows. "
         "--shape long-chat: conversations of up to 15 user turns with pasted documents, code and logs, source "
         "assistant turns (ShareGPT and messages rows), exact duplicates, shared first turns, 'continue' openers "
-        "and the extra fields real sets carry. `draftgen prompts audit FILE` describes a prompt file instead.",
+        "and the extra fields real sets carry. --shape single-turn: the mixed shape's one-question kinds only (math, "
+        "code, chat, system-prompted, long). `draftgen prompts audit FILE` describes a prompt file instead.",
     )
     parser.add_argument("--n", type=int, help="number of rows (required to write)")
     parser.add_argument("--out", type=resolve_path, help="output .jsonl path (required to write)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument(
-        "--shape", choices=SHAPES, default="mixed", help="mixed (default, the bundled set's) or long-chat"
+        "--shape",
+        choices=SHAPES,
+        default="mixed",
+        help="mixed (default, the bundled set's), long-chat or single-turn",
     )
     parser.set_defaults(handler=run)
     actions = parser.add_subparsers(dest="action", metavar="audit")
@@ -93,7 +97,7 @@ def _add_audit(actions: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from draftgen.prompts.long_chat import long_chat_rows
-    from draftgen.prompts.synthetic import synthetic_rows, write_rows
+    from draftgen.prompts.synthetic import CATEGORIES, SINGLE_TURN, synthetic_rows, write_rows
 
     if args.n is None or args.out is None:
         raise ValueError("give --n N and --out FILE.jsonl to write prompts, or `audit FILE` to audit a file")
@@ -101,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--n must be >= 1")
     if args.out.suffix != ".jsonl":
         raise ValueError(f"--out must end in .jsonl, got {args.out}")
-    rows = long_chat_rows if args.shape == "long-chat" else synthetic_rows
-    count = write_rows(args.out, rows(args.n, args.seed))
+    if args.shape == "long-chat":
+        rows = long_chat_rows(args.n, args.seed)
+    else:
+        rows = synthetic_rows(args.n, args.seed, SINGLE_TURN if args.shape == "single-turn" else CATEGORIES)
+    count = write_rows(args.out, rows)
     print(f"wrote {count} prompts to {args.out}")
     return ExitCode.OK
 

@@ -28,7 +28,6 @@ from draftgen.estimate.model import LengthSample
 from draftgen.sampling_plan import Arm
 
 NO_PLAN = "(all)"  # the label of the one arm a run without a plan has
-ROOM_POINTS = 64  # quantiles of the turns' rooms each draw is paired with (PlanDraws.within)
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,14 @@ class PricedArm:
     def per_prompt(self, run_max_tokens: int | None = None) -> np.ndarray:
         """Mean completion tokens per prompt, each request clipped at the arm's max_tokens (its own, else the
         run's: ``run_max_tokens`` when given)."""
-        return self.lengths.per_prompt(self.own_max_tokens or run_max_tokens or self.run_max_tokens)
+        return self.lengths.per_prompt(self._max_tokens(run_max_tokens))
+
+    def answers_per_prompt(self, run_max_tokens: int | None = None) -> np.ndarray:
+        """Mean answer tokens (after the reasoning) per prompt, at the same max_tokens as ``per_prompt``."""
+        return self.lengths.answers_per_prompt(self._max_tokens(run_max_tokens))
+
+    def _max_tokens(self, run_max_tokens: int | None) -> int:
+        return self.own_max_tokens or run_max_tokens or self.run_max_tokens
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class PlanDraws:
     work: np.ndarray  # tokens × A_ref / A_arm: what the fitted rate curve prices
     tokens: np.ndarray
     weights: np.ndarray | None
+    answers: np.ndarray | None = None  # of ``tokens``, those after the reasoning (None: not measured)
 
     def mean(self, values: np.ndarray) -> float:
         return float(values.mean() if self.weights is None else np.dot(values, self.weights))
@@ -75,56 +82,39 @@ class PlanDraws:
     def mean_tokens(self) -> float:
         return self.mean(self.tokens)
 
-    def within(self, rooms: np.ndarray, points: int = ROOM_POINTS) -> PlanDraws:
-        """The draws with each request clipped at a room drawn from ``rooms`` (the tokens the trainer's max_length
-        leaves each turn; inf: the full max_tokens), the two independent: every draw paired with ``points`` evenly
-        spaced quantiles of the rooms, each pair weighted alike within its draw."""
-        # quantiles taken among the rooms themselves (no interpolation: between two infs it would be NaN)
-        quantiles = (
-            np.quantile(rooms, np.linspace(0.0, 1.0, points), method="inverted_cdf")
-            if rooms.size > points
-            else rooms
-        )
-        clipped = np.minimum(self.tokens[:, None], quantiles[None, :])
-        ratio = np.divide(
-            self.work, self.tokens, out=np.ones_like(self.work, dtype=float), where=self.tokens > 0
-        )
-        base = np.full(self.tokens.size, 1.0 / self.tokens.size) if self.weights is None else self.weights
-        weights = np.repeat(base / quantiles.size, quantiles.size)
-        return PlanDraws(work=(clipped * ratio[:, None]).ravel(), tokens=clipped.ravel(), weights=weights)
-
 
 @dataclass(frozen=True)
 class PricedPlan:
     arms: tuple[PricedArm, ...]
     reference_accept: float | None  # A_ref: the benchmark's tokens over its verify steps
     notes: tuple[str, ...]
-    # Each sent turn's room under the trainer's max_length (inf: sent with the full max_tokens), from the prompt
-    # audit's counted turns: generate caps every turn there, so a long conversation's later turns are short.
-    rooms: np.ndarray | None = None
 
     @property
     def requests_per_prompt(self) -> float:
         return sum(a.requests_per_prompt for a in self.arms)
 
     def draws(self, max_tokens: int | None = None) -> PlanDraws:
-        """The pooled draws; ``max_tokens`` replaces the run's (arms with their own keep theirs: the sweep)."""
-        draws = self._pooled(max_tokens)
-        return draws if self.rooms is None or not self.rooms.size else draws.within(self.rooms)
-
-    def _pooled(self, max_tokens: int | None) -> PlanDraws:
+        """The pooled draws, before any room under the trainer's max_length clips them (the simulation's
+        conversations do, turn by turn); ``max_tokens`` replaces the run's (arms with their own keep theirs: the
+        sweep)."""
+        measured = all(arm.lengths.answers is not None for arm in self.arms)
         if len(self.arms) == 1 and self.arms[0].speed == 1.0:
             tokens = self.arms[0].per_prompt(max_tokens)
-            return PlanDraws(work=tokens, tokens=tokens, weights=None)
+            answers = self.arms[0].answers_per_prompt(max_tokens) if measured else None
+            return PlanDraws(work=tokens, tokens=tokens, weights=None, answers=answers)
         total = self.requests_per_prompt
-        tokens, work, weights = [], [], []
+        tokens, work, weights, answers = [], [], [], []
         for arm in self.arms:
             values = arm.per_prompt(max_tokens)
             tokens.append(values)
             work.append(values / arm.speed)
             weights.append(np.full(values.size, arm.requests_per_prompt / total / values.size))
+            answers.append(arm.answers_per_prompt(max_tokens))
         return PlanDraws(
-            work=np.concatenate(work), tokens=np.concatenate(tokens), weights=np.concatenate(weights)
+            work=np.concatenate(work),
+            tokens=np.concatenate(tokens),
+            weights=np.concatenate(weights),
+            answers=np.concatenate(answers) if measured else None,
         )
 
     def truncated_rate(self) -> float:
@@ -178,7 +168,10 @@ def _accept(requests: pl.DataFrame) -> float | None:
 def _scaled(lengths: LengthSample, factor: float) -> LengthSample:
     """The same requests ``factor`` times as long (a cut request stays a cut one, at the scaled limit)."""
     return dataclasses.replace(
-        lengths, tokens=lengths.tokens * factor, max_tokens=max(1, round(lengths.max_tokens * factor))
+        lengths,
+        tokens=lengths.tokens * factor,
+        answers=None if lengths.answers is None else lengths.answers * factor,
+        max_tokens=max(1, round(lengths.max_tokens * factor)),
     )
 
 

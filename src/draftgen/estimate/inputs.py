@@ -17,7 +17,10 @@ import numpy as np
 import polars as pl
 
 from draftgen.client.clock import WALL, HardwareClock, on_clock, on_kept_clock
+from draftgen.estimate.conversations import Conversations
+from draftgen.estimate.model import with_answer_tokens
 from draftgen.paths import resolve_path
+from draftgen.prompts.answer_lengths import AnswerLengths
 from draftgen.prompts.audit import NEAR_LIMIT_BESIDE_A_RUN, AuditSettings, PromptAudit, audit_prompts
 from draftgen.prompts.rows import PromptRow, count_rows, iter_prompts
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
@@ -120,9 +123,29 @@ def load_benchmark(path: str | Path) -> BenchmarkData:
     )
 
 
-def audit_prompt_set(config: EstimateConfig) -> PromptAudit:
+def measured_answers(data: BenchmarkData) -> AnswerLengths | None:
+    """The benchmark's answered requests as regenerated turns (``draftgen.prompts.answer_lengths``): completion
+    tokens and, of them, the answer after the reasoning (``model.with_answer_tokens``); None without the measured
+    characters or an answered request."""
+    requests = data.requests
+    if not {"content_chars", "reasoning_chars"} <= set(requests.columns):
+        return None
+    ok = with_answer_tokens(requests.filter(pl.col("ok") & (pl.col("completion_tokens").fill_null(0) > 0)))
+    if ok.is_empty():
+        return None
+    categories = ok["category"].to_list() if "category" in ok.columns else [None] * ok.height
+    return AnswerLengths.of(
+        ok["completion_tokens"].to_list(),
+        ok["answer_tokens"].to_list(),
+        categories,
+        f"the benchmark's {ok.height:,} answered requests",
+    )
+
+
+def audit_prompt_set(config: EstimateConfig, answers: AnswerLengths | None = None) -> PromptAudit:
     """The prompt file as generate will take it (``draftgen.prompts.audit``): the conversations it sends (malformed
-    rows and skipped duplicates aside) and, with ``tokenizer``, the turns it would set aside."""
+    rows and skipped duplicates aside) and, with ``tokenizer``, the turns it would set aside, the earlier answers
+    in later turns' prompts as long as ``answers`` measured them."""
     cap = None
     if config.tokenizer and config.train_max_length:
         from draftgen.generate.length_cap import LengthCap, tokenizer_counter
@@ -140,6 +163,7 @@ def audit_prompt_set(config: EstimateConfig) -> PromptAudit:
             cap=cap,
             max_tokens=config.max_tokens,
             seed=config.seed,
+            answers=answers,
         )
     )
 
@@ -158,13 +182,23 @@ def mean_sent_answers(audit: PromptAudit) -> float:
     return sum(k * n for k, n in counts.items()) / total if total else 0.0
 
 
-def sent_answers(audit: PromptAudit) -> np.ndarray | None:
-    """Answer points of the conversations that send any, as an array the fleet simulation draws from; None when
-    each sends one (nothing to model) or none sends anything."""
-    counts = {k: n for k, n in _sent_per_conversation(audit).items() if k > 0}
-    if not counts or set(counts) == {1}:
-        return None
-    return np.repeat(np.fromiter(counts, dtype=np.int64), np.fromiter(counts.values(), dtype=np.int64))
+def sent_conversations(audit: PromptAudit) -> Conversations | None:
+    """The conversations the fleet simulation plays: the audit's counted ones, each turn with the room the trainer's
+    max_length leaves it, else one of each sent number of answer points, uncapped; None when each sends one turn
+    with the full max_tokens (nothing to model) or none sends anything."""
+    budgets = audit.budgets
+    if budgets is not None and any(budgets.conversation_rooms):
+        # every conversation counted: in the file's order, which is generate's (a small set's drain depends on it)
+        whole = budgets.conversations == budgets.of_conversations
+        conversations = Conversations.of(
+            budgets.conversation_rooms, budgets.conversation_calls, ordered=whole, draws=budgets.draws
+        )
+    else:
+        counts = {k: n for k, n in _sent_per_conversation(audit).items() if k > 0}
+        if not counts:
+            return None
+        conversations = Conversations.uncapped(counts)
+    return None if conversations.trivial else conversations
 
 
 def _audit_source(audit: PromptAudit) -> str:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from draftgen.estimate.conversations import Conversations, work_ratio
+
 EXACT_ROUNDS = 8  # requests per slot simulated exactly before extending at the steady rate
 EXACT_MIN_PER_SERVER = 400
 
@@ -121,6 +123,25 @@ def fit_rate_model(occupancy: pl.DataFrame, max_running: int | None, source: str
     return RateFit(model=model, points=table, note=note)
 
 
+def with_answer_tokens(requests: pl.DataFrame) -> pl.DataFrame:
+    """``requests`` with ``answer_tokens``: of each request's completion tokens, those after its reasoning, counted as
+    its share of characters that came as answer text (``content_chars`` of ``content_chars + reasoning_chars``; 0
+    where the benchmark recorded no characters). The chat template keeps only this part of an earlier turn, and a
+    turn that ends in tool calls writes its reasoning and the calls instead of it."""
+    if not {"content_chars", "reasoning_chars"} <= set(requests.columns):
+        return requests.with_columns(pl.lit(0, pl.Int64).alias("answer_tokens"))
+    chars = pl.col("content_chars") + pl.col("reasoning_chars")
+    share = pl.when(chars > 0).then(pl.col("content_chars") / chars).otherwise(0.0)
+    return requests.with_columns(
+        (pl.col("completion_tokens").fill_null(0) * share).round().cast(pl.Int64).alias("answer_tokens")
+    )
+
+
+def kept_answers(tokens: np.ndarray, answers: np.ndarray, limit: float) -> np.ndarray:
+    """The answer tokens left of each completion cut at ``limit`` (the reasoning comes first)."""
+    return np.clip(answers - np.maximum(tokens - limit, 0.0), 0.0, None)
+
+
 @dataclass(frozen=True)
 class LengthSample:
     """Measured completion lengths, grouped by prompt (a prompt measured twice counts once in resampling)."""
@@ -132,6 +153,7 @@ class LengthSample:
     _groups: tuple[np.ndarray, ...] = field(default=(), repr=False)
     max_length: int = 0  # the trainer's max_length each request was capped at (0: none)
     set_aside: int = 0  # requests whose prompt alone reached max_length: generate sends none of them
+    answers: np.ndarray | None = None  # of ``tokens``, those after the reasoning (None: not measured)
 
     @classmethod
     def from_requests(cls, requests: pl.DataFrame, max_tokens: int, max_length: int = 0) -> LengthSample:
@@ -156,14 +178,18 @@ class LengthSample:
         order: dict[str, list[int]] = {}
         for i, pid in enumerate(ids):
             order.setdefault(pid, []).append(i)
+        tokens = ok["completion_tokens"].to_numpy().astype(float)
+        measured = {"content_chars", "reasoning_chars"} <= set(ok.columns)
+        answers = with_answer_tokens(ok)["answer_tokens"].to_numpy().astype(float) if measured else None
         return cls(
             prompt_ids=tuple(order),
-            tokens=ok["completion_tokens"].to_numpy().astype(float),
+            tokens=tokens,
             truncated=ok["truncated"].to_numpy().astype(bool),
             max_tokens=max_tokens,
             _groups=tuple(np.asarray(v) for v in order.values()),
             max_length=max_length,
             set_aside=set_aside,
+            answers=None if answers is None else np.minimum(answers, tokens),
         )
 
     @property
@@ -178,6 +204,14 @@ class LengthSample:
         """Mean completion length per prompt with every request clipped at ``max_tokens``."""
         clipped = np.minimum(self.tokens, max_tokens)
         return np.asarray([clipped[g].mean() for g in self._groups])
+
+    def answers_per_prompt(self, max_tokens: int) -> np.ndarray:
+        """Mean answer tokens (after the reasoning) per prompt, every request cut at ``max_tokens``; zeros when the
+        benchmark did not measure them."""
+        if self.answers is None:
+            return np.zeros(len(self._groups))
+        kept = kept_answers(self.tokens, self.answers, max_tokens)
+        return np.asarray([kept[g].mean() for g in self._groups])
 
     def truncated_rate(self, max_tokens: int) -> float:
         if max_tokens >= self.max_tokens:
@@ -265,31 +299,44 @@ def estimate_wall(
     rate: RateModel,
     rng: np.random.Generator,
     repeats: int = 3,
-    turns: np.ndarray | None = None,
+    conversations: Conversations | None = None,
     weights: np.ndarray | None = None,
+    tokens: np.ndarray | None = None,
+    answers: np.ndarray | None = None,
 ) -> WallTime:
     """Expected wall time for ``num_prompts`` requests whose lengths follow ``per_prompt``.
 
     wall = all tokens at the steady full-batch rate + the tail (ramp and drain) measured in the simulation of
     the first ``exact`` requests, as the simulation's wall time minus its own tokens at the steady rate. Taking
-    the tail this way keeps the random draw of lengths from moving the steady part. With ``turns`` (answers per
-    conversation, sampled from the prompt file; generate's ``turns: all``) the simulated jobs are conversations:
-    one slot runs a conversation's requests one after another, so their lengths add up. With ``weights`` (a
-    sampling plan's arms pooled: ``draftgen.estimate.arms``) each length is drawn with its probability.
+    the tail this way keeps the random draw of lengths from moving the steady part. With ``conversations`` (the
+    prompt file's, generate's ``turns: all``, each turn with its room under the trainer's max_length) the simulated
+    jobs are conversations: one slot runs a conversation's requests one after another, so their lengths add up,
+    each a draw clipped at its turn's room (``tokens``: each draw's tokens where ``per_prompt`` is work, the rate
+    curve's units; the work is clipped in proportion; a turn that answers with tool calls writes the draw's tokens
+    less its ``answers`` and the calls). With ``weights`` (a sampling plan's arms pooled:
+    ``draftgen.estimate.arms``) each length is drawn with its probability.
     """
     if num_prompts < 1:
         raise ValueError("num_prompts must be >= 1")
-    mean = float(per_prompt.mean() if weights is None else np.dot(per_prompt, weights))
+    tokens = per_prompt if tokens is None else tokens
+    if conversations is None:
+        mean = float(per_prompt.mean() if weights is None else np.dot(per_prompt, weights))
+    else:
+        mean = conversations.mean_work(per_prompt, tokens, weights, answers)
     fleet_rate = servers * rate.tok_s(concurrency)
     per_server = math.ceil(num_prompts / servers)
     exact = min(num_prompts, servers * min(per_server, max(EXACT_ROUNDS * concurrency, EXACT_MIN_PER_SERVER)))
+    ratio = work_ratio(per_prompt, tokens)
+    reasoning = tokens if answers is None else tokens - answers
     tails = []
     for _ in range(repeats):
-        if turns is None:
+        if conversations is None:
             lengths = jobs = rng.choice(per_prompt, size=exact, replace=True, p=weights)
         else:
-            counts = rng.choice(turns, size=max(1, round(exact / float(turns.mean()))), replace=True)
-            lengths = rng.choice(per_prompt, size=int(counts.sum()), replace=True, p=weights)
+            rooms, calls, counts = conversations.draw(rng, max(1, round(exact / conversations.mean_turns)))
+            picks = rng.choice(per_prompt.size, size=rooms.size, replace=True, p=weights)
+            written = np.where(calls > 0, reasoning[picks] + calls, tokens[picks])
+            lengths = np.minimum(written, rooms) * ratio[picks]
             jobs = np.add.reduceat(lengths, np.concatenate([[0], np.cumsum(counts)[:-1]]))
         tails.append(simulate_fleet(jobs, servers, concurrency, rate) - float(lengths.sum()) / fleet_rate)
     total = num_prompts * mean
@@ -306,15 +353,29 @@ def bootstrap_walls(
     servers: int,
     concurrency: int,
     rng: np.random.Generator,
-    turns: np.ndarray | None = None,
+    conversations: Conversations | None = None,
     weights: np.ndarray | None = None,
+    tokens: np.ndarray | None = None,
+    answers: np.ndarray | None = None,
 ) -> np.ndarray:
     """One wall time per resample: prompts resampled with replacement (each with its weight), each paired with
     one resampled rate."""
+    tokens = per_prompt if tokens is None else tokens
     out = []
     for rate in rates:
-        resample = rng.choice(per_prompt, size=per_prompt.size, replace=True, p=weights)
-        wall = estimate_wall(resample, num_prompts, servers, concurrency, rate, rng, repeats=1, turns=turns)
+        picks = rng.choice(per_prompt.size, size=per_prompt.size, replace=True, p=weights)
+        wall = estimate_wall(
+            per_prompt[picks],
+            num_prompts,
+            servers,
+            concurrency,
+            rate,
+            rng,
+            repeats=1,
+            conversations=conversations,
+            tokens=tokens[picks],
+            answers=None if answers is None else answers[picks],
+        )
         out.append(wall.wall_s)
     return np.asarray(out)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +16,16 @@ import polars as pl
 
 from draftgen.estimate.arms import PlanDraws, PricedPlan, price_plan
 from draftgen.estimate.config import EstimateConfig, ScenarioSpec
+from draftgen.estimate.conversations import Conversations
 from draftgen.estimate.inputs import (
     BenchmarkData,
     audit_prompt_set,
     dataset_size,
     find_latest_benchmark,
     load_benchmark,
+    measured_answers,
     planned_requests,
-    sent_answers,
+    sent_conversations,
 )
 from draftgen.estimate.model import (
     LengthSample,
@@ -235,19 +237,27 @@ def evaluate(
     interval_note: str,
     rng: np.random.Generator,
     plan: PricedPlan,
-    turns: np.ndarray | None = None,
+    conversations: Conversations | None = None,
 ) -> ScenarioResult:
     """One scenario's wall time: requests drawn from the plan's arms (``draftgen.estimate.arms``: no plan, the
-    benchmark's lengths), simulated on ``rate`` in work units, tokens counted apart."""
+    benchmark's lengths), simulated on ``rate`` in work units as ``conversations`` (each turn clipped at its room
+    under the trainer's max_length), tokens counted apart."""
     draws = plan.draws(max_tokens)
-    point = estimate_wall(
-        draws.work, num_prompts, gpus, concurrency, rate, rng, turns=turns, weights=draws.weights
-    )
-    walls = bootstrap_walls(
-        draws.work, boot_rates, num_prompts, gpus, concurrency, rng, turns=turns, weights=draws.weights
-    )
+    shape = {
+        "conversations": conversations,
+        "weights": draws.weights,
+        "tokens": draws.tokens,
+        "answers": draws.answers,
+    }
+    point = estimate_wall(draws.work, num_prompts, gpus, concurrency, rate, rng, **shape)
+    walls = bootstrap_walls(draws.work, boot_rates, num_prompts, gpus, concurrency, rng, **shape)
     low, high = np.quantile(walls, [(1 - interval) / 2, (1 + interval) / 2])
-    total_tokens = num_prompts * draws.mean_tokens
+    mean_tokens = (
+        draws.mean_tokens
+        if conversations is None
+        else conversations.mean_work(draws.tokens, draws.tokens, draws.weights, draws.answers)
+    )
+    total_tokens = num_prompts * mean_tokens
     return ScenarioResult(
         name=name,
         gpus=gpus,
@@ -259,7 +269,7 @@ def evaluate(
         tok_s_per_gpu=rate.tok_s(concurrency),
         steady_output_tok_s=gpus * rate.tok_s(concurrency),
         aggregate_output_tok_s=total_tokens / point.wall_s,
-        mean_completion_tokens=draws.mean_tokens,
+        mean_completion_tokens=mean_tokens,
         total_output_tokens=total_tokens,
         truncated_rate=plan.truncated_rate(),
         wall_time_s=point.wall_s,
@@ -277,7 +287,7 @@ def _scenario(
     main: Measured,
     num_prompts: int,
     rng: np.random.Generator,
-    turns: np.ndarray | None = None,
+    conversations: Conversations | None = None,
 ) -> ScenarioResult:
     concurrency = spec.concurrency_per_server or config.concurrency_per_server
     usd = config.gpu_hour_usd if spec.gpu_hour_usd is None else spec.gpu_hour_usd
@@ -289,7 +299,7 @@ def _scenario(
         "gpu_hour_usd": usd,
         "interval": config.interval,
         "rng": rng,
-        "turns": turns,
+        "conversations": conversations,
     }
     if spec.tok_s_per_gpu:
         cap = spec.max_running_requests or main.fit.model.max_running
@@ -345,7 +355,7 @@ def sweeps(
     concurrency: int,
     max_tokens: int,
     seed: int,
-    turns: np.ndarray | None = None,
+    conversations: Conversations | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Point estimates (days) when one parameter moves and the others stay at production values.
 
@@ -359,7 +369,17 @@ def sweeps(
     def days(pp: PlanDraws, g: int, c: int) -> float:
         draw = np.random.default_rng(seed)
         wall = estimate_wall(
-            pp.work, num_prompts, g, c, rate, draw, repeats=3, turns=turns, weights=pp.weights
+            pp.work,
+            num_prompts,
+            g,
+            c,
+            rate,
+            draw,
+            repeats=3,
+            conversations=conversations,
+            weights=pp.weights,
+            tokens=pp.tokens,
+            answers=pp.answers,
         )
         return wall.wall_s / DAY_S
 
@@ -397,17 +417,15 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     rng = np.random.default_rng(config.seed)
     folder = Path(config.benchmark_dir) if config.benchmark_dir else find_latest_benchmark()
     main = digest(load_benchmark(folder), config.bootstrap, rng, config.train_max_length)
-    audit = audit_prompt_set(config)
+    # later turns' prompts hold earlier answers as long as the benchmark measured the target's
+    audit = audit_prompt_set(config, measured_answers(main.data))
     num_prompts, size_source = dataset_size(
         config.dataset_size, config.prompt_path, config.limit, config.turns, audit
     )
     num_prompts = max(1, num_prompts)
-    turns = sent_answers(audit) if config.turns == "all" else None
+    # each turn capped at its room (generate's length cap), a conversation's turns one after another in one slot
+    conversations = sent_conversations(audit)
     plan = priced(main, config)
-    if (
-        audit.budgets is not None and audit.budgets.turns
-    ):  # each turn capped at its room (generate's length cap)
-        plan = replace(plan, rooms=audit.budgets.rooms())
     if config.sampling_plan and not config.dataset_size:
         num_prompts, counted = planned_requests(
             config.prompt_path, config.limit, config.turns, config.sampling_plan, config.keep_duplicates
@@ -417,7 +435,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
             size_source += ", one request per assistant turn (turns: all)"
         budgets = audit.budgets
         if config.turns == "all" and budgets is not None and budgets.turns:
-            kept = 1 - budgets.set_aside / budgets.turns
+            kept = budgets.sent / budgets.turns
             num_prompts = max(1, round(num_prompts * kept))
             size_source += f", {kept:.1%} of them sent (the rest set aside under max_length, by the audit)"
     elif config.sampling_plan:
@@ -457,7 +475,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         "num_prompts": num_prompts,
         "interval": config.interval,
         "rng": rng,
-        "turns": turns,
+        "conversations": conversations,
         "plan": plan,
     }
     production = evaluate(
@@ -484,7 +502,9 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         interval_note=_boot_note(main),
         **common,
     )
-    scenarios = tuple(_scenario(spec, config, main, num_prompts, rng, turns) for spec in config.scenarios)
+    scenarios = tuple(
+        _scenario(spec, config, main, num_prompts, rng, conversations) for spec in config.scenarios
+    )
     cost = max_length_cost(main.data.requests, config.train_max_length)
     if cost is not None and cost.share_of_tokens > 0:
         notes.append(cost.note(config.max_tokens))
@@ -509,7 +529,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
             config.concurrency_per_server,
             config.max_tokens,
             config.seed,
-            turns,
+            conversations,
         ),
         notes=tuple(notes),
         prefill_s_per_request=_prefill_per_request(main.data),

@@ -108,6 +108,10 @@ class LengthCap:
             Exception
         ):  # the template's own error (raise_exception) or the tokenizer's: not the run's to stop
             return TurnLimit(prompt_tokens=None, max_tokens=max_tokens, capped=False)
+        return self.limit_of(prompt, max_tokens)
+
+    def limit_of(self, prompt: int, max_tokens: int) -> TurnLimit:
+        """The turn's max_tokens for a prompt of ``prompt`` tokens, already counted."""
         room = self.max_length - prompt
         return TurnLimit(
             prompt_tokens=prompt,

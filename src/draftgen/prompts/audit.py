@@ -36,6 +36,7 @@ from draftgen.training.conversation import answer_points
 
 if TYPE_CHECKING:
     from draftgen.generate.length_cap import LengthCap
+    from draftgen.prompts.answer_lengths import AnswerLengths
     from draftgen.prompts.turn_budgets import TurnBudgets
 
 # A context-free opener: the first user turn of a part of a longer conversation, which only asks to go on. Matched
@@ -68,7 +69,8 @@ def reason_kind(reason: str) -> str:
     return re.sub(r"\[\d+\]", "[i]", head).strip()
 
 
-Conversation = tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None]  # messages, tools
+# messages, tools, category
+Conversation = tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...] | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,10 @@ class AuditSettings:
     cap: LengthCap | None = None  # generate's length cap: the tokenizer, train_max_length, min_turn_budget
     max_tokens: int = 4096
     enable_thinking: bool = True
-    seed: int = 0  # of the token sample
+    seed: int = 0  # of the token sample (and of the answers drawn)
     progress: bool = True
+    # the earlier answers' lengths as measured (the estimate's, from its benchmark); None: the source's stand in
+    answers: AnswerLengths | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,7 @@ class _Tally:
         self.turns: Counter[int] = Counter()
         self.categories: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
-        self.sample: list[Conversation] = []  # (messages, tools) of the counted conversations
+        self.sample: list[Conversation] = []  # (messages, tools, category) of the counted conversations
         self.sampler = random.Random(settings.seed)
         self.near_index: Any = None
         self.near_rows: list[int] = []  # the index's conversation number → its row
@@ -216,7 +220,7 @@ class _Tally:
             if seen == 2:
                 self.example("shared_first_turns", f"row {item.row} (id {item.id}): {_short(first)!r}")
         self._near(item)
-        self._sample((messages, item.tools))
+        self._sample((messages, item.tools, item.category))
 
     def _near(self, item: PromptRow) -> None:
         limit = self.settings.near_limit
@@ -312,4 +316,6 @@ def _budgets(settings: AuditSettings, tally: _Tally) -> TurnBudgets | None:
             settings.turns,
             of_conversations=tally.conversations,
             progress=bar,
+            answers=settings.answers,
+            seed=settings.seed,
         )

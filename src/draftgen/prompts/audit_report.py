@@ -120,11 +120,10 @@ def findings(audit: PromptAudit, max_rejected_rate: float | None = None) -> list
             Finding(
                 "turn budgets",
                 "warn" if set_aside > WARN_SET_ASIDE else "info",
-                f"of {budgets.turns:,} answer points{sample}: {set_aside:.1%} set aside "
+                f"of {budgets.turns / budgets.draws:,.0f} answer points{sample}: {set_aside:.1%} set aside "
                 f"({budgets.share('max_length'):.1%} no room, {budgets.share('min_turn_budget'):.1%} below "
                 f"min_turn_budget {budgets.min_turn_budget:,}), {', '.join(sent) or 'none sent'}; median prompt "
-                f"{budgets.prompt_tokens.get('p50', 0):,.0f} tokens ({budgets.tokenizer}; the source's assistant "
-                "turns stand in for regenerated ones)",
+                f"{budgets.prompt_tokens.get('p50', 0):,.0f} tokens ({budgets.tokenizer}; {budgets.short_note})",
             )
         )
     return out
@@ -237,16 +236,14 @@ def tables(audit: PromptAudit) -> list[Table]:
 
 
 def _budgets_table(audit: PromptAudit) -> Table:
-    from draftgen.prompts.turn_budgets import CLASS_LABELS, CLASSES, SOURCE_ANSWERS_NOTE
+    from draftgen.prompts.turn_budgets import CLASS_LABELS, CLASSES
 
     budgets = audit.budgets
     assert budgets is not None
-    rows = [
-        (CLASS_LABELS[name], budgets.by_class.get(name, 0)) for name in CLASSES if name in budgets.by_class
-    ]
+    rows = [(CLASS_LABELS[name], budgets.points(name)) for name in CLASSES if name in budgets.by_class]
     frame = pl.DataFrame(
-        rows, schema={"turn": pl.String, "answer_points": pl.Int64}, orient="row"
-    ).with_columns(share=pl.col("answer_points") / max(1, budgets.turns))
+        rows, schema={"turn": pl.String, "answer_points": pl.Float64}, orient="row"
+    ).with_columns(share=pl.col("answer_points") / max(1.0, budgets.turns / budgets.draws))
     quantiles = ", ".join(f"{k} {v:,.0f}" for k, v in budgets.prompt_tokens.items())
     counted = (
         f"all {budgets.conversations:,} conversations"
@@ -257,7 +254,10 @@ def _budgets_table(audit: PromptAudit) -> Table:
         frame,
         [
             Column("turn", label="how the turn is sent"),
-            Column("answer_points", label="answer points"),
+            # a mean over the versions drawn: whole with the source's answers (one version)
+            Column(
+                "answer_points", label="answer points", kind="number", digits=0 if budgets.draws == 1 else 1
+            ),
             Column("share", kind="percent"),
         ],
         title=(
@@ -265,7 +265,7 @@ def _budgets_table(audit: PromptAudit) -> Table:
             f"min_turn_budget {budgets.min_turn_budget:,})"
         ),
         note=f"{counted}, counted with {budgets.tokenizer}; prompt tokens per counted turn: {quantiles}; "
-        f"{SOURCE_ANSWERS_NOTE}",
+        f"{budgets.note}",
         empty="no answer point counted",
     )
 

@@ -294,6 +294,7 @@ _KINDS = (
     (LONG_CHAT, None, 0.03),
 )
 CATEGORIES = tuple(name for name, _, _ in _KINDS)
+SINGLE_TURN = ("math", "code", "chat", "system", "long")  # the kinds that ask one question, without tools
 
 
 def _first_request(fields: dict) -> dict:
@@ -302,13 +303,17 @@ def _first_request(fields: dict) -> dict:
     return {"messages": fields["messages"][: roles.index("user") + 1], "tools": fields.get("tools")}
 
 
-def synthetic_rows(n: int, seed: int = 0) -> Iterator[dict]:
-    """``n`` distinct prompt rows, reproducible from ``seed``; ids are ``syn-<seed>-<index>``."""
+def synthetic_rows(n: int, seed: int = 0, kinds: Iterable[str] = CATEGORIES) -> Iterator[dict]:
+    """``n`` distinct prompt rows of ``kinds`` (CATEGORIES: the bundled set's mix), reproducible from ``seed``; ids
+    are ``syn-<seed>-<index>``."""
     if n < 0:
         raise ValueError("n must be >= 0")
+    wanted = set(kinds)
+    if not wanted or wanted - set(CATEGORIES):
+        raise ValueError(f"kinds must be some of {', '.join(CATEGORIES)}, got {sorted(wanted)}")
     rng = random.Random(seed)
-    names = [k[0] for k in _KINDS]
-    weights = [k[2] for k in _KINDS]
+    names = [k[0] for k in _KINDS if k[0] in wanted]
+    weights = [k[2] for k in _KINDS if k[0] in wanted]
     builders = {k[0]: k[1] for k in _KINDS}
     seen: set[str] = set()
     long_chats = long_chat_rows(n, seed)  # a stream of its own, drawn from only where a long chat is picked

@@ -118,6 +118,9 @@ EXPORT_HOLDOUT = "holdout"
 EXPORT_COUNTS = "counts.json"
 EXPORT_CARD = "README.md"
 EXPORT_INFO = "dataset_info.json"
+EXPORT_TRAINER_CONFIG = (
+    "specforge.yaml"  # SpecForge's run config reading the export (validate.trainer_config)
+)
 
 
 def record_part_name(index: int) -> str:
@@ -247,6 +250,11 @@ VALIDATE_FILES = (
     Entry(f"{EXPORT}/{EXPORT_COUNTS}", "samples in, out, dropped, by flag", "the gate passed"),
     Entry(f"{EXPORT}/{EXPORT_CARD}", "the dataset card, for people", "the gate passed"),
     Entry(f"{EXPORT}/{EXPORT_INFO}", "the dataset card, for programs", "the gate passed"),
+    Entry(
+        f"{EXPORT}/{EXPORT_TRAINER_CONFIG}",
+        "SpecForge 0.2.0's DFlash run config reading the export",
+        "the gate passed; export_prompts, or export_jsonl with a SpecForge trainer",
+    ),
     Entry(f"{EXPORT_STAGING}/*", "the export not published: its files as under export/", "the gate failed"),
 )
 TUNE_FILES = (

@@ -60,6 +60,9 @@ class SpanTrainer:
     # supervised tokens, and (DFlash) two of them adjacent; anything else it drops without a word.
     min_loss_tokens: int = 1
     needs_consecutive: bool = False
+    specforge_template: str = (
+        ""  # SpecForge's data.chat_template of this trainer (its ThinkingParser's entry)
+    )
 
     def accepts(self, loss_mask: Sequence[int]) -> bool:
         """Whether the trainer's loader keeps a row with this (already cut) loss mask."""
@@ -80,7 +83,9 @@ TrainerSpec = SpanTrainer | GeneratedTurnTrainer
 TRAINERS: dict[Trainer, TrainerSpec] = {
     # SpecForge 0.2.0 chat template "qwen3.5": ThinkingParser, thinking on, no system prompt of its own.
     Trainer.SPECFORGE_QWEN35: SpanTrainer(
-        assistant_header="<|im_start|>assistant\n<think>\n", end_of_turn="<|im_end|>\n"
+        assistant_header="<|im_start|>assistant\n<think>\n",
+        end_of_turn="<|im_end|>\n",
+        specforge_template="qwen3.5",
     ),
     # SpecForge 0.2.0 chat template "qwen3-thinking": adds "You are a helpful assistant." when there is no system
     # message, and masks from the bare assistant header (so <think> is supervised).
@@ -88,6 +93,7 @@ TRAINERS: dict[Trainer, TrainerSpec] = {
         assistant_header="<|im_start|>assistant\n",
         end_of_turn="<|im_end|>\n",
         system_prompt="You are a helpful assistant.",
+        specforge_template="qwen3-thinking",
     ),
     # SpecForge 0.2.0's DFlash recipe for Qwen3.6-27B: chat template qwen3.5, max_length 4096, reading pre-tokenized
     # rows (data.prompts_path); its loader drops rows with fewer than 2 supervised tokens or no two adjacent ones.
@@ -96,6 +102,7 @@ TRAINERS: dict[Trainer, TrainerSpec] = {
         end_of_turn="<|im_end|>\n",
         min_loss_tokens=2,
         needs_consecutive=True,
+        specforge_template="qwen3.5",
     ),
     Trainer.DRAFTGEN_THINK_IN_PROMPT: GeneratedTurnTrainer(think_in_prompt=True),
     Trainer.DRAFTGEN_THINK_IN_TARGET: GeneratedTurnTrainer(think_in_prompt=False),

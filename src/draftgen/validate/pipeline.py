@@ -26,7 +26,7 @@ from draftgen.training.id_rows import IdsLayout, ids_layout
 from draftgen.training.masks import MaskSpec, TokenizerLoadError, build_conversation_masks, load_tokenizer
 from draftgen.training.template_fit import template_problem
 from draftgen.training.trainers import SpanTrainer
-from draftgen.validate import card, export
+from draftgen.validate import card, export, trainer_config
 from draftgen.validate.checks import CorpusIndex, flag_batch, index_corpus
 from draftgen.validate.config import FLAG_ADVICE, FLAG_ADVICE_DEFAULT, LENGTH_FLAGS, ValidateConfig
 from draftgen.validate.counts import count_flags
@@ -245,7 +245,19 @@ def validate_generation(
         counts=counts,
         seconds=time.perf_counter() - started,
     )
-    card.write_card(writer.staging, result)
+    info = card.write_card(writer.staging, result)
+    trainer_config.write_trainer_config(
+        writer.staging,
+        (out_dir / export.FINAL).resolve(),  # where the export is published: the paths the trainer reads
+        trainer=config.trainer,
+        max_length=config.max_length,
+        last_turn_only=spec.last_turn_only,
+        target_model=str(Path(config.tokenizer).resolve()),
+        prompts=config.export_prompts,
+        conversations=config.export_jsonl,
+        holdout=bool(counts["held_out"]["prompts"]),
+        served_model=info.get("target_model"),
+    )
     write_json(out_dir / SUMMARY_FILE, summary(result), indent=2, end="\n")
     return result
 
