@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "draftgen.commands.serve",
     "draftgen.commands.run",
     "draftgen.commands.tune",
+    "draftgen.commands.loop",
     "draftgen.commands.tokenizer",
     "draftgen.commands.status",
 )
