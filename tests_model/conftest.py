@@ -127,6 +127,13 @@ def pipeline(
             "tokenizer": str(smollm2),
             "trainer": TRAINER,
             "max_length": TRAIN_MAX_LENGTH,
+            "enable_thinking": False,  # as generate ran: SmolLM2 has no thinking
+            # A thinking model's empty think block is what the default 16 catches; a ChatML model's short answer
+            # ("Cancer.<|im_end|>\\n") is a real one: only a mask of 4 tokens or fewer is tiny here.
+            "min_assistant_tokens": 4,
+            # A 135M model loops (a third of its greedy turns; fewer sampled): the gate's production 5% would stop the
+            # export these runs are here to use. The looped turns are still flagged repetition_loop and dropped.
+            "max_degenerate_share": 0.5,
             "holdout_share": HOLDOUT_SHARE,
             "export_tokens": True,
         },

@@ -102,3 +102,11 @@ def test_held_out_answers_are_an_eval_set_apart_from_training(pipeline):
     assert held and not {r["id"] for r in held} & train
     assert {r["id"].partition("#")[0] for r in held} <= held_prompts
     assert all(sum(r["loss_mask"]) > 0 for r in held)
+
+
+def test_validate_flags_and_drops_every_turn_the_loop_check_ended(pipeline):
+    records = pl.read_parquet(pipeline.validate_dir / "samples.parquet")
+    looped = records.filter(pl.col("flags").list.contains("repetition_loop"))
+    assert looped.height > 0 and looped["dropped"].all()
+    exported = {json.loads(x)["id"] for x in (_export(pipeline) / "prompts.jsonl").read_text().splitlines()}
+    assert not exported & set(looped["id"].to_list())
