@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--num-anchors", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--holdout-share", type=float, default=0.2)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: best on a busy two-core machine)"
+    )
     parser.add_argument("--out", type=Path, help="keep the run folders here (default: a temporary folder)")
     args = parser.parse_args()
     temporary = None if args.out else tempfile.TemporaryDirectory(prefix="closed-loop-")
@@ -129,6 +132,7 @@ def main() -> None:
             "block_size": args.block_size,
             "num_anchors": args.num_anchors,
             "specforge": str(Path(sys.executable).with_name("specforge")),
+            "threads": args.threads,
             "out_dir": str(out / "loop"),
         },
     )

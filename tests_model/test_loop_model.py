@@ -38,6 +38,7 @@ def loop_run(pipeline, smollm2, tmp_path_factory):
             "block_size": BLOCK,
             "num_anchors": ANCHORS,
             "specforge": str(Path(sys.executable).with_name("specforge")),
+            "threads": 1,  # beside other tiers on two cores, torch's two threads contend (docs/loop.md)
             "out_dir": str(tmp_path_factory.mktemp("loop") / "run"),
         },
     )

@@ -86,8 +86,9 @@ def test_export_rows_carry_vllms_own_ids(pipeline):
     assert len(from_server) >= len(tokens) * 3 // 4
     for key in from_server:
         ids, mask = tokens[key]
-        matches = [(p, o) for p, o in wire if ids[: len(p)] == p and ids[len(p) : len(p) + len(o)] == o]
-        assert matches, f"{key}: no request of the run sent these prompt and output ids"
+        # a row per turn is its request's prompt ids then its output ids (an earlier turn's request is a prefix)
+        matches = [(p, o) for p, o in wire if ids == p + o]
+        assert matches, f"{key}: no request of the run sent exactly these prompt and output ids"
         prompt, output = matches[0]
         assert all(mask[len(prompt) : len(prompt) + len(output)]), key
 

@@ -46,6 +46,11 @@ class LoopConfig(Params):
     )
     device: Literal["cpu", "cuda"] = param("cpu", "where the target computes the features and the eval runs")
     dtype: Literal["bfloat16", "float32"] = param("bfloat16", "the target's and the drafter's dtype")
+    threads: Annotated[int, Field(ge=0)] = param(
+        0,
+        "CPU threads torch uses here and in specforge train (0: torch's default); on a busy machine 1 beats 2 "
+        "(docs/loop.md)",
+    )
     limit: Annotated[int, Field(ge=0)] = param(0, "train on the first N rows of each arm (0: all)")
     specforge: str = param("specforge", "the specforge command (a path, or a name on PATH)")
     out_dir: ProjectPath = param(..., "where the run goes", notebook="outputs/loop/pilot")

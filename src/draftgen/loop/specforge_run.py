@@ -110,6 +110,8 @@ def train(
     log_path = out / "train.log"
     argv = [*(command or [config.specforge]), "train", "-c", str(path)]
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if config.threads:
+        env["OMP_NUM_THREADS"] = str(config.threads)
     started = time.monotonic()
     with log_path.open("wb") as log:
         log.write(f"$ {' '.join(argv)}\n".encode())

@@ -77,6 +77,10 @@ def run(config: LoopConfig) -> LoopResult:
             f"no row of {prompts_file} has a source answer SpecForge's DFlash loader accepts in both arms "
             f"({len(original.unanswered)} turns unanswered by the source, {len(original.unknown)} unknown ids)"
         )
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
     target = features.load_target(config.target, config.device, config.dtype)
     sets = {
         arms.ARM_EXPORT: features.write_features(
