@@ -86,11 +86,15 @@ def test_export_rows_carry_vllms_own_ids(pipeline):
     assert len(from_server) >= len(tokens) * 3 // 4
     for key in from_server:
         ids, mask = tokens[key]
-        # a row per turn is its request's prompt ids then its output ids (an earlier turn's request is a prefix)
-        matches = [(p, o) for p, o in wire if ids == p + o]
-        assert matches, f"{key}: no request of the run sent exactly these prompt and output ids"
-        prompt, output = matches[0]
-        assert all(mask[len(prompt) : len(prompt) + len(output)]), key
+        # a row per turn is its request's prompt ids, its output ids, then the newline the template puts after
+        # <|im_end|>; an earlier turn's request is a prefix of it too, so the request is the longest that fits
+        matches = [(p, o) for p, o in wire if ids[: len(p) + len(o)] == p + o]
+        assert matches, f"{key}: no request of the run sent these prompt and output ids"
+        prompt, output = max(matches, key=lambda m: len(m[0]) + len(m[1]))
+        assert len(ids) - len(prompt) - len(output) <= 1, (
+            f"{key}: more than the closing newline after the answer"
+        )
+        assert all(mask[len(prompt) :]), key
 
 
 def test_held_out_answers_are_an_eval_set_apart_from_training(pipeline):

@@ -94,7 +94,8 @@ def run(config: LoopConfig) -> LoopResult:
         ),
     }
     del target
-    held = [r for r in held_rows if r.id in set(sets[arms.HOLDOUT].ids)]
+    evaluated = set(sets[arms.HOLDOUT].ids)
+    held = [r for r in held_rows if r.id in evaluated]
     token = evaluate.most_frequent_token(trained_a)
     base = evaluate.baseline_counts(held, token, config.block_size)
     runs = [
