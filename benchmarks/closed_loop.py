@@ -15,6 +15,7 @@ better and whether every seed agrees, whichever way it falls.
 
     make .venv-real/.model-stamp     # once: the real-model tier's environment
     .venv-real/bin/python benchmarks/closed_loop.py [--prompts 400] [--seeds 0 1 2] [--epochs 2] [--out DIR]
+    .venv-real/bin/python benchmarks/closed_loop.py --out DIR --reuse --epochs 1   # train again on DIR's export
 
 About 1-2 hours on two cores (generation ~15 min, features ~5 min, six trainings); --prompts 120 --seeds 0 1 2
 --epochs 1 takes about 20 min. The run folders stay in --out (default: a temporary folder, removed).
@@ -79,25 +80,8 @@ def generate(model: Path, prompts: Path, out: Path, max_tokens: int) -> tuple[Pa
         stop_server(server)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=400, help="conversations of the corpus to answer")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--block-size", type=int, default=8)
-    parser.add_argument("--num-anchors", type=int, default=64)
-    parser.add_argument("--max-tokens", type=int, default=1024)
-    parser.add_argument("--holdout-share", type=float, default=0.2)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (1: best on a busy two-core machine)"
-    )
-    parser.add_argument("--out", type=Path, help="keep the run folders here (default: a temporary folder)")
-    args = parser.parse_args()
-    temporary = None if args.out else tempfile.TemporaryDirectory(prefix="closed-loop-")
-    out = args.out or Path(temporary.name)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    model = cached_smollm2()
+def generate_and_validate(model: Path, out: Path, args: argparse.Namespace) -> tuple[Path, Path, float]:
+    """The prompt file, generate's run and validate's (its export with the held-out split); generate's minutes."""
     prompts = write_prompts(out / "prompts.jsonl", args.prompts)
     generate_dir, generate_s = generate(model, prompts, out, args.max_tokens)
     validate_dir = draftgen_run(
@@ -119,6 +103,39 @@ def main() -> None:
             "holdout_share": args.holdout_share,
         },
     )
+    return prompts, validate_dir, generate_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=400, help="conversations of the corpus to answer")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--num-anchors", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser.add_argument("--holdout-share", type=float, default=0.2)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: best on a busy two-core machine)"
+    )
+    parser.add_argument("--out", type=Path, help="keep the run folders here (default: a temporary folder)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="train on the generate and validate runs an earlier run left in --out",
+    )
+    args = parser.parse_args()
+    if args.reuse and not args.out:
+        parser.error("--reuse needs --out: the folder of the earlier run")
+    temporary = None if args.out else tempfile.TemporaryDirectory(prefix="closed-loop-")
+    out = args.out or Path(temporary.name)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    model = cached_smollm2()
+    if args.reuse:
+        prompts, validate_dir, generate_s = out / "prompts.jsonl", out / "validate" / "closed-loop", 0.0
+    else:
+        prompts, validate_dir, generate_s = generate_and_validate(model, out, args)
     config = build_config(
         LoopConfig,
         {
@@ -133,7 +150,7 @@ def main() -> None:
             "num_anchors": args.num_anchors,
             "specforge": str(Path(sys.executable).with_name("specforge")),
             "threads": args.threads,
-            "out_dir": str(out / "loop"),
+            "out_dir": str(out / f"loop-{time.strftime('%Y%m%d-%H%M%S')}"),
         },
     )
     result = run_loop(config)
