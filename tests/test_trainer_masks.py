@@ -108,7 +108,7 @@ OK_SUMS = {
 }
 
 
-@pytest.mark.parametrize("trainer", list(Trainer), ids=str)
+@pytest.mark.parametrize("trainer", list(OK_SUMS), ids=str)
 def test_reply_with_ok_mask_sum_under_each_trainer(qwen3, trainer):
     prompt = [{"role": "user", "content": "Reply with OK."}]
     batch = build_masks(qwen3, [prompt], [""], ["OK."], MaskSpec(trainer=trainer), keep_ids=True)
@@ -452,5 +452,74 @@ def test_fast_positions_equal_tokenizing_every_prefix(qwen3, trainer):
             turns, _ = span_trainer_messages(conversation, spec)
             rendered = qwen3.apply_chat_template(turns, tokenize=False, enable_thinking=True)
             ids, mask = _literal_mask(qwen3, rendered, spec, max_length)
+            assert batch.input_ids[i] == ids
+            assert batch.loss_mask(i).tolist() == mask, (i, rendered)
+
+
+# --- specforge-lfm: SpecForge's GeneralParser with its ChatML "lfm" entry, on a ChatML model's own template ---------
+
+# SmolLM2-135M-Instruct's chat template (the real-model tier's target): its own default system message when the
+# conversation has none, no reasoning.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chatml(qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("tok") / "chatml"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes((qwen3_dir / "tokenizer.json").read_bytes())
+    config = json.loads((qwen3_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = CHATML_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return load_tokenizer(folder)
+
+
+def test_lfm_keeps_the_models_own_system_prompt_and_drops_reasoning(chatml):
+    conversation = [
+        {"role": "user", "content": "Hi", "name": "ann"},
+        {"role": "assistant", "content": "Hello.", "reasoning_content": "greet"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Bye."},
+    ]
+    turns, note = span_trainer_messages(conversation, TRAINERS[Trainer.SPECFORGE_LFM])
+    assert note is None
+    assert turns == [
+        {"role": r, "content": c}
+        for r, c in (("user", "Hi"), ("assistant", "Hello."), ("user", "Bye"), ("assistant", "Bye."))
+    ]
+    batch = build_conversation_masks(chatml, [conversation], MaskSpec(trainer="specforge-lfm"), keep_ids=True)
+    text = chatml.backend_tokenizer.decode(batch.input_ids[0], skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert "greet" not in text
+    assert _supervised_text(chatml, batch, 0) == "Hello.<|im_end|>\nBye.<|im_end|>\n"
+
+
+def test_lfm_fast_positions_equal_tokenizing_every_prefix(chatml):
+    rng = random.Random(11)
+    spec = TRAINERS[Trainer.SPECFORGE_LFM]
+
+    def text() -> str:
+        return "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 12)))
+
+    conversations = []
+    for _ in range(60):
+        turns = [{"role": "user", "content": text()}]
+        for _ in range(rng.randint(0, 2)):
+            turns += [{"role": "assistant", "content": text()}, {"role": "user", "content": text()}]
+        turns.append({"role": "assistant", "content": text()})
+        conversations.append(turns)
+    for max_length in (10_000, 25):
+        batch = build_conversation_masks(
+            chatml, conversations, MaskSpec(trainer="specforge-lfm", max_length=max_length), keep_ids=True
+        )
+        for i, conversation in enumerate(conversations):
+            turns, _ = span_trainer_messages(conversation, spec)
+            rendered = chatml.apply_chat_template(turns, tokenize=False)
+            ids, mask = _literal_mask(chatml, rendered, spec, max_length)
             assert batch.input_ids[i] == ids
             assert batch.loss_mask(i).tolist() == mask, (i, rendered)

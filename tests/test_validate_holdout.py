@@ -75,3 +75,23 @@ def test_held_out_conversations_never_reach_a_training_file(tmp_path, tokenizer_
     assert info["holdout"]["file"] == "holdout/prompts.jsonl" and info["counts"]["held_out"][
         "prompts"
     ] == len(expected)
+
+
+def test_the_held_out_answers_are_exported_as_an_eval_set_no_training_file_holds(
+    tmp_path, tokenizer_dir, tokenizer
+):
+    """export/holdout/eval.jsonl: the held-out clean samples in prompts.jsonl's form, the target's own answers a
+    drafter is evaluated on (draftgen loop); rows the gate drops stay out of it as they stay out of training."""
+    rows = clean_rows(60)
+    write_generation(tmp_path / "gen", rows)
+    result, export = _validate([tmp_path / "gen"], tokenizer_dir, tokenizer, tmp_path / "out", 0.25)
+    held = result.records.filter(pl.col("held_out") & ~pl.col("dropped"))
+    eval_rows = [json.loads(x) for x in (export / "holdout" / "eval.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in eval_rows) == sorted(held["id"].to_list())
+    assert not {r["id"] for r in eval_rows} & {
+        json.loads(x)["id"] for x in (export / "prompts.jsonl").read_text().splitlines()
+    }
+    masks = dict(zip(held["id"], held["mask_sum"], strict=True))
+    for row in eval_rows:
+        assert len(row["input_ids"]) == len(row["loss_mask"]) and set(row["loss_mask"]) <= {0, 1}
+        assert sum(row["loss_mask"]) == masks[row["id"]], "the trainer's mask, as for a training row"

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "draftgen.commands.run",
     "draftgen.commands.smoke",
     "draftgen.commands.tune",
+    "draftgen.commands.loop",
     "draftgen.commands.tokenizer",
     "draftgen.commands.status",
 )

@@ -56,6 +56,17 @@ _OPTIONS = re.compile(r"<!-- options: ([\w-]+) -->\n(.*?)<!-- end options -->\n"
 _SECTION = re.compile(r'^(\w+)(?: "([^"]*)")?$')
 
 
+# Commands that take a config but are no notebook step (``draftgen loop``): "module:Class".
+COMMAND_CONFIGS = {"loop": "draftgen.loop.config:LoopConfig"}
+
+
+def _load_config(spec: str) -> type[Params]:
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -84,6 +95,9 @@ def parameters_table(spec: str) -> str:
     match = _SECTION.match(spec.strip())
     if not match:
         raise ValueError(f'parameters table {spec!r}: write STEP or STEP "section title"')
+    if match.group(1) in COMMAND_CONFIGS:  # a command's config, no notebook: its fields in declaration order
+        model = _load_config(COMMAND_CONFIGS[match.group(1)])
+        return parameter_rows(model, list(model.model_fields), example="for example")
     model = get_step(match.group(1)).config_class()
     cell = model.parameters_cell
     assert cell is not None, f"{model.__name__} has no parameters cell"
@@ -99,14 +113,14 @@ def parameters_table(spec: str) -> str:
     return parameter_rows(model, names)
 
 
-def parameter_rows(model: type[Params], names: Sequence[str]) -> str:
+def parameter_rows(model: type[Params], names: Sequence[str], example: str = "the notebook") -> str:
     """The table of ``names`` of ``model``: each parameter's notebook literal and meaning."""
     rows = ["| parameter | default | meaning |", "|---|---|---|"]
     for name in names:
         field = model.model_fields[name]
         default = _default_text(notebook_value(name, field))
         if field.is_required():
-            default = f"required (the notebook: {default})"
+            default = f"required ({example}: {default})"
         rows.append(f"| `{name}` | {_cell(default)} | {_cell(meaning(model, name))} |")
     return "\n".join(rows) + "\n"
 

@@ -259,6 +259,17 @@ def _conversation(record: dict[str, Any]) -> tuple[str, list[dict[str, Any]], se
     return field, messages, ignored
 
 
+def source_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record's conversation normalized as generate reads it (roles, system fields), its trailing assistant turns
+    kept: the answers the prompt file brought, which the closed loop trains its comparison arm on (ValueError: not
+    a conversation)."""
+    _, messages, _ = _conversation(record)
+    system = _system_prompt(record)
+    if system is not None and not (messages and messages[0]["role"] == "system"):
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
 def _messages_from(
     record: dict[str, Any], tools: tuple[dict[str, Any], ...] | None
 ) -> tuple[tuple[dict[str, Any], ...], str, set[str]]:

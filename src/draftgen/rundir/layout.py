@@ -115,6 +115,7 @@ EXPORT_CONVERSATIONS = "train.jsonl"
 EXPORT_TOKENS = "tokens"
 EXPORT_PROMPTS = "prompts.jsonl"
 EXPORT_HOLDOUT = "holdout"
+EXPORT_HOLDOUT_EVAL = "eval.jsonl"  # under EXPORT_HOLDOUT: the held-out samples as input_ids + loss_mask
 EXPORT_COUNTS = "counts.json"
 EXPORT_CARD = "README.md"
 EXPORT_INFO = "dataset_info.json"
@@ -246,6 +247,11 @@ VALIDATE_FILES = (
         f"{EXPORT}/{EXPORT_HOLDOUT}/{EXPORT_PROMPTS}",
         "the held-out prompts, for tune's verdict",
         "the gate passed; holdout_share > 0",
+    ),
+    Entry(
+        f"{EXPORT}/{EXPORT_HOLDOUT}/{EXPORT_HOLDOUT_EVAL}",
+        "the held-out clean samples as input_ids + loss_mask: the target's own answers no drafter trained on",
+        "the gate passed; holdout_share > 0; export_prompts",
     ),
     Entry(f"{EXPORT}/{EXPORT_COUNTS}", "samples in, out, dropped, by flag", "the gate passed"),
     Entry(f"{EXPORT}/{EXPORT_CARD}", "the dataset card, for people", "the gate passed"),

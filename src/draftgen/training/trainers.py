@@ -29,6 +29,7 @@ class Trainer(StrEnum):
     SPECFORGE_QWEN35 = "specforge-qwen3.5"
     SPECFORGE_QWEN3_THINKING = "specforge-qwen3-thinking"
     SPECFORGE_DFLASH_QWEN35 = "specforge-dflash-qwen3.5"
+    SPECFORGE_LFM = "specforge-lfm"
     DRAFTGEN_THINK_IN_PROMPT = "draftgen-think-in-prompt"
     DRAFTGEN_THINK_IN_TARGET = "draftgen-think-in-target"
 
@@ -41,6 +42,8 @@ LEGACY_CONVENTIONS: dict[str, Trainer] = {
 }
 # Message keys a SpecForge ThinkingParser passes on to the chat template; every other key is dropped.
 SPECFORGE_MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "name", "tool_call_id")
+# The keys SpecForge's GeneralParser (its non-thinking templates) keeps.
+SPECFORGE_GENERAL_KEYS = ("role", "content", "tool_calls")
 
 
 class UnknownTrainerError(ValueError):
@@ -60,9 +63,8 @@ class SpanTrainer:
     # supervised tokens, and (DFlash) two of them adjacent; anything else it drops without a word.
     min_loss_tokens: int = 1
     needs_consecutive: bool = False
-    specforge_template: str = (
-        ""  # SpecForge's data.chat_template of this trainer (its ThinkingParser's entry)
-    )
+    specforge_template: str = ""  # SpecForge's data.chat_template of this trainer (its parser's entry)
+    message_keys: tuple[str, ...] = SPECFORGE_MESSAGE_KEYS  # what the trainer's parser passes to the template
 
     def accepts(self, loss_mask: Sequence[int]) -> bool:
         """Whether the trainer's loader keeps a row with this (already cut) loss mask."""
@@ -104,6 +106,16 @@ TRAINERS: dict[Trainer, TrainerSpec] = {
         needs_consecutive=True,
         specforge_template="qwen3.5",
     ),
+    # SpecForge 0.2.0 chat template "lfm": GeneralParser, ChatML, no system prompt of its own (a ChatML model's own
+    # template then adds its default one, as it did for the server: SmolLM2's), no thinking. The entry a ChatML
+    # model without reasoning trains with (the real-model tier's SmolLM2-135M-Instruct).
+    Trainer.SPECFORGE_LFM: SpanTrainer(
+        assistant_header="<|im_start|>assistant\n",
+        end_of_turn="<|im_end|>\n",
+        render_thinking=False,
+        message_keys=SPECFORGE_GENERAL_KEYS,
+        specforge_template="lfm",
+    ),
     Trainer.DRAFTGEN_THINK_IN_PROMPT: GeneratedTurnTrainer(think_in_prompt=True),
     Trainer.DRAFTGEN_THINK_IN_TARGET: GeneratedTurnTrainer(think_in_prompt=False),
 }
@@ -128,18 +140,18 @@ def _role(message: Mapping[str, Any]) -> str:
 def span_trainer_messages(
     conversation: Sequence[Mapping[str, Any]], spec: SpanTrainer
 ) -> tuple[list[dict], str | None]:
-    """The messages a SpecForge ThinkingParser hands to the chat template, and what it left out (None: nothing).
+    """The messages a SpecForge parser (its ThinkingParser or GeneralParser) hands to the chat template, and what it left out (None: nothing).
 
     Roles ``human``/``gpt`` read as user/assistant, a missing or empty content as ""; a leading system message
     is kept (else the trainer's own system prompt, when it has one, is put first); messages before the first
     user turn are dropped; the conversation is cut where a tool turn follows anything but an assistant or tool
-    turn, or an assistant turn follows anything but a user or tool turn; only SPECFORGE_MESSAGE_KEYS are kept,
+    turn, or an assistant turn follows anything but a user or tool turn; only the trainer's message_keys are kept,
     and keys whose value is None are left out (Arrow fills absent keys with null; templates test for both).
     ``tool_calls`` are cleaned as SpecForge's ``Parser._sanitize_message`` cleans them (``specforge_calls``).
     """
 
     def clean(message: Mapping[str, Any], role: str) -> dict:
-        kept = {k: message.get(k) for k in SPECFORGE_MESSAGE_KEYS[2:] if message.get(k) is not None}
+        kept = {k: message.get(k) for k in spec.message_keys[2:] if message.get(k) is not None}
         if "tool_calls" in kept:
             calls = specforge_calls(kept.pop("tool_calls"))
             if calls is not None:

@@ -22,6 +22,8 @@ looks finished. A full disk while writing or publishing raises ``DiskFull``; an 
   export/tokens/part-NNNNN.parquet   id, input_ids (list[int32]), loss_mask (list[int8])   (export_tokens)
   export/holdout/prompts.jsonl the held-out prompts as prompt rows {"id", "messages", "category"?} (holdout_share of the ids, whole
                                  conversations): never in the training files; the drafter verdict benchmarks on them
+  export/holdout/eval.jsonl    the held-out clean samples as export/prompts.jsonl's rows: the target's own answers
+                                 that no training file holds, a drafter's eval set (draftgen loop)  (export_prompts)
   export/counts.json           samples in, out, dropped, and dropped per flag
   export/README.md, export/dataset_info.json   the dataset card (validate.card)
 """
@@ -40,6 +42,7 @@ from draftgen.rundir import publish_folder, write_json, write_parquet
 from draftgen.rundir.layout import EXPORT as FINAL
 from draftgen.rundir.layout import EXPORT_CONVERSATIONS, EXPORT_COUNTS, EXPORT_TOKENS, export_tokens_part_name
 from draftgen.rundir.layout import EXPORT_HOLDOUT as HOLDOUT
+from draftgen.rundir.layout import EXPORT_HOLDOUT_EVAL as HOLDOUT_EVAL
 from draftgen.rundir.layout import EXPORT_PROMPTS as PROMPTS
 from draftgen.rundir.layout import EXPORT_STAGING as STAGING
 from draftgen.rundir.publish import StreamedFile
@@ -63,6 +66,7 @@ class ExportWriter:
         self._handle = StreamedFile(self.staging / EXPORT_CONVERSATIONS) if jsonl else None
         self._prompts = StreamedFile(self.staging / PROMPTS) if prompts else None
         self._holdout: Any = None
+        self._holdout_eval: Any = None
         self._held: set[str] = set()  # prompt ids written (an id stored twice is held out once)
 
     def write(
@@ -99,20 +103,7 @@ class ExportWriter:
         if rows.size == 0:
             return 0
         if self._prompts is not None:
-            if masks.input_ids is None:
-                raise ValueError("the prompts export needs masks built with keep_ids=True")
-            ids = frame["id"].to_list()
-            lines = [
-                json.dumps(
-                    {
-                        "id": ids[i],
-                        "input_ids": [int(t) for t in masks.input_ids[i]],
-                        "loss_mask": masks.loss_mask(int(i)).tolist(),
-                    }
-                )
-                for i in rows
-            ]
-            self._prompts.write("\n".join(lines) + "\n")
+            self._prompts.write(_id_lines(frame, masks, rows))
         if self.tokens:
             if masks.input_ids is None:
                 raise ValueError("token export needs masks built with keep_ids=True")
@@ -127,6 +118,17 @@ class ExportWriter:
             write_parquet(self.staging / EXPORT_TOKENS / export_tokens_part_name(self._parts), part)
             self._parts += 1
         return int(rows.size)
+
+    def write_held_out(self, frame: pl.DataFrame, masks: MaskBatch, held: np.ndarray) -> None:
+        """The held-out clean samples (``held``) as prompts.jsonl's rows, into holdout/eval.jsonl (with the prompts
+        export): what the drafter would be asked to predict, never trained on."""
+        rows = np.flatnonzero(held)
+        if self._prompts is None or rows.size == 0:
+            return
+        if self._holdout_eval is None:
+            (self.staging / HOLDOUT).mkdir(exist_ok=True)
+            self._holdout_eval = StreamedFile(self.staging / HOLDOUT / HOLDOUT_EVAL)
+        self._holdout_eval.write(_id_lines(frame, masks, rows))
 
     def write_holdout(self, stored: pl.DataFrame) -> None:
         """The held-out conversations' source prompts, as generate and benchmark read prompt rows: once per
@@ -143,7 +145,7 @@ class ExportWriter:
         if not rows:
             return
         if self._holdout is None:
-            (self.staging / HOLDOUT).mkdir()
+            (self.staging / HOLDOUT).mkdir(exist_ok=True)
             self._holdout = StreamedFile(self.staging / HOLDOUT / PROMPTS)
         lines = [
             json.dumps(
@@ -160,11 +162,29 @@ class ExportWriter:
         self._holdout.write("\n".join(lines) + "\n")
 
     def close(self, counts: dict[str, Any]) -> None:
-        for handle in (self._handle, self._prompts, self._holdout):
+        for handle in (self._handle, self._prompts, self._holdout, self._holdout_eval):
             if handle is not None:
                 handle.close()
-        self._handle = self._prompts = self._holdout = None
+        self._handle = self._prompts = self._holdout = self._holdout_eval = None
         write_json(self.staging / EXPORT_COUNTS, counts, indent=2, end="\n")
+
+
+def _id_lines(frame: pl.DataFrame, masks: MaskBatch, rows: np.ndarray) -> str:
+    """SpecForge's pre-tokenized rows {"id", "input_ids", "loss_mask"} of ``rows``, as JSONL text."""
+    if masks.input_ids is None:
+        raise ValueError("the prompts export needs masks built with keep_ids=True")
+    ids = frame["id"].to_list()
+    lines = [
+        json.dumps(
+            {
+                "id": ids[i],
+                "input_ids": [int(t) for t in masks.input_ids[i]],
+                "loss_mask": masks.loss_mask(int(i)).tolist(),
+            }
+        )
+        for i in rows
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def finalize(out_dir: Path) -> Path:

@@ -181,6 +181,7 @@ def _validate_batch(
     writer.write(
         frame, conversations, masks, kept, conversations_keep=kept & ~records["cut_trained"].to_numpy()
     )
+    writer.write_held_out(frame, masks, (~records["dropped"]).to_numpy() & held)
     writer.write_holdout(
         stored.filter(
             pl.Series([holdout_fraction(prompt_of(i)) < config.holdout_share for i in stored["id"]])
