@@ -491,15 +491,17 @@ def test_work_under_way_is_served_before_fresh_prompts():
 def test_the_estimate_runs_a_conversations_turns_one_after_another():
     import numpy as np
 
+    from draftgen.estimate.conversations import Conversations
     from draftgen.estimate.model import RateModel, estimate_wall
 
     rate = RateModel(0.02, 0.001, 8, "test")
     lengths = np.full(50, 500.0)  # every request the same length: the draw cannot move the result
 
     def wall(turns):  # 10 requests on one server with 4 slots
-        return estimate_wall(lengths, 10, 1, 4, rate, np.random.default_rng(0), turns=turns)
+        conversations = None if turns is None else Conversations.uncapped({turns: 1})
+        return estimate_wall(lengths, 10, 1, 4, rate, np.random.default_rng(0), conversations=conversations)
 
-    independent, one_each, chained = wall(None), wall(np.array([1])), wall(np.array([5]))
+    independent, one_each, chained = wall(None), wall(1), wall(5)
     assert one_each.wall_s == pytest.approx(independent.wall_s)
     assert chained.steady_s == pytest.approx(independent.steady_s)  # the same tokens at the same full rate
     # independent: three rounds on four slots; two conversations of five: two slots busy for five rounds

@@ -241,6 +241,7 @@ def _run(fleet, prompts: Path, out: Path, **changes: object) -> pl.DataFrame:  #
             "max_truncated_rate": 1.0,
             "canary": False,
             "turns": "all",
+            "concurrency_per_server": 8,  # the sim's own cap is SGLang's 48 without serve's flag
             **changes,
         },
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import httpx
+import httpx2
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -270,7 +270,7 @@ def test_wedge_after_n_freezes_running_and_later_requests_while_health_is_200(si
         next(iter(running))
         with pytest.raises(openai.APITimeoutError):
             chat(url, timeout=1.0, max_tokens=16)  # request 3
-        with pytest.raises((openai.APITimeoutError, httpx.ReadTimeout)):
+        with pytest.raises((openai.APITimeoutError, httpx2.ReadTimeout)):
             for _ in running:  # the running request stops mid-answer
                 pass
     with pytest.raises(openai.APITimeoutError):
