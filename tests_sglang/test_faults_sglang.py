@@ -9,6 +9,7 @@
   (SGLANG_REQUEST_STATE_WAIT_TIMEOUT), so a non-streamed loser that ends sooner is finished, not aborted.
 * A request SGLang refuses: a prompt longer than the model's context gets a 400 with SGLang's message before it
   reaches the scheduler; it lands in failed.parquet with that message after one attempt (a 400 is never retried).
+  The run is made without the trainer's cap (``train_max_length`` 0), which would set that prompt aside unsent.
   An empty ``messages`` list, the other refusal named in issue 18, cannot come out of generate (the prompt reader
   rejects an empty conversation into rejected.parquet before any request), so it is sent with draftgen's client
   directly and must be classified the same way: http 400, SGLang's message, not retryable.
