@@ -91,3 +91,17 @@ def test_a_server_sigkilled_mid_run_fails_over_and_every_id_is_stored_once(
     text = notebook_text(run.run_dir / "generate.ipynb")
     assert f"{fleet.plain.url}" in text and "marked down after" in text
     assert json.loads((run.run_dir / "manifest.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.stops_servers
+def test_the_fleets_two_model_folders_are_one_tokenizer_that_counts_as_sglang(
+    plain_killed_mid_run: KilledRun, models
+):
+    """plain and ngram loaded different folders (the designed and the random model) holding the same tokenizer
+    files: generate takes the first for the trainer's cap, and counts the canary's prompt (sent with thinking off)
+    as each SGLang server counted it."""
+    text = notebook_text(plain_killed_mid_run.run_dir / "generate.ipynb")
+    assert (
+        f"the servers loaded {models.designed}, {models.random}, whose tokenizer files are the same" in text
+    )
+    assert "the tokenizer counts the canary" in text and "prompt tokens for the canary" not in text
