@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import time
 
 import polars as pl
 import pytest
 from aiohttp import web
 
+from draftgen.client.served import same_tokenizer
 from draftgen.generate import PreflightError, generate, preflight
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.store import RunStore
@@ -199,6 +202,44 @@ def test_real_servers_without_a_tokenizer_are_refused_naming_the_fix(tmp_path):
     # without the cap (train_max_length 0) nothing needs the tokenizer: the same servers get past this row
     error, _ = _refused([sglang_like(missing)], tmp_path, model="", train_max_length=0)
     assert not [c for c in error.checks if c.check == "tokenizer"]
+
+
+def test_model_folders_with_the_same_tokenizer_files_are_one_tokenizer_and_others_are_refused(
+    tokenizer_dir, tmp_path
+):
+    """Servers that loaded different folders on this machine (copies of one model; models built on one tokenizer,
+    as the SGLang tier's designed and random ones) count every prompt alike: the first folder is taken. Folders
+    whose tokenizer files differ are ambiguous: refused, naming them."""
+    first, second = (shutil.copytree(tokenizer_dir, tmp_path / name) for name in ("first", "second"))
+    (second / "config.json").write_text('{"note": "other weights"}\n')  # not a tokenizer file: may differ
+
+    def apps() -> list[web.Application]:
+        return [sglang_like("m", model_path=str(first)), sglang_like("m", model_path=str(second))]
+
+    error, _ = _refused(apps(), tmp_path, model="")  # refused later: these servers answer no chat
+    row = next(c for c in error.checks if c.check == "tokenizer")  # filled in (the trainer's fit follows)
+    assert (row.status, row.target) == ("ok", str(first)), row
+    assert f"the servers loaded {first}, {second}, whose tokenizer files are the same" in row.detail
+
+    config = json.loads((second / "tokenizer_config.json").read_text())
+    config["chat_template"] += " "  # one byte of the template: prompts could count differently
+    (second / "tokenizer_config.json").write_text(json.dumps(config))
+    error, took = _refused(apps(), tmp_path, model="")
+    failed = [c for c in error.checks if c.status == "fail"]
+    assert [(c.check, c.target) for c in failed] == [("tokenizer", "(none)")]
+    assert (
+        f"the servers loaded {first}, {second}: more than one, and their tokenizer files differ"
+        in failed[0].detail
+    )
+    assert "-p tokenizer /path/to/model-folder" in failed[0].detail and took < 10
+
+
+def test_folders_without_a_tokenizer_are_never_the_same_tokenizer(tokenizer_dir, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    assert not same_tokenizer([str(first), str(second)])  # nothing to load in either
+    assert same_tokenizer([str(tokenizer_dir), str(shutil.copytree(tokenizer_dir, tmp_path / "copy"))])
 
 
 def test_the_servers_model_folder_is_taken_as_the_tokenizer_and_the_model_name_from_their_list(

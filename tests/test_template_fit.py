@@ -105,7 +105,12 @@ def test_generates_preflight_refuses_the_tokenizer_before_the_run_starts(qwen3_o
     assert count.status == "warn" and "give the served model's tokenizer folder" in count.detail
 
 
-def test_the_canary_compares_the_tokenizers_count_with_the_servers(sim_fleet, sim_tokenizer_dir, tmp_path):
+@pytest.mark.parametrize("thinking", [True, False])
+def test_the_canary_compares_the_tokenizers_count_with_the_servers(
+    sim_fleet, sim_tokenizer_dir, tmp_path, thinking
+):
+    """Counted as the canary was sent: with thinking off the template renders an empty think block the server
+    counts too."""
     fleet = sim_fleet(servers=1, profile="instant")  # serves the same tiny tokenizer: counts agree
     config = build_config(
         GenerateConfig,
@@ -117,6 +122,7 @@ def test_the_canary_compares_the_tokenizers_count_with_the_servers(sim_fleet, si
             "out_dir": str(tmp_path / "run"),
             "tokenizer": str(sim_tokenizer_dir),
             "train_max_length": 4096,
+            "enable_thinking": thinking,
         },
     )
     plan = asyncio.run(preflight(config))

@@ -153,6 +153,15 @@ def test_engine_extras_go_only_where_the_probe_found_them_accepted(generate_run:
     assert "model list unavailable (GET /v1/models answered 500)" in text
 
 
+def test_the_model_folder_vllm_reports_caps_each_turn_and_counts_as_both_servers(generate_run: GenerateRun):
+    """No tokenizer given: generate takes the folder vLLM's model card names (its ``root``; transformers serve lists
+    none) for the trainer's cap, and counts the canary's prompt (sent with thinking off) as each server did."""
+    text = notebook_text(generate_run.run_dir / "generate.ipynb")
+    assert "tokenizer" not in generate_run.params
+    assert "none given: the model folder the servers loaded is on this machine" in text
+    assert "the tokenizer counts the canary" in text and "prompt tokens for the canary" not in text
+
+
 def test_the_stream_shapes_the_client_absorbed(generate_run: GenerateRun):
     """vLLM: usage in a chunk of its own with choices [] and a final [DONE]; transformers serve: usage on the
     finish chunk and no [DONE]. The same client stored both correctly (see the usage test)."""

@@ -9,6 +9,7 @@
   (SGLANG_REQUEST_STATE_WAIT_TIMEOUT), so a non-streamed loser that ends sooner is finished, not aborted.
 * A request SGLang refuses: a prompt longer than the model's context gets a 400 with SGLang's message before it
   reaches the scheduler; it lands in failed.parquet with that message after one attempt (a 400 is never retried).
+  The run is made without the trainer's cap (``train_max_length`` 0), which would set that prompt aside unsent.
   An empty ``messages`` list, the other refusal named in issue 18, cannot come out of generate (the prompt reader
   rejects an empty conversation into rejected.parquet before any request), so it is sent with draftgen's client
   directly and must be classified the same way: http 400, SGLang's message, not retryable.
@@ -90,3 +91,17 @@ def test_a_server_sigkilled_mid_run_fails_over_and_every_id_is_stored_once(
     text = notebook_text(run.run_dir / "generate.ipynb")
     assert f"{fleet.plain.url}" in text and "marked down after" in text
     assert json.loads((run.run_dir / "manifest.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.stops_servers
+def test_the_fleets_two_model_folders_are_one_tokenizer_that_counts_as_sglang(
+    plain_killed_mid_run: KilledRun, models
+):
+    """plain and ngram loaded different folders (the designed and the random model) holding the same tokenizer
+    files: generate takes the first for the trainer's cap, and counts the canary's prompt (sent with thinking off)
+    as each SGLang server counted it."""
+    text = notebook_text(plain_killed_mid_run.run_dir / "generate.ipynb")
+    assert (
+        f"the servers loaded {models.designed}, {models.random}, whose tokenizer files are the same" in text
+    )
+    assert "the tokenizer counts the canary" in text and "prompt tokens for the canary" not in text

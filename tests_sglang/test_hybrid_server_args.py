@@ -143,12 +143,22 @@ def resolve(args: list[str], **platform) -> dict:
 
 
 def draftgens_defaults(draftgen: str) -> dict:
-    """serve's default MTP settings as draftgen states them, and the batch cap it expects SGLang to set."""
+    """serve's default MTP settings as draftgen states them, the batch cap draftgen expects SGLang to set by itself
+    with them (``sglang_cap``), and the requests generate keeps in flight per server (``in_flight``), which serve
+    passes as the cap with MTP on (issue 46: SGLang's own would queue the rest)."""
     code = (
         "import json; from draftgen.server_settings import ServerSettings, batch_cap; "
-        "s = ServerSettings(); print(json.dumps({**s.model_dump(mode='json'), 'cap': batch_cap(s)}))"
+        "from draftgen.defaults import CONCURRENCY_PER_SERVER; s = ServerSettings(); "
+        "print(json.dumps({**s.model_dump(mode='json'), 'sglang_cap': batch_cap(s), "
+        "'in_flight': CONCURRENCY_PER_SERVER}))"
     )
     return json.loads(_draftgen_python(draftgen, code))
+
+
+def without(args: list[str], flag: str) -> list[str]:
+    """``args`` without ``flag`` and its value."""
+    at = args.index(flag)
+    return [*args[:at], *args[at + 2 :]]
 
 
 def test_the_gpu_node_resolves_serves_commands_as_draftgen_says(node_commands, draftgen):
@@ -156,11 +166,7 @@ def test_the_gpu_node_resolves_serves_commands_as_draftgen_says(node_commands, d
     assert len(node_commands) == 7
 
     # the seven differ in their port only (and CUDA_VISIBLE_DEVICES, set before the command): resolve each kind once
-    def without_port(args: list[str]) -> tuple[str, ...]:
-        at = args.index("--port")
-        return (*args[:at], *args[at + 2 :])
-
-    distinct = {without_port(args): args for args in node_commands}
+    distinct = {tuple(without(args, "--port")): args for args in node_commands}
     assert len(distinct) == 1, distinct
     for args in distinct.values():
         resolved = resolve([*args, "--device", "cuda"], **GPU_NODE)
@@ -172,10 +178,13 @@ def test_the_gpu_node_resolves_serves_commands_as_draftgen_says(node_commands, d
             "speculative_num_draft_tokens": ours["speculative_num_draft_tokens"],
             "mamba_radix_cache_strategy": "extra_buffer",  # auto, with the overlap schedule on
             "disable_overlap_schedule": False,
-            "max_running_requests": ours["cap"],
+            "max_running_requests": ours["in_flight"],  # serve's cap, kept as given
             "reasoning_parser": "qwen3",
         }, args
-    assert ours["speculative_algorithm"] == "NEXTN" and ours["cap"] == 48
+        # without serve's cap SGLang sets its own, which draftgen's rules state: too few for what generate sends
+        own = resolve([*without(args, "--max-running-requests"), "--device", "cuda"], **GPU_NODE)
+        assert own["max_running_requests"] == ours["sglang_cap"]
+    assert ours["speculative_algorithm"] == "NEXTN" and ours["sglang_cap"] == 48 and ours["in_flight"] == 64
 
 
 def test_on_this_cpu_sglang_refuses_its_own_default_and_resolves_no_buffer_without_overlap(node_commands):
@@ -190,4 +199,6 @@ def test_on_this_cpu_sglang_refuses_its_own_default_and_resolves_no_buffer_witho
     assert (
         resolved["mamba_radix_cache_strategy"] == "no_buffer" and resolved["disable_overlap_schedule"] is True
     )
-    assert resolved["speculative_algorithm"] == "EAGLE" and resolved["max_running_requests"] == 48
+    assert (
+        resolved["speculative_algorithm"] == "EAGLE" and resolved["max_running_requests"] == 64
+    )  # serve's cap

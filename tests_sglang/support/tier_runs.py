@@ -202,7 +202,10 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
     machine speed. Thinking off and ``max_truncated_rate`` 1.0: the random model never ends before max_tokens.
     Streamed, because SGLang 0.5.23 notices a client gone from a streamed request at its next chunk, but from a
     non-streamed one only every SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s) or SGLANG_FORCE_STREAM_INTERVAL tokens:
-    a non-streamed loser that ends sooner is finished, not aborted (seen here: two hedges, no abort)."""
+    a non-streamed loser that ends sooner is finished, not aborted (seen here: two hedges, no abort).
+    ``train_max_length`` 0, as a run without the trainer's cap: with it, generate counts the too-long prompt with
+    the model folder's tokenizer and sets it aside unsent (rejected.parquet), and SGLang's refusal is what this run
+    shows."""
     prompts = write_rows(
         root / "prompts" / "hedge.jsonl", [too_long("too-long"), *single_turn("hedge", HEDGE_PROMPTS)]
     )
@@ -217,6 +220,7 @@ def hedged_generate(draftgen: str, ngram: ServeRun, standalone: ServeRun, root: 
         "batch_save_size": 4,
         "hedge_slow_ratio": 0.9,
         "max_truncated_rate": 1.0,
+        "train_max_length": 0,
     }
     urls = {"ngram": ngram.url, "standalone": standalone.url}
     before = {name: metric(url, ABORTED) for name, url in urls.items()}

@@ -7,12 +7,14 @@ its served name (``--served-model-name``, else ``--model-path``); the simulator 
 nothing (``transformers serve`` answers 500) cannot be resolved: ``model`` must then be given.
 
 The folder the model was loaded from (SGLang's ``/server_info`` ``tokenizer_path`` and ``model_path``; vLLM's
-card ``root``) is where generate finds the target's tokenizer when none is named and the folder is on this machine.
+card ``root``) is where generate finds the target's tokenizer when none is named and the folder is on this machine
+(several folders only when their tokenizer files are the same).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,10 +88,12 @@ def one_model(servers: Sequence[ServedFacts]) -> str:
 
 
 def local_model_folder(servers: Sequence[ServedFacts]) -> tuple[str | None, tuple[str, ...]]:
-    """(the one folder on this machine the servers loaded their model from, or None; every such folder found).
+    """(the folder on this machine the servers loaded their model from, or None; every such folder found).
 
     Each server's first folder that exists here counts (its tokenizer's before its model's); relative paths are
-    the server's own business and never taken. More than one distinct folder is ambiguous: None, with them all."""
+    the server's own business and never taken. Several distinct folders are one tokenizer when their tokenizer
+    files are the same bytes (copies of one model, or models built on one tokenizer): the first is taken, as any
+    would count each prompt alike. Otherwise they are ambiguous: None, with them all."""
     found: list[str] = []
     for server in servers:
         for folder in server.folders:
@@ -98,4 +102,45 @@ def local_model_folder(servers: Sequence[ServedFacts]) -> tuple[str | None, tupl
                 found.append(str(path))
                 break
     distinct = tuple(dict.fromkeys(found))
-    return (distinct[0] if len(distinct) == 1 else None), distinct
+    if len(distinct) == 1 or (distinct and same_tokenizer(distinct)):
+        return distinct[0], distinct
+    return None, distinct
+
+
+# What transformers builds a tokenizer and its chat template from (tokenizer.json, the fast tokenizer, first; the
+# vocabulary files of slow ones; the chat template in any of its places). Nothing else in a model folder changes
+# how a prompt is counted.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
+CHAT_TEMPLATES_DIR = "additional_chat_templates"
+
+
+def tokenizer_digest(folder: str | Path) -> tuple[tuple[str, str], ...] | None:
+    """(name, SHA-256) of each tokenizer file ``folder`` holds; None without tokenizer.json (no tokenizer to load)."""
+    root = Path(folder)
+    if not (root / "tokenizer.json").is_file():
+        return None
+    files = [root / name for name in TOKENIZER_FILES] + sorted(root.joinpath(CHAT_TEMPLATES_DIR).glob("*"))
+    try:
+        return tuple(
+            (str(path.relative_to(root)), hashlib.sha256(path.read_bytes()).hexdigest())
+            for path in files
+            if path.is_file()
+        )
+    except OSError:  # unreadable here: not a tokenizer this machine can load either
+        return None
+
+
+def same_tokenizer(folders: Sequence[str]) -> bool:
+    """Whether every folder holds the same tokenizer files, byte for byte (and one to load)."""
+    digests = {tokenizer_digest(folder) for folder in folders}
+    return len(digests) == 1 and None not in digests

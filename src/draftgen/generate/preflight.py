@@ -566,9 +566,7 @@ async def prompt_count_check(
     length_cap, _ = await cap_load
     if length_cap is None or served is None:
         return None
-    limit = length_cap.limit(
-        messages, 1, True
-    )  # the count only; thinking as the canary asked (on by default)
+    limit = length_cap.limit(messages, 1, thinking)  # the count only, rendered as the canary was sent
     if limit.prompt_tokens is None:
         return Check("prompt count", url, "warn", "the tokenizer's chat template could not render the canary")
     if limit.prompt_tokens == served:

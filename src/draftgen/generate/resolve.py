@@ -5,8 +5,9 @@
   they do not list one model.
 - ``tokenizer: ""`` with ``train_max_length`` > 0: nothing would cap a turn at the trainer's max_length, and a run
   made without the cap resumes without it. So the model folder the servers loaded (SGLang's /server_info) is taken
-  when it is on this machine; otherwise a fleet of real engines is refused, naming the fix. Simulated servers
-  without a model folder are let through (rehearsals; preflight's max_length row still warns).
+  when it is on this machine (of several, the first when their tokenizer files are the same); otherwise a fleet of
+  real engines is refused, naming the fix. Simulated servers without a model folder are let through (rehearsals;
+  preflight's max_length row still warns).
 """
 
 from __future__ import annotations
@@ -52,18 +53,23 @@ def tokenizer_of(config: GenerateConfig, answered: Sequence[ServedFacts]) -> tup
         return None, None
     folder, found = local_model_folder(answered)
     if folder is not None:
+        where = (
+            f"the servers loaded {', '.join(found)}, whose tokenizer files are the same (the first is taken)"
+            if len(found) > 1
+            else "the model folder the servers loaded is on this machine"
+        )
         return folder, Check(
             "tokenizer",
             folder,
             "ok",
-            f"none given: the model folder the servers loaded is on this machine; it counts each turn's prompt, so "
-            f"no turn is generated past the trainer's max_length (train_max_length {limit})",
+            f"none given: {where}; it counts each turn's prompt, so no turn is generated past the trainer's "
+            f"max_length (train_max_length {limit})",
         )
     if not found and all(server.simulated for server in answered):
         return None, None
     named = sorted({f for server in answered for f in server.folders})
     where = (
-        f"the servers loaded {', '.join(found)}: more than one"
+        f"the servers loaded {', '.join(found)}: more than one, and their tokenizer files differ"
         if found
         else f"the servers loaded {', '.join(named)}, not a folder on this machine"
         if named
