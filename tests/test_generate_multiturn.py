@@ -10,8 +10,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from generate_helpers import generate_here, sigkill_client_after_shards
 from sim_helpers import prompt_count
-from test_generate_notebook import base_params, draftgen_run, sigkill_kernel_after_shards
+from test_generate_notebook import base_params
 
 from draftgen.client.records import ChatResult
 from draftgen.generate import GenerateConfig, generate, preflight
@@ -406,13 +407,12 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
     prompts = write_rows(tmp_path / "p.jsonl", rows)
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=50, max_tokens=192)
-    run_dir = tmp_path / "out" / "generate" / "crash"
-    _, killed_at = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 2)
+    run_dir = tmp_path / "run"
+    killed_at = sigkill_client_after_shards(run_dir, params, 2)
     stored = {r["id"] for r in pl.read_parquet(run_dir / "shards").rows(named=True)}
     assert 0 < len(stored) < len(rows)
 
-    result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert generate_here(run_dir, params).result.status == "complete"  # the resume
     final = pl.read_parquet(run_dir / "shards").rows(named=True)
     ids = [r["id"] for r in final]
     assert len(ids) == len(set(ids)) and set(ids) == {r["id"] for r in rows}
