@@ -33,7 +33,7 @@ from draftgen.validate.pipeline import (
 
 pytestmark = pytest.mark.slow
 
-CONVERSATIONS = 48
+CONVERSATIONS = 36  # 331 answer points: 227 turns generated, 99 of them cut at max_length (deterministic)
 
 
 @pytest.fixture(scope="module")
