@@ -232,7 +232,7 @@ def _kernel_of(proc: subprocess.Popen) -> psutil.Process:
 def sigkill_kernel_after_shards(out_root: Path, name: str, params: dict, shards: int) -> tuple[int, float]:
     """Start ``draftgen run generate``, SIGKILL its kernel (the client itself: no flush, no goodbye) once ``shards``
     shards are stored; the run's exit code and when the kernel was killed (time.time())."""
-    proc = start_run(out_root, name, params)
+    proc = start_run(out_root, name, params, "--no-html")
     try:
         kernel = _kernel_of(proc)
         wait_for_shards(out_root / "generate" / name, shards, proc)
@@ -255,7 +255,7 @@ def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     assert returncode != 0
     stored_before = read_done_ids(run_dir)
     assert 0 < len(stored_before) < 400 and stored_before.n_unique() == len(stored_before)
-    result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
+    result = draftgen_run(tmp_path / "out", "crash", params, "--resume", "--no-html")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_exactly_once(run_dir, valid_ids(prompts))
     manifest = read_manifest(run_dir)
@@ -313,7 +313,7 @@ def test_guard_halts_within_the_first_batch_when_answers_are_empty(sim_fleet, tm
 
 def test_canary_catches_empty_answers_before_the_run(sim_fleet, tmp_path, prompts_2000):
     fleet = sim_fleet(servers=2, profile="instant", faults=["empty_answer_rate=1.0"])
-    result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_2000))
+    result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_2000), "--no-html")
     run_dir = tmp_path / "out" / "generate" / "canary"
     assert result.returncode != 0
     text = notebook_text(run_dir)

@@ -82,7 +82,7 @@ def server_process(fleet, index: int) -> psutil.Process:
 
 def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 300, seed=11)
+    write_synthetic(prompts, 200, seed=11)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=5.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, status_interval_s=0.5)
     run_dir = tmp_path / "run"
@@ -97,7 +97,7 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
         wait_for(lambda: len(read_history(run_dir)) >= 3, proc)
         mid = status(run_dir)
         assert mid.returncode == RUNNING, mid.stdout + mid.stderr
-        assert "RUNNING" in mid.stdout and "/ 300 conversations" in mid.stdout and "ETA" in mid.stdout
+        assert "RUNNING" in mid.stdout and "/ 200 conversations" in mid.stdout and "ETA" in mid.stdout
         for url in fleet.urls:
             assert ":" + url.rsplit(":", 1)[1] in mid.stdout
         text = monitor(run_dir, tmp_path / "out", "mid")
@@ -105,7 +105,7 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
         read = re.search(r"([\d,]+) generated turns read from the finished shards", text)
         assert read, text[-2000:]
         stored = int(read.group(1).replace(",", ""))
-        assert 100 <= stored < 300
+        assert 100 <= stored < 200
         assert proc.poll() is None  # it was read mid-run
         for server in frozen:
             server.send_signal(signal.SIGCONT)
@@ -118,19 +118,19 @@ def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, output[-3000:]
     done = status(run_dir)
-    assert done.returncode == FINISHED and "FINISHED" in done.stdout and "300 / 300" in done.stdout
+    assert done.returncode == FINISHED and "FINISHED" in done.stdout and "200 / 200" in done.stdout
     progress = read_progress(run_dir)
-    assert progress["state"] == "finished" and progress["conversations"]["done"] == 300
+    assert progress["state"] == "finished" and progress["conversations"]["done"] == 200
     assert all(s["mean_accept"] and s["mean_accept"] > 1 for s in progress["servers"])  # sglext acceptance
     history = read_history(run_dir)
-    assert history[-1]["done"] == 300 and len({line["session"] for line in history}) == 1
+    assert history[-1]["done"] == 200 and len({line["session"] for line in history}) == 1
     turns = (  # multi-turn prompts: one completion per generated turn
         pl.scan_parquet(sorted((run_dir / "shards").glob("*.parquet")))
         .select(pl.col("turn_finish_reason").list.len().sum())
         .collect()
         .item()
     )
-    assert turns > 300 and progress["turns"]["session_done"] == turns
+    assert turns > 200 and progress["turns"]["session_done"] == turns
     text = monitor_here(run_dir)
     assert "FINISHED" in text and f"{turns:,} generated turns read from the finished shards" in text
     assert f"{turns:,} assistant turns" in done.stdout
