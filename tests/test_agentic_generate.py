@@ -215,11 +215,11 @@ def field_name(path: str) -> str:
 
 
 def test_every_field_of_a_mixed_prompt_file_reaches_a_request_a_rejection_or_the_ignored_count(
-    sim_fleet, tmp_path
+    instant_fleet, tmp_path
 ):
     rows = mixed_rows()
     prompts = write_rows(tmp_path / "mixed.jsonl", rows)
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     proxy = _recording_proxy_module().RecordingProxy(fleet.urls[0])
     proxy.start()
     try:
@@ -304,10 +304,10 @@ def test_every_field_of_a_mixed_prompt_file_reaches_a_request_a_rejection_or_the
 
 
 def test_the_mixed_file_generated_turn_by_turn_then_validated_and_exported(
-    sim_fleet, tmp_path, tokenizer_dir
+    instant_fleet, tmp_path, tokenizer_dir
 ):
     prompts = write_rows(tmp_path / "mixed.jsonl", mixed_rows())
-    fleet = sim_fleet(servers=2, profile="instant")
+    fleet = instant_fleet(2)
     outcome = run(config_for(fleet, prompts, tmp_path / "gen", max_tokens=2048, max_rejected_rate=0.5))
     assert outcome.status == "complete"
     stored = {r["id"]: r for r in pl.read_parquet(tmp_path / "gen" / "shards").iter_rows(named=True)}
@@ -404,10 +404,10 @@ def case_rows() -> list[dict]:
 
 
 def test_results_are_spliced_when_the_calls_match_and_the_conversation_ends_when_they_do_not(
-    sim_fleet, tmp_path
+    instant_fleet, tmp_path
 ):
     prompts = write_rows(tmp_path / "cases.jsonl", case_rows())
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     proxy = _recording_proxy_module().RecordingProxy(fleet.urls[0])
     proxy.start()
     try:

@@ -70,8 +70,8 @@ def _prompt_file(path: Path, malformed: int = 0) -> tuple[Path, dict[str, str]]:
     return path, copies
 
 
-def test_preflight_keeps_duplicates_apart_from_malformed_rows_and_shows_the_audit(sim_fleet, tmp_path):
-    fleet = sim_fleet(servers=1, profile="instant")
+def test_preflight_keeps_duplicates_apart_from_malformed_rows_and_shows_the_audit(instant_fleet, tmp_path):
+    fleet = instant_fleet()
     prompts, copies = _prompt_file(tmp_path / "p.jsonl", malformed=2)
     values = {
         "servers": fleet.urls,

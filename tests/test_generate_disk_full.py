@@ -161,10 +161,10 @@ def test_a_run_killed_before_it_could_say_so_is_recorded_by_draftgen_run(tmp_pat
     assert not record_disk_full(tmp_path / "run", notebook, "again")  # only a run still marked running
 
 
-def test_generate_stops_on_a_full_disk_as_on_an_interrupt_and_resumes(sim_fleet, tmp_path, monkeypatch):
+def test_generate_stops_on_a_full_disk_as_on_an_interrupt_and_resumes(instant_fleet, tmp_path, monkeypatch):
     prompts = tmp_path / "p.jsonl"
     write_synthetic(prompts, 400, seed=5)
-    fleet = sim_fleet(servers=2, profile="instant")
+    fleet = instant_fleet(2)
     config = config_for(fleet.urls, prompts, tmp_path / "run")
     plan = asyncio.run(preflight(config))
     assert any(c.check == "disk space" and c.status == "ok" for c in plan.checks)
@@ -221,8 +221,8 @@ def draftgen_run(out_root: Path, name: str, params: dict, *extra: str) -> subpro
     )
 
 
-def test_a_real_full_filesystem(sim_fleet, tmp_path, tiny_fs):
-    fleet = sim_fleet(servers=2, profile="instant")
+def test_a_real_full_filesystem(instant_fleet, tmp_path, tiny_fs):
+    fleet = instant_fleet(2)
     prompts = tmp_path / "p.jsonl"
     write_synthetic(prompts, 600, seed=3)
 

@@ -357,8 +357,8 @@ def mixed_prompts(tmp_path: Path) -> Path:
     return path
 
 
-def test_malformed_rows_abort_before_any_request_naming_rows(sim_fleet, tmp_path, mixed_prompts):
-    fleet = sim_fleet(servers=2, profile="instant")
+def test_malformed_rows_abort_before_any_request_naming_rows(instant_fleet, tmp_path, mixed_prompts):
+    fleet = instant_fleet(2)
     run_dir = tmp_path / "run"
     with pytest.raises(PreflightError) as failed:
         generate_here(run_dir, base_params(fleet, mixed_prompts))
@@ -372,8 +372,8 @@ def test_malformed_rows_abort_before_any_request_naming_rows(sim_fleet, tmp_path
     assert len(chats) <= 2 * 2  # only preflight's probe and canary per server: no prompt was sent
 
 
-def test_malformed_rows_set_aside_and_the_rest_generated(sim_fleet, tmp_path, mixed_prompts):
-    fleet = sim_fleet(servers=2, profile="instant")
+def test_malformed_rows_set_aside_and_the_rest_generated(instant_fleet, tmp_path, mixed_prompts):
+    fleet = instant_fleet(2)
     run_dir = tmp_path / "run"
     assert (
         generate_here(run_dir, base_params(fleet, mixed_prompts, max_rejected_rate=0.5)).result.status

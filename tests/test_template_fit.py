@@ -69,8 +69,10 @@ def test_a_template_that_never_renders_the_header_supervises_nothing(tokenizer_d
     assert problem is not None and "nothing would be supervised" in problem
 
 
-def test_generates_preflight_refuses_the_tokenizer_before_the_run_starts(qwen3_own_dir, sim_fleet, tmp_path):
-    fleet = sim_fleet(servers=1, profile="instant")
+def test_generates_preflight_refuses_the_tokenizer_before_the_run_starts(
+    qwen3_own_dir, instant_fleet, tmp_path
+):
+    fleet = instant_fleet()
     config = build_config(
         GenerateConfig,
         {
@@ -105,8 +107,10 @@ def test_generates_preflight_refuses_the_tokenizer_before_the_run_starts(qwen3_o
     assert count.status == "warn" and "give the served model's tokenizer folder" in count.detail
 
 
-def test_the_canary_compares_the_tokenizers_count_with_the_servers(sim_fleet, sim_tokenizer_dir, tmp_path):
-    fleet = sim_fleet(servers=1, profile="instant")  # serves the same tiny tokenizer: counts agree
+def test_the_canary_compares_the_tokenizers_count_with_the_servers(
+    instant_fleet, sim_tokenizer_dir, tmp_path
+):
+    fleet = instant_fleet()  # serves the same tiny tokenizer: counts agree
     config = build_config(
         GenerateConfig,
         {
