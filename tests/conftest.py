@@ -7,6 +7,10 @@ Simulator fixtures (tests/test_sim_*.py and anyone who needs a server):
   * ``shared_sim_fleet`` — one session-wide fleet of three b200-mtp servers at speed 50, speaking the three
     SGLang response shapes: ``urls[0]`` 0.5.4, ``urls[1]`` 0.5.9, ``urls[2]`` 0.5.23 (the default shape).
     For tests that only send requests; never kill or restart it, and measure its counters as differences.
+  * ``instant_fleet`` — ``instant_fleet(servers=1)``: the first one or two servers of the worker's healthy
+    ``instant`` fleet (the default tool-call parser, no faults), as a ``sim_helpers.FleetView`` that sees only the
+    ground truth recorded since it was taken, taken once the servers are idle. For tests that only need *a* healthy
+    instant fleet to send requests to: it saves starting servers (about 0.3 CPU-seconds each) in every such test.
   * ``sim_tokenizer_dir`` / ``sim_tokenizer`` — the tiny Qwen3-format tokenizer every simulated server here
     speaks (built once per session; both fleet fixtures use it), as a folder and as the simulator's own
     ``SimTokenizer``, so a test computes prompt ids, token counts and the EOS id exactly as the servers do.
@@ -22,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sim_helpers import FleetView
 
 from draftgen.sim import SimFleet
 from draftgen.sim.tokenizer import SimTokenizer, default_tokenizer
@@ -86,3 +91,28 @@ def shared_sim_fleet(tmp_path_factory: pytest.TempPathFactory, sim_tokenizer_dir
         yield fleet
     finally:
         fleet.cleanup()
+
+
+@pytest.fixture(scope="session")
+def _shared_instant_fleet(
+    tmp_path_factory: pytest.TempPathFactory, sim_tokenizer_dir: Path
+) -> Iterator[SimFleet]:
+    fleet = SimFleet(
+        tokenizer=sim_tokenizer_dir,
+        servers=2,
+        profile="instant",
+        work_dir=tmp_path_factory.mktemp("shared-instant"),
+    )
+    fleet.start()
+    try:
+        yield fleet
+    finally:
+        fleet.cleanup()
+
+
+@pytest.fixture
+def instant_fleet(_shared_instant_fleet: SimFleet) -> Callable[..., FleetView]:
+    def view(servers: int = 1) -> FleetView:
+        return FleetView(_shared_instant_fleet, servers)
+
+    return view

@@ -1,5 +1,6 @@
-"""Raw-HTTP helpers for the simulator tests (stdlib urllib, so they read exactly what goes over the wire), and
-``serve`` for tests that stand a small aiohttp app in for a server."""
+"""Raw-HTTP helpers for the simulator tests (stdlib urllib, so they read exactly what goes over the wire),
+``serve`` for tests that stand a small aiohttp app in for a server, and ``FleetView``: one test's view of a fleet
+the worker shares."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -182,3 +185,47 @@ def prompt_count(
 
 def eos_id(fleet: SimFleet) -> int:
     return tokenizer_of(fleet).eos_id
+
+
+@dataclass
+class FleetView:
+    """The first ``servers`` servers of a fleet the worker shares, as one test sees them: their URLs and tokenizer,
+    and only the ground truth recorded since the view was taken (``truth``). It offers nothing that changes the
+    fleet (no kill, restart or faults), so a test that needs one asks for a fleet of its own."""
+
+    fleet: SimFleet
+    servers: int
+    _marks: list[int] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        assert 1 <= self.servers <= self.fleet.servers, (self.servers, self.fleet.servers)
+        wait_for(self._idle, 60.0, "the shared fleet's servers to finish the last test's requests")
+        self._marks = [len(self._lines(i)) for i in range(self.servers)]
+
+    @property
+    def urls(self) -> list[str]:
+        return self.fleet.urls[: self.servers]
+
+    @property
+    def tokenizer(self) -> Path | None:
+        return self.fleet.tokenizer
+
+    def truth(self, index: int | None = None) -> list[dict]:
+        """What the servers (or server ``index``) recorded since the view was taken, in order."""
+        indices = range(self.servers) if index is None else [index]
+        return [json.loads(line) for i in indices for line in self._lines(i)[self._marks[i] :]]
+
+    def _lines(self, index: int) -> list[str]:
+        path = self.fleet.truth_path(index)
+        return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    def _idle(self) -> bool:
+        """No request running or queued on any of the view's servers (a straggler of the last test would add to
+        this one's truth)."""
+        for url in self.urls:
+            families = scrape(url)
+            if sample_value(families, "sglang:num_running_reqs") or sample_value(
+                families, "sglang:num_queue_reqs"
+            ):
+                return False
+        return True

@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from generate_helpers import generate_here, sigkill_client_after_shards
 from test_generate_multiturn import (
     LOOKUP,
     agent_loop,
@@ -29,7 +30,7 @@ from test_generate_multiturn import (
     sent_seed,
     write_rows,
 )
-from test_generate_notebook import base_params, draftgen_run, sigkill_kernel_after_shards
+from test_generate_notebook import base_params
 from test_router import _recording_proxy_module
 
 from draftgen.generate import preflight
@@ -214,11 +215,11 @@ def field_name(path: str) -> str:
 
 
 def test_every_field_of_a_mixed_prompt_file_reaches_a_request_a_rejection_or_the_ignored_count(
-    sim_fleet, tmp_path
+    instant_fleet, tmp_path
 ):
     rows = mixed_rows()
     prompts = write_rows(tmp_path / "mixed.jsonl", rows)
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     proxy = _recording_proxy_module().RecordingProxy(fleet.urls[0])
     proxy.start()
     try:
@@ -303,10 +304,10 @@ def test_every_field_of_a_mixed_prompt_file_reaches_a_request_a_rejection_or_the
 
 
 def test_the_mixed_file_generated_turn_by_turn_then_validated_and_exported(
-    sim_fleet, tmp_path, tokenizer_dir
+    instant_fleet, tmp_path, tokenizer_dir
 ):
     prompts = write_rows(tmp_path / "mixed.jsonl", mixed_rows())
-    fleet = sim_fleet(servers=2, profile="instant")
+    fleet = instant_fleet(2)
     outcome = run(config_for(fleet, prompts, tmp_path / "gen", max_tokens=2048, max_rejected_rate=0.5))
     assert outcome.status == "complete"
     stored = {r["id"]: r for r in pl.read_parquet(tmp_path / "gen" / "shards").iter_rows(named=True)}
@@ -403,10 +404,10 @@ def case_rows() -> list[dict]:
 
 
 def test_results_are_spliced_when_the_calls_match_and_the_conversation_ends_when_they_do_not(
-    sim_fleet, tmp_path
+    instant_fleet, tmp_path
 ):
     prompts = write_rows(tmp_path / "cases.jsonl", case_rows())
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     proxy = _recording_proxy_module().RecordingProxy(fleet.urls[0])
     proxy.start()
     try:
@@ -485,12 +486,11 @@ def test_client_sigkilled_mid_agentic_conversation_then_resumed_stores_each_once
     prompts = write_rows(tmp_path / "p.jsonl", rows)
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=25.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=10, max_tokens=4096)
-    run_dir = tmp_path / "out" / "generate" / "crash"
-    _, killed_at = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 2)
+    run_dir = tmp_path / "run"
+    killed_at = sigkill_client_after_shards(run_dir, params, 2)
     before = {r["id"] for r in pl.read_parquet(run_dir / "shards").rows(named=True)}
     assert 0 < len(before) < len(rows)
-    result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert generate_here(run_dir, params).result.status == "complete"  # the resume
     final = pl.read_parquet(run_dir / "shards").rows(named=True)
     ids = [r["id"] for r in final]
     assert len(ids) == len(set(ids)) and set(ids) == {r["id"] for r in rows}

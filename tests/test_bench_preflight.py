@@ -10,8 +10,8 @@ from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.run import BenchmarkError, run_benchmark
 
 
-def test_unreachable_and_wrong_model_servers_are_all_named(sim_fleet):
-    fleet = sim_fleet(servers=1, profile="instant")
+def test_unreachable_and_wrong_model_servers_are_all_named(instant_fleet):
+    fleet = instant_fleet()
     config = BenchmarkConfig(
         servers=[fleet.urls[0], "http://127.0.0.1:9"],
         model="someone/else",

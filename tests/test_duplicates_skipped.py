@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import time
 from pathlib import Path
 
 import polars as pl
 import pytest
-from test_generate_notebook import _kernel_of, base_params, draftgen_run, start_run, wait_for_shards
+from generate_helpers import generate_here, sigkill_client_after_shards
+from test_generate_notebook import base_params
 
 from draftgen.generate import PreflightError, preflight
 from draftgen.generate.config import GenerateConfig
@@ -71,8 +70,8 @@ def _prompt_file(path: Path, malformed: int = 0) -> tuple[Path, dict[str, str]]:
     return path, copies
 
 
-def test_preflight_keeps_duplicates_apart_from_malformed_rows_and_shows_the_audit(sim_fleet, tmp_path):
-    fleet = sim_fleet(servers=1, profile="instant")
+def test_preflight_keeps_duplicates_apart_from_malformed_rows_and_shows_the_audit(instant_fleet, tmp_path):
+    fleet = instant_fleet()
     prompts, copies = _prompt_file(tmp_path / "p.jsonl", malformed=2)
     values = {
         "servers": fleet.urls,
@@ -130,25 +129,16 @@ def test_skipped_duplicates_are_never_sent_and_never_lost_through_a_sigkill_and_
     prompts, copies = _prompt_file(tmp_path / "p.jsonl")
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, hedge_slow_ratio=0.0)
-    run_dir = tmp_path / "out" / "generate" / "dups"
-    proc = start_run(tmp_path / "out", "dups", params)
-    try:
-        kernel = _kernel_of(proc)
-        wait_for_shards(
-            run_dir, 2, proc
-        )  # 200 rows stored: every row of the first 100, originals among them, sent
-        kernel.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    run_dir = tmp_path / "run"
+    sigkill_client_after_shards(
+        run_dir, params, 2
+    )  # 200 rows stored: every row of the first 100, originals sent
     first = _settled(fleet)
     stored_before = set(read_done_ids(run_dir).to_list())
     assert 0 < len(stored_before) < 400
     assert sum(_system_chats(r) for r in first) == K  # each original sent once; no copy sent
 
-    result = draftgen_run(tmp_path / "out", "dups", params, "--resume")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert generate_here(run_dir, params).result.status == "complete"  # the resume
     second = [
         records[len(before) :] for records, before in zip(_records_per_server(fleet), first, strict=True)
     ]

@@ -47,7 +47,7 @@ def wait_for_shards(run_dir: Path, count: int, timeout: float = 60.0) -> None:
 
 def test_every_server_down_pauses_without_spending_attempts(sim_fleet, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    write_synthetic(prompts, 500, seed=11)
+    write_synthetic(prompts, 250, seed=11)
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=10.0)
     config = config_for(fleet, prompts, tmp_path / "run", server_down_after=2, max_attempts=3)
 
@@ -66,7 +66,7 @@ def test_every_server_down_pauses_without_spending_attempts(sim_fleet, tmp_path)
     result = asyncio.run(scenario())
     assert result.status == "complete" and result.failed == 0
     ids = read_done_ids(tmp_path / "run")
-    assert sorted(ids.to_list()) == [f"syn-11-{i:07d}" for i in range(500)]
+    assert sorted(ids.to_list()) == [f"syn-11-{i:07d}" for i in range(250)]
     events = [what for _, _, what in result.events]
     assert any("every server is down" in e for e in events)
     assert sum("rejoined" in e for e in events) == 2
@@ -87,7 +87,7 @@ asyncio.run(main())
 
 def test_sigterm_flushes_finished_work_and_resume_completes(sim_fleet, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    write_synthetic(prompts, 600, seed=12)
+    write_synthetic(prompts, 300, seed=12)
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=10.0)
     config = config_for(fleet, prompts, tmp_path / "run", batch_save_size=1000)  # one shard would take long
     proc = subprocess.Popen(
@@ -109,17 +109,17 @@ def test_sigterm_flushes_finished_work_and_resume_completes(sim_fleet, tmp_path)
     manifest = read_manifest(tmp_path / "run")
     assert manifest["status"] == "interrupted"
     stored = read_done_ids(tmp_path / "run")
-    assert 0 < len(stored) < 600 and manifest["counts"]["done"] == len(stored)
+    assert 0 < len(stored) < 300 and manifest["counts"]["done"] == len(stored)
 
     async def resume():
         plan = await preflight(config)
-        assert plan.todo == 600 - len(stored)
+        assert plan.todo == 300 - len(stored)
         return await generate(config, plan, progress=False)
 
     result = asyncio.run(resume())
-    assert result.completed == 600 - len(stored)
+    assert result.completed == 300 - len(stored)
     frame = pl.scan_parquet(sorted((tmp_path / "run" / "shards").glob("*.parquet"))).select("id").collect()
-    assert frame.height == 600 and frame["id"].n_unique() == 600
+    assert frame.height == 300 and frame["id"].n_unique() == 300
 
 
 def test_a_wedged_server_is_presumed_hung_long_before_request_timeout_and_its_work_moves(sim_fleet, tmp_path):

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from generate_helpers import generate_here, sigkill_client_after_shards
 from sim_helpers import prompt_count
-from test_generate_notebook import base_params, draftgen_run, sigkill_kernel_after_shards
+from test_generate_notebook import base_params
 
 from draftgen.client.records import ChatResult
 from draftgen.generate import GenerateConfig, generate, preflight
@@ -323,10 +324,10 @@ def test_turns_parameter_and_fingerprint(tmp_path):
 
 
 # ----- on the simulated fleet ---------------------------------------------------------------------------------
-def test_every_turn_stored_once_each_request_carrying_the_models_own_answers(sim_fleet, tmp_path):
+def test_every_turn_stored_once_each_request_carrying_the_models_own_answers(instant_fleet, tmp_path):
     rows = conversations(60, seed=1) + list(synthetic_rows(140, seed=21))
     prompts = write_rows(tmp_path / "p.jsonl", rows)
-    fleet = sim_fleet(servers=2, profile="instant")
+    fleet = instant_fleet(2)
     before = len(chat_records(fleet))
     outcome = run(config_for(fleet, prompts, tmp_path / "run"))
     assert outcome.status == "complete" and outcome.completed == len(rows)
@@ -371,10 +372,10 @@ def test_every_turn_stored_once_each_request_carrying_the_models_own_answers(sim
     assert (summary["completed"], summary["turns"]) == (len(rows), total_turns)
 
 
-def test_turns_last_keeps_todays_behaviour(sim_fleet, tmp_path):
+def test_turns_last_keeps_todays_behaviour(instant_fleet, tmp_path):
     rows = conversations(30, seed=2)
     prompts = write_rows(tmp_path / "p.jsonl", rows)
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     outcome = run(config_for(fleet, prompts, tmp_path / "run", turns="last"))
     assert outcome.completed == 30 and outcome.outcome.turns == 30
     for row in pl.read_parquet(tmp_path / "run" / "shards").rows(named=True):
@@ -383,12 +384,12 @@ def test_turns_last_keeps_todays_behaviour(sim_fleet, tmp_path):
         assert row["turn_content"] == [row["content"]]
 
 
-def test_a_failed_turn_sends_the_conversation_to_failed_parquet_with_its_turn(sim_fleet, tmp_path):
+def test_a_failed_turn_sends_the_conversation_to_failed_parquet_with_its_turn(instant_fleet, tmp_path):
     # Turn 1 fits the instant profile's 32,768-token context; turn 2's question does not: a 400, not retried.
     huge = "x " * 33_000
     rows = [*conversations(10, seed=3), {"id": "too-long", "messages": [u("short"), a("x"), u(huge)]}]
     prompts = write_rows(tmp_path / "p.jsonl", rows)
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     outcome = run(config_for(fleet, prompts, tmp_path / "run"))
     assert outcome.status == "complete_with_failures" and outcome.failed == 1
     failed = pl.read_parquet(tmp_path / "run" / FAILED).row(0, named=True)
@@ -406,13 +407,12 @@ def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, t
     prompts = write_rows(tmp_path / "p.jsonl", rows)
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=50, max_tokens=192)
-    run_dir = tmp_path / "out" / "generate" / "crash"
-    _, killed_at = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 2)
+    run_dir = tmp_path / "run"
+    killed_at = sigkill_client_after_shards(run_dir, params, 2)
     stored = {r["id"] for r in pl.read_parquet(run_dir / "shards").rows(named=True)}
     assert 0 < len(stored) < len(rows)
 
-    result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert generate_here(run_dir, params).result.status == "complete"  # the resume
     final = pl.read_parquet(run_dir / "shards").rows(named=True)
     ids = [r["id"] for r in final]
     assert len(ids) == len(set(ids)) and set(ids) == {r["id"] for r in rows}

@@ -1,11 +1,14 @@
-"""generate.ipynb end to end: papermill (via ``draftgen run``) on the real notebook against simulated fleets.
+"""generate.ipynb end to end: papermill (via ``draftgen run``) on the real notebook against simulated fleets — the
+main job, a client SIGKILLed and resumed, a failed preflight, bad parameters — and the run's behaviour under faults
+and bad input through generate's run(config), the function the notebook's cell calls, in the test's own process
+(a kernel and draftgen run around it cost about 5 CPU-seconds a run, and show the same outcome).
 
-Each run is small (instant profile where timing does not matter, a fast clock where it does) so the whole file
-takes about two minutes on two cores.
+Each run is small (instant profile where timing does not matter, a fast clock where it does).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -18,10 +21,12 @@ from pathlib import Path
 import polars as pl
 import psutil
 import pytest
-from generate_helpers import run_command
+from generate_helpers import generate_config, generate_here, run_command, wait_for_shards
 from sim_helpers import post
 
 from draftgen.display.headline import MARKER
+from draftgen.generate.preflight import PreflightError
+from draftgen.generate.step import run
 from draftgen.generate.store import read_done_ids, read_manifest
 from draftgen.prompts.rows import PromptRow, iter_prompts
 from draftgen.prompts.synthetic import write_synthetic
@@ -47,18 +52,6 @@ def start_run(out_root: Path, name: str, params: dict, *extra: str) -> subproces
         text=True,
         start_new_session=True,
     )
-
-
-def wait_for_shards(run_dir: Path, count: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(list((run_dir / "shards").glob("part-*.parquet"))) < count:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"run ended before {count} shards:\n{proc.stdout.read() if proc.stdout else ''}"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"fewer than {count} shards after {timeout} s")
-        time.sleep(0.05)
 
 
 def notebook_text(run_dir: Path) -> str:
@@ -197,29 +190,35 @@ def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(sim_fleet, tmp_
 
 def test_server_killed_mid_run_and_restarted_loses_nothing(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 600, seed=8)
-    fleet = sim_fleet(servers=7, profile="b200-mtp", speed=5.0)  # slow enough to outlast the restart
-    run_dir = tmp_path / "out" / "generate" / "kill"
-    proc = start_run(
-        tmp_path / "out",
-        "kill",
-        base_params(fleet, prompts, max_truncated_rate=1.0, server_down_after=2, request_timeout_s=30.0),
-    )
-    try:
-        wait_for_shards(run_dir, 1, proc)
-        fleet.kill(2)
-        time.sleep(1.0)
-        assert proc.poll() is None, "the run must survive a server crash"
-        fleet.restart(2)
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, output[-3000:]
+    write_synthetic(prompts, 300, seed=8)
+    fleet = sim_fleet(servers=3, profile="b200-mtp", speed=5.0)  # slow enough to outlast the restart
+    run_dir = tmp_path / "run"
+    params = base_params(fleet, prompts, max_truncated_rate=1.0, server_down_after=2, request_timeout_s=30.0)
+
+    async def scenario():
+        session = asyncio.create_task(run(generate_config(run_dir, params), show=lambda shown: None))
+        await asyncio.to_thread(wait_for_stored, run_dir, 1, session)
+        await asyncio.to_thread(fleet.kill, 2)
+        await asyncio.sleep(1.0)
+        assert not session.done(), "the run must survive a server crash"
+        await asyncio.to_thread(fleet.restart, 2)
+        return await session
+
+    generated = asyncio.run(scenario())
+    assert generated.result.status == "complete"
     assert_exactly_once(run_dir, valid_ids(prompts))
-    text = notebook_text(run_dir)
-    assert "marked down" in text and "rejoined" in text
+    events = [what for _, server, what in generated.result.events if server == fleet.urls[2]]
+    assert any("marked down" in what for what in events) and any("rejoined" in what for what in events)
     assert not (run_dir / "failed.parquet").exists()
+
+
+def wait_for_stored(run_dir: Path, count: int, session: asyncio.Task, timeout: float = 120.0) -> None:
+    """Until ``count`` shards are stored by the in-process ``session`` (fails if it ends first)."""
+    deadline = time.monotonic() + timeout
+    while len(list((run_dir / "shards").glob("part-*.parquet"))) < count:
+        assert not session.done(), f"run ended before {count} shards"
+        assert time.monotonic() < deadline, f"fewer than {count} shards after {timeout} s"
+        time.sleep(0.05)
 
 
 def _kernel_of(proc: subprocess.Popen) -> psutil.Process:
@@ -235,7 +234,7 @@ def _kernel_of(proc: subprocess.Popen) -> psutil.Process:
 def sigkill_kernel_after_shards(out_root: Path, name: str, params: dict, shards: int) -> tuple[int, float]:
     """Start ``draftgen run generate``, SIGKILL its kernel (the client itself: no flush, no goodbye) once ``shards``
     shards are stored; the run's exit code and when the kernel was killed (time.time())."""
-    proc = start_run(out_root, name, params)
+    proc = start_run(out_root, name, params, "--no-html")
     try:
         kernel = _kernel_of(proc)
         wait_for_shards(out_root / "generate" / name, shards, proc)
@@ -250,20 +249,20 @@ def sigkill_kernel_after_shards(out_root: Path, name: str, params: dict, shards:
 
 def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 600, seed=9)
+    write_synthetic(prompts, 400, seed=9)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0)
     run_dir = tmp_path / "out" / "generate" / "crash"
-    returncode, _ = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 3)
+    returncode, _ = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 2)
     assert returncode != 0
     stored_before = read_done_ids(run_dir)
-    assert 0 < len(stored_before) < 600 and stored_before.n_unique() == len(stored_before)
-    result = draftgen_run(tmp_path / "out", "crash", params, "--resume")
+    assert 0 < len(stored_before) < 400 and stored_before.n_unique() == len(stored_before)
+    result = draftgen_run(tmp_path / "out", "crash", params, "--resume", "--no-html")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_exactly_once(run_dir, valid_ids(prompts))
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete"
-    assert manifest["sessions"][-1]["completed"] == 600 - len(stored_before)  # only the rest was generated
+    assert manifest["sessions"][-1]["completed"] == 400 - len(stored_before)  # only the rest was generated
     assert "already stored" in notebook_text(run_dir)
 
 
@@ -307,7 +306,7 @@ class OtherClient:
 
 def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 500, seed=10)
+    write_synthetic(prompts, 300, seed=10)
     fleet = sim_fleet(
         servers=3,
         profile="b200-mtp",
@@ -326,12 +325,11 @@ def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
         max_attempts=30,
         canary=False,
     )
+    run_dir = tmp_path / "run"
     with OtherClient(
         fleet.urls, per_server=8
     ):  # 8 of each server's 12 slots taken: generate's 12 queue there
-        result = draftgen_run(tmp_path / "out", "faults", params)
-    run_dir = tmp_path / "out" / "generate" / "faults"
-    assert result.returncode == 0, result.stderr[-3000:]
+        assert generate_here(run_dir, params).result.status == "complete"
     assert_exactly_once(run_dir, valid_ids(prompts))
     assert not (run_dir / "failed.parquet").exists()
     outcomes = {r["outcome"] for r in fleet.truth() if not r["rid"].startswith("other-")}
@@ -362,7 +360,7 @@ def test_guard_halts_within_the_first_batch_when_answers_are_empty(sim_fleet, tm
 
 def test_canary_catches_empty_answers_before_the_run(sim_fleet, tmp_path, prompts_2000):
     fleet = sim_fleet(servers=2, profile="instant", faults=["empty_answer_rate=1.0"])
-    result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_2000))
+    result = draftgen_run(tmp_path / "out", "canary", base_params(fleet, prompts_2000), "--no-html")
     run_dir = tmp_path / "out" / "generate" / "canary"
     assert result.returncode == 3 and "refused before any work" in result.stderr  # preflight: nothing sent
     assert (run_dir / ".refused").exists()  # the name stays free
@@ -407,28 +405,28 @@ def mixed_prompts(tmp_path: Path) -> Path:
     return path
 
 
-def test_malformed_rows_abort_before_any_request_then_the_same_name_sets_them_aside(
-    sim_fleet, tmp_path, mixed_prompts
-):
-    """Above max_rejected_rate preflight refuses, naming rows (exit 3, nothing sent, the name left free); the same
-    command with the rate raised then runs in that folder, setting the malformed rows aside."""
-    fleet = sim_fleet(servers=2, profile="instant")
-    result = draftgen_run(tmp_path / "out", "bad", base_params(fleet, mixed_prompts))
-    run_dir = tmp_path / "out" / "generate" / "bad"
-    assert result.returncode == 3 and "--name bad is free" in result.stderr
-    text = notebook_text(run_dir)
-    assert "PreflightError" in text and "malformed rows" in text and "max_rejected_rate" in text
+def test_malformed_rows_abort_before_any_request_naming_rows(instant_fleet, tmp_path, mixed_prompts):
+    fleet = instant_fleet(2)
+    run_dir = tmp_path / "run"
+    with pytest.raises(PreflightError) as failed:
+        generate_here(run_dir, base_params(fleet, mixed_prompts))
+    text = str(failed.value)
+    assert "malformed rows" in text and "max_rejected_rate" in text
     assert "row 8: invalid JSON" in text
     rejected = pl.read_parquet(run_dir / "rejected.parquet")
     assert rejected.height == len(MALFORMED)
     assert not list((run_dir / "shards").glob("*.parquet"))
     chats = [truth for truth in fleet.truth() if truth["kind"] == "chat"]
     assert len(chats) <= 2 * 2  # only preflight's probe and canary per server: no prompt was sent
-    assert (run_dir / ".refused").exists()
 
-    result = draftgen_run(tmp_path / "out", "bad", base_params(fleet, mixed_prompts, max_rejected_rate=0.5))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not (run_dir / ".refused").exists()
+
+def test_malformed_rows_set_aside_and_the_rest_generated(instant_fleet, tmp_path, mixed_prompts):
+    fleet = instant_fleet(2)
+    run_dir = tmp_path / "run"
+    assert (
+        generate_here(run_dir, base_params(fleet, mixed_prompts, max_rejected_rate=0.5)).result.status
+        == "complete"
+    )
     assert_exactly_once(run_dir, valid_ids(mixed_prompts))
     assert len(valid_ids(mixed_prompts)) == 120
     rejected = pl.read_parquet(run_dir / "rejected.parquet")

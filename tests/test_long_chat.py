@@ -103,9 +103,10 @@ def test_planted_copies_are_what_they_say(chats, normalized):
 
 def test_median_prompt_by_the_last_turn_with_qwen3s_tokenizer(tmp_path, normalized):
     """The issue's bar: median ≥ 1,500 prompt tokens by the last turn (the source's answers standing in for the
-    regenerated ones), counted with Qwen3's real vocabulary and draftgen's Qwen3 chat template."""
+    regenerated ones), counted with Qwen3's real vocabulary and draftgen's Qwen3 chat template, on the first 300
+    conversations (about 8 ms each to count: their median is the thousand's, 3,016, and 11 of them pass 8,192)."""
     count = tokenizer_counter(build_qwen3_tokenizer(tmp_path / "qwen3"))
-    lengths = [count(row.messages, True) for row in normalized]
+    lengths = [count(row.messages, True) for row in normalized[:300]]
     assert statistics.median(lengths) >= 1_500
     assert max(lengths) > 8_192  # some conversations run far past the trainer's max_length
 

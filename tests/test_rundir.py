@@ -186,7 +186,7 @@ def test_every_temporary_file_a_run_folder_can_hold_is_removed_when_it_is_opened
 
 
 def test_a_whole_run_writes_temporary_files_only_under_the_one_pattern_the_open_removes(
-    sim_fleet, tmp_path, monkeypatch
+    instant_fleet, tmp_path, monkeypatch
 ):
     """Every temporary path a real generate session (and preflight) uses matches the pattern the lease clears,
     in a folder it clears: so a crash at any write leaves nothing a resume would not remove."""
@@ -198,7 +198,7 @@ def test_a_whole_run_writes_temporary_files_only_under_the_one_pattern_the_open_
         return used[-1]
 
     monkeypatch.setattr(write, "temporary_path", recording)
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     config = make_config(
         tmp_path / "run",
         servers=fleet.urls,
@@ -287,9 +287,9 @@ class LockProbe:
 
 
 def test_preflight_hands_its_lease_to_the_run_and_a_second_opener_is_refused_the_whole_time(
-    sim_fleet, tmp_path, monkeypatch
+    instant_fleet, tmp_path, monkeypatch
 ):
-    fleet = sim_fleet(servers=1, profile="instant")
+    fleet = instant_fleet()
     prompts = tmp_path / "p.jsonl"
     write_synthetic(prompts, 60, seed=4)
     config = make_config(

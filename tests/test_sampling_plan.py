@@ -11,14 +11,8 @@ from collections import Counter
 
 import polars as pl
 import pytest
-from test_generate_notebook import (
-    _kernel_of,
-    base_params,
-    draftgen_run,
-    start_run,
-    valid_ids,
-    wait_for_shards,
-)
+from generate_helpers import generate_here, kill_client, start_client, wait_for_shards
+from test_generate_notebook import base_params, valid_ids
 
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig
@@ -108,7 +102,7 @@ def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a
     sim_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 240, seed=21)
+    write_synthetic(prompts, 160, seed=21)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(
         fleet,
@@ -121,21 +115,18 @@ def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a
     )
     arms = [Arm.model_validate(a) for a in TWO_ARMS]
     expected = {s.id: s for p in valid_ids(prompts) for s in samples(p, arms)}
-    run_dir = tmp_path / "out" / "generate" / "plan"
-    proc = start_run(tmp_path / "out", "plan", params)
+    run_dir = tmp_path / "run"
+    proc = start_client(run_dir, params)
     try:
-        kernel = _kernel_of(proc)
         wait_for_shards(run_dir, 2, proc)
         fleet.kill(1)  # a server dies under the first session...
         time.sleep(0.5)
-        kernel.send_signal(signal.SIGKILL)  # ...then the client itself
-        proc.communicate(timeout=60)
+        kill_client(proc)  # ...then the client itself
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     fleet.restart(1)
-    result = draftgen_run(tmp_path / "out", "plan", params, "--resume")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert generate_here(run_dir, params).result.status == "complete"  # the resume
 
     rows = pl.read_parquet(sorted((run_dir / "shards").glob("part-*.parquet")))
     counts = Counter(rows["id"].to_list())

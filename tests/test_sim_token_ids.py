@@ -151,7 +151,7 @@ def test_generate_output_ids_are_cumulative_when_streaming(shared_sim_fleet):
         assert tokenizer.decode(later["output_ids"]) == later["text"]
 
 
-def test_a_generate_run_on_the_sim_stores_every_turns_ids(sim_fleet, tmp_path):
+def test_a_generate_run_on_the_sim_stores_every_turns_ids(instant_fleet, tmp_path):
     """Multi-turn rows: expanding the stored prompt ids gives each turn's prompt exactly as the server rendered
     it (the history re-rendered by the template, tools and calls included), the output ids decode to each turn's
     text (and its calls' text, which the parser took out of content)."""
@@ -162,7 +162,7 @@ def test_a_generate_run_on_the_sim_stores_every_turns_ids(sim_fleet, tmp_path):
 
     rows = conversations(40, seed=3)
     prompts = write_rows(tmp_path / "p.jsonl", rows)
-    fleet = sim_fleet(servers=2, profile="instant")
+    fleet = instant_fleet(2)
     outcome = run(config_for(fleet, prompts, tmp_path / "run"))
     assert outcome.status == "complete"
     tokenizer = tokenizer_of(fleet)

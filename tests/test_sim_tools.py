@@ -58,8 +58,8 @@ def test_the_rule_names_mentioned_tools_and_takes_arguments_from_the_message():
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_with_a_parser_calls_come_back_parsed_and_the_ids_hold_their_text(sim_fleet, stream):
-    fleet = sim_fleet(servers=1, profile="instant")
+def test_with_a_parser_calls_come_back_parsed_and_the_ids_hold_their_text(instant_fleet, stream):
+    fleet = instant_fleet()
     url = f"{fleet.urls[0]}/v1/chat/completions"
     if stream:
         status, data = post(url, body(stream=True))
@@ -133,8 +133,8 @@ def test_without_a_parser_the_calls_stay_text_in_content(sim_fleet):
     )
 
 
-def test_string_arguments_in_the_history_are_rendered_as_objects_and_bad_ones_refused(sim_fleet):
-    fleet = sim_fleet(servers=1, profile="instant")
+def test_string_arguments_in_the_history_are_rendered_as_objects_and_bad_ones_refused(instant_fleet):
+    fleet = instant_fleet()
     history = [
         *ASK,
         {

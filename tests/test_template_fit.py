@@ -69,8 +69,10 @@ def test_a_template_that_never_renders_the_header_supervises_nothing(tokenizer_d
     assert problem is not None and "nothing would be supervised" in problem
 
 
-def test_generates_preflight_refuses_the_tokenizer_before_the_run_starts(qwen3_own_dir, sim_fleet, tmp_path):
-    fleet = sim_fleet(servers=1, profile="instant")
+def test_generates_preflight_refuses_the_tokenizer_before_the_run_starts(
+    qwen3_own_dir, instant_fleet, tmp_path
+):
+    fleet = instant_fleet()
     config = build_config(
         GenerateConfig,
         {
@@ -107,11 +109,11 @@ def test_generates_preflight_refuses_the_tokenizer_before_the_run_starts(qwen3_o
 
 @pytest.mark.parametrize("thinking", [True, False])
 def test_the_canary_compares_the_tokenizers_count_with_the_servers(
-    sim_fleet, sim_tokenizer_dir, tmp_path, thinking
+    instant_fleet, sim_tokenizer_dir, tmp_path, thinking
 ):
     """Counted as the canary was sent: with thinking off the template renders an empty think block the server
     counts too."""
-    fleet = sim_fleet(servers=1, profile="instant")  # serves the same tiny tokenizer: counts agree
+    fleet = instant_fleet()  # serves the same tiny tokenizer: counts agree
     config = build_config(
         GenerateConfig,
         {

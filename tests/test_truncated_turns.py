@@ -346,13 +346,13 @@ def test_the_guard_never_halts_on_turns_cut_where_the_trainers_max_length_set_th
 
 # ----- the same against the simulator's own ids and records ----------------------------------------------------
 def test_a_simulated_run_trains_its_cut_turns_exactly_as_the_servers_generated_them(
-    sim_fleet, tmp_path, tokenizer_dir, tokenizer
+    instant_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
     prompts = tmp_path / "prompts.jsonl"
     # short prompts: every cut turn fits the trainer's max_length (a long chat's later turn, uncapped here, would
     # not, and is rightly dropped; tests/test_cut_by_cause.py runs those under the cap)
     write_rows(prompts, (r for r in synthetic_rows(130, seed=11) if r["category"] != LONG_CHAT))
-    fleet = sim_fleet(servers=2, profile="instant")
+    fleet = instant_fleet(2)
     config = build_config(
         GenerateConfig,
         {

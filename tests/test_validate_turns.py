@@ -214,7 +214,7 @@ def _sim_run(tmp_path: Path, prompts: Path, turns_mode: str, fleet) -> Path:
 
 
 def test_a_simulated_multi_turn_run_exports_only_what_the_target_wrote(
-    sim_fleet, tmp_path, tokenizer_dir, tokenizer
+    instant_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 300, seed=5)
@@ -222,7 +222,7 @@ def test_a_simulated_multi_turn_run_exports_only_what_the_target_wrote(
     with_history = {i for i, m in sources.items() if any(t["role"] == "assistant" for t in m)}
     source_answers = {t["content"] for m in sources.values() for t in m if t["role"] == "assistant"}
     assert len(with_history) >= 10, "the synthetic set should hold multi-turn conversations"
-    fleet = sim_fleet(servers=2, profile="instant")
+    fleet = instant_fleet(2)
     folder = _sim_run(tmp_path, prompts, "all", fleet)
 
     result = validate_generation(
