@@ -143,7 +143,6 @@ SAID_AS = {
     "4 of 47 samples degenerate": "samples degenerate",
     r"FAIL: 15 of 21 samples degenerate \(71\.4%": "samples degenerate",
     "foreign_assistant_turn 4": "foreign_assistant_turn",
-    r"temperature: stored 0\.6, now 1\.0": "stored X, now Y",
     r"no-tokenizer does not exist": "does not exist",
     r"nowhere does not exist.*out_dir": "does not exist",
     r"nowhere.*does not exist.*draftgen tokenizer": "draftgen tokenizer --out",
