@@ -144,7 +144,9 @@ def faults_table(spec: str = "") -> str:
 
 
 def shared_parameters_line(spec: str = "") -> str:
-    return ", ".join(f"`{name}`" for name in sorted(SHARED_PARAMETERS)) + ".\n"
+    """The shared names, wrapped at the docs' line width (no docs line over 120 characters outside tables)."""
+    names = ", ".join(f"`{name}`" for name in sorted(SHARED_PARAMETERS)) + "."
+    return textwrap.fill(names, width=116, break_long_words=False, break_on_hyphens=False) + "\n"
 
 
 def _folders() -> list[tuple[str, tuple[Entry, ...]]]:

@@ -300,7 +300,7 @@ TrainMaxLength = Annotated[
 # The floor under a turn's budget (draftgen.generate.length_cap): 512 because a turn with less room costs far more
 # than it gives — its whole prompt (≥ 3,584 tokens at max_length 4096) is prefilled, and the trainer reads the whole
 # max_length row, to supervise at most 1/8 of it; on a long multi-turn set nearly every such turn ends at its limit
-# (docs/figures.md, "A floor under a turn's budget").
+# (docs/figures.md, figure 31).
 MinTurnBudget = Annotated[
     int,
     param(

@@ -2,7 +2,7 @@
 
 The client is the SDK's own aiohttp-backed one (``openai.DefaultAioHttpClient``): the httpx2 interface the SDK needs,
 on aiohttp's connection pool and C HTTP parser. httpx2's own transport (h11, pure Python) costs 1.5 times the client
-CPU per streamed request (docs/figures.md, note 12), and a benchmark holding hundreds of streams on one event loop
+CPU per streamed request (docs/figures.md, figure 12), and a benchmark holding hundreds of streams on one event loop
 must not measure its own client.
 
 One timeout model: a request has one total deadline, from sending to its last byte (``asyncio.timeout``); the

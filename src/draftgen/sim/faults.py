@@ -34,9 +34,8 @@ class Faults:
     wedge_after: int = fault(
         0,
         "N ≥ 0",
-        "from the Nth request on the scheduler stops (a stuck collective, a CUDA fault): every running and later "
-        "request hangs, `/health` stays 200, `/health_generate` answers 503 after 20 simulated seconds, as SGLang's "
-        "does when its scheduler is silent (0 = off)",
+        "from the Nth request on the scheduler stops (a stuck collective): every request hangs, `/health` stays 200, "
+        "`/health_generate` answers 503 after 20 simulated seconds, as SGLang's does (0 = off)",
     )
     crash_after: str = fault(
         "",
@@ -59,9 +58,8 @@ class Faults:
     loop_rate: float = fault(
         0.0,
         "0–1",
-        "that share of prompts (drawn from each request's seed: the same prompts on every server and attempt) falls "
-        "into a repetition loop at a point drawn uniformly over its completion: one cycle of filler repeats verbatim "
-        "until `max_tokens` (`finish_reason` `length`); ground truth records `loop_start` and `loop_period`",
+        "that share of prompts (by each request's seed: the same on every server) falls into a repetition loop: one "
+        "cycle of filler repeats until `max_tokens`; ground truth records `loop_start` and `loop_period`",
     )
     loop_max_period: int = fault(
         256, "N ≥ 1", "a loop's cycle is drawn log-uniformly between 1 and N tokens (`loop_rate`)"
@@ -82,20 +80,18 @@ class Faults:
     tool_call_rate: float = fault(
         1.0,
         "0–1",
-        "with `tools` in a request that ends with a user message, that share of prompts (drawn from each request's "
-        'seed) is answered with tool calls (docs/simulator.md, "Tool calls")',
+        "with `tools` in a request that ends with a user message, that share of prompts is answered with tool calls "
+        "(the simulator's rule)",
     )
     tool_divergence_rate: float = fault(
         0.0,
         "0–1",
-        "that share of the answers that call (a draw of its own) calls with other arguments than the simulator's "
-        'rule gives (docs/simulator.md, "Tool calls")',
+        "that share of the answers that call changes the rule's first argument",
     )
     noncanonical_ids: float = fault(
         0.0,
         "0–1",
-        "that share answers with ids that decode to the text but are not its canonical encoding (one token split "
-        'into smaller ones; see "The tokenizer and the ids")',
+        "that share answers with ids that decode to the text but are not its canonical encoding",
     )
 
     def crash_after_requests(self) -> int | None:
