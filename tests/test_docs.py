@@ -318,7 +318,9 @@ def test_every_exception_class_is_named_or_said_not_printed(page):
     classes = exception_classes()
     assert {"PreflightError", "GuardTripped", "ValidationGateError", "ServeRefused"} <= set(classes)
     missing = sorted(c for c in classes if f"`{c}`" not in page and c not in NOT_PRINTED)
-    assert missing == [], f"name these in troubleshooting.md, or say in NOT_PRINTED why they are not: {missing}"
+    assert missing == [], (
+        f"name these in troubleshooting.md, or say in NOT_PRINTED why they are not: {missing}"
+    )
 
 
 def test_every_preflight_check_that_can_fail_has_a_heading(page):

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pytest
 
-MACHINE_LOCK = Path("/tmp/draftgen-real-server-tier.lock")  # /tmp: every clone on this machine sees the same file
+MACHINE_LOCK = Path(
+    "/tmp/draftgen-real-server-tier.lock"
+)  # /tmp: every clone on this machine sees the same file
 WAIT_LIMIT_S = 40 * 60.0  # a whole tier under load takes ~10 min: this is a hung holder, not a slow one
 POLL_S = 0.2  # well under the seconds a looping tier needs to ask again
 

@@ -40,7 +40,9 @@ def sims(draftgen: str, models, tmp_path_factory: pytest.TempPathFactory):
             port = free_ports()
             command = [draftgen, "sim", "--servers", "1", "--base-port", str(port), "--speed", "200"]
             command += ["--tokenizer", str(models.designed), "--work-dir", str(root / kind), *extra]
-            command += ["--enable-cache-report"]  # as the real servers have it: draftgen serve starts them with it
+            command += [
+                "--enable-cache-report"
+            ]  # as the real servers have it: draftgen serve starts them with it
             log = (root / f"{kind}.out").open("wb")
             procs.append(
                 subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
