@@ -93,7 +93,7 @@ def generate_and_validate(model: Path, out: Path, args: argparse.Namespace) -> t
             "generation_dir": str(generate_dir),
             "tokenizer": str(model),
             "trainer": TRAINER,
-            "max_length": MAX_LENGTH,
+            "train_max_length": MAX_LENGTH,
             "enable_thinking": False,  # as generate ran: SmolLM2 has no thinking
             # A thinking model's empty think block is what the default 16 catches; a ChatML model's short answer
             # ("Cancer.<|im_end|>\\n") is a real one: only a mask of 4 tokens or fewer is tiny here.
@@ -144,7 +144,7 @@ def main() -> None:
             "prompts": str(prompts),
             "target": str(model),
             "trainer": TRAINER,
-            "max_length": MAX_LENGTH,
+            "train_max_length": MAX_LENGTH,
             "seeds": args.seeds,
             "epochs": args.epochs,
             "block_size": args.block_size,

@@ -126,7 +126,7 @@ def pipeline(
             "generation_dir": str(generate_dir),
             "tokenizer": str(smollm2),
             "trainer": TRAINER,
-            "max_length": TRAIN_MAX_LENGTH,
+            "train_max_length": TRAIN_MAX_LENGTH,
             "enable_thinking": False,  # as generate ran: SmolLM2 has no thinking
             # A thinking model's empty think block is what the default 16 catches; a ChatML model's short answer
             # ("Cancer.<|im_end|>\\n") is a real one: only a mask of 4 tokens or fewer is tiny here.

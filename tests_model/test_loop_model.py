@@ -31,7 +31,7 @@ def loop_run(pipeline, smollm2, tmp_path_factory):
             "prompts": pipeline.params["prompts"],
             "target": str(smollm2),
             "trainer": TRAINER,
-            "max_length": TRAIN_MAX_LENGTH,
+            "train_max_length": TRAIN_MAX_LENGTH,
             "seeds": [0],
             "epochs": 1,
             "limit": 16,

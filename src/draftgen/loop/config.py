@@ -29,7 +29,7 @@ class LoopConfig(Params):
         ..., "the target model's folder (HF: config, weights, tokenizer)", notebook="/dev/shm/Qwen3.6-27B"
     )
     trainer: TrainerName
-    max_length: PositiveInt = param(
+    train_max_length: PositiveInt = param(
         4096, "the trainer's max_length: arm (b)'s rows are cut here, as (a)'s were"
     )
     seeds: Seeds = param(default_factory=lambda: [0, 1, 2], help="one training run per arm and seed")

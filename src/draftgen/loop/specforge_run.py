@@ -50,7 +50,7 @@ def run_config(
         "data": {
             "hidden_states_path": str(train),
             "eval_hidden_states_path": str(evaluate),
-            "max_length": config.max_length,
+            "max_length": config.train_max_length,
             "dataloader_num_workers": 0,
             "cache_dir": str(out / "cache"),
         },
