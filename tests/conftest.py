@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from long_first import long_first
 from sim_helpers import FleetView
 
 from draftgen.sim import SimFleet
@@ -116,3 +117,15 @@ def instant_fleet(_shared_instant_fleet: SimFleet) -> Callable[..., FleetView]:
         return FleetView(_shared_instant_fleet, servers)
 
     return view
+
+
+# ----- the order of the first pass (tests/long_first.py) ------------------------------------------------------
+@pytest.hookimpl(trylast=True)  # after -m has deselected: the blocks are those of the tests that run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    items[:] = long_first(
+        items,
+        [item.get_closest_marker("slow") is not None for item in items],
+        [item.nodeid.split("::")[0] for item in items],
+        workers,
+    )

@@ -479,6 +479,7 @@ def test_a_server_returning_calls_as_text_fails_preflight_when_the_prompts_have_
 
 
 # ----- a client killed mid-conversation --------------------------------------------------------------------------
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_client_sigkilled_mid_agentic_conversation_then_resumed_stores_each_once_results_spliced(
     sim_fleet, tmp_path
 ):

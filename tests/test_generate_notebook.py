@@ -107,6 +107,7 @@ def prompts_2000(tmp_path: Path) -> Path:
 
 
 # ----- the main job -----------------------------------------------------------------------------------------
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(sim_fleet, tmp_path, monkeypatch):
     prompts_1000 = tmp_path / "prompts.jsonl"
     write_synthetic(prompts_1000, 1000, seed=7)
@@ -247,6 +248,7 @@ def sigkill_kernel_after_shards(out_root: Path, name: str, params: dict, shards:
     return proc.returncode, killed_at
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 200, seed=9)
@@ -304,6 +306,7 @@ class OtherClient:
             thread.join(timeout=10.0)
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 300, seed=10)

@@ -98,6 +98,7 @@ def test_the_fingerprint_covers_the_plan_and_no_plan_is_todays(tmp_path):
 
 
 # ----- end to end -------------------------------------------------------------------------------------------
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a_server_kill(
     sim_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
