@@ -25,22 +25,30 @@ def block_sizes(count: int, workers: int) -> list[int]:
 
 
 def long_first(
-    items: Sequence[T], is_long: Sequence[bool], module_of: Sequence[str], workers: int
+    items: Sequence[T], weights: Sequence[float], module_of: Sequence[str], workers: int
 ) -> list[T]:
-    """``items`` reordered: the long ones, a module's together, dealt over the workers' blocks (the block with the
-    fewest long tests so far takes the next module's) and put at each block's start; the rest in their order."""
+    """``items`` reordered: the long ones (weight > 0), a module's together, dealt over the workers' blocks (the
+    block with the least weight so far takes the next heaviest module's) and put at each block's start; the rest
+    in their order. A weight counts long runs: 1 for a test marked on its own, a share of 1 for each test of a
+    module marked as a whole (such a module is one long run in parts)."""
     groups: dict[str, list[T]] = {}
+    weight: dict[str, float] = {}
     rest: list[T] = []
-    for item, long, module in zip(items, is_long, module_of, strict=True):
-        if long:
+    for item, share, module in zip(items, weights, module_of, strict=True):
+        if share > 0:
             groups.setdefault(module, []).append(item)
+            weight[module] = weight.get(module, 0.0) + share
         else:
             rest.append(item)
     sizes = block_sizes(len(items), max(1, workers))
     heads: list[list[T]] = [[] for _ in sizes]
-    for group in sorted(groups.values(), key=len, reverse=True):
+    loads = [0.0] * len(sizes)
+    for module in sorted(groups, key=lambda m: weight[m], reverse=True):
+        group = groups[module]
         fits = [i for i, head in enumerate(heads) if len(head) + len(group) <= sizes[i]] or [0]
-        heads[min(fits, key=lambda i: len(heads[i]))].extend(group)
+        chosen = min(fits, key=lambda i: loads[i])
+        heads[chosen].extend(group)
+        loads[chosen] += weight[module]
     ordered: list[T] = []
     for head, size in zip(heads, sizes, strict=True):
         take = max(0, size - len(head))

@@ -161,7 +161,7 @@ def test_a_wedged_server_is_presumed_hung_long_before_request_timeout_and_its_wo
     assert stats[fleet.urls[0]].errors == 0 and stats[fleet.urls[1]].errors == 3
 
 
-@pytest.mark.slow  # started first (tests/long_first.py)
+@pytest.mark.slow(2)  # started first (tests/long_first.py); it waits out a 200x slower server
 def test_a_silent_server_is_benched_on_health_generate_and_a_slow_one_is_not(sim_fleet, tmp_path):
     # Server 1 wedges at its 150th request; server 2 is alive but so slow (200x) that it is often silent for
     # longer than server_silence_s. Learned deadlines are off: only the silence watch acts.

@@ -13,7 +13,8 @@ def test_blocks_are_worksteals_first_split():
 def test_each_block_starts_with_long_tests_a_modules_together_and_nothing_is_lost():
     items = [f"t{i}" for i in range(20)]
     long = {"t3": "a", "t4": "a", "t9": "b", "t15": "c", "t19": "d"}
-    ordered = long_first(items, [i in long for i in items], [long.get(i, i) for i in items], workers=4)
+    weights = [{"a": 0.5}.get(long.get(i, ""), 1.0 if i in long else 0.0) for i in items]  # a: marked whole
+    ordered = long_first(items, weights, [long.get(i, i) for i in items], workers=4)
     assert sorted(ordered) == sorted(items)
     blocks, start = [], 0
     for size in block_sizes(20, 4):
@@ -27,7 +28,7 @@ def test_each_block_starts_with_long_tests_a_modules_together_and_nothing_is_los
     ]  # one long test heads each other block
     short = [i for i in ordered if i not in long]
     assert short == [i for i in items if i not in long]  # the rest keep their order
-    assert long_first(items, [i in long for i in items], items, workers=1)[:5] == [
+    assert long_first(items, [float(i in long) for i in items], items, workers=1)[:5] == [
         "t3",
         "t4",
         "t9",
