@@ -1,5 +1,6 @@
 """What a process or a machine builds once and then shares: the default tiny tokenizer (trained once into the user's
-cache), a simulated server's tokenizer (loaded once per folder), the certificate store under every client, and the CA store no simulated server loads."""
+cache), a simulated server's tokenizer (loaded once per folder), the certificate store under every client; and the
+CA store a simulated server does not load at all."""
 
 from __future__ import annotations
 
