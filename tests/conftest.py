@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from long_first import long_first
 from sim_helpers import FleetView
 
 from draftgen.sim import SimFleet
@@ -116,3 +117,23 @@ def instant_fleet(_shared_instant_fleet: SimFleet) -> Callable[..., FleetView]:
         return FleetView(_shared_instant_fleet, servers)
 
     return view
+
+
+# ----- the order of the first pass (tests/long_first.py) ------------------------------------------------------
+@pytest.hookimpl(trylast=True)  # after -m has deselected: the blocks are those of the tests that run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    modules = [item.nodeid.split("::")[0] for item in items]
+    per_module = {module: modules.count(module) for module in set(modules)}
+
+    def weight(item: pytest.Item, module: str) -> float:
+        """``slow(n)``: as long as n long tests (default 1); a module marked as a whole shares its n."""
+        mark = item.get_closest_marker("slow")
+        if mark is None:
+            return 0.0
+        runs = float(mark.args[0]) if mark.args else 1.0
+        return runs if mark in item.own_markers else runs / per_module[module]
+
+    items[:] = long_first(
+        items, [weight(i, m) for i, m in zip(items, modules, strict=True)], modules, workers
+    )

@@ -240,6 +240,7 @@ def _expected(items: list[tuple[int, float]]) -> float:
     return sum(t for t, _ in items) / sum(t / m for t, m in items)
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_the_report_shows_acceptance_by_category_and_length_within_2_percent_of_the_simulators_truth(
     sim_fleet, tmp_path
 ):

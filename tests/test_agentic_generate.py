@@ -479,10 +479,12 @@ def test_a_server_returning_calls_as_text_fails_preflight_when_the_prompts_have_
 
 
 # ----- a client killed mid-conversation --------------------------------------------------------------------------
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_client_sigkilled_mid_agentic_conversation_then_resumed_stores_each_once_results_spliced(
     sim_fleet, tmp_path
 ):
-    rows = [agent_loop(f"loop-{i:03d}", f"question {i} about tides", f"result {i}") for i in range(60)]
+    # 40 conversations: 20 stored (two shards of 10) when the client dies, 16 of the rest in flight then
+    rows = [agent_loop(f"loop-{i:03d}", f"question {i} about tides", f"result {i}") for i in range(40)]
     prompts = write_rows(tmp_path / "p.jsonl", rows)
     fleet = sim_fleet(servers=2, profile="b200-mtp", speed=25.0)
     params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=10, max_tokens=4096)

@@ -1,5 +1,6 @@
 """What a process or a machine builds once and then shares: the default tiny tokenizer (trained once into the user's
-cache), a simulated server's tokenizer (loaded once per folder), and the certificate store under every client."""
+cache), a simulated server's tokenizer (loaded once per folder), the certificate store under every client; and the
+CA store a simulated server does not load at all."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,26 @@ def test_every_client_shares_one_certificate_store_that_still_verifies() -> None
     finally:
         for client in clients:
             asyncio.run(client.close())
+
+
+def test_a_fleets_servers_load_no_ca_store_and_still_serve(instant_fleet) -> None:
+    """A simulated server opens no TLS connection: its fleet points it at an empty CA store, so aiohttp's import
+    does not load the system's at every start (sim.defaults.NO_CA_STORE); it answers as ever."""
+    import psutil
+
+    from draftgen.sim.defaults import NO_CA_STORE
+
+    fleet = instant_fleet(1)
+    port = fleet.urls[0].rsplit(":", 1)[1]
+    (server,) = [p for p in psutil.Process().children(recursive=True) if port in p.cmdline()]
+    environ = server.environ()
+    assert (
+        {key: environ.get(key) for key in NO_CA_STORE}
+        == NO_CA_STORE
+        == {
+            "SSL_CERT_FILE": "/dev/null",
+            "SSL_CERT_DIR": "/dev/null",
+        }
+    )
+    with urllib.request.urlopen(f"{fleet.urls[0]}/v1/models", timeout=10) as response:
+        assert response.status == 200

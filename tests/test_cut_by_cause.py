@@ -32,7 +32,7 @@ from draftgen.validate.pipeline import (
     validate_generation,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(2)  # as long as two long tests together (tests/long_first.py)
 
 CONVERSATIONS = 36  # 331 answer points: 227 turns generated, 99 of them cut at max_length (deterministic)
 

@@ -143,6 +143,7 @@ def test_debug_shows_the_traceback_behind_the_one_line(argv, env, monkeypatch, c
 
 
 # ----- a refusal leaves the name free -----------------------------------------------------------------------
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_a_refused_run_leaves_its_name_free_and_a_started_one_does_not(tmp_path):
     """benchmark against a server that is not there: refused before any work (exit 3). The same --name runs again
     without --resume (refused again: 3, not 2 for a taken name); a folder with work in it is never marked free.

@@ -221,6 +221,7 @@ def draftgen_run(out_root: Path, name: str, params: dict, *extra: str) -> subpro
     )
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_a_real_full_filesystem(instant_fleet, tmp_path, tiny_fs):
     fleet = instant_fleet(2)
     prompts = tmp_path / "p.jsonl"

@@ -401,7 +401,7 @@ def test_a_failed_turn_sends_the_conversation_to_failed_parquet_with_its_turn(in
 def test_kill_9_mid_conversation_then_resume_stores_every_turn_once(sim_fleet, tmp_path):
     rows = [
         r
-        for r in conversations(300, seed=4)
+        for r in conversations(200, seed=4)  # 160 with later turns: 100 stored at the kill
         if len(answer_points(normalize_record(r, 1).messages, "all")) > 1
     ]
     prompts = write_rows(tmp_path / "p.jsonl", rows)

@@ -107,6 +107,7 @@ def prompts_2000(tmp_path: Path) -> Path:
 
 
 # ----- the main job -----------------------------------------------------------------------------------------
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_seven_servers_every_id_exactly_once_and_no_secret_leaks(sim_fleet, tmp_path, monkeypatch):
     prompts_1000 = tmp_path / "prompts.jsonl"
     write_synthetic(prompts_1000, 1000, seed=7)
@@ -247,22 +248,23 @@ def sigkill_kernel_after_shards(out_root: Path, name: str, params: dict, shards:
     return proc.returncode, killed_at
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_client_sigkilled_mid_run_then_resumed(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 400, seed=9)
+    write_synthetic(prompts, 200, seed=9)
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
-    params = base_params(fleet, prompts, max_truncated_rate=1.0)
+    params = base_params(fleet, prompts, max_truncated_rate=1.0, batch_save_size=50)  # killed at 100 of 200
     run_dir = tmp_path / "out" / "generate" / "crash"
     returncode, _ = sigkill_kernel_after_shards(tmp_path / "out", "crash", params, 2)
     assert returncode != 0
     stored_before = read_done_ids(run_dir)
-    assert 0 < len(stored_before) < 400 and stored_before.n_unique() == len(stored_before)
+    assert 0 < len(stored_before) < 200 and stored_before.n_unique() == len(stored_before)
     result = draftgen_run(tmp_path / "out", "crash", params, "--resume", "--no-html")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_exactly_once(run_dir, valid_ids(prompts))
     manifest = read_manifest(run_dir)
     assert manifest["status"] == "complete"
-    assert manifest["sessions"][-1]["completed"] == 400 - len(stored_before)  # only the rest was generated
+    assert manifest["sessions"][-1]["completed"] == 200 - len(stored_before)  # only the rest was generated
     assert "already stored" in notebook_text(run_dir)
 
 
@@ -304,6 +306,7 @@ class OtherClient:
             thread.join(timeout=10.0)
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_errors_hangs_and_429s_all_complete(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 300, seed=10)

@@ -29,7 +29,7 @@ from draftgen.rundir import RunFolderError, layout
 from draftgen.steps import get_step
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(3)  # the demo: as long as three long tests (tests/long_first.py)
 
 
 @dataclass(frozen=True)

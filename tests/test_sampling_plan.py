@@ -98,15 +98,19 @@ def test_the_fingerprint_covers_the_plan_and_no_plan_is_todays(tmp_path):
 
 
 # ----- end to end -------------------------------------------------------------------------------------------
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_a_two_arm_plan_stores_every_planned_sample_once_through_a_sigkill_and_a_server_kill(
     sim_fleet, tmp_path, tokenizer_dir, tokenizer
 ):
     prompts = tmp_path / "prompts.jsonl"
-    write_synthetic(prompts, 160, seed=21)
+    write_synthetic(
+        prompts, 80, seed=21
+    )  # 180 samples: 100 stored (two shards) before the kills, 80 by the resume
     fleet = sim_fleet(servers=3, profile="b200-mtp", speed=20.0)
     params = base_params(
         fleet,
         prompts,
+        batch_save_size=50,
         sampling_plan=TWO_ARMS,
         max_tokens=1024,
         max_truncated_rate=1.0,

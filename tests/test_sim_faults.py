@@ -259,6 +259,7 @@ def test_crash_after_requests_and_seconds(sim_fleet):
     assert fleet.returncode(1) == 70
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_wedge_after_n_freezes_running_and_later_requests_while_health_is_200(sim_fleet):
     fleet = sim_fleet(servers=1, profile="b200-mtp", speed=1.0, faults=["wedge_after=3"])
     url = fleet.urls[0]

@@ -381,6 +381,7 @@ def _tune_run(face: list[str], name: str, root: Path, env: dict[str, str]) -> Pa
     return root / "tune" / name
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_draftgen_tune_and_draftgen_run_tune_leave_the_same_folder(tmp_path):
     """One runner, one function: the command's folder is the notebook's but for the executed notebook and its
     report; the notebook's cells write nothing but through run(config)."""

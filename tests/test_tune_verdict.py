@@ -396,6 +396,7 @@ def test_the_race_is_saved_before_the_verdict_starts(tmp_path):
     assert any(p.name.startswith("r99-") for p in servers.iterdir())  # the verdict's servers came after
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_draftgen_tune_saves_the_race_before_its_verdict(tmp_path):
     """The command does what the notebook does: the race saved (and said so) before the verdict's first line."""
     values = {

@@ -40,6 +40,9 @@ from draftgen.validate.reader import GenerationDataError
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = 240
+# The module fixture `runs` generates five runs (about 4 CPU-seconds): its tests start first, together on one worker
+# (tests/long_first.py), instead of each worker that takes one of them generating the five again.
+pytestmark = pytest.mark.slow
 
 
 def _generate(fleet: SimFleet, prompts: Path, out_dir: Path, **changes: object) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 import psutil
+import pytest
 from generate_helpers import kill_client, start_client, wait_for_shards
 from test_generate_notebook import RUN_TIMEOUT_S, base_params
 
@@ -80,6 +81,7 @@ def server_process(fleet, index: int) -> psutil.Process:
     raise AssertionError(f"no sim process for port {port}")
 
 
+@pytest.mark.slow  # started first (tests/long_first.py)
 def test_status_and_monitor_mid_run_then_finished(sim_fleet, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     write_synthetic(prompts, 200, seed=11)

@@ -224,58 +224,60 @@ def simulate_fleet(lengths: np.ndarray, servers: int, concurrency: int, rate: Ra
 
     Processor sharing per server (every running request advances one token per tpot(b)); requests past the
     server's cap wait in its FIFO queue; a finished request's slot pulls the next length from the shared queue.
+    Every estimate plays it thousands of times, so its inner loop uses locals and a table of tpot(b) (a server
+    never runs more than ``concurrency``: each holds that many requests, running or queued).
     """
     if servers < 1 or concurrency < 1:
         raise ValueError("servers and concurrency must be >= 1")
-    n = len(lengths)
+    queue = [float(length) for length in lengths]
+    n = len(queue)
     cap = rate.max_running or math.inf
+    tpot = [rate.tpot(b) for b in range(concurrency + 1)]
     service = [0.0] * servers  # tokens each running request has received since the server started
     clock = [0.0] * servers
     running: list[list[float]] = [[] for _ in range(servers)]  # heaps of finishing service values
     waiting: list[deque[float]] = [deque() for _ in range(servers)]
     version = [0] * servers
     events: list[tuple[float, int, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
     next_index = 0
-
-    def admit(s: int, length: float) -> None:
-        if len(running[s]) < cap:
-            heapq.heappush(running[s], service[s] + length)
-        else:
-            waiting[s].append(length)
-
-    def schedule(s: int) -> None:
-        version[s] += 1
-        if running[s]:
-            tpot = rate.tpot(len(running[s]))
-            heapq.heappush(events, (clock[s] + (running[s][0] - service[s]) * tpot, s, version[s]))
 
     for _ in range(concurrency):
         for s in range(servers):
             if next_index < n:
-                admit(s, float(lengths[next_index]))
+                if len(running[s]) < cap:
+                    push(running[s], service[s] + queue[next_index])
+                else:
+                    waiting[s].append(queue[next_index])
                 next_index += 1
     for s in range(servers):
-        schedule(s)
+        version[s] += 1
+        if running[s]:
+            push(events, (clock[s] + (running[s][0] - service[s]) * tpot[len(running[s])], s, version[s]))
     wall = 0.0
     while events:
-        t, s, ver = heapq.heappop(events)
+        t, s, ver = pop(events)
         if ver != version[s]:
             continue
-        service[s] += (t - clock[s]) / rate.tpot(len(running[s]))
+        heap, queued = running[s], waiting[s]
+        done = service[s] + (t - clock[s]) / tpot[len(heap)]
+        service[s] = done
         clock[s] = t
         wall = t
-        limit = service[s] * (1 + 1e-12) + 1e-9
+        limit = done * (1 + 1e-12) + 1e-9
         finished = 0
-        while running[s] and running[s][0] <= limit:
-            heapq.heappop(running[s])
+        while heap and heap[0] <= limit:
+            pop(heap)
             finished += 1
         for _ in range(finished):  # each freed slot pulls the next prompt; it queues behind older waiters
             if next_index < n:
-                waiting[s].append(float(lengths[next_index]))
+                queued.append(queue[next_index])
                 next_index += 1
-        while waiting[s] and len(running[s]) < cap:
-            heapq.heappush(running[s], service[s] + waiting[s].popleft())
-        schedule(s)
+        while queued and len(heap) < cap:
+            push(heap, done + queued.popleft())
+        version[s] += 1
+        if heap:
+            push(events, (t + (heap[0] - done) * tpot[len(heap)], s, version[s]))
     return wall
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from draftgen.defaults import MODEL
 from draftgen.exit_codes import Refused
 from draftgen.sglang_rules.parsers import DEFAULT_FAMILY, TOOL_CALL_PARSER
-from draftgen.sim.defaults import EXIT_PORT_IN_USE, PARENT_PID_ENV
+from draftgen.sim.defaults import EXIT_PORT_IN_USE, NO_CA_STORE, PARENT_PID_ENV
 from draftgen.sim.faults import parse_faults
 from draftgen.sim.profiles import get_profile
 from draftgen.sim.tokenizer import SimTokenizer, TokenizerFolderError, default_tokenizer
@@ -249,7 +249,7 @@ class SimFleet:
 
     def _spawn(self, index: int, extra_faults: Iterable[str] = ()) -> None:
         log = open(self.log_path(index), "ab")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **{PARENT_PID_ENV: str(os.getpid())})
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **{PARENT_PID_ENV: str(os.getpid())}, **NO_CA_STORE)
         self._procs[index] = subprocess.Popen(
             self._command(index, extra_faults),
             stdout=log,
