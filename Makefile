@@ -121,10 +121,11 @@ test: lock-check $(STAMP)
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 5 --dist loadscope --no-loadscope-reorder -m timing --durations=5 \
 		$(TIMING_MODULES)
 
-# The README's GPU-node block, run as written on two simulated servers to a published export (tests/test_runbook.py).
+# The documented commands run whole on simulated servers: the README's GPU-node block, as written, to a published
+# export (tests/test_runbook.py), and a short draftgen demo's run folders against the declared layout (tests/test_layout.py).
 test-runbook: $(STAMP)
 	$(BIN)/python $(COMPILE_SRC)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -m runbook tests/test_runbook.py --durations=3 \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n 2 -m runbook tests/test_runbook.py tests/test_layout.py --durations=3 \
 		--basetemp=$(VENV)/pytest-runbook-tmp  # its own: it runs beside another tier in .ci/run
 
 $(REAL_STAMP): pyproject.toml $(REAL_REQS) $(STAMP)

@@ -29,7 +29,6 @@ from draftgen.rundir import RunFolderError, layout
 from draftgen.steps import get_step
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow(3)  # the demo: as long as three long tests (tests/long_first.py)
 
 
 @dataclass(frozen=True)
@@ -40,9 +39,10 @@ class Demo:
     stdout: str
 
 
+@pytest.mark.runbook  # a whole documented command end to end: make test-runbook, beside the README's block
 def test_a_demo_writes_the_declared_layout_and_no_cell_but_the_steps_run_writes(tmp_path):
     """One test, so one demo: a module fixture would run it again on every worker that takes one of the module's
-    tests (make test's --dist worksteal)."""
+    tests."""
     demo = run_demo(tmp_path)
     benchmark = yaml.safe_load((demo.out / "benchmark" / "parameters.yaml").read_text())
     assert benchmark["rounds"] == 0.25  # --rounds
