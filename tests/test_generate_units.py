@@ -398,6 +398,54 @@ def test_estimate_comparison_projects_the_whole_set(tmp_path):
         report.compare_estimate(estimate, config.out_dir)
 
 
+def test_a_run_of_the_estimates_whole_set_is_compared_by_its_own_span(tmp_path):
+    """The estimate planned 1,000 requests for 10 conversations; the run sent 10 (fewer answer points than planned):
+    its wall time for the set is the span it took, not its rate projected onto the planned requests. A run of part
+    of the set (another count, a limit, unfinished) is still projected."""
+    config = make_config(tmp_path, batch_save_size=10)
+    with RunStore.open(config) as store:
+        for index in range(10):
+            store.add(row(f"p{index}", tokens=1000))
+        store.close("complete")
+    manifest_path = Path(config.out_dir) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    session = manifest["sessions"][0]
+    session.update(started_at=100.0, ended_at=110.0, first_sent_at=101.0, last_answer_at=109.0)
+    manifest["prompts"] = {**(manifest.get("prompts") or {}), "valid": 10}
+    manifest_path.write_text(json.dumps(manifest))
+    span = report.summary(config.out_dir).row(0, named=True)
+    span_s = span["generating_s"] - (span["start_wave_idle_s"] or 0.0)
+    assert span_s == pytest.approx(8.0, abs=0.2)  # first request sent to last answer
+    planned = {
+        "aggregate_output_tok_s": 2000.0,
+        "wall_time_s": 7200.0,
+        "num_prompts": 1000,
+        "servers": 1,
+        "concurrency_per_server": 64,
+        "max_tokens": 4096,
+        "mean_completion_tokens": 800.0,
+    }
+
+    def actual_wall_s(**estimate: object) -> float:
+        path = tmp_path / "estimate.json"
+        path.write_text(json.dumps({**planned, **estimate}))
+        [wall] = [
+            r
+            for r in report.compare_estimate(path, config.out_dir).iter_rows(named=True)
+            if r["figure"].startswith("wall time for the set")
+        ]
+        return wall["actual"] * 3600  # hours: the planned 2 h sets the unit
+
+    projected = 1000 * 1000 / span["generating_tok_s"]  # 1,000 planned requests at the run's rate
+    assert actual_wall_s(set_conversations=10) == pytest.approx(span_s, abs=2.0)
+    assert actual_wall_s(set_conversations=11) == pytest.approx(projected, rel=0.01)  # not this run's set
+    assert actual_wall_s() == pytest.approx(projected, rel=0.01)  # an estimate from before the field
+    assert projected > 50 * span_s  # the two readings differ here by far more than the tolerances
+    manifest["status"] = "interrupted"
+    manifest_path.write_text(json.dumps(manifest))
+    assert actual_wall_s(set_conversations=10) == pytest.approx(projected, rel=0.01)  # unfinished: projected
+
+
 def test_throughput_spreads_each_request_over_its_lifetime():
     import numpy as np
 

@@ -138,6 +138,8 @@ class Estimate:
     sweeps: dict[str, pl.DataFrame]
     notes: tuple[str, ...]
     prefill_s_per_request: float | None
+    # the conversations ``num_prompts`` counts the requests of (None: a size given, or a sampling plan's samples)
+    set_conversations: int | None = None
     max_length_cost: MaxLengthCost | None = None
     plan: PricedPlan | None = None  # the sampling plan priced from the production benchmark
     audit: PromptAudit | None = None  # the prompt file as generate will take it (what is priced)
@@ -423,6 +425,8 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         config.dataset_size, config.prompt_path, config.limit, config.turns, audit
     )
     num_prompts = max(1, num_prompts)
+    # a run of exactly this set is compared by its own span (generate.report.compare_estimate)
+    set_conversations = None if config.dataset_size or config.sampling_plan else audit.sent
     # each turn capped at its room (generate's length cap), a conversation's turns one after another in one slot
     conversations = sent_conversations(audit)
     plan = priced(main, config)
@@ -518,6 +522,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         benchmark=main,
         num_prompts=num_prompts,
         num_prompts_source=size_source,
+        set_conversations=set_conversations,
         production=production,
         concurrency_1=concurrency_1,
         scenarios=scenarios,

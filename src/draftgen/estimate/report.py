@@ -79,6 +79,7 @@ def estimate_json(estimate: Estimate) -> dict:
         "interval_note": p.interval_note,
         "lengths_are_lower_bound": p.lengths_are_lower_bound,
         "num_prompts_source": estimate.num_prompts_source,
+        "set_conversations": estimate.set_conversations,
         "accept_length": accept,
         "accept_length_source": accept_source,
         # the sampling plan priced: requests per prompt and each arm's figures (docs/benchmark.md)

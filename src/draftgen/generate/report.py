@@ -613,8 +613,9 @@ def compare_estimate(
     """estimate.ipynb's planned figures beside this run's: aggregate output tok/s and wall time for the set.
 
     The set is the estimate's ``num_prompts`` (requests: one per answer of a conversation with ``turns: all``)
-    unless ``total_prompts`` is given (in the same unit); actual wall time for it is projected from this run's
-    mean completion length per request and aggregate speed. Both sides are on their hardware's clock (the
+    unless ``total_prompts`` is given (in the same unit). A run of the estimate's whole set is measured by its own
+    span; any other run's wall time for the set is projected from its mean completion length per request and
+    aggregate speed. Both sides are on their hardware's clock (the
     estimate's from its benchmark, the run's from its servers), so a simulated run compares in simulated-GPU
     units on both sides, each converted once.
     """
@@ -630,6 +631,8 @@ def compare_estimate(
     turns = run["turns"]
     mean_tokens = round(run["completion_tokens"] / turns, 1) if turns and run["completion_tokens"] else None
     actual_wall = prompts * mean_tokens / actual_tok_s if actual_tok_s and mean_tokens else None
+    if total_prompts is None:
+        actual_wall = _whole_set_span(estimate, out_dir, run) or actual_wall
     unit, unit_s = duration_unit(planned_wall)
     records = [
         ("requests in the set", float(prompts), float(prompts)),
@@ -673,6 +676,22 @@ def compare_estimate(
             ],
         }
     )
+
+
+def _whole_set_span(estimate: dict[str, Any], out_dir: RunDirs, run: dict[str, Any]) -> float | None:
+    """The generation's span (first request to last answer) when this run is the estimate's whole set: every
+    conversation the estimate counted, finished, in one folder. That is what the estimate models, measured; the
+    projection by requests would carry the estimate's own request count into the actual. None otherwise."""
+    counted, folders = estimate.get("set_conversations"), run_dirs(out_dir)
+    if not counted or len(folders) != 1 or not run.get("generating_s"):
+        return None
+    manifest = read_manifest(folders[0]) or {}
+    parameters = manifest.get("parameters") or {}
+    if manifest.get("status") != "complete" or parameters.get("limit") or parameters.get("shard"):
+        return None
+    if (manifest.get("prompts") or {}).get("valid") != counted:
+        return None
+    return float(run["generating_s"]) - float(run.get("start_wave_idle_s") or 0.0)
 
 
 def _servers(out_dir: RunDirs) -> int:

@@ -71,7 +71,9 @@ def run(config: LoopConfig) -> LoopResult:
     from draftgen.training.masks import load_tokenizer
 
     tokenizer = load_tokenizer(config.target)
-    original = arms.original_rows(config.prompts, export_rows, tokenizer, config.trainer, config.train_max_length)
+    original = arms.original_rows(
+        config.prompts, export_rows, tokenizer, config.trainer, config.train_max_length
+    )
     probe = specforge_run.run_config(
         config, train=out, evaluate=out, rows=1, seed=config.seeds[0], out=out / RUNS, run_id="probe"
     )
