@@ -102,8 +102,8 @@ lab: $(LAB_STAMP)
 # a module per worker so that a module's shared run (tune's race, the verdict) is made once (docs/testing.md).
 # pytest caches its rewritten test modules as bytecode only where PYTHONDONTWRITEBYTECODE is unset: otherwise every
 # worker rewrites all of tests/ again (about 3 CPU-seconds each).
-# BEFORE_TIMING runs between the two passes: .ci/run sets it to wait for the tier it runs beside the first pass, so
-# the timing tests never share the machine with it.
+# BEFORE_TIMING runs between the two passes: .ci/run sets it to .ci/between-passes (the browser tier, then a wait
+# for it and the tiers beside), so the timing tests never share the machine with another tier.
 # The timing pass collects only the modules that mark a test `timing` (every module naming the marker): each of its
 # workers would otherwise import all of tests/ to find 17 tests (about 4 CPU-seconds a worker). Its longest modules
 # (40-55 s each) go first, in this order (--no-loadscope-reorder), so that none starts after the others and decides
