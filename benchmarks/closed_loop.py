@@ -17,8 +17,9 @@ better and whether every seed agrees, whichever way it falls.
     .venv-real/bin/python benchmarks/closed_loop.py [--prompts 400] [--seeds 0 1 2] [--epochs 2] [--out DIR]
     .venv-real/bin/python benchmarks/closed_loop.py --out DIR --reuse --epochs 1   # train again on DIR's export
 
---prompts 160 --epochs 1 took about 45 min on two cores beside other jobs (generation ~20 min, features 5 min, six
-trainings of 120 steps with their evaluations 20 min); epochs and prompts scale the training part. The run folders
+--prompts 300 --epochs 4 --threads 2 took 31 min on an idle two-core machine (generation 9.7 min, six trainings of
+952 steps 4.5 min each; docs/figures.md figure 36); --prompts 160 --epochs 1 took about 45 min beside other jobs and
+trained no arm above the baseline. Epochs and prompts scale the training part. The run folders
 stay in --out (default: a temporary folder, removed).
 """
 
