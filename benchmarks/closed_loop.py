@@ -16,6 +16,7 @@ better and whether every seed agrees, whichever way it falls.
     make .venv-real/.model-stamp     # once: the real-model tier's environment
     .venv-real/bin/python benchmarks/closed_loop.py [--prompts 400] [--seeds 0 1 2] [--epochs 2] [--out DIR]
     .venv-real/bin/python benchmarks/closed_loop.py --out DIR --reuse --epochs 1   # train again on DIR's export
+    .venv-real/bin/python benchmarks/closed_loop.py --out DIR --reuse --matched    # + the volume-matched arm
 
 --prompts 300 --epochs 4 --threads 2 took 31 min on an idle two-core machine (generation 9.7 min, six trainings of
 952 steps 4.5 min each; docs/figures.md figure 36); --prompts 160 --epochs 1 took about 45 min beside other jobs and
@@ -120,6 +121,11 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: best on a busy two-core machine)"
     )
+    parser.add_argument(
+        "--matched",
+        action="store_true",
+        help="a third arm: the export with each row trained on as many tokens as its source answer (volume control)",
+    )
     parser.add_argument("--out", type=Path, help="keep the run folders here (default: a temporary folder)")
     parser.add_argument(
         "--reuse",
@@ -152,6 +158,7 @@ def main() -> None:
             "num_anchors": args.num_anchors,
             "specforge": str(Path(sys.executable).with_name("specforge")),
             "threads": args.threads,
+            "matched_arm": args.matched,
             "out_dir": str(out / f"loop-{time.strftime('%Y%m%d-%H%M%S')}"),
         },
     )

@@ -198,6 +198,7 @@ NOT_PRINTED = {
     "ToolFormatError": "a prompt row's tools: the row goes to rejected.parquet with this reason",
     "Problems": "the params module's internal list, raised as ParameterError",
     "TokenizerBuildError": "draftgen tokenizer's own one-line errors (--force, an empty folder), said in --help",
+    "out of step": "the loop's volume-matched arm pairing rows the loop itself paired: an invariant, not an input",
     "Refused": "the base of every refusal: exit code 3, listed by each subclass",
     # match= strings of unit tests on internals, a display helper or the simulator
     "KDA": "the SGLang tier's stand-in kernels",

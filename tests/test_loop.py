@@ -150,3 +150,27 @@ def test_the_pilot_passes_only_when_the_export_beats_the_source_and_the_baseline
         _run("original", 1, 0.4),
     ]
     assert not report.shown_better(report.summary(overlap), "export", ("original",))
+
+
+def test_the_volume_matched_arm_keeps_each_rows_first_trained_tokens_up_to_its_source_answers_count():
+    export = [
+        arms.Row("a", [1, 2, 3, 4, 5, 6, 7], [0, 1, 1, 0, 1, 1, 1]),  # two turns: 2 + 3 trained
+        arms.Row("b", [1, 2, 3], [0, 1, 1]),
+    ]
+    source = [arms.Row("a", [1, 9, 9], [0, 1, 1]), arms.Row("b", [1, 9, 9, 9, 9], [0, 1, 1, 1, 1])]
+    matched = arms.volume_matched(export, source)
+    assert [r.loss_mask for r in matched] == [
+        [0, 1, 1, 0, 0, 0, 0],
+        [0, 1, 1],
+    ]  # b: the export's 2 are all it has
+    assert [r.input_ids for r in matched] == [
+        r.input_ids for r in export
+    ]  # the context is the target's, whole
+    assert sum(r.trained for r in matched) == 4
+    with pytest.raises(ValueError, match="out of step"):
+        arms.volume_matched(export, source[::-1])
+
+
+def test_the_matched_arm_is_off_unless_asked(tmp_path):
+    assert _config(tmp_path).matched_arm is False
+    assert _config(tmp_path, matched_arm=True).matched_arm is True

@@ -15,6 +15,7 @@ from draftgen.training.conversation import answer_points
 
 ARM_EXPORT = "export"  # (a): the target's own answers, as validate exported them
 ARM_ORIGINAL = "original"  # (b): the same prompts with the answers the prompt file brought
+ARM_MATCHED = "export-matched"  # (a) with each row's trained tokens cut to its (b) row's count
 HOLDOUT = "holdout"  # (c): the target's own answers to held-out prompts
 
 
@@ -152,3 +153,19 @@ def original_rows(
         if masks is not None
     ]
     return OriginalRows(rows, unanswered, unknown)
+
+
+def volume_matched(export_rows: Sequence[Row], original: Sequence[Row]) -> list[Row]:
+    """Each export row trained only on its first trained tokens, as many as the source answer of the same id holds
+    (the pairs share ids and order): the target's text at the source's volume, row by row."""
+    out = []
+    for mine, theirs in zip(export_rows, original, strict=True):
+        if mine.id != theirs.id:
+            raise ValueError(f"rows out of step: {mine.id} beside {theirs.id}")
+        budget, mask = theirs.trained, []
+        for bit in mine.loss_mask:
+            keep = bool(bit) and budget > 0
+            budget -= keep
+            mask.append(int(keep))
+        out.append(Row(mine.id, mine.input_ids, mask))
+    return out

@@ -51,6 +51,11 @@ class LoopConfig(Params):
         "(docs/loop.md)",
     )
     limit: Annotated[int, Field(ge=0)] = param(0, "train on the first N rows of each arm (0: all)")
+    matched_arm: bool = param(
+        False,
+        "also train (a) with each row trained only on as many tokens as its (b) row: the target's answers at the "
+        "source answers' volume, so a gap between (a) and (b) can be told apart from how much each holds",
+    )
     specforge: str = param("specforge", "the specforge command (a path, or a name on PATH)")
     out_dir: ProjectPath = param(..., "where the run goes", notebook="outputs/loop/pilot")
 

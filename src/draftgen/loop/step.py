@@ -100,6 +100,13 @@ def run(config: LoopConfig) -> LoopResult:
             target, held_rows, out / FEATURES / arms.HOLDOUT, capture, arms.HOLDOUT
         ),
     }
+    trained_arms = (arms.ARM_EXPORT, arms.ARM_ORIGINAL)
+    if config.matched_arm:
+        matched = arms.volume_matched(trained_a, trained_b)
+        sets[arms.ARM_MATCHED] = features.write_features(
+            target, matched, out / FEATURES / arms.ARM_MATCHED, capture, arms.ARM_MATCHED
+        )
+        trained_arms += (arms.ARM_MATCHED,)
     del target
     evaluated = set(sets[arms.HOLDOUT].ids)
     held = [r for r in held_rows if r.id in evaluated]
@@ -118,7 +125,7 @@ def run(config: LoopConfig) -> LoopResult:
             sets[arms.ARM_EXPORT].trained_tokens,
         )
     ]
-    for arm in (arms.ARM_EXPORT, arms.ARM_ORIGINAL):
+    for arm in trained_arms:
         for seed in config.seeds:
             run_id = f"{arm}-seed{seed}"
             spec = specforge_run.run_config(
