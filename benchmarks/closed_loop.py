@@ -163,12 +163,18 @@ def main() -> None:
         },
     )
     result = run_loop(config)
+    conversations = sum(1 for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip())
     print(result.table())
     print(f"\nverdict: {result.verdict}")
+    answered = (
+        "answered and validated by an earlier run in --out"
+        if args.reuse
+        else f"max_tokens {args.max_tokens}, holdout_share {args.holdout_share}"
+    )
     print(
         f"inputs: {json.dumps(result.inputs)}\nconditions: SmolLM2-135M-Instruct (bf16, vLLM 0.32 CPU), "
-        f"{args.prompts} chatterbot-corpus conversations, T=0.6 top_p 0.95 max_tokens {args.max_tokens}, "
-        f"trainer {TRAINER} max_length {MAX_LENGTH}, holdout_share {args.holdout_share}; DFlash 1 layer, "
+        f"{conversations} chatterbot-corpus conversations, T=0.6 top_p 0.95, {answered}, "
+        f"trainer {TRAINER} max_length {MAX_LENGTH}; DFlash 1 layer, "
         f"block {args.block_size}, {args.num_anchors} anchors, {args.epochs} epoch(s), lr {config.learning_rate}, "
         f"seeds {args.seeds}; generate {generate_s / 60:.1f} min, whole run {(time.monotonic() - started) / 60:.1f} min"
     )
