@@ -20,6 +20,18 @@ from draftgen.params import build_config
 URL = "http://127.0.0.1:9"
 
 
+def finished_run(config: GenerateConfig, rows: int = 10, tokens: int = 1000) -> Path:
+    """A complete run folder of ``rows`` stored rows of ``tokens`` each, written by RunStore with no server; returns
+    its manifest's path (for tests that then set the session's times)."""
+    from draftgen.generate.store import RunStore
+
+    with RunStore.open(config) as store:
+        for index in range(rows):
+            store.add(row(f"p{index}", tokens=tokens))
+        store.close("complete")
+    return Path(config.out_dir) / "manifest.json"
+
+
 def row(prompt_id: str, tokens: int = 5) -> dict:
     """One completed prompt as generate stores it (for RunStore tests that need no server)."""
     return {

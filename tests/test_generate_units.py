@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from generate_helpers import URL, row
+from generate_helpers import URL, finished_run, row
 
 from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig, parse_shard
@@ -403,11 +403,7 @@ def test_a_run_of_the_estimates_whole_set_is_compared_by_its_own_span(tmp_path):
     its wall time for the set is the span it took, not its rate projected onto the planned requests. A run of part
     of the set (another count, a limit, unfinished) is still projected."""
     config = make_config(tmp_path, batch_save_size=10)
-    with RunStore.open(config) as store:
-        for index in range(10):
-            store.add(row(f"p{index}", tokens=1000))
-        store.close("complete")
-    manifest_path = Path(config.out_dir) / "manifest.json"
+    manifest_path = finished_run(config)
     manifest = json.loads(manifest_path.read_text())
     session = manifest["sessions"][0]
     session.update(started_at=100.0, ended_at=110.0, first_sent_at=101.0, last_answer_at=109.0)

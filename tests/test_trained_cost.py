@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from generate_helpers import URL, row
+from generate_helpers import URL, finished_run
 
 from draftgen.cli import main
 from draftgen.client.clock import kept_share
@@ -26,7 +26,6 @@ from draftgen.generate import report
 from draftgen.generate.config import GenerateConfig
 from draftgen.generate.gpu_time import gpu_seconds, per_million
 from draftgen.generate.ramp import _idle_seconds
-from draftgen.generate.store import RunStore
 from draftgen.params import build_config
 from draftgen.watch import progress_file
 
@@ -83,11 +82,7 @@ def _finished_run(tmp_path: Path) -> GenerateConfig:
         GenerateConfig,
         {"servers": [URL], "model": "m", "prompts": "synthetic", "out_dir": str(tmp_path / "run")},
     )
-    with RunStore.open(config) as store:
-        for index in range(10):
-            store.add(row(f"p{index}", tokens=1000))
-        store.close("complete")
-    path = Path(config.out_dir) / "manifest.json"
+    path = finished_run(config)
     manifest = json.loads(path.read_text())
     manifest["clock"] = {"factor": 5.0, "hardware": "B200", "source": "draftgen sim"}
     manifest["sessions"][0].update(
