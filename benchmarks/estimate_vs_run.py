@@ -10,6 +10,10 @@ its inputs, each ratio taken within this one run:
   is left between this and 1 is the model; what it moves from the first ratio is the benchmark's sample.
 * rate: the run's own turns replayed through the benchmark's fitted rate curve, each conversation in one slot in
   the file's order (``estimate.model.simulate_fleet``), ÷ the generation's span on the clock its simulators kept.
+* drain: the same replay ÷ the estimate's model played on the run's own lengths (``estimate.model.estimate_wall``,
+  every turn a fresh draw of them, ``--draws`` times): how long the last conversations of this set happened to run
+  against what the model expects of such lengths; the draws' spread is the noise no estimate made before the run
+  can remove (the answers do not exist yet).
 * the benchmark's sample: its mean completion ÷ the set's; and with ``--seeds N``, how far the mean of such a
   sample (the benchmark's own sampler, as many prompts, N seeds) spreads, over the set's one-turn prompts, whose
   answer in the run is the one the benchmark measured for the same prompt (the simulator answers a prompt alike).
@@ -29,7 +33,7 @@ import yaml
 
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.inputs import audit_prompt_set, load_benchmark, measured_answers, sent_conversations
-from draftgen.estimate.model import fit_rate_model, simulate_fleet
+from draftgen.estimate.model import estimate_wall, fit_rate_model, simulate_fleet
 from draftgen.generate.report import compare_estimate, summary
 from draftgen.params import build_config
 from draftgen.rundir.layout import ESTIMATE
@@ -54,6 +58,12 @@ def main() -> None:
     parser.add_argument("demo", type=Path, help="a finished draftgen demo folder")
     parser.add_argument(
         "--seeds", type=int, default=0, help="spread of a benchmark sample's mean over N seeds"
+    )
+    parser.add_argument(
+        "--draws",
+        type=int,
+        default=20,
+        help="the model's plays of the run's own lengths for the drain (default 20)",
     )
     args = parser.parse_args()
     demo = args.demo
@@ -98,6 +108,31 @@ def main() -> None:
     print(
         f"  rate: run's span / its turns replayed on the fitted curve   {span / replay:.3f}  ({replay:,.1f} s)"
     )
+
+    if conversations is not None and args.draws:
+        rng = np.random.default_rng(0)
+        walls = np.asarray(
+            [
+                estimate_wall(
+                    own,
+                    run["turns"],
+                    int(estimate["servers"]),
+                    int(estimate["concurrency_per_server"]),
+                    rate,
+                    rng,
+                    repeats=1,
+                    conversations=conversations,
+                    tokens=own,
+                    answers=own_answers,
+                ).wall_s
+                for _ in range(args.draws)
+            ]
+        )
+        print(
+            f"  drain: the replay / the model on the run's own lengths   {replay / walls.mean():.3f}  "
+            f"({walls.mean():,.1f} s; over {args.draws} draws sd {walls.std() / walls.mean():.1%}, "
+            f"range {walls.min() / walls.mean():.3f}–{walls.max() / walls.mean():.3f})"
+        )
 
     measured = data.requests.filter(pl.col("ok"))["completion_tokens"]
     print(f"  the benchmark's sample: its mean / the set's text turns'   {measured.mean() / own.mean():.3f}")
