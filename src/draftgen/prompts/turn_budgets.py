@@ -24,7 +24,7 @@ import numpy as np
 
 from draftgen.generate.length_cap import BELOW_FLOOR, NO_ROOM, LengthCap, TurnLimit
 from draftgen.prompts.answer_lengths import AnswerDraw, AnswerLengths, kept_answer
-from draftgen.training.conversation import Answer, answer_points, request_messages
+from draftgen.training.conversation import Answer, answer_points, request_messages, source_answers
 from draftgen.training.tools import history_calls
 
 CAPPED = "capped"  # sent with the room the trainer's max_length leaves (below max_tokens)
@@ -130,22 +130,6 @@ class TurnBudgets:
         }
 
 
-def _source_answers(messages: Sequence[Mapping[str, Any]], points: Sequence[int]) -> dict[int, Answer]:
-    """For each answer point, the source's assistant text and tool calls after it (what stands in for the
-    regenerated answer: with the source's calls, its tool results follow as they will when the target asks the same)."""
-    answers = {}
-    for point in points:
-        texts: list[str] = []
-        calls: list[dict[str, Any]] = []
-        for message in messages[point + 1 :]:
-            if message["role"] != "assistant":
-                break
-            texts.append(str(message["content"] or ""))
-            calls += list(message.get("tool_calls") or ())
-        answers[point] = Answer("\n\n".join(texts), tuple(calls))
-    return answers
-
-
 class Classified(NamedTuple):
     """One answer point as counted: how it is sent, its prompt tokens, and the tokens of the tool calls it answers
     with (0: it answers in text, or they were not counted)."""
@@ -177,7 +161,7 @@ class _Prompts:
             tools,
         )
         self.points = answer_points(messages, turns)
-        self.stand_ins = _source_answers(messages, self.points)
+        self.stand_ins = source_answers(messages, self.points)
         if drawn:
             self.stand_ins = {p: a if a.tool_calls else Answer("") for p, a in self.stand_ins.items()}
         self.drawn = drawn
