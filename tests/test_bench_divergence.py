@@ -48,6 +48,9 @@ def test_an_agentic_row_is_asked_at_one_compared_point_chosen_by_its_id():
     assert (whole.messages, whole.after, whole.source_called) == (tuple(parallel()), None, None)
     last_only = parallel()[:1]  # a single question: its one point is the end
     assert chosen_point(_row("q", last_only)) is None
+    # turns: last, as generate sends it then: every row whole, nothing compared
+    assert {chosen_point(_row(f"r{i}"), "last") for i in range(20)} == {None}
+    assert sent_point(_row("r1"), "last").messages == tuple(parallel())
 
 
 def test_the_request_at_a_point_is_generates_when_the_target_answered_earlier_turns_as_the_source():
@@ -88,6 +91,8 @@ def test_the_points_are_part_of_a_stored_levels_identity_and_old_levels_load(tmp
     assert "answer_points" not in level_identity(facts(), config, 8, plain)  # older stored levels still match
     agentic = level_identity(facts(), config, 8, [*plain, _row("r1")])
     assert agentic["answer_points"] == [None, None, None, chosen_point(_row("r1"))]
+    last = build_config(BenchmarkConfig, {"servers": ["http://127.0.0.1:9"], "model": MODEL, "turns": "last"})
+    assert "answer_points" not in level_identity(facts(), last, 8, [*plain, _row("r1")])
     # a level stored before the columns existed reads back with them unknown
     stored = {
         k: v for k, v in record(0).__dict__.items() if k not in ("answer_point", "diverged", "source_called")

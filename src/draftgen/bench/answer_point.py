@@ -3,11 +3,12 @@
 With ``turns: all`` generate ends an agentic conversation at the first answer the source's next messages do not
 follow from (``training.conversation.follow_up``: other calls, a call where the source answered in text, none where
 it called): its later answer points are never sent. How often that happens is the target's own behaviour, so the
-benchmark measures it. A sampled row with ``tools`` that has answer points the source followed with an assistant
-message (``compared_points``) is sent at ONE of them, chosen uniformly by a hash of the row's id (so calling and
-text points are measured in proportion, and a resumed run sends the same), with the request generate builds for
-that point; its answer is then compared with the source's as generate compares it. Any other row is sent whole, at
-its last answer point, where there is no source answer to compare with.
+benchmark measures it. With ``turns: all`` (generate's default) a sampled row with ``tools`` that has answer points
+the source followed with an assistant message (``compared_points``) is sent at ONE of them, chosen uniformly by a
+hash of the row's id (so calling and text points are measured in proportion, and a resumed run sends the same),
+with the request generate builds for that point; its answer is then compared with the source's as generate compares
+it. Any other row, and every row with ``turns: last``, is sent whole (its last answer point, where there is no
+source answer to compare with), as generate sends it with ``turns: last``.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ class SentPoint:
         return divergence is not None
 
 
-def chosen_point(row: PromptRow) -> int | None:
-    """The answer point the benchmark asks ``row`` at: one of its compared points, by a hash of its id, when it
-    offers tools; else None (sent whole)."""
-    if not row.tools:
+def chosen_point(row: PromptRow, turns: str = "all") -> int | None:
+    """The answer point the benchmark asks ``row`` at with generate's ``turns``: one of its compared points, by a
+    hash of its id, when it offers tools and turns is "all"; else None (sent whole, as generate sends it with
+    "last")."""
+    if not row.tools or turns != "all":
         return None
     points = compared_points(row.messages)
     if not points:
@@ -59,12 +61,12 @@ def chosen_point(row: PromptRow) -> int | None:
     return points[int.from_bytes(digest, "little") % len(points)]
 
 
-def sent_point(row: PromptRow) -> SentPoint:
+def sent_point(row: PromptRow, turns: str = "all") -> SentPoint:
     """The request for ``row`` (``chosen_point``): generate's request for that answer point, built by the same
     ``request_messages``. The earlier answers in it are the source's own (text and calls, its tool results after
     them): in generate they are the target's, which do not exist before the run; the prompt audit stands the
     source's in alike. A row sent whole is its messages as they are."""
-    after = chosen_point(row)
+    after = chosen_point(row, turns)
     if after is None:
         return SentPoint(row.messages, None, None)
     earlier = [p for p in answer_points(row.messages, "all") if p < after]

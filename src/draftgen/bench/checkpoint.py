@@ -45,7 +45,7 @@ def level_identity(
         "concurrency": concurrency,
         "prompt_ids": [row.id for row in rows],
     }
-    points = [chosen_point(row) for row in rows]
+    points = [chosen_point(row, config.turns) for row in rows]
     if any(p is not None for p in points):  # absent without agentic rows: older stored levels still match
         identity["answer_points"] = points  # an agentic row is asked at one point (bench.answer_point)
     if config.sampling_plan:  # absent without a plan: levels stored before the plan existed still match

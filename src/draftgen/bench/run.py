@@ -128,7 +128,9 @@ async def _one_request(
     seq: int,
     row: PromptRow,
 ) -> RequestRecord:
-    point = sent_point(row)  # an agentic row: one answer point, its answer compared with the source's
+    point = sent_point(
+        row, config.turns
+    )  # an agentic row: one answer point, its answer compared with the source's
     started_at = time.time()
     t0 = time.perf_counter()
     base = {
