@@ -9,6 +9,7 @@ estimate's planned requests falling with a measured divergence.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import polars as pl
@@ -17,9 +18,11 @@ from test_estimate_later_turns import CAP, CHAT, _benchmark
 
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.inputs import load_benchmark, measured_answers, measured_divergence
-from draftgen.estimate.plan import run_estimate
+from draftgen.estimate.plan import Estimate, run_estimate
+from draftgen.estimate.report import estimate_json
 from draftgen.params import build_config
 from draftgen.prompts.answer_lengths import AnswerLengths
+from draftgen.prompts.audit_report import AuditReport, findings
 from draftgen.prompts.divergence import MIN_KIND_REQUESTS, DivergenceShares
 from draftgen.prompts.turn_budgets import CAPPED, DIVERGED, _Prompts, classify, turn_budgets
 
@@ -195,18 +198,25 @@ def test_the_estimate_plans_fewer_requests_when_the_benchmark_measured_divergenc
         "turns": "all",
     }
 
-    def planned(called_share: float | None) -> int:
+    def planned(called_share: float | None) -> Estimate:
         folder = _benchmark(tmp_path / f"s{called_share}", 0.1)
         if called_share is not None:
             _with_divergence(folder, called_share)
-        estimate = run_estimate(build_config(EstimateConfig, {**values, "benchmark_dir": str(folder)}))
-        return estimate.num_prompts
+        return run_estimate(build_config(EstimateConfig, {**values, "benchmark_dir": str(folder)}))
 
     for sub in ("sNone", "s1.0", "s0.5"):
         (tmp_path / sub).mkdir()
-    assert planned(None) == 90  # 30 conversations x 3 points: an older benchmark prices no divergence
-    assert planned(1.0) == 30  # every one ends after its first answer
-    assert 30 < planned(0.5) < 90
+    older = planned(None)
+    assert older.num_prompts == 90  # 30 conversations x 3 points: an older benchmark prices no divergence
+    every = planned(1.0)
+    assert every.num_prompts == 30  # every one ends after its first answer
+    assert estimate_json(every)["num_prompts"] == 30
+    assert 30 < planned(0.5).num_prompts < 90
+    shown = str(AuditReport(every.audit))
+    assert "about 30 after the turns set aside or after a conversation ended" in shown
+    assert re.search(r"not sent: the target's calls were not the source's +60\.0 +66\.7%", shown)
+    budgets = next(f for f in findings(every.audit) if f.check == "turn budgets")
+    assert "66.7% not sent (an earlier answer's calls were not the source's)" in budgets.detail
     answers = measured_answers(load_benchmark(tmp_path / "s1.0" / "bench-0.1"))
     assert answers is not None and answers.divergence is not None
     assert "100.0% where the source called tools (20 of 20)" in answers.note
