@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from draftgen.bench.answer_point import chosen_point
 from draftgen.bench.config import BenchmarkConfig
 from draftgen.bench.records import LevelRun, RequestRecord, ServerFacts, WorkerWindow
 from draftgen.client.metrics import CounterWindow
@@ -44,6 +45,9 @@ def level_identity(
         "concurrency": concurrency,
         "prompt_ids": [row.id for row in rows],
     }
+    points = [chosen_point(row, config.turns) for row in rows]
+    if any(p is not None for p in points):  # absent without agentic rows: older stored levels still match
+        identity["answer_points"] = points  # an agentic row is asked at one point (bench.answer_point)
     if config.sampling_plan:  # absent without a plan: levels stored before the plan existed still match
         identity["sampling_plan"] = [arm.model_dump(exclude_none=True) for arm in config.sampling_plan]
     return identity
@@ -55,7 +59,9 @@ def _differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
         if key == "server" and isinstance(stored.get(key), dict):
             names += [f"server {k}" for k, v in value.items() if stored[key].get(k) != v]
         elif stored.get(key) != value:
-            names.append("prompts" if key == "prompt_ids" else key)
+            names.append(
+                {"prompt_ids": "prompts", "answer_points": "agentic rows' answer points"}.get(key, key)
+            )
     return names
 
 

@@ -16,6 +16,7 @@ from draftgen.params import (
     ProjectPath,
     SamplingParams,
     TunedSettings,
+    Turns,
     WarmupRequests,
     param,
 )
@@ -34,7 +35,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         ("fleet", "servers model api_key_env request_timeout_s"),
         (
             "prompts and sampling (production settings)",
-            "prompts category_field max_tokens temperature top_p top_k min_p enable_thinking sampling_plan",
+            "prompts category_field turns max_tokens temperature top_p top_k min_p enable_thinking sampling_plan",
         ),
         (
             "levels",
@@ -45,6 +46,9 @@ class BenchmarkConfig(FleetParams, SamplingParams):
             "servers": "base URLs, one SGLang server per GPU",
             "request_timeout_s": "one request's time limit (s); a timed-out request counts as failed",
             "warmup_requests": "short requests per server before the first level (not measured)",
+            "turns": 'as in generate: "all" asks each agentic row at one answer point its source answered, as '
+            "generate asks it, and records whether the target's answer diverged (the estimate prices that); "
+            '"last" sends every row whole',
             "sampling_plan": "generate's plan: each level sends the plan's mix (each sampled prompt once per "
             "planned sample, each sample with its arm's sampling), so each arm is measured ([]: one request per "
             "prompt, the settings above)",
@@ -56,6 +60,7 @@ class BenchmarkConfig(FleetParams, SamplingParams):
         'a .jsonl/.parquet sample of YOUR prompts (lengths depend on them), or "synthetic" (the bundled set)',
     )
     category_field: CategoryField
+    turns: Turns
     sampling_plan: SamplingPlan
     num_prompts: PositiveInt = param(
         128,

@@ -56,6 +56,12 @@ class RequestRecord:
     done_sentinel: bool | None = None  # the stream ended with "data: [DONE]"
     category: str | None = None  # the prompt row's category (draftgen.prompts.rows.row_category)
     arm: str | None = None  # the sampling plan's arm the request was sampled by (None: no plan)
+    # An agentic row is asked at one answer point its source followed with an assistant message
+    # (bench.answer_point): which one (None: sent whole), whether the target's answer there diverged from the
+    # source's as generate judges it, and whether the source's reply there called tools (both None: not compared).
+    answer_point: int | None = None
+    diverged: bool | None = None
+    source_called: bool | None = None
 
 
 @dataclass(frozen=True)

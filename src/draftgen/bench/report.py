@@ -225,7 +225,12 @@ def build_report(run: BenchmarkRun) -> BenchmarkReport:
         rows = request_rows(level, facts[level.server], max_tokens)
         request_dicts.extend(rows)
         level_dicts.append(level_row(level, facts[level.server], rows, max_tokens))
-    requests = pl.DataFrame(request_dicts, infer_schema_length=None)
+    requests = pl.DataFrame(request_dicts, infer_schema_length=None).with_columns(
+        # typed even when no row was compared (all null), so the estimate reads them alike
+        pl.col("answer_point").cast(pl.Int64),
+        pl.col("diverged").cast(pl.Boolean),
+        pl.col("source_called").cast(pl.Boolean),
+    )
     workers = pl.DataFrame(
         [row for level in run.levels for row in worker_rows(level)], schema=WORKER_SCHEMA
     ).sort(["gpu", "concurrency", "worker"])

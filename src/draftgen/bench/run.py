@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftgen.bench.answer_point import sent_point
 from draftgen.bench.checkpoint import LevelStore, level_identity
 from draftgen.bench.config import WARMUP_MAX_TOKENS, BenchmarkConfig
 from draftgen.bench.records import BenchmarkRun, LevelRun, RequestRecord, ServerFacts, WorkerWindow
@@ -127,6 +128,9 @@ async def _one_request(
     seq: int,
     row: PromptRow,
 ) -> RequestRecord:
+    point = sent_point(
+        row, config.turns
+    )  # an agentic row: one answer point, its answer compared with the source's
     started_at = time.time()
     t0 = time.perf_counter()
     base = {
@@ -137,10 +141,11 @@ async def _one_request(
         "prompt_id": row.prompt_id or row.id,  # a sample's prompt: its answers are grouped by prompt
         "category": row.category,
         "arm": row.arm,
+        "answer_point": point.after,
     }
     try:
         result = await client.stream_chat(
-            wire_messages(row.messages),
+            wire_messages(point.messages),
             config.arm_sampling(row.arm),
             config.model,
             timeout_s=config.request_timeout_s,
@@ -177,6 +182,8 @@ async def _one_request(
         spec_accept_length=result.spec_accept_length,
         spec_verify_ct=result.spec_verify_ct,
         done_sentinel=result.done_sentinel,
+        diverged=point.diverged(row.messages, result),
+        source_called=point.source_called,
     )
 
 

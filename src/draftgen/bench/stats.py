@@ -158,6 +158,9 @@ def request_rows(level: LevelRun, facts: ServerFacts, max_tokens: int) -> list[d
                 "spec_accept_length": accept,
                 "spec_verify_ct": record.spec_verify_ct,
                 "done_sentinel": record.done_sentinel,
+                "answer_point": record.answer_point,
+                "diverged": record.diverged,
+                "source_called": record.source_called,
             }
         )
     return rows

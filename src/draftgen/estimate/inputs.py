@@ -22,6 +22,7 @@ from draftgen.estimate.model import with_answer_tokens
 from draftgen.paths import resolve_path
 from draftgen.prompts.answer_lengths import AnswerLengths
 from draftgen.prompts.audit import NEAR_LIMIT_BESIDE_A_RUN, AuditSettings, PromptAudit, audit_prompts
+from draftgen.prompts.divergence import DivergenceShares
 from draftgen.prompts.rows import PromptRow, count_rows, iter_prompts
 from draftgen.rundir.layout import BENCH_OCCUPANCY as OCCUPANCY_FILE
 from draftgen.rundir.layout import BENCH_REQUESTS as REQUESTS_FILE
@@ -139,6 +140,26 @@ def measured_answers(data: BenchmarkData) -> AnswerLengths | None:
         ok["answer_tokens"].to_list(),
         categories,
         f"the benchmark's {ok.height:,} answered requests",
+        measured_divergence(requests),
+    )
+
+
+def measured_divergence(requests: pl.DataFrame) -> DivergenceShares | None:
+    """The benchmark's agentic answers compared with the source's (``diverged`` not null), all categories pooled,
+    by the kind of the source's reply (``draftgen.prompts.divergence``); a request cut at max_tokens is left out
+    (the drawn lengths price a cut before the calls). None for a benchmark that recorded no comparison (older
+    folders lack the columns)."""
+    if not {"diverged", "source_called"} <= set(requests.columns):
+        return None
+    compared = requests.filter(pl.col("ok") & pl.col("diverged").is_not_null())
+    if "finish_reason" in compared.columns:
+        compared = compared.filter(pl.col("finish_reason").fill_null("") != "length")
+    if compared.is_empty():
+        return None
+    return DivergenceShares.of(
+        compared["source_called"].fill_null(False).to_list(),
+        compared["diverged"].to_list(),
+        f"the benchmark's {compared.height:,} agentic answers compared",
     )
 
 
@@ -242,7 +263,10 @@ def dataset_size(
         mean = float(answers.mean())
     source = f"{size:,} prompts ({source}) x {mean:.3f} answers each (turns: {turns}"
     if audit is not None and audit.budgets is not None:
-        source += f"; the turns set aside under max_length {audit.budgets.max_length:,} left out"
+        source += (
+            f"; the turns set aside under max_length {audit.budgets.max_length:,} or after a conversation ended "
+            "left out"
+        )
     return round(size * mean), source + ")"
 
 

@@ -441,7 +441,10 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         if config.turns == "all" and budgets is not None and budgets.turns:
             kept = budgets.sent / budgets.turns
             num_prompts = max(1, round(num_prompts * kept))
-            size_source += f", {kept:.1%} of them sent (the rest set aside under max_length, by the audit)"
+            size_source += (
+                f", {kept:.1%} of them sent (the rest set aside under max_length or after a conversation ended, "
+                "by the audit)"
+            )
     elif config.sampling_plan:
         answers = plan.requests_per_prompt
         num_prompts = max(1, round(num_prompts * answers))

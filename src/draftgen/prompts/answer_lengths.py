@@ -7,7 +7,9 @@ the prompt file wants, but a thinking model's answers are longer than most sourc
 room and more of them are set aside. The estimate therefore prices later turns with answers drawn from what the
 benchmark measured: pairs of (completion tokens, answer tokens), from the benchmark's requests of the
 conversation's category when it measured at least ``MIN_CATEGORY_REQUESTS`` of them, else from all of them, each cut
-at its turn's room as generate cuts it (``kept_answer``).
+at its turn's room as generate cuts it (``kept_answer``). They carry, too, how often the target's answer at an
+agentic answer point diverged from the source's (``divergence``, measured by the same benchmark): the estimate ends a
+conversation there as often.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from draftgen.prompts.divergence import DivergenceDraw, DivergenceShares
 
 MIN_CATEGORY_REQUESTS = 30  # fewer measured requests of a category: its answers are drawn from all of them
 AnswerDraw = Callable[[], tuple[int, int]]  # → (completion tokens, answer tokens) of one regenerated turn
@@ -38,6 +42,7 @@ class AnswerLengths:
     answer: np.ndarray  # of them, the tokens after the reasoning
     source: str  # where they were measured, for the notes
     groups: Mapping[str, np.ndarray] = field(default_factory=dict)  # category → its requests' indices
+    divergence: DivergenceShares | None = None  # None: the benchmark compared no agentic answer (older ones)
 
     @classmethod
     def of(
@@ -46,6 +51,7 @@ class AnswerLengths:
         answer: Sequence[int],
         categories: Sequence[str | None],
         source: str,
+        divergence: DivergenceShares | None = None,
     ) -> AnswerLengths:
         if not len(completion) or len(completion) != len(answer) or len(answer) != len(categories):
             raise ValueError("answer lengths need one completion, answer and category per measured request")
@@ -58,6 +64,7 @@ class AnswerLengths:
             answer=np.minimum(np.asarray(answer, dtype=np.int64), np.asarray(completion, dtype=np.int64)),
             source=source,
             groups={k: np.asarray(v) for k, v in by.items() if len(v) >= MIN_CATEGORY_REQUESTS},
+            divergence=divergence,
         )
 
     @property
@@ -67,6 +74,7 @@ class AnswerLengths:
             "each earlier answer in a later turn's prompt is as long as the target's: a draw of a measured "
             f"request's answer tokens from {self.source}{categories}, cut at that turn's room as generate cuts it; "
             "an answer with tool calls stands as the source's, and one cut before its calls ends the conversation"
+            + (f"; {self.divergence.note}" if self.divergence is not None else "")
         )
 
     def drawer(self, category: str | None, rng: np.random.Generator) -> AnswerDraw:
@@ -82,3 +90,7 @@ class AnswerLengths:
             return int(self.completion[index]), int(self.answer[index])
 
         return draw
+
+    def diverger(self, rng: np.random.Generator) -> DivergenceDraw | None:
+        """Divergence draws for one conversation (``DivergenceShares.drawer``); None when none was measured."""
+        return self.divergence.drawer(rng) if self.divergence is not None else None

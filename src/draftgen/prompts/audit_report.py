@@ -113,6 +113,8 @@ def findings(audit: PromptAudit, max_rejected_rate: float | None = None) -> list
                 ("capped", f"capped at max_length {budgets.max_length:,} − the prompt"),
                 ("full", f"with the full max_tokens {budgets.max_tokens:,}"),
                 ("uncounted", "not counted (the template failed: sent uncapped)"),
+                ("ended", "not sent (an earlier answer cut before its tool calls)"),
+                ("diverged", "not sent (an earlier answer's calls were not the source's)"),
             )
             if budgets.by_class.get(name)
         ]
@@ -136,7 +138,10 @@ def headline(audit: PromptAudit, max_rejected_rate: float | None = None) -> str:
     if audit.turns_mode == "all" and points != audit.conversations:
         sent += f" ({points:,} answer points, turns: all"
         if audit.budgets is not None and audit.budgets.conversations:
-            sent += f"; about {audit.budgets.sent_per_conversation * audit.conversations:,.0f} after the turns set aside"
+            sent += (
+                f"; about {audit.budgets.sent_per_conversation * audit.conversations:,.0f} after the turns set "
+                "aside or after a conversation ended"
+            )
         sent += ")"
     text = f"{audit.path}: {audit.rows:,} rows read; {sent}."
     warnings = [f.detail for f in findings(audit, max_rejected_rate) if f.status == "warn"]

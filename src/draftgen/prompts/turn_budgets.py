@@ -10,7 +10,8 @@ is played ``draws`` times from one rendering of its prompts. Each request is jud
 ``generate.length_cap.LengthCap.limit_of`` and ``TurnLimit.set_aside_by``: set aside (its prompt leaves no room, or
 less than the floor ``min_turn_budget``), capped (the room the trainer's max_length leaves is below ``max_tokens``),
 or sent with the full ``max_tokens``. As in generate, a conversation's turns after the first one set aside are set
-aside with it.
+aside with it. With answers of measured lengths, an agentic conversation also ends where the target's answer
+diverges from the source's (``DIVERGED``), as often as the benchmark measured (``divergence``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ import numpy as np
 
 from draftgen.generate.length_cap import BELOW_FLOOR, NO_ROOM, LengthCap, TurnLimit
 from draftgen.prompts.answer_lengths import AnswerDraw, AnswerLengths, kept_answer
-from draftgen.training.conversation import Answer, answer_points, request_messages
+from draftgen.prompts.divergence import DivergenceDraw
+from draftgen.training.conversation import (
+    Answer,
+    answer_points,
+    request_messages,
+    source_answers,
+    source_reply,
+)
 from draftgen.training.tools import history_calls
 
 CAPPED = "capped"  # sent with the room the trainer's max_length leaves (below max_tokens)
@@ -33,12 +41,16 @@ UNCOUNTED = "uncounted"  # the chat template could not render the prompt: genera
 # not sent: an earlier answer, cut at its room, ended before its tool calls (generate ends the conversation there);
 # only with answers of measured lengths (the estimate's)
 ENDED = "ended"
-CLASSES = (NO_ROOM, BELOW_FLOOR, ENDED, CAPPED, FULL, UNCOUNTED)
-NOT_SENT = (NO_ROOM, BELOW_FLOOR, ENDED)
+# not sent: an earlier answer of an agentic conversation diverged from the source's (other calls, a call where the
+# source wrote text, text where it called): generate ends the conversation there; drawn with the benchmark's shares
+DIVERGED = "diverged"
+CLASSES = (NO_ROOM, BELOW_FLOOR, ENDED, DIVERGED, CAPPED, FULL, UNCOUNTED)
+NOT_SENT = (NO_ROOM, BELOW_FLOOR, ENDED, DIVERGED)
 CLASS_LABELS = {
     NO_ROOM: "set aside: no room (prompt ≥ max_length)",
     BELOW_FLOOR: "set aside: below min_turn_budget",
     ENDED: "not sent: an earlier answer was cut before its tool calls",
+    DIVERGED: "not sent: the target's calls were not the source's",
     CAPPED: "capped at max_length − prompt",
     FULL: "full max_tokens",
     UNCOUNTED: "not counted (template error; sent uncapped)",
@@ -92,7 +104,7 @@ class TurnBudgets:
     @property
     def sent(self) -> int:
         """Answer points sent: the set-aside ones and those after a conversation ended left out."""
-        return self.turns - self.set_aside - self.by_class.get(ENDED, 0)
+        return self.turns - sum(self.by_class.get(name, 0) for name in NOT_SENT)
 
     @property
     def sent_per_conversation(self) -> float:
@@ -130,22 +142,6 @@ class TurnBudgets:
         }
 
 
-def _source_answers(messages: Sequence[Mapping[str, Any]], points: Sequence[int]) -> dict[int, Answer]:
-    """For each answer point, the source's assistant text and tool calls after it (what stands in for the
-    regenerated answer: with the source's calls, its tool results follow as they will when the target asks the same)."""
-    answers = {}
-    for point in points:
-        texts: list[str] = []
-        calls: list[dict[str, Any]] = []
-        for message in messages[point + 1 :]:
-            if message["role"] != "assistant":
-                break
-            texts.append(str(message["content"] or ""))
-            calls += list(message.get("tool_calls") or ())
-        answers[point] = Answer("\n\n".join(texts), tuple(calls))
-    return answers
-
-
 class Classified(NamedTuple):
     """One answer point as counted: how it is sent, its prompt tokens, and the tokens of the tool calls it answers
     with (0: it answers in text, or they were not counted)."""
@@ -153,6 +149,15 @@ class Classified(NamedTuple):
     name: str
     prompt_tokens: int | None
     call_tokens: int = 0
+
+
+def _source_called(
+    messages: Sequence[Mapping[str, Any]], point: int, tools: Sequence[Mapping[str, Any]] | None, turns: str
+) -> bool | None:
+    """Whether the source's reply at ``point`` called tools, where generate compares the target's answer with it
+    (an agentic conversation in mode all, a point the source followed with an assistant message); else None."""
+    reply = source_reply(messages, point) if tools and turns == "all" else None
+    return None if reply is None else bool(reply.get("tool_calls"))
 
 
 class _Prompts:
@@ -177,10 +182,11 @@ class _Prompts:
             tools,
         )
         self.points = answer_points(messages, turns)
-        self.stand_ins = _source_answers(messages, self.points)
+        self.stand_ins = source_answers(messages, self.points)
         if drawn:
             self.stand_ins = {p: a if a.tool_calls else Answer("") for p, a in self.stand_ins.items()}
         self.drawn = drawn
+        self.compared = {p: _source_called(messages, p, tools, turns) for p in self.points}
         self._counts: list[int | None] = []
         self._calls: dict[int, int] = {}
 
@@ -240,13 +246,20 @@ def classify_turns(
 
 
 def classify(
-    prompts: _Prompts, cap: LengthCap, max_tokens: int, answers: AnswerDraw | None = None
+    prompts: _Prompts,
+    cap: LengthCap,
+    max_tokens: int,
+    answers: AnswerDraw | None = None,
+    diverges: DivergenceDraw | None = None,
 ) -> list[Classified]:
     """Each answer point of one version of a conversation (``classify_turns``), with ``answers`` (draws of a
     regenerated turn's completion and answer tokens) when its prompts stand the answers in text as empty ones: each
     such answer then adds its drawn answer tokens, cut at its turn's room (``answer_lengths.kept_answer``), to every
     later prompt; one with tool calls writes its reasoning and those calls, and when that is longer than its room
-    the conversation ends there (cut before its calls, as generate ends it: the points after it are ENDED)."""
+    the conversation ends there (cut before its calls, as generate ends it: the points after it are ENDED). With
+    ``diverges`` too (the benchmark's divergence shares, drawn by the kind of the source's reply), a sent answer at a
+    point of an agentic conversation the source followed with an assistant message may diverge from the source's:
+    the conversation ends there as well (the points after it are DIVERGED)."""
     extra = 0  # drawn answer tokens in the prompt beyond the stand-ins' text
     out: list[Classified] = []
     stopped: str | None = None
@@ -274,6 +287,9 @@ def classify(
             stopped = ENDED if completion - answer + calls > limit.max_tokens else None
         elif not prompts.stand_ins[prompts.points[turn]].tool_calls:
             extra += kept_answer(completion, answer, limit.max_tokens)
+        source_called = prompts.compared[prompts.points[turn]]
+        if stopped is None and diverges is not None and source_called is not None and diverges(source_called):
+            stopped = DIVERGED
     return out
 
 
@@ -316,8 +332,9 @@ def turn_budgets(
     for messages, tools, category in conversations:
         prompts = _Prompts(messages, cap, enable_thinking, turns, tools, drawn=answers is not None)
         draw = answers.drawer(category, rng) if answers is not None else None
+        diverges = answers.diverger(rng) if answers is not None else None
         for version in versions:
-            classified = classify(prompts, cap, max_tokens, draw)
+            classified = classify(prompts, cap, max_tokens, draw, diverges)
             by_class.update(c.name for c in classified)
             sent_here = [c for c in classified if c.name not in NOT_SENT]
             own = tuple(

@@ -123,6 +123,37 @@ def answer_points(messages: Sequence[Mapping[str, Any]], mode: str) -> tuple[int
     return tuple(points)
 
 
+def source_reply(messages: Sequence[Mapping[str, Any]], after: int) -> Mapping[str, Any] | None:
+    """The source's assistant message right after answer point ``after``: what ``follow_up`` compares the target's
+    answer with (None: the source says nothing more there, so nothing is compared)."""
+    if after + 1 >= len(messages) or messages[after + 1]["role"] != "assistant":
+        return None
+    return messages[after + 1]
+
+
+def compared_points(messages: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
+    """The answer points (mode ``all``) the source followed with an assistant message: where ``follow_up`` compares
+    the target's answer with the source's, so an agentic conversation can diverge (every point but the last)."""
+    return tuple(p for p in answer_points(messages, "all") if source_reply(messages, p) is not None)
+
+
+def source_answers(messages: Sequence[Mapping[str, Any]], points: Sequence[int]) -> dict[int, Answer]:
+    """For each answer point, the source's assistant text and tool calls after it: what stands in for a regenerated
+    answer before the target wrote one (with the source's calls, its tool results follow as they will when the
+    target asks the same)."""
+    answers = {}
+    for point in points:
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for message in messages[point + 1 :]:
+            if message["role"] != "assistant":
+                break
+            texts.append(str(message["content"] or ""))
+            calls += list(message.get("tool_calls") or ())
+        answers[point] = Answer("\n\n".join(texts), tuple(calls))
+    return answers
+
+
 def _names(calls: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(str(c["function"]["name"]) for c in calls)
 
@@ -143,9 +174,9 @@ def follow_up(
     position). Otherwise ([], a Divergence): the target called where the source answered in text, answered in text
     where the source called (``cut``: the finish reason of an answer that ended before its stop token, named in the
     reason), or called for something else. After the final message nothing follows: ([], None)."""
-    if after + 1 >= len(messages) or messages[after + 1]["role"] != "assistant":
+    source = source_reply(messages, after)
+    if source is None:
         return [], None
-    source = messages[after + 1]
     original = tuple(source.get("tool_calls") or ())
     target = tuple(calls)
     if not original and not target:
