@@ -8,7 +8,8 @@ its inputs, each ratio taken within this one run:
 * lengths: the estimate's mean tokens per turn re-priced with the set's own lengths (the run's text turns sent with
   the full max_tokens stand in for the benchmark's sample: same rooms, same conversations), ÷ the run's mean. What
   is left between this and 1 is the model; what it moves from the first ratio is the benchmark's sample.
-* rate: the run's own turns replayed through the benchmark's fitted rate curve, each conversation in one slot in
+* rate: the run's own turns replayed through the benchmark's fitted rate curve (at the set's acceptance, as the
+  estimate prices it: ``estimate.acceptance_mix``), each conversation in one slot in
   the file's order (``estimate.model.simulate_fleet``), ÷ the generation's span on the clock its simulators kept.
 * drain: the same replay ÷ the estimate's model played on the run's own lengths (``estimate.model.estimate_wall``,
   every turn a fresh draw of them, ``--draws`` times): how long the last conversations of this set happened to run
@@ -31,6 +32,7 @@ import numpy as np
 import polars as pl
 import yaml
 
+from draftgen.estimate.acceptance_mix import acceptance_mix, set_rooms
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.inputs import audit_prompt_set, load_benchmark, measured_answers, sent_conversations
 from draftgen.estimate.model import estimate_wall, fit_rate_model, simulate_fleet
@@ -90,7 +92,8 @@ def main() -> None:
     params = yaml.safe_load((demo / "estimate" / "parameters.yaml").read_text())
     config = build_config(EstimateConfig, {**params, "out_dir": str(demo / "estimate")})
     data = load_benchmark(demo / "benchmark")
-    conversations = sent_conversations(audit_prompt_set(config, measured_answers(data)))
+    audit = audit_prompt_set(config, measured_answers(data))
+    conversations = sent_conversations(audit)
     tokenizer = load_tokenizer(config.tokenizer)
     shards = pl.read_parquet(demo / "generate" / "shards" / "*.parquet").sort("source_row")
     own, own_answers = _text_turns(
@@ -103,6 +106,10 @@ def main() -> None:
         )
 
     rate = fit_rate_model(data.occupancy, data.max_running).model
+    mix = acceptance_mix(data.requests, set_rooms(audit))
+    if mix is not None:  # the curve the estimate priced with: at the set's acceptance
+        rate = rate.scaled(mix.factor, "at the set's acceptance")
+        print(f"  acceptance: the set's tokens per verify step / the benchmark's   {mix.factor:.3f}")
     jobs = np.asarray([float(sum(turns)) for turns in shards["turn_completion_tokens"].to_list()])
     replay = simulate_fleet(jobs, int(estimate["servers"]), int(estimate["concurrency_per_server"]), rate)
     print(

@@ -328,3 +328,39 @@ def test_each_draw_is_clipped_at_the_rooms_the_trainers_max_length_leaves():
     )
     # work clipped in proportion: an arm whose tokens cost twice the benchmark's
     assert turns.mean_work(2 * tokens, tokens) == pytest.approx(87.5 + 637.5)
+
+
+def test_the_rate_is_scaled_to_the_acceptance_of_the_sets_own_mix(tmp_path):
+    """The bundled set's long chats yield 2 tokens a verify step, everything else 4; the benchmark asked a long chat
+    once in ten requests, generate asks one at each of its many answer points: priced slower than the curve."""
+    folder, _ = _benchmark_folder(tmp_path)
+    path = folder / "requests.parquet"
+    requests = pl.read_parquet(path)
+    long_chat = np.arange(requests.height) % 10 == 0
+    requests.with_columns(
+        pl.Series("category", np.where(long_chat, "long_chat", "math")),
+        (pl.col("completion_tokens") / pl.Series(np.where(long_chat, 2.0, 4.0)))
+        .round()
+        .alias("spec_verify_ct"),
+    ).with_columns(
+        (pl.col("completion_tokens") / pl.col("spec_verify_ct")).alias("spec_accept_length")
+    ).write_parquet(path)
+    values = {
+        "benchmark_dir": str(folder),
+        "gpus": 7,
+        "concurrency_per_server": 16,
+        "max_tokens": 1024,
+        "bootstrap": 10,
+        "scenarios": [],
+        "out_dir": str(tmp_path / "est"),
+    }
+    estimate = run_estimate(build_config(EstimateConfig, values))
+    mix = estimate.benchmark.mix
+    assert mix is not None and mix.apart == ("long_chat", "math")
+    assert mix.benchmark == pytest.approx(1 / (0.1 / 2 + 0.9 / 4), rel=0.02)
+    assert mix.factor < 0.97  # long chats weigh more in the set's requests than in the benchmark's
+    assert estimate.production.tok_s_per_gpu == pytest.approx(RATE.tok_s(16) * mix.factor)
+    assert any("tokens per verify step" in note for note in estimate.notes)
+    assert estimate.benchmark.fit.model.tok_s(16) == pytest.approx(
+        RATE.tok_s(16)
+    )  # the fit itself is the benchmark's

@@ -6,6 +6,7 @@ Every time, rate and dollar is on the benchmarked hardware's clock (``BenchmarkD
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from draftgen.estimate.acceptance_mix import AcceptanceMix, acceptance_mix, set_rooms
 from draftgen.estimate.arms import PlanDraws, PricedPlan, price_plan
 from draftgen.estimate.config import EstimateConfig, ScenarioSpec
 from draftgen.estimate.conversations import Conversations
@@ -45,12 +47,32 @@ SWEEP_MAX_TOKENS = (256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 
 @dataclass(frozen=True)
 class Measured:
-    """One benchmark, digested: its rate curve (and resampled curves for the interval) and its lengths."""
+    """One benchmark, digested: its rate curve (and resampled curves for the interval) and its lengths; with
+    ``mix``, the curves the set is priced at (``rate``, ``rates``): scaled to the acceptance of its mix of prompts."""
 
     data: BenchmarkData
     fit: RateFit
     boot_rates: tuple[RateModel, ...]
     lengths: LengthSample
+    mix: AcceptanceMix | None = None
+
+    @property
+    def rate(self) -> RateModel:
+        return self.rates_at_mix((self.fit.model,))[0]
+
+    @property
+    def rates(self) -> list[RateModel]:
+        return self.rates_at_mix(self.boot_rates)
+
+    def rates_at_mix(self, rates: tuple[RateModel, ...]) -> list[RateModel]:
+        if self.mix is None:
+            return list(rates)
+        return [rate.scaled(self.mix.factor, f"{rate.source}, at the set's acceptance") for rate in rates]
+
+    def at_mix(self, audit: PromptAudit) -> Measured:
+        """Priced at the acceptance of the set ``audit`` describes (unchanged when the benchmark has no verify
+        counts)."""
+        return dataclasses.replace(self, mix=acceptance_mix(self.data.requests, set_rooms(audit)))
 
 
 @dataclass(frozen=True)
@@ -290,6 +312,7 @@ def _scenario(
     num_prompts: int,
     rng: np.random.Generator,
     conversations: Conversations | None = None,
+    audit: PromptAudit | None = None,
 ) -> ScenarioResult:
     concurrency = spec.concurrency_per_server or config.concurrency_per_server
     usd = config.gpu_hour_usd if spec.gpu_hour_usd is None else spec.gpu_hour_usd
@@ -325,7 +348,8 @@ def _scenario(
         measured = digest(
             load_benchmark(spec.benchmark_dir), len(main.boot_rates), rng, main.lengths.max_length
         )
-    rate = measured.fit.model
+        measured = measured if audit is None else measured.at_mix(audit)
+    rate = measured.rate
     if spec.max_running_requests:
         rate = RateModel(rate.alpha_s, rate.beta_s, spec.max_running_requests, rate.source)
     source = f"measured: {measured.data.path}"
@@ -333,7 +357,7 @@ def _scenario(
         spec.name,
         measured,
         rate,
-        list(measured.boot_rates),
+        measured.rates,
         source=source,
         interval_note=_boot_note(measured),
         plan=priced(measured, config),
@@ -364,7 +388,7 @@ def sweeps(
     Every point draws the same random lengths (common random numbers), so neighbouring points differ by the
     parameter, not by the draw.
     """
-    rate = main.fit.model
+    rate = main.rate
     per_prompt = plan.draws(max_tokens)
     measured_to = main.data.max_in_flight
 
@@ -421,6 +445,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     main = digest(load_benchmark(folder), config.bootstrap, rng, config.train_max_length)
     # later turns' prompts hold earlier answers as long as the benchmark measured the target's
     audit = audit_prompt_set(config, measured_answers(main.data))
+    main = main.at_mix(audit)
     num_prompts, size_source = dataset_size(
         config.dataset_size, config.prompt_path, config.limit, config.turns, audit
     )
@@ -455,6 +480,8 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         notes.append(f"{main.data.clock.note}; the benchmark's parquet files keep the raw wall-clock figures")
     if main.fit.note:
         notes.append(f"rate fit: {main.fit.note}")
+    if main.mix is not None and abs(main.mix.factor - 1.0) >= 0.001:
+        notes.append(main.mix.note)
     if main.fit.max_abs_rel_error > 0.05:
         notes.append(
             f"the linear tpot model misses a measured point by {main.fit.max_abs_rel_error:.0%}: "
@@ -488,8 +515,8 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     production = evaluate(
         "production (this benchmark)",
         main,
-        main.fit.model,
-        list(main.boot_rates),
+        main.rate,
+        main.rates,
         gpus=gpus,
         concurrency=config.concurrency_per_server,
         gpu_hour_usd=config.gpu_hour_usd,
@@ -500,8 +527,8 @@ def run_estimate(config: EstimateConfig) -> Estimate:
     concurrency_1 = evaluate(
         "same fleet at concurrency 1 (the old method)",
         main,
-        main.fit.model,
-        list(main.boot_rates),
+        main.rate,
+        main.rates,
         gpus=gpus,
         concurrency=1,
         gpu_hour_usd=config.gpu_hour_usd,
@@ -510,7 +537,7 @@ def run_estimate(config: EstimateConfig) -> Estimate:
         **common,
     )
     scenarios = tuple(
-        _scenario(spec, config, main, num_prompts, rng, conversations) for spec in config.scenarios
+        _scenario(spec, config, main, num_prompts, rng, conversations, audit) for spec in config.scenarios
     )
     cost = max_length_cost(main.data.requests, config.train_max_length)
     if cost is not None and cost.share_of_tokens > 0:

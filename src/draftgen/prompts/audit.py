@@ -115,6 +115,8 @@ class PromptAudit:
     turns_mode: str
     turns: dict[int, int]  # answer points per conversation → conversations
     categories: dict[str, int]  # category (or source) → conversations; "(none)" without one
+    # category → answer points (requests generate would make of them, nothing set aside); same keys
+    category_points: dict[str, int] = field(default_factory=dict)
     examples: dict[str, tuple[str, ...]] = field(default_factory=dict)  # finding → a few, with row numbers
     budgets: TurnBudgets | None = None
     seconds: float = 0.0
@@ -159,6 +161,7 @@ class PromptAudit:
             "turns_mode": self.turns_mode,
             "turns": {str(k): v for k, v in sorted(self.turns.items())},
             "categories": dict(self.categories),
+            "category_points": dict(self.category_points),
             "examples": {k: list(v) for k, v in self.examples.items()},
             "budgets": self.budgets.as_dict() if self.budgets else None,
             "seconds": self.seconds,
@@ -180,6 +183,7 @@ class _Tally:
         self.first_turns: dict[int, int] = {}  # digest of the folded first user turn → conversations
         self.turns: Counter[int] = Counter()
         self.categories: Counter[str] = Counter()
+        self.category_points: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
         self.sample: list[Conversation] = []  # (messages, tools, category) of the counted conversations
         self.sampler = random.Random(settings.seed)
@@ -203,12 +207,13 @@ class _Tally:
     def conversation(self, item: PromptRow) -> None:
         self.conversations += 1
         messages = item.messages
-        self.turns[len(answer_points(messages, self.settings.turns))] += 1
+        points = len(answer_points(messages, self.settings.turns))
+        self.turns[points] += 1
         category = item.category or "(none)"
-        if category in self.categories or len(self.categories) < CATEGORIES:
-            self.categories[category] += 1
-        else:
-            self.categories["(other)"] += 1
+        if category not in self.categories and len(self.categories) >= CATEGORIES:
+            category = "(other)"
+        self.categories[category] += 1
+        self.category_points[category] += points
         first = next((m["content"] for m in messages if m["role"] == "user"), None)
         if first is not None and is_opener(first):
             self.openers += 1
@@ -292,6 +297,7 @@ def audit_prompts(settings: AuditSettings) -> PromptAudit:
         turns_mode=settings.turns,
         turns=dict(sorted(tally.turns.items())),
         categories=dict(tally.categories.most_common()),
+        category_points=dict(tally.category_points),
         examples={k: tuple(v) for k, v in tally.examples.items()},
         budgets=budgets,
         seconds=time.perf_counter() - started,

@@ -85,6 +85,8 @@ class TurnBudgets:
     conversation_rooms: tuple[tuple[float, ...], ...] = ()
     # ...and the tokens of the tool calls each of those turns answers with (0: in text; counted with answers only)
     conversation_calls: tuple[tuple[int, ...], ...] = ()
+    # ...and each counted conversation's category (one per conversation, in the order counted; None: none given)
+    conversation_categories: tuple[str | None, ...] = ()
     draws: int = 1
     note: str = SOURCE_ANSWERS_NOTE  # what stood in for the earlier answers
     short_note: str = SOURCE_ANSWERS  # ...in a few words
@@ -362,6 +364,7 @@ def turn_budgets(
         capped_rooms=tuple(rooms),
         conversation_rooms=tuple(own for version in versions for own, _ in version),
         conversation_calls=tuple(calls for version in versions for _, calls in version),
+        conversation_categories=tuple(category for _, _, category in conversations),
         draws=draws,
         note=answers.note if answers is not None else SOURCE_ANSWERS_NOTE,
         short_note=(
