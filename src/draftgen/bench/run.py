@@ -128,9 +128,8 @@ async def _one_request(
     seq: int,
     row: PromptRow,
 ) -> RequestRecord:
-    point = sent_point(
-        row, config.turns
-    )  # an agentic row: one answer point, its answer compared with the source's
+    # an agentic row is asked at one answer point, and its answer compared with the source's there
+    point = sent_point(row, config.turns)
     started_at = time.time()
     t0 = time.perf_counter()
     base = {
