@@ -185,3 +185,36 @@ def test_the_start_up_waves_idle_capacity_is_integrated_from_the_running_gauge()
     samples = [(11.0, 12.0), (12.0, 36.0), (13.0, 48.0)]
     assert _idle_seconds(samples, 48.0, start=10.0) == pytest.approx(1.0 + 0.75 + 0.25)
     assert _idle_seconds([(10.5, 48.0)], 48.0, start=10.0) == pytest.approx(0.5)
+
+
+def test_the_demo_says_whether_the_run_fell_inside_the_estimates_interval(tmp_path):
+    from draftgen.commands.demo import _cost_lines
+
+    _finished_run(tmp_path / "demo" / "x")  # a generation span of 64 simulated seconds
+    (tmp_path / "demo" / "x" / "run").rename(tmp_path / "demo" / "generate")
+    estimate = tmp_path / "demo" / "estimate" / "estimate.json"
+    estimate.parent.mkdir(parents=True)
+
+    def planned(low: float, point: float, high: float) -> str:
+        estimate.write_text(
+            json.dumps(
+                {
+                    "aggregate_output_tok_s": 10_000 / 64,
+                    "wall_time_s": point,
+                    "wall_time_low_s": low,
+                    "wall_time_high_s": high,
+                    "interval": 0.9,
+                    "num_prompts": 10,
+                    "mean_completion_tokens": 1000.0,
+                    "servers": 2,
+                    "concurrency_per_server": 64,
+                    "max_tokens": 4096,
+                }
+            )
+        )
+        return next(line for line in _cost_lines(tmp_path / "demo") if line.startswith("planned"))
+
+    inside = planned(60.0, 66.0, 72.0)  # seconds shown in seconds: the interval in the row's own unit
+    assert "planned 66.00 (90% interval 60.00–72.00; the run inside it), actual 64.0" in inside
+    assert "(actual / planned 0.970)" in inside
+    assert "the run outside it" in planned(66.0, 70.0, 72.0)

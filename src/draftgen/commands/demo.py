@@ -175,6 +175,20 @@ def _acceptance_lines(run_dir: Path) -> list[str]:
     return [f"accept   : by prompt category, lowest first: {groups}; plot {plot}"]
 
 
+def _interval(estimate: Path, wall: dict[str, Any]) -> str:
+    """The estimate's interval in the wall-time row's unit, and whether the run fell inside it: a short set's run
+    ends on its longest conversations, so the point can miss by a few percent that the interval states
+    (docs/estimate.md, "How well it predicts")."""
+    data = json.loads(estimate.read_text())
+    low, high, point = (data.get(k) for k in ("wall_time_low_s", "wall_time_high_s", "wall_time_s"))
+    if not (low and high and point):
+        return ""
+    scale = wall["planned"] / point
+    inside = "inside it" if low * scale <= wall["actual"] <= high * scale else "outside it"
+    share = f"{data['interval']:.0%} " if data.get("interval") else ""
+    return f" ({share}interval {low * scale:,.2f}–{high * scale:,.2f}; the run {inside})"
+
+
 def _cost_lines(out: Path) -> list[str]:
     """Planned vs actual: wall time, and GPU-seconds and dollars per million trained tokens."""
     from draftgen.generate.report import compare_estimate
@@ -189,8 +203,8 @@ def _cost_lines(out: Path) -> list[str]:
     lines = []
     if wall and wall["actual"]:
         lines.append(
-            f"planned  : {wall['figure']}: planned {wall['planned']:,.2f}, actual {wall['actual']:,.2f} "
-            f"(actual / planned {wall['actual / planned']:.3f})"
+            f"planned  : {wall['figure']}: planned {wall['planned']:,.2f}{_interval(estimate, wall)}, "
+            f"actual {wall['actual']:,.2f} (actual / planned {wall['actual / planned']:.3f})"
         )
     if gpu_s and usd and gpu_s["actual"]:
         lines.append(
