@@ -14,7 +14,8 @@ its inputs, each ratio taken within this one run:
 * drain: the same replay ÷ the estimate's model played on the run's own lengths (``estimate.model.estimate_wall``,
   every turn a fresh draw of them, ``--draws`` times): how long the last conversations of this set happened to run
   against what the model expects of such lengths; the draws' spread is the noise no estimate made before the run
-  can remove (the answers do not exist yet).
+  can remove (the answers do not exist yet). Then the run's longest conversation against the longest of such plays,
+  and the replay with the run's own conversations permuted among those of as many turns.
 * the benchmark's sample: its mean completion ÷ the set's; and with ``--seeds N``, how far the mean of such a
   sample (the benchmark's own sampler, as many prompts, N seeds) spreads, over the set's one-turn prompts, whose
   answer in the run is the one the benchmark measured for the same prompt (the simulator answers a prompt alike).
@@ -111,7 +112,8 @@ def main() -> None:
         rate = rate.scaled(mix.factor, "at the set's acceptance")
         print(f"  acceptance: the set's tokens per verify step / the benchmark's   {mix.factor:.3f}")
     jobs = np.asarray([float(sum(turns)) for turns in shards["turn_completion_tokens"].to_list()])
-    replay = simulate_fleet(jobs, int(estimate["servers"]), int(estimate["concurrency_per_server"]), rate)
+    servers, slots = int(estimate["servers"]), int(estimate["concurrency_per_server"])
+    replay = simulate_fleet(jobs, servers, slots, rate)
     print(
         f"  rate: run's span / its turns replayed on the fitted curve   {span / replay:.3f}  ({replay:,.1f} s)"
     )
@@ -140,11 +142,52 @@ def main() -> None:
             f"({walls.mean():,.1f} s; over {args.draws} draws sd {walls.std() / walls.mean():.1%}, "
             f"range {walls.min() / walls.mean():.3f}–{walls.max() / walls.mean():.3f})"
         )
+        _longest(
+            shards,
+            jobs,
+            replay,
+            conversations,
+            own,
+            own_answers,
+            lambda j: simulate_fleet(j, servers, slots, rate),
+        )
 
     measured = data.requests.filter(pl.col("ok"))["completion_tokens"]
     print(f"  the benchmark's sample: its mean / the set's text turns'   {measured.mean() / own.mean():.3f}")
     if args.seeds:
         _sample_spread(shards, config.prompt_path, measured.len(), args.seeds)
+
+
+def _longest(shards, jobs, replay, conversations, own, own_answers, play, plays: int = 100) -> None:  # type: ignore[no-untyped-def]
+    """The run's longest conversation against the longest of the model's plays, and the replay with the run's own
+    conversations permuted among those of as many turns (is the file's order of them unusual?)."""
+    rng = np.random.default_rng(0)
+    longest = int(np.argmax(jobs))
+    maxima = []
+    for _ in range(plays):
+        rooms, calls, counts = conversations.draw(rng, len(jobs))
+        picks = rng.integers(own.size, size=rooms.size)
+        written = np.where(calls > 0, (own - own_answers)[picks] + calls, own[picks])
+        maxima.append(
+            np.add.reduceat(np.minimum(written, rooms), np.concatenate([[0], np.cumsum(counts)[:-1]])).max()
+        )
+    print(
+        f"  the longest conversation: row {shards['source_row'][longest]}, {len(shards['turn_after'][longest])} turns, "
+        f"{jobs[longest]:,.0f} tokens; longer than the longest of {np.mean(np.asarray(maxima) < jobs[longest]):.1%} "
+        "of the model's plays"
+    )
+    turns = shards["turn_after"].list.len().to_numpy()
+    permuted = []
+    for _ in range(20):
+        shuffled = jobs.copy()
+        for count in np.unique(turns):
+            same = np.flatnonzero(turns == count)
+            shuffled[same] = jobs[rng.permutation(same)]
+        permuted.append(play(shuffled))
+    print(
+        f"  the order: the replay / the run's conversations permuted among those of as many turns   "
+        f"{replay / np.mean(permuted):.3f}  (s.d. {np.std(permuted) / np.mean(permuted):.1%})"
+    )
 
 
 def _sample_spread(shards: pl.DataFrame, prompts: Path, count: int, seeds: int) -> None:
