@@ -14,7 +14,7 @@ import re
 import numpy as np
 import polars as pl
 import pytest
-from test_estimate_later_turns import CAP, CHAT, _benchmark
+from test_estimate_later_turns import CAP, CHAT, _benchmark, small_fleet_values
 
 from draftgen.estimate.config import EstimateConfig
 from draftgen.estimate.inputs import load_benchmark, measured_answers, measured_divergence
@@ -185,18 +185,7 @@ def test_the_estimate_plans_fewer_requests_when_the_benchmark_measured_divergenc
         )
     prompts = tmp_path / "agents.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    values = {
-        "prompts": str(prompts),
-        "tokenizer": str(tokenizer_dir),
-        "train_max_length": 4096,
-        "min_turn_budget": 256,
-        "max_tokens": 1024,
-        "gpus": 1,
-        "concurrency_per_server": 8,
-        "bootstrap": 10,
-        "scenarios": [],
-        "turns": "all",
-    }
+    values = {**small_fleet_values(prompts, tokenizer_dir, train_max_length=4096), "turns": "all"}
 
     def planned(called_share: float | None) -> Estimate:
         folder = _benchmark(tmp_path / f"s{called_share}", 0.1)

@@ -200,6 +200,22 @@ def test_a_sample_without_sends_or_a_set_of_single_full_turns_has_nothing_to_mod
 
 
 # ----- the estimate, end to end -------------------------------------------------------------------------------
+def small_fleet_values(prompts, tokenizer_dir, train_max_length: int) -> dict:  # type: ignore[no-untyped-def]
+    """An estimate's parameters for a small prompt file under the trainer's cap: one GPU at 8 in flight, 1024
+    tokens a turn, a floor of 256, 10 resamples, no other scenario (benchmark_dir added by the caller)."""
+    return {
+        "prompts": str(prompts),
+        "tokenizer": str(tokenizer_dir),
+        "train_max_length": train_max_length,
+        "min_turn_budget": 256,
+        "max_tokens": 1024,
+        "gpus": 1,
+        "concurrency_per_server": 8,
+        "bootstrap": 10,
+        "scenarios": [],
+    }
+
+
 def _benchmark(tmp_path, answer_share: float):
     """A benchmark folder: 40 requests of 400 tokens, ``answer_share`` of their characters answer text."""
     folder = tmp_path / f"bench-{answer_share}"
@@ -258,17 +274,7 @@ def test_the_estimate_sets_aside_the_later_turns_a_long_answer_leaves_no_room_fo
     ]
     prompts = tmp_path / "chats.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    values = {
-        "prompts": str(prompts),
-        "tokenizer": str(tokenizer_dir),
-        "train_max_length": 1024,
-        "min_turn_budget": 256,
-        "max_tokens": 1024,
-        "gpus": 1,
-        "concurrency_per_server": 8,
-        "bootstrap": 10,
-        "scenarios": [],
-    }
+    values = small_fleet_values(prompts, tokenizer_dir, train_max_length=1024)
     terse = run_estimate(
         build_config(EstimateConfig, {**values, "benchmark_dir": str(_benchmark(tmp_path, 0.01))})
     )
