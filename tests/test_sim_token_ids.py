@@ -184,7 +184,9 @@ def test_a_generate_run_on_the_sim_stores_every_turns_ids(instant_fleet, tmp_pat
             assert len(outputs[turn]) == row["turn_completion_tokens"][turn]
             reasoning, content = row["turn_reasoning"][turn] or "", row["turn_content"][turn] or ""
             finish = row["turn_finish_reason"][turn]
-            raw = reasoning + "</think>" + content if finish in ("stop", "tool_calls") else reasoning
+            # a turn cut at max_tokens after its reasoning ended holds </think> and part of its answer too
+            thought = finish in ("stop", "tool_calls") or tokenizer.think_end_id in outputs[turn]
+            raw = reasoning + "</think>" + content if thought else reasoning
             if calls[turn]:  # the parser took the calls' text out of content: the ids still hold it
                 made = [
                     SimCall(c["function"]["name"], json.loads(c["function"]["arguments"]))
