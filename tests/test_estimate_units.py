@@ -361,6 +361,9 @@ def test_the_rate_is_scaled_to_the_acceptance_of_the_sets_own_mix(tmp_path):
     assert mix.factor < 0.97  # long chats weigh more in the set's requests than in the benchmark's
     assert estimate.production.tok_s_per_gpu == pytest.approx(RATE.tok_s(16) * mix.factor)
     assert any("tokens per verify step" in note for note in estimate.notes)
-    assert estimate.benchmark.fit.model.tok_s(16) == pytest.approx(
-        RATE.tok_s(16)
-    )  # the fit itself is the benchmark's
+    fitted = estimate.benchmark.fit.model.tok_s(16)
+    assert fitted == pytest.approx(RATE.tok_s(16))  # the fit itself is the benchmark's
+    written = json.loads(save_estimate(estimate, tmp_path / "est").read_text())["rate_model"][
+        "acceptance_mix"
+    ]
+    assert written["factor"] == pytest.approx(mix.factor) and written["set"] == pytest.approx(mix.set)

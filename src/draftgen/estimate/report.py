@@ -101,6 +101,14 @@ def estimate_json(estimate: Estimate) -> dict:
             "max_running_requests": fit.model.max_running,
             "max_abs_rel_error": fit.max_abs_rel_error,
             "note": fit.note,
+            # the curve is priced at the set's acceptance: tokens per verify step, the benchmark's and the set's
+            "acceptance_mix": None
+            if estimate.benchmark.mix is None
+            else {
+                "benchmark": estimate.benchmark.mix.benchmark,
+                "set": estimate.benchmark.mix.set,
+                "factor": estimate.benchmark.mix.factor,
+            },
         },
         "benchmark_dir": str(data.path),
         "benchmark_servers": data.servers,
