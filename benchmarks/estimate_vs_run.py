@@ -165,12 +165,7 @@ def _longest(shards, jobs, replay, conversations, own, own_answers, play, plays:
     longest = int(np.argmax(jobs))
     maxima = []
     for _ in range(plays):
-        rooms, calls, counts = conversations.draw(rng, len(jobs))
-        picks = rng.integers(own.size, size=rooms.size)
-        written = np.where(calls > 0, (own - own_answers)[picks] + calls, own[picks])
-        maxima.append(
-            np.add.reduceat(np.minimum(written, rooms), np.concatenate([[0], np.cumsum(counts)[:-1]])).max()
-        )
+        maxima.append(conversations.play(rng, len(jobs), own, own_answers)[1].max())
     print(
         f"  the longest conversation: row {shards['source_row'][longest]}, {len(shards['turn_after'][longest])} turns, "
         f"{jobs[longest]:,.0f} tokens; longer than the longest of {np.mean(np.asarray(maxima) < jobs[longest]):.1%} "

@@ -137,6 +137,25 @@ class Conversations:
         calls = np.zeros(index.size) if self.calls is None else self.calls[index]
         return self.rooms[index], calls, counts
 
+    def play(
+        self,
+        rng: np.random.Generator,
+        count: int,
+        tokens: np.ndarray,
+        answers: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
+        ratio: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` conversations (``draw``), each turn a draw of ``tokens`` (by ``weights``) clipped at its room (a
+        call turn writes the draw's tokens less its ``answers``, and its calls), in work units by the draw's ``ratio``:
+        every turn's work, and each conversation's sum (the job one slot runs)."""
+        rooms, calls, counts = self.draw(rng, count)
+        picks = rng.choice(tokens.size, size=rooms.size, replace=True, p=weights)
+        reasoning = tokens if answers is None else tokens - answers
+        written = np.where(calls > 0, reasoning[picks] + calls, tokens[picks])
+        lengths = np.minimum(written, rooms) * (1.0 if ratio is None else ratio[picks])
+        return lengths, np.add.reduceat(lengths, np.concatenate([[0], np.cumsum(counts)[:-1]]))
+
 
 @dataclass(frozen=True)
 class _ClipTable:

@@ -334,17 +334,13 @@ def estimate_wall(
     per_server = math.ceil(num_prompts / servers)
     exact = min(num_prompts, servers * min(per_server, max(EXACT_ROUNDS * concurrency, EXACT_MIN_PER_SERVER)))
     ratio = work_ratio(per_prompt, tokens)
-    reasoning = tokens if answers is None else tokens - answers
     tails = []
     for _ in range(repeats):
         if conversations is None:
             lengths = jobs = rng.choice(per_prompt, size=exact, replace=True, p=weights)
         else:
-            rooms, calls, counts = conversations.draw(rng, max(1, round(exact / conversations.mean_turns)))
-            picks = rng.choice(per_prompt.size, size=rooms.size, replace=True, p=weights)
-            written = np.where(calls > 0, reasoning[picks] + calls, tokens[picks])
-            lengths = np.minimum(written, rooms) * ratio[picks]
-            jobs = np.add.reduceat(lengths, np.concatenate([[0], np.cumsum(counts)[:-1]]))
+            count = max(1, round(exact / conversations.mean_turns))
+            lengths, jobs = conversations.play(rng, count, tokens, answers, weights, ratio)
         tails.append(simulate_fleet(jobs, servers, concurrency, rate) - float(lengths.sum()) / fleet_rate)
     total = num_prompts * mean
     steady = total / fleet_rate
